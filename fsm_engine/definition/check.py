@@ -1,0 +1,194 @@
+"""Check a machine definition and resolve its references, reporting every problem at once.
+
+``check(machine)`` returns a :class:`Checked` (the machine plus resolved
+callables) or raises one :class:`~fsm_engine.errors.DefinitionError` whose
+``problems`` name each offending state and transition.  Checks, after
+python-statemachine's and Step Functions' validators: initial state exists;
+at least one final state; names unique and non-empty; transition ends exist;
+no transition leaves a final state; every state reachable from the initial
+one; every non-final state has a path to a final state; actions and guards
+resolve to callables taking 1 or 2 positional arguments; fallbacks and
+policies valid; ``max_transitions`` ≥ 1, ``token_budget`` ≥ 0; the context is
+a pydantic model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from pydantic import BaseModel
+
+from ..errors import DefinitionError
+from .spec import Machine, Ref, Transition, as_refs, ref_name
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A machine that passed every check, with references resolved to callables."""
+
+    machine: Machine
+    actions: Mapping[str, Callable[..., Any]]
+    guards: Mapping[Ref, Callable[..., Any]]   # the declared reference -> callable
+
+
+def _resolve(ref: Ref, ns: Mapping[str, Any]) -> Callable[..., Any] | None:
+    if callable(ref):
+        return ref
+    obj: Any = ns
+    for i, part in enumerate(ref.split(".")):
+        obj = obj.get(part) if i == 0 else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if callable(obj) else None
+
+
+def _accepts(fn: Callable[..., Any], counts: tuple[int, ...]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    return any(len(required) <= n <= len(positional) for n in counts)
+
+
+def _graph(machine: Machine, names: list[str]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {n: set() for n in names}
+    for t in machine.all_transitions():
+        for src in t.sources(names):
+            if src in edges and t.dest in edges:
+                edges[src].add(t.dest)
+    return edges
+
+
+def _reach(start: set[str], edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(start), deque(start)
+    while todo:
+        for nxt in edges.get(todo.popleft(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _structure(m: Machine, names: list[str], problems: list[str]) -> None:
+    known = set(names)
+    if not m.name:
+        problems.append("the machine has no name")
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"state {n!r} is declared more than once")
+    if any(not n for n in names):
+        problems.append("a state has an empty name")
+    if not m.initial:
+        problems.append("no initial state")
+    elif m.initial not in known:
+        problems.append(f"initial state {m.initial!r} is not a declared state")
+    finals = {s.name for s in m.states if s.final}
+    if not finals:
+        problems.append("no final state")
+    for t in m.all_transitions():
+        label = _label(t)
+        for src in t.sources(names):
+            if src not in known:
+                problems.append(f"transition {label}: unknown source state {src!r}")
+            elif src in finals:
+                problems.append(f"transition {label}: leaves final state {src!r}")
+        if t.dest not in known:
+            problems.append(f"transition {label}: unknown dest state {t.dest!r}")
+        if not t.trigger:
+            problems.append(f"transition {label}: empty trigger")
+
+
+def _paths(m: Machine, names: list[str], problems: list[str]) -> None:
+    if m.initial not in names:
+        return
+    edges = _graph(m, names)
+    reachable = _reach({m.initial}, edges)
+    implicit = m.failure_state  # the runtime moves unhandled failures there
+    for n in names:
+        if n not in reachable and n != implicit:
+            problems.append(f"state {n!r} is unreachable from initial state {m.initial!r}")
+    reverse: dict[str, set[str]] = {n: set() for n in names}
+    for src, dests in edges.items():
+        for d in dests:
+            reverse[d].add(src)
+    finals = {s.name for s in m.states if s.final}
+    can_finish = _reach(finals, reverse)
+    for s in m.states:
+        if not s.final and s.name not in can_finish:
+            problems.append(f"state {s.name!r} has no path to a final state")
+
+
+def _label(t: Transition) -> str:
+    src = t.source if isinstance(t.source, str) else ",".join(t.source)
+    return f"{t.trigger!r} ({src} -> {t.dest})"
+
+
+def _states(m: Machine, names: list[str], problems: list[str],
+            actions: dict[str, Callable[..., Any]]) -> None:
+    ns = m.namespace or {}
+    for s in m.states:
+        where = f"state {s.name!r}"
+        if s.action is not None:
+            fn = _resolve(s.action, ns)
+            if fn is None:
+                problems.append(f"{where}: action {ref_name(s.action)!r} does not resolve to a callable")
+            elif not _accepts(fn, (1, 2)):
+                problems.append(f"{where}: action {ref_name(s.action)!r} must take (ctx) or (ctx, step)")
+            else:
+                actions[s.name] = fn
+        if s.final and (s.action or s.wait):
+            problems.append(f"{where}: a final state cannot have an action or wait")
+        if s.failure and not s.final:
+            problems.append(f"{where}: failure=True needs final=True")
+        if s.wait and s.action is not None:
+            problems.append(f"{where}: a wait state has no action")
+        if s.fallback is not None and s.fallback not in names:
+            problems.append(f"{where}: fallback {s.fallback!r} is not a declared state")
+        if s.timeout is not None and s.timeout <= 0:
+            problems.append(f"{where}: timeout must be > 0 seconds")
+        if s.retry is not None:
+            problems.extend(f"{where}: retry policy: {p}" for p in s.retry.problems())
+        if s.skippable and s.default_output is None:
+            problems.append(f"{where}: skippable needs a default_output")
+
+
+def _guards(m: Machine, problems: list[str], guards: dict[Ref, Callable[..., Any]]) -> None:
+    ns = m.namespace or {}
+    for t in m.all_transitions():
+        for g in as_refs(t.conditions) + as_refs(t.unless):
+            fn = _resolve(g, ns)
+            name = ref_name(g) or "?"
+            if fn is None:
+                problems.append(f"transition {_label(t)}: guard {name!r} does not resolve to a callable")
+            elif not _accepts(fn, (1, 2)):
+                problems.append(f"transition {_label(t)}: guard {name!r} must take (ctx) or (ctx, run)")
+            else:
+                guards[g] = fn
+
+
+def check(machine: Machine) -> Checked:
+    """Validate ``machine``; raise ``DefinitionError`` listing every problem found."""
+    problems: list[str] = []
+    if not (isinstance(machine.context, type) and issubclass(machine.context, BaseModel)):
+        problems.append("context must be a pydantic BaseModel subclass")
+    if machine.max_transitions < 1:
+        problems.append("max_transitions must be >= 1")
+    if machine.token_budget is not None and machine.token_budget < 0:
+        problems.append("token_budget must be >= 0 tokens")
+    names = [s.name for s in machine.states]
+    _structure(machine, names, problems)
+    _paths(machine, names, problems)
+    actions: dict[str, Callable[..., Any]] = {}
+    guards: dict[Ref, Callable[..., Any]] = {}
+    _states(machine, names, problems, actions)
+    _guards(machine, problems, guards)
+    if problems:
+        raise DefinitionError(machine.name or "?", problems)
+    return Checked(machine, actions, guards)

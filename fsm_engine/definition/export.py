@@ -1,0 +1,57 @@
+"""Plain-dict export of a machine definition and its fingerprint.
+
+The export is the single source for diagrams and for the fingerprint stored
+with every instance, so a structural change (a state, a transition, a guard,
+a policy, the context schema) changes the fingerprint, while editing the body
+of an action does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from .spec import as_refs, ref_name
+
+if TYPE_CHECKING:
+    from .spec import Machine, State
+
+
+def _state_dict(s: "State") -> dict[str, Any]:
+    return {
+        "name": s.name, "final": s.final, "failure": s.failure, "wait": s.wait,
+        "action": ref_name(s.action), "timeout": s.timeout,
+        "retry": asdict(s.retry) if s.retry else None, "fallback": s.fallback,
+        "side_effect": s.side_effect, "skippable": s.skippable,
+        "description": s.description,
+    }
+
+
+def export_machine(machine: "Machine") -> dict[str, Any]:
+    """Return ``{"name", "initial", "max_transitions", "token_budget", "states", "transitions"}``.
+
+    ``transitions`` has one entry per (source, trigger, dest) with guard names
+    in ``conditions`` / ``unless``; fallback transitions have trigger ``fallback``.
+    """
+    names = [s.name for s in machine.states]
+    transitions = [
+        {"trigger": t.trigger, "source": src, "dest": t.dest,
+         "conditions": [ref_name(g) for g in as_refs(t.conditions)],
+         "unless": [ref_name(g) for g in as_refs(t.unless)]}
+        for t in machine.all_transitions() for src in t.sources(names)
+    ]
+    return {
+        "name": machine.name, "initial": machine.initial,
+        "max_transitions": machine.max_transitions, "token_budget": machine.token_budget,
+        "states": [_state_dict(s) for s in machine.states], "transitions": transitions,
+    }
+
+
+def fingerprint(machine: "Machine") -> str:
+    """SHA-256 (first 16 hex digits) of the export plus the context's JSON Schema."""
+    doc = {"machine": export_machine(machine),
+           "context": machine.context.model_json_schema()}
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,201 @@
+"""The declarative parts of a machine: ``State``, ``Transition`` and ``Machine``.
+
+These are plain frozen values.  Nothing runs here; ``fsm_engine.definition.check``
+validates a ``Machine`` and ``fsm_engine.runtime.compiled`` turns it into
+something that can be stepped.
+
+An *action* is ``fn(ctx)`` or ``fn(ctx, step)`` (sync or ``async``), where
+``ctx`` is the instance context (an instance of the machine's pydantic model)
+and ``step`` a :class:`fsm_engine.runtime.step.Step`.  It returns ``None``,
+a ``dict`` of context updates (top-level field → new value), or
+:func:`fire` ``(trigger, **updates)`` to choose a trigger.
+
+A *guard* is ``fn(ctx)`` or ``fn(ctx, run)`` returning ``bool``, where ``run``
+is a :class:`RunInfo`.  Guards must be pure: they are evaluated once per step,
+their results are recorded in the history.
+
+Actions and guards may be given as callables or as names; names are resolved
+in the module that defines the machine, when the machine is checked.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from pydantic import BaseModel
+
+from ..policies import RetryPolicy
+
+Ref = Callable[..., Any] | str
+
+#: Triggers the runtime fires itself; actions may fire them too.
+FALLBACK = "fallback"
+BUDGET_EXHAUSTED = "budget_exhausted"
+RESERVED_TRIGGERS = frozenset({FALLBACK, BUDGET_EXHAUSTED})
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """An action's result naming the trigger to fire, with context updates."""
+
+    trigger: str | None
+    update: Mapping[str, Any] = field(default_factory=dict)
+
+
+def fire(trigger: str, **update: Any) -> Fire:
+    """Return from an action to fire ``trigger`` after applying ``update`` to the context."""
+    return Fire(trigger, update)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What a guard may read besides the context (all counts in transitions / tokens)."""
+
+    instance_id: str
+    state: str
+    loop_count: int
+    max_transitions: int
+    tokens_used: int
+    token_budget: int | None
+
+    @property
+    def tokens_remaining(self) -> int | None:
+        """Tokens left in the budget, ``None`` when the instance has no budget."""
+        if self.token_budget is None:
+            return None
+        return max(0, self.token_budget - self.tokens_used)
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """A state of a machine.
+
+    Args:
+        name: any non-empty string (spaces, quotes, colons, CJK are fine).
+        action: what runs when the instance is stepped in this state (see module doc).
+        final: the instance ends here.  ``failure=True`` makes it a failure end
+            (status ``failed``); the runtime moves unhandled failures to the
+            machine's failure state when there is one.
+        wait: the instance stops in status ``waiting`` until ``Engine.send`` fires a trigger.
+        timeout: seconds one attempt of the action may take (``None``: no limit).
+        retry: retry policy for retryable errors (``None``: one attempt).
+        fallback: state to go to when retries are exhausted, the timeout fires,
+            the circuit breaker is open or the budget is exhausted; adds a
+            ``fallback`` transition.
+        side_effect: the action has an external effect: it runs at most once to
+            completion per visit, under an idempotency key recorded in the outbox.
+        skippable: when the action fails for good, apply ``default_output`` and
+            continue as if it had returned it (recorded as skipped).
+        llm_calls: the action calls the model (drawn on diagrams; breaker-aware).
+    """
+
+    name: str
+    action: Ref | None = None
+    final: bool = False
+    failure: bool = False
+    wait: bool = False
+    timeout: float | None = None
+    retry: RetryPolicy | None = None
+    fallback: str | None = None
+    side_effect: bool = False
+    skippable: bool = False
+    default_output: Mapping[str, Any] | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A transition: on ``trigger``, from ``source`` (a name, a list, or ``"*"``) to ``dest``.
+
+    ``conditions`` must all be true and ``unless`` all false for it to be taken
+    (the ``transitions`` library's semantics).  Among candidates the first
+    declared wins.
+    """
+
+    trigger: str
+    source: str | Sequence[str]
+    dest: str
+    conditions: Ref | Sequence[Ref] = ()
+    unless: Ref | Sequence[Ref] = ()
+
+    def sources(self, all_states: Sequence[str]) -> list[str]:
+        """The source state names, ``"*"`` expanded to every state."""
+        if self.source == "*":
+            return list(all_states)
+        return [self.source] if isinstance(self.source, str) else list(self.source)
+
+
+def as_refs(value: Ref | Sequence[Ref] | None) -> tuple[Ref, ...]:
+    """Normalise one reference or a sequence of them to a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or callable(value):
+        return (value,)
+    return tuple(value)
+
+
+def ref_name(ref: Ref | None) -> str | None:
+    """A stable display name for an action or guard reference."""
+    if ref is None or isinstance(ref, str):
+        return ref
+    return getattr(ref, "__qualname__", None) or getattr(ref, "__name__", None) or repr(ref)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine definition (data only).
+
+    Args:
+        name: identifier stored with every instance.
+        states: the states; their order is the display order.
+        transitions: the transitions, in priority order.
+        initial: name of the initial state.
+        context: pydantic model of the instance context; input is validated against it.
+        max_transitions: loop cap; an instance that has made this many
+            transitions without reaching a final state fails with reason ``loop_limit``.
+        token_budget: default token budget per instance (``None``: unlimited).
+        namespace: where string references are resolved; defaults to the
+            globals of the module that created the machine.
+    """
+
+    name: str
+    states: Sequence[State]
+    transitions: Sequence[Transition]
+    initial: str
+    context: type[BaseModel]
+    max_transitions: int = 100
+    token_budget: int | None = None
+    description: str = ""
+    namespace: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.namespace is None:
+            frame = inspect.currentframe()
+            caller = frame.f_back.f_back if frame and frame.f_back else None
+            object.__setattr__(self, "namespace", caller.f_globals if caller else {})
+        object.__setattr__(self, "states", tuple(self.states))
+        object.__setattr__(self, "transitions", tuple(self.transitions))
+
+    def all_transitions(self) -> list[Transition]:
+        """Declared transitions plus one ``fallback`` transition per ``State.fallback``."""
+        extra = [Transition(FALLBACK, s.name, s.fallback) for s in self.states if s.fallback]
+        return list(self.transitions) + extra
+
+    def state(self, name: str) -> State:
+        """The state called ``name``; ``KeyError`` when there is none."""
+        for s in self.states:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def failure_state(self) -> str | None:
+        """The first final state marked ``failure``, where unhandled failures go."""
+        return next((s.name for s in self.states if s.final and s.failure), None)
+
+    def export(self) -> dict[str, Any]:
+        """A plain-dict view for diagrams, fingerprints and review (JSON-serialisable)."""
+        from .export import export_machine
+        return export_machine(self)

@@ -1,0 +1,223 @@
+"""The diagram model: a machine export (plus an optional instance overlay) as a small graph.
+
+:func:`build_graph` turns the plain-dict export of a machine definition into a
+:class:`Graph` of frozen :class:`Node` and :class:`Edge` values.  The renderers
+(:mod:`.dot`, :mod:`.mermaid`) only ever read this model, so every drawing rule
+that depends on the definition lives here, once.
+
+Overlay rules (one instance's history drawn over its definition):
+
+* ``Node.visits`` counts history rows entering the state, plus 1 for the
+  initial state (the instance starts there).
+* ``Edge.taken`` counts history rows matching the edge's (source, trigger,
+  dest).  When several declared edges match (same move, different guards),
+  the first one in definition order gets the count.
+* A history row that matches no declared edge (a runtime-forced move such as
+  ``fail``, ``cancel`` or ``loop_limit``) becomes an extra edge of kind
+  ``"forced"``, labelled with its trigger.
+* A state named in the history or as the current state but absent from the
+  export becomes an extra node with the note ``"not in definition"``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+NodeKind = Literal["normal", "initial", "final", "failure", "wait"]
+EdgeKind = Literal["normal", "fallback", "budget", "forced"]
+
+FALLBACK_TRIGGER = "fallback"
+BUDGET_TRIGGER = "budget_exhausted"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One state: its name, drawing kind, overlay visits and policy notes."""
+
+    name: str
+    kind: NodeKind = "normal"
+    visits: int = 0
+    current: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One drawn transition; ``label`` is the trigger and its guards, ``taken`` the overlay count."""
+
+    source: str
+    dest: str
+    label: str
+    kind: EdgeKind = "normal"
+    taken: int = 0
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A machine (optionally one instance of it) ready to be rendered.
+
+    ``overlay_id`` is the instance id when an overlay was given ("" if it has
+    none), else None: renderers draw overlay styling when it is not None.
+    ``initial`` names the initial state (the start arrow points at it even
+    when its kind is ``wait``); ``status`` is the overlay's instance status;
+    ``notes`` holds machine-wide limits (transition limit, token budget).
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+    overlay_id: str | None = None
+    initial: str | None = None
+    status: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def node(self, name: str) -> Node:
+        """Return the node called ``name`` (KeyError if there is none)."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+def node_ids(graph: Graph) -> dict[str, str]:
+    """Map each state name to a safe renderer id: ``s0``, ``s1`` ... in node order."""
+    return {node.name: f"s{i}" for i, node in enumerate(graph.nodes)}
+
+
+# A declared move: (source, dest, trigger, guards) where guards are already rendered.
+_EdgeKey = tuple[str, str, str, tuple[str, ...]]
+
+
+def build_graph(export: Mapping[str, Any], overlay: Mapping[str, Any] | None = None) -> Graph:
+    """Build a :class:`Graph` from a machine export and, optionally, one instance's overlay.
+
+    Parallel transitions with the same (source, dest, trigger, guards) are
+    merged into one edge; nodes keep definition order and edges keep the
+    order of their first declaration, so equal input gives an equal graph.
+    """
+    initial = export["initial"]
+    keys = _edge_keys(export.get("transitions", ()))
+    history = _moves(overlay)
+    taken, forced = _count_moves(keys, history)
+    edges = [_declared_edge(key, taken[key]) for key in keys]
+    edges += [Edge(src, dst, trig, "forced", n) for (src, dst, trig), n in forced]
+    nodes = _nodes(export, initial, overlay, history)
+    return Graph(
+        name=str(export.get("name", "machine")),
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        overlay_id=str(overlay.get("instance_id") or "") if overlay is not None else None,
+        initial=initial,
+        status=_opt_str(overlay.get("status")) if overlay is not None else None,
+        notes=_machine_notes(export),
+    )
+
+
+def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
+    """Compact policy notes for one exported state, e.g. ``("retry×3", "timeout 30s")``."""
+    notes: list[str] = []
+    retry = state.get("retry")
+    if retry:
+        attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None
+        notes.append(f"retry×{attempts}" if attempts is not None else "retry")
+    if state.get("timeout") is not None:
+        notes.append(f"timeout {float(state['timeout']):g}s")
+    if state.get("fallback"):
+        notes.append(f"fallback → {state['fallback']}")
+    if state.get("side_effect"):
+        notes.append("side effect")
+    if state.get("skippable"):
+        notes.append("skippable")
+    if state.get("wait") and not state.get("final"):
+        notes.append("waits for event")
+    return tuple(notes)
+
+
+def node_kind(state: Mapping[str, Any], initial: str) -> NodeKind:
+    """The drawing kind of an exported state: failure > final > wait > initial > normal."""
+    if state.get("final") and state.get("failure"):
+        return "failure"
+    if state.get("final"):
+        return "final"
+    if state.get("wait"):
+        return "wait"
+    return "initial" if state["name"] == initial else "normal"
+
+
+def _edge_keys(transitions: Sequence[Mapping[str, Any]]) -> list[_EdgeKey]:
+    """Distinct (source, dest, trigger, guards) keys in first-declared order."""
+    keys: dict[_EdgeKey, None] = {}
+    for t in transitions:
+        guards = tuple(str(c) for c in t.get("conditions") or ())
+        guards += tuple(f"!{u}" for u in t.get("unless") or ())
+        keys.setdefault((str(t["source"]), str(t["dest"]), str(t["trigger"]), guards), None)
+    return list(keys)
+
+
+def _edge_kind(trigger: str) -> EdgeKind:
+    if trigger == FALLBACK_TRIGGER:
+        return "fallback"
+    return "budget" if trigger == BUDGET_TRIGGER else "normal"
+
+
+def _declared_edge(key: _EdgeKey, taken: int) -> Edge:
+    source, dest, trigger, guards = key
+    label = f"{trigger} [{', '.join(guards)}]" if guards else trigger  # ok [valid, !too_long]
+    return Edge(source, dest, label, _edge_kind(trigger), taken)
+
+
+def _count_moves(keys: list[_EdgeKey], history: list[Mapping[str, Any]]
+                 ) -> tuple[Counter[_EdgeKey], list[tuple[tuple[str, str, str], int]]]:
+    """Count history rows per declared edge; rows matching none are forced moves."""
+    first: dict[tuple[str, str, str], _EdgeKey] = {}
+    for key in keys:
+        first.setdefault(key[:3], key)
+    taken: Counter[_EdgeKey] = Counter()
+    forced: Counter[tuple[str, str, str]] = Counter()
+    for row in history:
+        move = (str(row["source"]), str(row["dest"]), str(row.get("trigger", "")))
+        if move in first:
+            taken[first[move]] += 1
+        else:
+            forced[move] += 1
+    return taken, sorted(forced.items())
+
+
+def _nodes(export: Mapping[str, Any], initial: str, overlay: Mapping[str, Any] | None,
+           history: list[Mapping[str, Any]]) -> list[Node]:
+    """Definition states in order, then any state only the overlay mentions."""
+    visits = Counter(str(row["dest"]) for row in history)
+    if overlay is not None:
+        visits[initial] += 1
+    current = _opt_str(overlay.get("state")) if overlay is not None else None
+    nodes = [Node(s["name"], node_kind(s, initial), visits[s["name"]],
+                  s["name"] == current, state_notes(s)) for s in export["states"]]
+    known = {n.name for n in nodes}
+    extra = [str(row[end]) for row in history for end in ("source", "dest")]
+    for name in dict.fromkeys(extra + ([current] if current else [])):
+        if name not in known:
+            nodes.append(Node(name, "normal", visits[name], name == current,
+                              ("not in definition",)))
+    return nodes
+
+
+def _moves(overlay: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The overlay's history rows that record a move (rows without source or dest are skipped)."""
+    rows = (overlay.get("history") or ()) if overlay is not None else ()
+    return [r for r in rows if r.get("source") is not None and r.get("dest") is not None]
+
+
+def _machine_notes(export: Mapping[str, Any]) -> tuple[str, ...]:
+    notes = []
+    if export.get("max_transitions") is not None:
+        notes.append(f"≤{export['max_transitions']} transitions")
+    if export.get("token_budget") is not None:
+        notes.append(f"budget {export['token_budget']} tokens")
+    return tuple(notes)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,220 @@
+"""The fsm_engine error tree.
+
+Every exception the package raises on purpose derives from :class:`FsmError`,
+so a caller (and the CLI) can catch one root and print ``str(err)``: a single
+line that names the thing at fault.  Errors carry structured fields
+(``instance_id``, ``state``, ``attempt`` ...) so callers need not parse text.
+
+::
+
+    FsmError
+    ├── DefinitionError          a machine definition is broken (lists every problem)
+    │   └── MachineLoadError     a machine module cannot be found or imported
+    ├── StoreError               the database cannot be used
+    │   ├── NotAnFsmDatabase     the file is not SQLite, or not an fsm_engine database
+    │   ├── InstanceNotFound     no instance with that id
+    │   ├── StaleWrite           another writer moved the instance first (lease lost, cancelled)
+    │   └── FingerprintMismatch  the instance was started from a different definition
+    ├── InvalidInput             input or a context update fails the machine's context model
+    ├── InstanceFinished         a step was asked of an instance in a final status
+    ├── ActionError              an action raised (wraps the original as ``__cause__``)
+    ├── StepTimeout              an action ran past its state's timeout
+    ├── BudgetExhausted          an LLM call would exceed the instance's token budget
+    ├── CircuitOpen              the provider's circuit breaker is open
+    ├── StructuredOutputError    model text could not be turned into the declared object
+    └── ProviderError            an LLM provider call failed (see ``fsm_engine.llm.errors``)
+        ├── ProviderUnavailable  connection refused/reset, DNS  (retryable)
+        ├── ProviderTimeout      the call took too long          (retryable)
+        ├── RateLimited          HTTP 429, carries ``retry_after`` seconds (retryable)
+        ├── ServerError          HTTP 5xx                        (retryable)
+        └── ClientError          HTTP 4xx other than 429         (not retryable)
+
+Control flow that is not a failure (an instance waiting for an external
+event, a cancelled instance) is expressed as an instance *status*, never as an
+exception.
+"""
+
+from __future__ import annotations
+
+
+class FsmError(Exception):
+    """Root of every error fsm_engine raises on purpose.
+
+    ``str(err)`` is always one line suitable for a terminal.
+    """
+
+    def __init__(self, message: str, *, instance_id: str | None = None,
+                 state: str | None = None) -> None:
+        message = " ".join(message.splitlines())
+        super().__init__(message)
+        self.message = message
+        self.instance_id = instance_id
+        self.state = state
+
+
+class DefinitionError(FsmError):
+    """A machine definition is invalid.
+
+    ``problems`` lists every problem found (each names the state or
+    transition at fault); the message joins them on one line.
+    """
+
+    def __init__(self, machine: str, problems: list[str]) -> None:
+        self.machine = machine
+        self.problems = list(problems)
+        super().__init__(f"machine {machine!r} is invalid: " + "; ".join(self.problems))
+
+
+class MachineLoadError(DefinitionError):
+    """A machine module cannot be found or imported, or defines no machine."""
+
+    def __init__(self, ref: str, why: str) -> None:
+        self.ref = ref
+        FsmError.__init__(self, f"cannot load machine {ref!r}: {why}")
+        self.machine = ref
+        self.problems = [why]
+
+
+class StoreError(FsmError):
+    """The database cannot be opened, read or written."""
+
+
+class NotAnFsmDatabase(StoreError):
+    """The file exists but is not an fsm_engine database (or not SQLite at all)."""
+
+
+class InstanceNotFound(StoreError):
+    """No instance with the given id exists in the store."""
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"no instance with id {instance_id!r}", instance_id=instance_id)
+
+
+class StaleWrite(StoreError):
+    """A commit lost a race: the instance changed under us (lease lost or cancelled)."""
+
+
+class FingerprintMismatch(StoreError):
+    """An instance was started from a definition whose structure has since changed."""
+
+
+class InvalidInput(FsmError):
+    """Input or an action's update does not validate against the context model."""
+
+
+class InstanceFinished(FsmError):
+    """The instance is already in a final status; nothing to step."""
+
+
+class ActionError(FsmError):
+    """A state's action raised; the original exception is ``__cause__``."""
+
+    def __init__(self, message: str, *, instance_id: str | None = None,
+                 state: str | None = None, attempt: int | None = None) -> None:
+        super().__init__(message, instance_id=instance_id, state=state)
+        self.attempt = attempt
+
+
+class StepTimeout(FsmError):
+    """An action ran longer than its state's ``timeout`` (seconds)."""
+
+    def __init__(self, seconds: float, *, instance_id: str | None = None,
+                 state: str | None = None) -> None:
+        super().__init__(f"action timed out after {seconds:g}s",
+                         instance_id=instance_id, state=state)
+        self.seconds = seconds
+
+
+class BudgetExhausted(FsmError):
+    """An LLM call would exceed, or has exceeded, the instance's token budget."""
+
+    def __init__(self, used: int, budget: int, *, instance_id: str | None = None,
+                 state: str | None = None) -> None:
+        super().__init__(f"token budget exhausted: {used} of {budget} tokens used",
+                         instance_id=instance_id, state=state)
+        self.used = used
+        self.budget = budget
+
+
+class CircuitOpen(FsmError):
+    """The circuit breaker for a provider + model is open; no call was made."""
+
+    def __init__(self, name: str, retry_in: float) -> None:
+        super().__init__(f"circuit {name!r} is open (next probe in {retry_in:.1f}s)")
+        self.name = name
+        self.retry_in = retry_in
+
+
+class StructuredOutputError(FsmError):
+    """Model output could not be parsed, repaired and validated.
+
+    ``raw`` is the model text, ``errors`` the parse/validation messages,
+    ``truncated`` is True when the output was cut at ``max_tokens``.
+    """
+
+    def __init__(self, message: str, *, raw: str = "", errors: list[str] | None = None,
+                 truncated: bool = False, repairs: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.errors = list(errors or [])
+        self.truncated = truncated
+        self.repairs = list(repairs or [])
+
+
+class ProviderError(FsmError):
+    """An LLM provider call failed.
+
+    ``retryable`` tells the retry policy whether another attempt may help;
+    ``prompt_tokens``/``completion_tokens`` hold usage the provider billed
+    before failing (0 when unknown).
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 retry_after: float | None = None, prompt_tokens: int = 0,
+                 completion_tokens: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+
+
+class ProviderUnavailable(ProviderError):
+    """Connection refused or reset, name resolution failed: retryable."""
+
+    retryable = True
+
+
+class ProviderTimeout(ProviderError):
+    """The provider did not answer in time: retryable."""
+
+    retryable = True
+
+
+class RateLimited(ProviderError):
+    """HTTP 429; ``retry_after`` (seconds) comes from the ``Retry-After`` header."""
+
+    retryable = True
+
+
+class ServerError(ProviderError):
+    """HTTP 5xx from the provider: retryable."""
+
+    retryable = True
+
+
+class ClientError(ProviderError):
+    """HTTP 4xx other than 429 (bad request, auth): not retryable."""
+
+    retryable = False
+
+
+__all__ = [
+    "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
+    "InstanceNotFound", "StaleWrite", "FingerprintMismatch", "InvalidInput",
+    "InstanceFinished", "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen",
+    "StructuredOutputError", "ProviderError", "ProviderUnavailable", "ProviderTimeout",
+    "RateLimited", "ServerError", "ClientError",
+]

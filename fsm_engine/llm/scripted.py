@@ -1,0 +1,166 @@
+"""A provider that replays canned replies: deterministic tests and demos without a model.
+
+A script is a JSONL file, one reply per line (blank lines are skipped)::
+
+    {"text": "{\\"ok\\": true}", "prompt_tokens": 12, "completion_tokens": 30}
+    {"text": "cut", "prompt_tokens": 12, "completion_tokens": 64, "finish_reason": "length"}
+    {"text": "", "delay_s": 0.2, "error": "http429", "retry_after": 0.05}
+
+Keys: ``text`` (str), ``prompt_tokens``/``completion_tokens`` (int >= 0,
+default 0), ``finish_reason`` (default ``"stop"``), ``delay_s`` (seconds to
+sleep before answering), ``error`` (one of :data:`ERROR_KINDS`: raise that
+:class:`~fsm_engine.errors.ProviderError`, carrying the line's token counts as
+billed usage) and ``retry_after`` (seconds, for ``http429``).  Replies are
+served in order and the script cycles when it runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
+                               ProviderUnavailable, RateLimited, ServerError)
+from fsm_engine.llm.base import Completion, Message, Provider
+
+__all__ = ["Scripted", "Reply", "ERROR_KINDS"]
+
+ERROR_KINDS: dict[str, tuple[type[ProviderError], int | None]] = {
+    "timeout": (ProviderTimeout, None),
+    "unavailable": (ProviderUnavailable, None),
+    "http429": (RateLimited, 429),
+    "http500": (ServerError, 500),
+    "http400": (ClientError, 400),
+}
+"""Script ``error`` values → (exception class, HTTP status)."""
+
+_KEYS = {"text", "prompt_tokens", "completion_tokens", "finish_reason", "delay_s",
+         "error", "retry_after"}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One validated script line (times in seconds, counts in tokens)."""
+
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+    delay_s: float = 0.0
+    error: str | None = None
+    retry_after: float | None = None
+
+    def exception(self, model: str) -> ProviderError:
+        """The ProviderError this reply stands for (only when ``error`` is set)."""
+        cls, status = ERROR_KINDS[self.error or ""]
+        return cls(f"scripted {self.error} from model {model!r}", status=status,
+                   retry_after=self.retry_after, prompt_tokens=self.prompt_tokens,
+                   completion_tokens=self.completion_tokens)
+
+
+def _check(obj: Any) -> Reply:
+    """Validate one decoded line; raise ValueError naming the problem."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - _KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+    if "text" not in obj and "error" not in obj:
+        raise ValueError("needs 'text' (or 'error')")
+    reply = Reply(**obj)
+    if not isinstance(reply.text, str) or not isinstance(reply.finish_reason, str):
+        raise ValueError("'text' and 'finish_reason' must be strings")
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = getattr(reply, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{key!r} must be an integer >= 0, got {value!r}")
+    for key in ("delay_s", "retry_after"):
+        value = getattr(reply, key)
+        if value is not None and (not isinstance(value, (int, float)) or value < 0):
+            raise ValueError(f"{key!r} must be a number of seconds >= 0, got {value!r}")
+    if reply.error is not None and reply.error not in ERROR_KINDS:
+        raise ValueError(f"unknown error {reply.error!r}; expected one of {sorted(ERROR_KINDS)}")
+    return reply
+
+
+def _load_jsonl(path: Path) -> list[Reply]:
+    """Read and validate a script file; raise InvalidInput naming file and line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read script {str(path)!r}: {exc.strerror or exc}") from None
+    replies = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            replies.append(_check(json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"{path}:{number}: bad script line: {exc}") from None
+    return replies
+
+
+class Scripted(Provider):
+    """Replay canned replies in order, cycling; safe to share between tasks and threads.
+
+    ``calls`` counts calls served; ``requests`` keeps each call's messages.
+    Raises the scripted :class:`~fsm_engine.errors.ProviderError` for error lines.
+    """
+
+    name = "scripted"
+
+    def __init__(self, path: str | Path, *, model: str | None = None) -> None:
+        path = Path(path)
+        self._init(_load_jsonl(path), model or f"scripted:{path.name}", str(path))
+
+    @classmethod
+    def from_replies(cls, replies: list[dict[str, Any]], *, model: str = "scripted") -> Scripted:
+        """Build from reply dicts (same keys as a script line); InvalidInput names the bad index."""
+        checked = []
+        for index, obj in enumerate(replies):
+            try:
+                checked.append(_check(obj))
+            except (ValueError, TypeError) as exc:
+                raise InvalidInput(f"scripted reply #{index}: {exc}") from None
+        self = cls.__new__(cls)
+        self._init(checked, model, "<replies>")
+        return self
+
+    def _init(self, replies: list[Reply], model: str, source: str) -> None:
+        if not replies:
+            raise InvalidInput(f"script {source!r} has no replies")
+        self.model = model
+        self.replies = tuple(replies)
+        self.source = source
+        self.calls = 0
+        self.requests: list[list[Message]] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Scripted({self.source!r}, replies={len(self.replies)}, calls={self.calls})"
+
+    def _next(self, messages: list[Message]) -> Reply:
+        with self._lock:
+            reply = self.replies[self.calls % len(self.replies)]
+            self.calls += 1
+            self.requests.append(list(messages))
+        return reply
+
+    async def complete(self, messages: list[Message], *, max_tokens: int = 256,
+                       temperature: float = 0.0, json_schema: dict | None = None,
+                       stop: list[str] | None = None) -> Completion:
+        """Serve the next scripted reply after its ``delay_s`` (seconds); parameters are ignored.
+
+        Raises the line's ProviderError when it has an ``error``.
+        """
+        reply = self._next(messages)
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.error:
+            raise reply.exception(self.model)
+        return Completion(reply.text, reply.prompt_tokens, reply.completion_tokens,
+                          reply.finish_reason, self.model)

@@ -1,0 +1,126 @@
+"""Compile a checked definition into an immutable, shareable machine.
+
+This is the only module that imports ``transitions``.  One
+``transitions.Machine`` is built per definition (not per instance) with no
+model attached; choosing a transition evaluates the guards through
+``Event.trigger`` on a throw-away probe object that carries only the state
+name, so many instances share one compiled machine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import transitions
+
+from ..definition import Machine, RunInfo, check, fingerprint
+from ..definition.spec import RESERVED_TRIGGERS, State, as_refs, ref_name
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The transition picked for a step, with every guard evaluated (``[name, result]``)."""
+
+    trigger: str
+    dest: str
+    guards: list[list[Any]]
+
+
+class _Probe:
+    __slots__ = ("state",)
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+def _arity(fn: Callable[..., Any]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 2
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return 2 if len(pos) >= 2 else 1
+
+
+def _recording(name: str, fn: Callable[..., Any]) -> Callable[..., bool]:
+    """Wrap a guard so each evaluation is appended to the step's guard log."""
+    two = _arity(fn) == 2
+
+    def guard(ctx: Any, run: RunInfo, log: list[list[Any]]) -> bool:
+        result = bool(fn(ctx, run) if two else fn(ctx))
+        log.append([name, result])
+        return result
+    return guard
+
+
+class CompiledMachine:
+    """A definition ready to step: immutable, shared by every instance of the machine."""
+
+    def __init__(self, machine: Machine) -> None:
+        checked = check(machine)
+        self.spec = machine
+        self.name = machine.name
+        self.fingerprint = fingerprint(machine)
+        self.states: dict[str, State] = {s.name: s for s in machine.states}
+        self.actions = {name: (fn, _arity(fn), inspect.iscoroutinefunction(fn))
+                        for name, fn in checked.actions.items()}
+        self.failure_state = machine.failure_state
+        self._tm = transitions.Machine(
+            model=None, states=list(self.states), initial=machine.initial,
+            auto_transitions=False, send_event=False, ignore_invalid_triggers=True)
+        self.triggers: dict[str, list[str]] = {s: [] for s in self.states}
+        names = list(self.states)
+        for t in machine.all_transitions():
+            conds = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.conditions)]
+            unless = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.unless)]
+            for src in t.sources(names):
+                self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
+                if t.trigger not in self.triggers[src]:
+                    self.triggers[src].append(t.trigger)
+
+    def has_trigger(self, state: str, trigger: str) -> bool:
+        """True when ``trigger`` is declared from ``state``."""
+        return trigger in self.triggers.get(state, ())
+
+    def choose(self, state: str, ctx: Any, run: RunInfo, trigger: str | None = None) -> Choice | None:
+        """Pick the transition to take from ``state``.
+
+        With ``trigger`` only that trigger's transitions are candidates;
+        without, every non-reserved trigger from ``state`` in declaration
+        order.  Returns ``None`` when no guard set passes.  Guard exceptions
+        propagate.
+        """
+        log: list[list[Any]] = []
+        candidates = [trigger] if trigger else [
+            t for t in self.triggers.get(state, ()) if t not in RESERVED_TRIGGERS]
+        for trig in candidates:
+            event = self._tm.events.get(trig)
+            if event is None:
+                continue
+            probe = _Probe(state)
+            if event.trigger(probe, ctx, run, log):
+                return Choice(trig, probe.state, log)
+        return None
+
+    def export(self) -> dict[str, Any]:
+        """The definition's plain-dict export (see ``fsm_engine.definition.export``)."""
+        return self.spec.export()
+
+
+_CACHE: dict[int, CompiledMachine] = {}
+
+
+def compile_machine(machine: Machine) -> CompiledMachine:
+    """Check and compile ``machine`` once; later calls return the same object.
+
+    Raises ``DefinitionError`` listing every problem.
+    """
+    key = id(machine)
+    compiled = _CACHE.get(key)
+    if compiled is None or compiled.spec is not machine:
+        compiled = _CACHE[key] = CompiledMachine(machine)
+    return compiled

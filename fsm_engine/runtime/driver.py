@@ -1,0 +1,234 @@
+"""One step of one instance: run the action under its policies, decide, record.
+
+``Driver.step_once`` is the heart of the runtime.  It never advances an
+instance without committing first: the new state, context, counters and the
+history row go to the store in one transaction (shared with other instances'
+steps by the group committer), and only then does the in-memory record move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, RunInfo, State
+from ..errors import (
+    BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepTimeout, StructuredOutputError,
+)
+from ..policies import Disposition, classify
+from ..store.base import Store
+from ..store.records import InstanceRecord, StepCommit
+from . import outcome
+from .breaker import Breaker
+from .commit import GroupCommitter
+from .compiled import CompiledMachine
+from .step import MeteredLLM, Step
+
+_REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
+            StructuredOutputError: "invalid_output", InvalidInput: "invalid_update"}
+
+
+def _reason(exc: BaseException, retryable: bool) -> str:
+    for cls, reason in _REASONS.items():
+        if isinstance(exc, cls):
+            return reason
+    return "retries_exhausted" if retryable else "error"
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _normalise(result: Any) -> Fire:
+    if result is None:
+        return Fire(None, {})
+    if isinstance(result, Fire):
+        return result
+    if isinstance(result, dict):
+        return Fire(None, result)
+    if isinstance(result, BaseModel):
+        return Fire(None, result.model_dump())
+    raise InvalidInput(f"an action returned {type(result).__name__}; "
+                       "return None, a dict of updates or fire(trigger, **updates)")
+
+
+def apply_update(model: type[BaseModel], data: dict[str, Any],
+                 update: dict[str, Any]) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+    """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
+
+    Raises ``InvalidInput`` for unknown fields or values the model rejects.
+    """
+    unknown = [k for k in update if k not in model.model_fields]
+    if unknown:
+        raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
+    try:
+        obj = model.model_validate({**data, **update})
+    except ValidationError as exc:
+        raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
+                           f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+    new = obj.model_dump(mode="json")
+    return obj, new, {k: new[k] for k in update}
+
+
+class Driver:
+    """Runs single steps; owned by an ``Engine``."""
+
+    def __init__(self, store: Store, committer: GroupCommitter, *, provider: Any,
+                 worker_id: str, clock: Callable[[], float], rng: random.Random,
+                 executor: ThreadPoolExecutor,
+                 breaker_for: Callable[[Any], Breaker | None]) -> None:
+        self.store = store
+        self.committer = committer
+        self.provider = provider
+        self.worker_id = worker_id
+        self.clock = clock
+        self.rng = rng
+        self.executor = executor
+        self.breaker_for = breaker_for
+
+    async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
+        """Commit ``step``; return the new record, or raise ``StaleWrite`` when we lost the race."""
+        if not await self.committer.submit(step):
+            raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
+                             "lease was taken over)", instance_id=rec.id, state=rec.state)
+        return step.record
+
+    async def step_once(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
+        """Run the current state's action once and record what follows."""
+        state = cm.states[rec.state]
+        now = self.clock()
+        if state.wait:
+            new = outcome.clone(rec)
+            new.status, new.owner, new.updated_at = "waiting", None, now
+            return await self.commit(rec, StepCommit(new, rec.version))
+        if rec.deadline is not None and now >= rec.deadline:
+            return await self.commit(rec, outcome.failed(cm, rec, "deadline", now,
+                                                         error="instance deadline passed"))
+        if rec.loop_count >= rec.max_transitions:
+            return await self.commit(rec, outcome.failed(cm, rec, "loop_limit", now,
+                                                         kind="loop_limit"))
+        if rec.next_attempt_at is not None and rec.next_attempt_at > now:
+            await asyncio.sleep(rec.next_attempt_at - now)
+        return await self._attempt(cm, rec, state)
+
+    def _make_step(self, rec: InstanceRecord, state: State, breaker: Breaker | None) -> Step:
+        left = rec.tokens_remaining
+        visit = rec.visits.get(state.name, 1)
+        meter = MeteredLLM(self.provider, tokens_left=left, budget=rec.token_budget,
+                           breaker=breaker, loop=asyncio.get_running_loop())
+        return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
+                    idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
+                    loop_count=rec.loop_count, max_transitions=rec.max_transitions,
+                    tokens_used=rec.tokens_used, token_budget=rec.token_budget)
+
+    async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
+                       state: State) -> InstanceRecord:
+        step = self._make_step(rec, state, self.breaker_for(state))
+        if state.side_effect:
+            row = self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
+                                          self.clock())
+            step.outbox_attempt = row.attempts
+        started = time.perf_counter()
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = await self._call(cm, rec, state, step)
+        except (Exception, asyncio.TimeoutError) as exc:
+            error = exc
+        ms = (time.perf_counter() - started) * 1000.0
+        if error is None:
+            try:
+                return await self._advance(cm, rec, state, step, _normalise(result), ms)
+            except InvalidInput as exc:
+                error = exc
+        return await self._on_error(cm, rec, state, step, error, ms)
+
+    async def _call(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                    step: Step) -> Any:
+        entry = cm.actions.get(state.name)
+        if entry is None:
+            return None
+        fn, arity, is_async = entry
+        ctx = cm.spec.context.model_validate(rec.context)
+        args = (ctx, step) if arity == 2 else (ctx,)
+        timeout = state.timeout
+        if rec.deadline is not None:
+            left = max(0.001, rec.deadline - self.clock())
+            timeout = left if timeout is None else min(timeout, left)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = (asyncio.ensure_future(fn(*args)) if is_async
+                                    else loop.run_in_executor(self.executor, fn, *args))
+        if timeout is None:
+            return await fut
+        done, _ = await asyncio.wait({fut}, timeout=timeout)
+        if not done:
+            fut.cancel()  # a thread cannot be stopped: its late result is dropped
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise StepTimeout(timeout, instance_id=rec.id, state=state.name)
+        return fut.result()
+
+    async def _advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                       step: Step, fired: Fire, ms: float, *, kind: str = "transition",
+                       reason: str | None = None, error: str | None = None) -> InstanceRecord:
+        model = cm.spec.context
+        obj, new_ctx, delta = apply_update(model, rec.context, dict(fired.update))
+        if fired.trigger and not cm.has_trigger(state.name, fired.trigger):
+            raise InvalidInput(f"state {state.name!r} fired undeclared trigger {fired.trigger!r}")
+        run = RunInfo(rec.id, state.name, rec.loop_count, rec.max_transitions,
+                      rec.tokens_used + step.llm.used, rec.token_budget)
+        choice = cm.choose(state.name, obj, run, fired.trigger)
+        detail = self._detail(step)
+        if choice is None:
+            return await self.commit(rec, outcome.failed(
+                cm, rec, "no_transition", self.clock(), tokens=step.llm.used, duration_ms=ms,
+                error=f"no transition from {state.name!r} passed its guards", detail=detail))
+        done = (step.idempotency_key, {"visit": step.visit}) if state.side_effect else None
+        return await self.commit(rec, outcome.transition(
+            cm, rec, trigger=choice.trigger, dest=choice.dest, now=self.clock(),
+            context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
+            tokens=step.llm.used, duration_ms=ms, error=error, reason=reason,
+            detail=detail, outbox_done=done))
+
+    @staticmethod
+    def _detail(step: Step) -> dict[str, Any]:
+        detail: dict[str, Any] = dict(step.notes)
+        if step.attempt > 1:
+            detail["attempt"] = step.attempt
+        if step.outbox_attempt:
+            detail["idempotency_key"] = step.idempotency_key
+            detail["outbox_attempt"] = step.outbox_attempt
+        if step.llm.calls:
+            detail["llm_calls"] = step.llm.calls
+        return detail
+
+    async def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                        step: Step, exc: BaseException, ms: float) -> InstanceRecord:
+        disposition = classify(exc)
+        policy = state.retry
+        now = self.clock()
+        if disposition is Disposition.RETRY and policy and policy.should_retry(rec.attempt):
+            hint = getattr(exc, "retry_after", None)
+            delay = policy.delay(rec.attempt, retry_after=hint, rng=self.rng)
+            return await self.commit(rec, outcome.retry_later(
+                rec, error=exc, tokens=step.llm.used, next_at=now + delay, now=now))
+        reason = _reason(exc, disposition is Disposition.RETRY)
+        if disposition is not Disposition.FAIL:
+            trigger = (BUDGET_EXHAUSTED if isinstance(exc, BudgetExhausted)
+                       and cm.has_trigger(state.name, BUDGET_EXHAUSTED) else FALLBACK)
+            if cm.has_trigger(state.name, trigger):
+                return await self._advance(cm, rec, state, step, Fire(trigger, {}), ms,
+                                           kind="fallback", reason=reason, error=_err(exc))
+        if state.skippable and state.default_output is not None:
+            return await self._advance(cm, rec, state, step, Fire(None, state.default_output),
+                                       ms, kind="skip", reason=reason, error=_err(exc))
+        detail = self._detail(step)
+        if isinstance(exc, StructuredOutputError):
+            detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
+        return await self.commit(rec, outcome.failed(
+            cm, rec, reason, now, error=_err(exc), tokens=step.llm.used, duration_ms=ms,
+            detail=detail))

@@ -1,0 +1,324 @@
+"""The public runtime: start, step, run, resume, cancel and send instances.
+
+``Engine`` owns one store connection, one group committer and one worker
+identity.  Many instances run concurrently as asyncio tasks; sync actions
+run in a thread pool.  Every method that changes an instance goes through a
+compare-and-set on the instance's ``version``, so a second process (another
+``fsm run``, ``fsm cancel``, a ``resume``) can never interleave half a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable
+
+from pydantic import BaseModel, ValidationError
+
+from ..definition import Machine
+from ..definition.spec import State
+from ..errors import (
+    FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
+)
+from ..policies import BreakerPolicy
+from ..store import PENDING, RUNNING, SqliteStore, Store
+from ..store.records import InstanceRecord, StepCommit
+from . import outcome
+from .breaker import Breaker
+from .commit import GroupCommitter
+from .compiled import CompiledMachine, compile_machine
+from .driver import Driver
+from .loader import load_machine
+from .workers import live_ids, new_worker
+
+log = logging.getLogger("fsm_engine")
+
+OnStep = Callable[[InstanceRecord], None]
+
+
+def _module_ref(machine: Machine) -> str:
+    ns = machine.namespace or {}
+    path = ns.get("__file__")
+    return os.path.abspath(path) if path else str(ns.get("__name__", ""))
+
+
+class Engine:
+    """Runs instances of machines durably.
+
+    Args:
+        store: a ``Store`` or a SQLite path (default ``fsm.db``).
+        llm: the ``Provider`` handed to actions as ``step.llm`` (metered).
+        lease_seconds: a worker whose heartbeat is older than this is dead
+            and its instances may be adopted (same-host dead pids at once).
+        max_recoveries: adoptions of one instance from dead workers without
+            progress in between before it fails with reason ``crash_loop``.
+        concurrency: max instances stepping at once in ``run_many`` (None: all).
+        breaker: circuit breaker thresholds for LLM states (``None`` disables).
+        seed: seeds the jitter RNG (reproducible backoff in tests).
+        threads: worker threads for sync actions (hung ones are abandoned).
+    """
+
+    def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
+                 lease_seconds: float = 10.0, max_recoveries: int = 5,
+                 concurrency: int | None = None, breaker: BreakerPolicy | None = None,
+                 seed: int | None = None, threads: int = 32,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store: Store = SqliteStore(store) if isinstance(store, str) else store
+        self.llm = llm
+        self.lease_seconds = lease_seconds
+        self.max_recoveries = max_recoveries
+        self.concurrency = concurrency
+        self.breaker_policy = breaker
+        self.clock = clock
+        self.worker = new_worker(clock())
+        self._registered = False
+        self._machines: dict[str, CompiledMachine] = {}
+        self._modules: dict[str, str] = {}
+        self._tasks: dict[str, asyncio.Task[InstanceRecord]] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsm-action")
+        self.committer = GroupCommitter(self.store)
+        self.driver = Driver(self.store, self.committer, provider=llm, worker_id=self.worker.id,
+                             clock=clock, rng=random.Random(seed), executor=self._executor,
+                             breaker_for=self._breaker_for)
+
+    # -- definitions ------------------------------------------------------------
+    def register(self, machine: Machine, module: str | None = None) -> CompiledMachine:
+        """Check and compile ``machine`` and remember where it came from.
+
+        Raises ``DefinitionError`` listing every problem.
+        """
+        cm = compile_machine(machine)
+        self._machines[machine.name] = cm
+        self._modules[machine.name] = module or _module_ref(machine)
+        return cm
+
+    def load(self, ref: str) -> CompiledMachine:
+        """Load, check and register the machine in module ``ref`` (path or dotted name)."""
+        machine, canonical = load_machine(ref)
+        return self.register(machine, canonical)
+
+    def _compiled(self, rec: InstanceRecord) -> CompiledMachine:
+        cm = self._machines.get(rec.machine)
+        if cm is None:
+            cm = self.load(rec.module)
+        if cm.fingerprint != rec.fingerprint:
+            raise FingerprintMismatch(
+                f"instance {rec.id} was started from another version of machine "
+                f"{rec.machine!r} (fingerprint {rec.fingerprint}, now {cm.fingerprint})",
+                instance_id=rec.id)
+        return cm
+
+    def _breaker_for(self, state: State) -> Breaker | None:
+        if self.breaker_policy is None or self.llm is None:
+            return None
+        name = f"{getattr(self.llm, 'name', 'llm')}:{getattr(self.llm, 'model', '?')}"
+        return Breaker(self.store, name, self.breaker_policy, self.clock)
+
+    # -- creating ---------------------------------------------------------------
+    def start(self, machine: Machine | str, input: BaseModel | dict[str, Any] | None = None, *,
+              token_budget: int | None = None, deadline_s: float | None = None,
+              instance_id: str | None = None) -> str:
+        """Create an instance in the initial state (status ``pending``); return its id.
+
+        ``input`` is validated against the machine's context model
+        (``InvalidInput`` when it does not fit); ``token_budget`` (tokens)
+        overrides the machine's default; ``deadline_s`` (seconds from now)
+        bounds the whole instance.
+        """
+        cm = self.load(machine) if isinstance(machine, str) else self.register(machine)
+        spec = cm.spec
+        data = input.model_dump() if isinstance(input, BaseModel) else dict(input or {})
+        try:
+            ctx = spec.context.model_validate(data).model_dump(mode="json")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvalidInput(f"input does not fit {spec.context.__name__}: {first['msg']} at "
+                               f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+        now = self.clock()
+        rec = InstanceRecord(
+            id=instance_id or uuid.uuid4().hex[:12], machine=spec.name,
+            module=self._modules[spec.name], fingerprint=cm.fingerprint, state=spec.initial,
+            status=PENDING, context=ctx, input=dict(ctx), max_transitions=spec.max_transitions,
+            token_budget=spec.token_budget if token_budget is None else token_budget,
+            created_at=now, updated_at=now, visits={spec.initial: 1},
+            deadline=None if deadline_s is None else now + deadline_s)
+        self.store.create(rec)
+        return rec.id
+
+    # -- ownership --------------------------------------------------------------
+    def _ensure_worker(self) -> None:
+        if not self._registered:
+            self.worker.heartbeat_at = self.clock()
+            self.store.put_worker(self.worker)
+            self._registered = True
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            self.worker.heartbeat_at = self.clock()
+            self.store.put_worker(self.worker)
+            for rec in self.store.list(statuses=["cancelled"], owner=self.worker.id):
+                task = self._tasks.get(rec.id)
+                if task is not None and not task.done():
+                    task.cancel()
+
+    def _adoption(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
+        """The commit that makes this worker the owner of ``rec`` (maybe a crash_loop failure)."""
+        now = self.clock()
+        step = outcome.claimed(rec, self.worker.id, now)
+        if rec.owner is None or rec.owner == self.worker.id:
+            return step
+        workers = {w.id: w for w in self.store.workers()}
+        if rec.owner in live_ids(list(workers.values()), now, self.lease_seconds):
+            raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
+                           instance_id=rec.id)
+        dead = workers.get(rec.owner)
+        sleeping = (rec.next_attempt_at is not None and dead is not None
+                    and rec.next_attempt_at > dead.heartbeat_at)
+        new = step.record
+        if rec.status == RUNNING and not sleeping:
+            same = rec.recovered_seq == rec.seq
+            new.recoveries, new.recovered_seq = (rec.recoveries + 1 if same else 1), rec.seq
+        if new.recoveries > self.max_recoveries:
+            fail = outcome.failed(cm, new, "crash_loop", now,
+                                  error=f"{new.recoveries} recoveries without progress")
+            fail.expected_version = rec.version
+            return fail
+        return step
+
+    async def _claim(self, instance_id: str) -> tuple[CompiledMachine, InstanceRecord]:
+        rec = self.store.get(instance_id)
+        if rec.final:
+            raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
+                                   instance_id=rec.id, state=rec.state)
+        cm = self._compiled(rec)
+        self._ensure_worker()
+        step = self._adoption(cm, rec)
+        if not await self.committer.submit(step):
+            raise StaleWrite(f"instance {rec.id} was claimed by another worker first",
+                             instance_id=rec.id)
+        return cm, step.record
+
+    # -- running ----------------------------------------------------------------
+    async def step(self, instance_id: str) -> InstanceRecord:
+        """Run exactly one step of the instance and release it; return the new record.
+
+        Raises ``InstanceNotFound``, ``InstanceFinished``, ``FingerprintMismatch``,
+        or ``FsmError`` when a live worker owns it.
+        """
+        cm, rec = await self._claim(instance_id)
+        rec = await self.driver.step_once(cm, rec)
+        if rec.owner == self.worker.id:
+            release = outcome.clone(rec)
+            release.owner = None
+            rec = await self.driver.commit(rec, StepCommit(release, rec.version))
+        return rec
+
+    async def run(self, instance_id: str, on_step: OnStep | None = None) -> InstanceRecord:
+        """Step the instance until it is final or waiting; return the last record."""
+        cm, rec = await self._claim(instance_id)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks[rec.id] = task  # type: ignore[assignment]
+        try:
+            while not rec.final and rec.status != "waiting":
+                rec = await self.driver.step_once(cm, rec)
+                if on_step:
+                    on_step(rec)
+        except StaleWrite:
+            rec = self.store.get(instance_id)
+            if not rec.final and rec.owner == self.worker.id:
+                raise
+        except asyncio.CancelledError:
+            rec = self.store.get(instance_id)
+            if rec.status != "cancelled":
+                raise
+        finally:
+            self._tasks.pop(instance_id, None)
+        return rec
+
+    async def run_many(self, ids: Iterable[str], on_step: OnStep | None = None
+                       ) -> list[InstanceRecord | FsmError]:
+        """Run many instances concurrently; per instance, its final record or the
+        ``FsmError`` that stopped it (other exceptions propagate)."""
+        gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
+
+        async def one(iid: str) -> InstanceRecord | FsmError:
+            try:
+                if gate is None:
+                    return await self.run(iid, on_step)
+                async with gate:
+                    return await self.run(iid, on_step)
+            except FsmError as exc:
+                log.warning("instance %s stopped: %s", iid, exc)
+                return exc
+        tasks = [asyncio.ensure_future(one(i)) for i in ids]
+        return list(await asyncio.gather(*tasks))
+
+    def resumable(self) -> list[InstanceRecord]:
+        """Non-final, non-waiting instances not held by a live worker."""
+        live = live_ids(self.store.workers(), self.clock(), self.lease_seconds)
+        return [r for r in self.store.list(statuses=[PENDING, RUNNING])
+                if r.owner is None or r.owner == self.worker.id or r.owner not in live]
+
+    async def resume(self, on_step: OnStep | None = None) -> list[InstanceRecord | FsmError]:
+        """Continue every instance left pending or running by a dead (or no) worker."""
+        return await self.run_many([r.id for r in self.resumable()], on_step)
+
+    # -- from outside ------------------------------------------------------------
+    def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
+        """End the instance in status ``cancelled`` (works across processes).
+
+        Its owner notices within ``lease_seconds / 3`` and stops the running action.
+        Raises ``InstanceNotFound``, or ``InstanceFinished`` when already final.
+        """
+        while True:
+            rec = self.store.get(instance_id)
+            if rec.final:
+                raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
+                                       instance_id=rec.id)
+            step = outcome.cancelled(rec, self.clock(), reason)
+            if self.store.commit([step])[0]:
+                task = self._tasks.get(instance_id)
+                if task is not None and not task.done():
+                    task.cancel()
+                return step.record
+
+    async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
+        """Fire ``trigger`` on a ``waiting`` instance with context ``update``; then run it."""
+        from ..definition.spec import Fire
+        rec = self.store.get(instance_id)
+        if rec.status != "waiting":
+            raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
+        cm = self._compiled(rec)
+        self._ensure_worker()
+        step = self.driver._make_step(rec, cm.states[rec.state], None)
+        rec = await self.driver._advance(cm, rec, cm.states[rec.state], step,
+                                         Fire(trigger, update), 0.0)
+        return rec if rec.final else await self.run(rec.id)
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat, deregister this worker and close the store."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._registered:
+            self.store.delete_worker(self.worker.id)
+            self._registered = False
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+
+    def close(self) -> None:
+        """Synchronous ``aclose`` for scripts that never started a loop."""
+        if self._registered:
+            self.store.delete_worker(self.worker.id)
+            self._registered = False
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.store.close()

@@ -1,0 +1,113 @@
+"""What an action sees besides its context: the ``Step`` handle and its metered LLM."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BudgetExhausted, FsmError, ProviderError
+
+if TYPE_CHECKING:
+    from ..llm.base import Completion, Provider
+    from .breaker import Breaker
+
+
+class MeteredLLM:
+    """A provider wrapper bound to one step: enforces the token budget, counts usage.
+
+    ``used`` is the tokens (prompt + completion) this step has been billed,
+    including calls that failed after the provider billed them.  A call is
+    refused with ``BudgetExhausted`` when the instance has no tokens left
+    before it starts; a call that starts within budget may overshoot it (the
+    overshoot is recorded, never hidden).  When a circuit breaker is attached,
+    an open breaker raises ``CircuitOpen`` before any call is made.
+    """
+
+    def __init__(self, provider: "Provider | None", *, tokens_left: int | None,
+                 budget: int | None, breaker: "Breaker | None" = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.provider = provider
+        self.tokens_left = tokens_left
+        self.budget = budget
+        self.breaker = breaker
+        self.used = 0
+        self.calls: list[dict[str, Any]] = []
+        self._loop = loop
+
+    def _check_budget(self) -> None:
+        if self.tokens_left is not None and self.used >= self.tokens_left:
+            spent = (self.budget or 0) - self.tokens_left + self.used
+            raise BudgetExhausted(spent, self.budget or 0)
+
+    async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
+        """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
+        ``CircuitOpen`` or the provider's ``ProviderError``."""
+        if self.provider is None:
+            raise FsmError("this engine has no LLM provider configured")
+        self._check_budget()
+        if self.breaker is not None:
+            await self.breaker.before_call()
+        try:
+            out = await self.provider.complete(messages, **kwargs)
+        except ProviderError as exc:
+            self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc))
+            if self.breaker is not None and exc.retryable:
+                await self.breaker.record(False)
+            raise
+        self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None)
+        if self.breaker is not None:
+            await self.breaker.record(True)
+        return out
+
+    def complete_sync(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
+        """``complete`` for sync actions (which run in a worker thread)."""
+        if self._loop is None:
+            raise FsmError("complete_sync is only available inside a running step")
+        fut = asyncio.run_coroutine_threadsafe(self.complete(messages, **kwargs), self._loop)
+        return fut.result()
+
+    def _bill(self, tokens: int, finish: str | None, error: str | None) -> None:
+        self.used += tokens
+        self.calls.append({"tokens": tokens, "finish_reason": finish, "error": error})
+
+
+@dataclass(slots=True)
+class Step:
+    """Passed to actions as their second argument.
+
+    Attributes:
+        instance_id: the instance being stepped.
+        state: the current state's name.
+        attempt: 1-based attempt number of this state's action in this visit.
+        visit: how many times the instance has entered this state (1-based).
+        idempotency_key: ``"{instance_id}:{state}:{visit}"``: stable across
+            retries and crash recoveries of the same visit; send it with any
+            external side effect.
+        outbox_attempt: for side-effect states, how many times this key's
+            delivery has been started (> 1 means a retry or a crash recovery).
+        llm: the metered model handle (``await step.llm.complete(...)``).
+        loop_count / max_transitions: transitions made so far / the cap.
+        tokens_used / token_budget: before this step (tokens).
+        notes: free-form JSON-able values the action wants in the history row.
+    """
+
+    instance_id: str
+    state: str
+    attempt: int
+    visit: int
+    idempotency_key: str
+    llm: MeteredLLM
+    loop_count: int
+    max_transitions: int
+    tokens_used: int
+    token_budget: int | None
+    outbox_attempt: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_remaining(self) -> int | None:
+        """Tokens left in the budget including this step's calls so far (``None``: no budget)."""
+        if self.token_budget is None:
+            return None
+        return max(0, self.token_budget - self.tokens_used - self.llm.used)

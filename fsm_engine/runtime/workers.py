@@ -1,0 +1,51 @@
+"""Worker identity and liveness: who holds an instance, and whether it is still alive.
+
+A worker is one engine in one process.  It registers a row and renews its
+``heartbeat_at`` every ``lease_seconds / 3``; an instance's ``owner`` is a
+worker id.  An owner is dead when its row is gone, when its heartbeat is
+older than ``lease_seconds``, or (same host only) when its pid no longer
+runs or now belongs to another process (compared by start time), so a
+SIGKILLed local runner is detected at once without waiting out the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+from ..store.records import WorkerRow
+
+
+def pid_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (``/proc/PID/stat`` field 22), or ``""``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return data.rsplit(")", 1)[-1].split()[19]
+
+
+def new_worker(now: float | None = None) -> WorkerRow:
+    """A row describing this process as a fresh worker."""
+    now = time.time() if now is None else now
+    pid = os.getpid()
+    return WorkerRow(id=f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}",
+                     host=socket.gethostname(), pid=pid, pid_start=pid_start(pid),
+                     started_at=now, heartbeat_at=now)
+
+
+def is_alive(worker: WorkerRow, now: float, lease_seconds: float) -> bool:
+    """True while ``worker`` may still be running its instances."""
+    if now - worker.heartbeat_at > lease_seconds:
+        return False
+    if worker.host == socket.gethostname():
+        return bool(worker.pid_start) and pid_start(worker.pid) == worker.pid_start
+    return True
+
+
+def live_ids(workers: list[WorkerRow], now: float, lease_seconds: float) -> set[str]:
+    """Ids of the workers still alive."""
+    return {w.id for w in workers if is_alive(w, now, lease_seconds)}

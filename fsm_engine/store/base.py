@@ -1,0 +1,66 @@
+"""The store interface: the narrow contract every backend passes (``tests/test_store_contract.py``)."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from .records import (
+    AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit, WorkerRow,
+)
+
+
+class Store(Protocol):
+    """Durable storage for instances, their history, attempts, outbox, workers and breakers.
+
+    Every method is synchronous and owns its own transaction.  ``commit`` is
+    the hot path: it applies a batch of steps in one transaction (group
+    commit), each step all-or-nothing, and reports which applied.
+    Errors: ``InstanceNotFound`` for unknown ids, ``StoreError`` (or
+    ``NotAnFsmDatabase``) when the database is unusable.
+    """
+
+    path: str
+
+    def create(self, record: InstanceRecord) -> None:
+        """Insert a new instance (and nothing else)."""
+
+    def get(self, instance_id: str) -> InstanceRecord:
+        """The instance; ``InstanceNotFound`` when absent."""
+
+    def list(self, *, statuses: Sequence[str] | None = None,
+             machine: str | None = None, owner: str | None = None) -> list[InstanceRecord]:
+        """Instances, oldest first, optionally filtered by status, machine name, owner."""
+
+    def commit(self, steps: Sequence[StepCommit]) -> list[bool]:
+        """Apply each step whose ``expected_version`` matches; True where applied."""
+
+    def history(self, instance_id: str) -> list[HistoryRow]:
+        """The instance's history ordered by ``seq``."""
+
+    def attempts(self, instance_id: str) -> list[AttemptRow]:
+        """Failed attempts, oldest first."""
+
+    def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
+                     now: float) -> OutboxRow:
+        """Record that a side effect under ``key`` is about to run (attempts += 1)."""
+
+    def outbox(self, instance_id: str | None = None) -> list[OutboxRow]:
+        """Outbox rows, oldest first."""
+
+    def put_worker(self, worker: WorkerRow) -> None:
+        """Insert or update a worker's row (its heartbeat renews its leases)."""
+
+    def workers(self) -> list[WorkerRow]:
+        """Every registered worker."""
+
+    def delete_worker(self, worker_id: str) -> None:
+        """Remove a worker that stopped cleanly."""
+
+    def get_breaker(self, name: str) -> BreakerRow:
+        """The breaker row (a closed, empty one when absent)."""
+
+    def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
+        """Compare-and-set the breaker row; False when another process changed it first."""
+
+    def close(self) -> None:
+        """Release the connection."""

@@ -1,0 +1,165 @@
+"""Rows the store keeps, as plain dataclasses (JSON-serialisable fields only).
+
+Times are UNIX epoch seconds (float); token counts are integers; ``context``,
+``delta`` and ``detail`` are JSON objects.  No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Status values. ``pending``: created, never stepped; ``running``: owned by a
+#: worker or between steps; ``waiting``: needs an external trigger.
+PENDING, RUNNING, WAITING = "pending", "running", "waiting"
+COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
+STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
+
+#: Version of the stored record format; bumped with a migration.
+FORMAT_VERSION = 1
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    """One instance: where it is, what it holds and what it has spent.
+
+    ``seq`` is the number of history rows; ``version`` increments on every
+    write and fences concurrent writers (compare-and-set).
+    """
+
+    id: str
+    machine: str
+    module: str
+    fingerprint: str
+    state: str
+    status: str
+    context: dict[str, Any]
+    input: dict[str, Any]
+    max_transitions: int
+    token_budget: int | None
+    created_at: float
+    updated_at: float
+    reason: str | None = None
+    last_error: str | None = None
+    seq: int = 0
+    loop_count: int = 0
+    tokens_used: int = 0
+    attempt: int = 1
+    next_attempt_at: float | None = None
+    deadline: float | None = None
+    owner: str | None = None
+    recoveries: int = 0
+    recovered_seq: int = -1
+    visits: dict[str, int] = field(default_factory=dict)
+    version: int = 0
+
+    @property
+    def final(self) -> bool:
+        """True when the status is completed, failed or cancelled."""
+        return self.status in FINAL_STATUSES
+
+    @property
+    def tokens_remaining(self) -> int | None:
+        """Tokens left (``None``: no budget)."""
+        return None if self.token_budget is None else max(0, self.token_budget - self.tokens_used)
+
+
+@dataclass(slots=True)
+class HistoryRow:
+    """One transition of one instance; ``seq`` runs 1, 2, 3 … with no gaps.
+
+    ``kind`` is ``transition`` (a declared transition), ``fallback``,
+    ``skip``, or a runtime-forced move: ``fail``, ``cancel``, ``loop_limit``.
+    ``guards`` lists ``[name, result]`` for each guard evaluated, in order;
+    ``delta`` holds the context fields the step changed (the context after
+    step *n* is the input with deltas 1..n applied).
+    """
+
+    instance_id: str
+    seq: int
+    source: str
+    dest: str
+    trigger: str
+    at: float
+    kind: str = "transition"
+    guards: list[list[Any]] = field(default_factory=list)
+    duration_ms: float = 0.0
+    tokens: int = 0
+    error: str | None = None
+    reason: str | None = None
+    delta: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class AttemptRow:
+    """A failed attempt of a state's action, and when the next one is due."""
+
+    instance_id: str
+    state: str
+    visit: int
+    attempt: int
+    error_class: str
+    error: str
+    tokens: int
+    next_at: float | None
+    at: float
+
+
+@dataclass(slots=True)
+class OutboxRow:
+    """A side effect under an idempotency key: ``pending`` until marked ``done``."""
+
+    key: str
+    instance_id: str
+    state: str
+    visit: int
+    status: str
+    attempts: int
+    created_at: float
+    updated_at: float
+    result: dict[str, Any] | None = None
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class WorkerRow:
+    """A live or dead runtime process; leases are held through ``heartbeat_at``."""
+
+    id: str
+    host: str
+    pid: int
+    pid_start: str
+    started_at: float
+    heartbeat_at: float
+
+
+@dataclass(slots=True)
+class BreakerRow:
+    """Circuit breaker state for one provider + model, shared by every process.
+
+    ``events`` is a list of ``[time, ok]`` pairs inside the window.
+    """
+
+    name: str
+    state: str = "closed"
+    events: list[list[Any]] = field(default_factory=list)
+    opened_at: float | None = None
+    probe_at: float | None = None
+    version: int = 0
+
+
+@dataclass(slots=True)
+class StepCommit:
+    """Everything one step writes, committed all-or-nothing.
+
+    ``record`` is the instance after the step; the write only applies when
+    the stored ``version`` still equals ``expected_version``.
+    """
+
+    record: InstanceRecord
+    expected_version: int
+    history: list[HistoryRow] = field(default_factory=list)
+    attempt: AttemptRow | None = None
+    outbox_done: tuple[str, dict[str, Any]] | None = None

@@ -1,0 +1,87 @@
+"""SQLite schema and migrations (through sqlite-utils).
+
+``fsm_meta`` holds ``schema_version``; ``migrate`` applies each missing step
+in order inside one transaction.  A database with tables but no
+``fsm_meta`` is someone else's: it is refused, never modified.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import sqlite_utils
+
+from ..errors import NotAnFsmDatabase, StoreError
+from .records import FORMAT_VERSION
+
+JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
+                          "result", "events"})
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["instances"].create({
+        "id": str, "machine": str, "module": str, "fingerprint": str, "state": str,
+        "status": str, "context": str, "input": str, "max_transitions": int,
+        "token_budget": int, "created_at": float, "updated_at": float, "reason": str,
+        "last_error": str, "seq": int, "loop_count": int, "tokens_used": int,
+        "attempt": int, "next_attempt_at": float, "deadline": float, "owner": str,
+        "recoveries": int, "recovered_seq": int, "visits": str, "version": int,
+    }, pk="id", not_null={"machine", "state", "status", "context"})
+    db["instances"].create_index(["status"])
+    db["history"].create({
+        "instance_id": str, "seq": int, "source": str, "dest": str, "trigger": str,
+        "at": float, "kind": str, "guards": str, "duration_ms": float, "tokens": int,
+        "error": str, "reason": str, "delta": str, "detail": str,
+    }, pk=("instance_id", "seq"))
+    db["attempts"].create({
+        "instance_id": str, "state": str, "visit": int, "attempt": int,
+        "error_class": str, "error": str, "tokens": int, "next_at": float, "at": float,
+    })
+    db["attempts"].create_index(["instance_id"])
+    db["outbox"].create({
+        "key": str, "instance_id": str, "state": str, "visit": int, "status": str,
+        "attempts": int, "created_at": float, "updated_at": float, "result": str,
+        "last_error": str,
+    }, pk="key")
+    db["workers"].create({"id": str, "host": str, "pid": int, "pid_start": str,
+                          "started_at": float, "heartbeat_at": float}, pk="id")
+    db["breakers"].create({"name": str, "state": str, "events": str, "opened_at": float,
+                           "probe_at": float, "version": int}, pk="name")
+
+
+MIGRATIONS = [_v1]
+assert len(MIGRATIONS) == FORMAT_VERSION
+
+
+def _version(db: sqlite_utils.Database, path: str) -> int:
+    names = set(db.table_names())
+    if "fsm_meta" not in names:
+        if names:
+            raise NotAnFsmDatabase(f"{path} is not an fsm database (it has other tables)")
+        return 0
+    row = db.execute("SELECT value FROM fsm_meta WHERE key='schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(db: sqlite_utils.Database, path: str) -> None:
+    """Bring the schema to ``FORMAT_VERSION``; refuse foreign or newer databases."""
+    version = _version(db, path)
+    if version > FORMAT_VERSION:
+        raise StoreError(f"{path} has schema version {version}; this fsm_engine reads "
+                         f"up to {FORMAT_VERSION}: upgrade fsm_engine")
+    if version == FORMAT_VERSION:
+        return
+    conn: sqlite3.Connection = db.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if _version(db, path) == 0 and "fsm_meta" not in db.table_names():
+            db["fsm_meta"].create({"key": str, "value": str}, pk="key")
+        current = _version(db, path)
+        for step in MIGRATIONS[current:]:
+            step(db)
+        conn.execute("INSERT OR REPLACE INTO fsm_meta(key, value) VALUES ('schema_version', ?)",
+                     (str(FORMAT_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,259 @@
+"""SQLite store: one file, WAL journal, one transaction per batch of steps.
+
+Schema creation and migrations go through ``sqlite-utils``; the hot path
+(``commit``) uses prepared statements on the same connection.  Every write
+is ``BEGIN IMMEDIATE`` … ``COMMIT`` so concurrent processes serialise on the
+write lock instead of deadlocking; ``busy_timeout`` waits up to 30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import fields
+from typing import Any, Iterator, Sequence
+
+import sqlite_utils
+
+from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
+from .records import (
+    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow,
+    StepCommit, WorkerRow,
+)
+from .schema import JSON_COLUMNS, migrate
+
+_HEADER = b"SQLite format 3\x00"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encode(obj: Any) -> dict[str, Any]:
+    row = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    for col in JSON_COLUMNS & row.keys():
+        row[col] = _dumps(row[col]) if row[col] is not None else None
+    return row
+
+
+def _decode(cls: type, row: sqlite3.Row) -> Any:
+    data = dict(row)
+    for col in JSON_COLUMNS & data.keys():
+        if data[col] is not None:
+            data[col] = json.loads(data[col])
+    return cls(**data)
+
+
+def _check_file(path: str) -> None:
+    if path == ":memory:" or not os.path.exists(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as fh:
+        if fh.read(16) != _HEADER:
+            raise NotAnFsmDatabase(f"{path} is not an fsm database (not a SQLite file)")
+
+
+class SqliteStore:
+    """The default store.
+
+    Args:
+        path: database file (created when missing); ``":memory:"`` for a private one.
+        synchronous: ``"FULL"`` (default: a committed step survives power loss)
+            or ``"NORMAL"`` (WAL: survives a process crash, not power loss).
+
+    Raises:
+        NotAnFsmDatabase: the file is not SQLite, or is SQLite without fsm_engine's tables.
+        StoreError: the file is corrupt, locked for too long or unwritable.
+    """
+
+    def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL") -> None:
+        self.path = path
+        _check_file(path)
+        self._lock = threading.RLock()
+        try:
+            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                         timeout=30.0)
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA synchronous={synchronous}")
+            migrate(sqlite_utils.Database(self._conn), path)
+        except NotAnFsmDatabase:
+            self._conn.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open database {path}: {exc}") from None
+        self._instance_cols = [f.name for f in fields(InstanceRecord)]
+        sets = ", ".join(f"{c}=:{c}" for c in self._instance_cols if c not in ("id", "version"))
+        self._update_sql = (f"UPDATE instances SET {sets}, version=version+1 "
+                            "WHERE id=:id AND version=:expected_version")
+        self._history_sql = _insert_sql("history", HistoryRow)
+        self._attempt_sql = _insert_sql("attempts", AttemptRow)
+
+    # -- transactions -------------------------------------------------------
+    def _write(self) -> "_Txn":
+        return _Txn(self)
+
+    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"database {self.path}: {exc}") from None
+
+    # -- instances ----------------------------------------------------------
+    def create(self, record: InstanceRecord) -> None:
+        with self._write() as conn:
+            conn.execute(_insert_sql("instances", InstanceRecord), _encode(record))
+
+    def get(self, instance_id: str) -> InstanceRecord:
+        rows = self._read("SELECT * FROM instances WHERE id=?", (instance_id,))
+        if not rows:
+            raise InstanceNotFound(instance_id)
+        return _decode(InstanceRecord, rows[0])
+
+    def list(self, *, statuses: Sequence[str] | None = None,
+             machine: str | None = None, owner: str | None = None) -> list[InstanceRecord]:
+        sql, args = "SELECT * FROM instances WHERE 1=1", []
+        if owner:
+            sql += " AND owner=?"
+            args.append(owner)
+        if statuses:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args.extend(statuses)
+        if machine:
+            sql += " AND machine=?"
+            args.append(machine)
+        return [_decode(InstanceRecord, r) for r in self._read(sql + " ORDER BY rowid", args)]
+
+    def commit(self, steps: Sequence[StepCommit]) -> list[bool]:
+        applied: list[bool] = []
+        with self._write() as conn:
+            for step in steps:
+                applied.append(self._apply(conn, step))
+        return applied
+
+    def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
+        row = _encode(step.record)
+        row["expected_version"] = step.expected_version
+        if conn.execute(self._update_sql, row).rowcount != 1:
+            return False
+        step.record.version = step.expected_version + 1
+        for h in step.history:
+            conn.execute(self._history_sql, _encode(h))
+        if step.attempt is not None:
+            conn.execute(self._attempt_sql, _encode(step.attempt))
+        if step.outbox_done is not None:
+            key, result = step.outbox_done
+            conn.execute("UPDATE outbox SET status='done', result=?, updated_at=? WHERE key=?",
+                         (_dumps(result), step.record.updated_at, key))
+        return True
+
+    def history(self, instance_id: str) -> list[HistoryRow]:
+        self.get(instance_id)
+        rows = self._read("SELECT * FROM history WHERE instance_id=? ORDER BY seq", (instance_id,))
+        return [_decode(HistoryRow, r) for r in rows]
+
+    def attempts(self, instance_id: str) -> list[AttemptRow]:
+        rows = self._read("SELECT * FROM attempts WHERE instance_id=? ORDER BY at, attempt",
+                          (instance_id,))
+        return [_decode(AttemptRow, r) for r in rows]
+
+    # -- outbox ---------------------------------------------------------------
+    def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
+                     now: float) -> OutboxRow:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, created_at,"
+                " updated_at) VALUES (?,?,?,?, 'pending', 1, ?, ?) ON CONFLICT(key) DO UPDATE"
+                " SET attempts = attempts + 1, updated_at = excluded.updated_at"
+                " WHERE status = 'pending'", (key, instance_id, state, visit, now, now))
+            row = conn.execute("SELECT * FROM outbox WHERE key=?", (key,)).fetchone()
+        return _decode(OutboxRow, row)
+
+    def outbox(self, instance_id: str | None = None) -> list[OutboxRow]:
+        sql, args = "SELECT * FROM outbox", ()
+        if instance_id is not None:
+            sql, args = sql + " WHERE instance_id=?", (instance_id,)
+        return [_decode(OutboxRow, r) for r in self._read(sql + " ORDER BY rowid", args)]
+
+    # -- workers --------------------------------------------------------------
+    def put_worker(self, worker: WorkerRow) -> None:
+        with self._write() as conn:
+            conn.execute(_insert_sql("workers", WorkerRow, replace=True), _encode(worker))
+
+    def workers(self) -> list[WorkerRow]:
+        return [_decode(WorkerRow, r) for r in self._read("SELECT * FROM workers")]
+
+    def delete_worker(self, worker_id: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM workers WHERE id=?", (worker_id,))
+
+    # -- circuit breakers -------------------------------------------------------
+    def get_breaker(self, name: str) -> BreakerRow:
+        rows = self._read("SELECT * FROM breakers WHERE name=?", (name,))
+        return _decode(BreakerRow, rows[0]) if rows else BreakerRow(name)
+
+    def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
+        data = _encode(row)
+        data["version"] = expected_version + 1
+        with self._write() as conn:
+            if expected_version == 0:
+                cur = conn.execute(_insert_sql("breakers", BreakerRow, ignore=True), data)
+            else:
+                cur = conn.execute(
+                    "UPDATE breakers SET state=:state, events=:events, opened_at=:opened_at,"
+                    " probe_at=:probe_at, version=:version WHERE name=:name"
+                    f" AND version={int(expected_version)}", data)
+        ok = cur.rowcount == 1
+        if ok:
+            row.version = expected_version + 1
+        return ok
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r}, format={FORMAT_VERSION})"
+
+
+class _Txn:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``; rolls back on any exception."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.store._lock.acquire()
+        try:
+            self.store._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            self.store._lock.release()
+            raise StoreError(f"database {self.store.path}: {exc}") from None
+        return self.store._conn
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        conn = self.store._conn
+        try:
+            if exc_type is None:
+                conn.execute("COMMIT")
+            else:
+                conn.execute("ROLLBACK")
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"database {self.store.path}: {err}") from None
+        finally:
+            self.store._lock.release()
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise StoreError(f"database {self.store.path}: {exc}") from None
+
+
+def _insert_sql(table: str, cls: type, *, replace: bool = False, ignore: bool = False) -> str:
+    cols = [f.name for f in fields(cls)]
+    verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE" if ignore else "INSERT"
+    return f"{verb} INTO {table}({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"
+
+
+def iter_rows(store: SqliteStore, sql: str) -> Iterator[sqlite3.Row]:
+    """Read-only escape hatch for tests and tools."""
+    yield from store._read(sql)
