@@ -1,0 +1,35 @@
+"""fsm_engine: durable finite state machines for multi-step LLM workflows.
+
+Declare a :class:`Machine` of :class:`State` s and :class:`Transition` s in a
+Python module, run instances with an :class:`Engine` (SQLite by default),
+draw it with ``fsm diagram``, audit every transition with ``fsm history``.
+"""
+
+from .definition import BUDGET_EXHAUSTED, FALLBACK, Fire, Machine, RunInfo, State, Transition, fire
+from .errors import (
+    ActionError, BudgetExhausted, CircuitOpen, ClientError, DefinitionError, FingerprintMismatch,
+    FsmError, InstanceFinished, InstanceNotFound, InvalidInput, MachineLoadError,
+    NotAnFsmDatabase, ProviderError, ProviderTimeout, ProviderUnavailable, RateLimited,
+    ServerError, StaleWrite, StepTimeout, StoreError, StructuredOutputError,
+)
+from .policies import BreakerPolicy, RetryPolicy
+from .runtime import Engine, Step, load_machine
+from .store import HistoryRow, InstanceRecord, SqliteStore, Store, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # definition
+    "Machine", "State", "Transition", "fire", "Fire", "RunInfo", "FALLBACK", "BUDGET_EXHAUSTED",
+    "RetryPolicy", "BreakerPolicy", "load_machine",
+    # runtime
+    "Engine", "Step",
+    # store
+    "Store", "SqliteStore", "open_store", "InstanceRecord", "HistoryRow",
+    # errors
+    "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
+    "InstanceNotFound", "StaleWrite", "FingerprintMismatch", "InvalidInput", "InstanceFinished",
+    "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
+    "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
+    "ClientError",
+]

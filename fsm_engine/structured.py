@@ -44,9 +44,10 @@ NON_FINITE = "NaN/Infinity"
 _MAX_REASK_ERRORS = 10
 _MAX_MESSAGE_ERRORS = 3
 
+# A ' opens a string only where a key or value may start (so "it's" is no string).
 _TOKEN = re.compile(r"""
     (?P<dstr>"[^"\\]*(?:\\.[^"\\]*)*")  | (?P<dopen>")
-  | (?P<sstr>'[^'\\]*(?:\\.[^'\\]*)*')  | (?P<sopen>')
+  | (?P<sstr>(?<=[{\[,:])\s*'[^'\\]*(?:\\.[^'\\]*)*')  | (?P<sopen>(?<=[{\[,:])\s*')
   | (?P<lcomment>//[^\n]*)  | (?P<bcomment>/\*.*?\*/)  | (?P<bopen>/\*)
   | (?P<open>[{\[])  | (?P<close>[}\]])  | (?P<comma>,)  | (?P<colon>:)
   | (?P<num>-?\d[\w.+-]*)  | (?P<word>-?[A-Za-z_$][\w$]*)
@@ -111,7 +112,6 @@ def parse_structured(text: str, target: Target = None, *,
     contains NaN/Infinity, or fails validation (``errors``: "path: message").
     Raises TypeError for a ``target`` of another kind and
     ``jsonschema.SchemaError`` for an invalid schema: those are caller bugs.
-    A schema's ``title`` names it in error messages.
     """
     name, check = _checker(target)
     repairs: list[str] = []
@@ -151,7 +151,7 @@ def reask_message(err: StructuredOutputError, target: Target) -> str:
 # --- targets ----------------------------------------------------------------
 
 def _checker(target: object) -> tuple[str, _Check]:
-    """The target's name for messages and its validation function."""
+    """The target's name for messages (a schema's ``title``) and its check."""
     if target is None:
         return "", lambda data: (data, [])
     if isinstance(target, type) and issubclass(target, BaseModel):
@@ -202,9 +202,8 @@ def _clean(text: str, repairs: list[str], finish_reason: str | None) -> str:
         body = body.lstrip("\ufeff").strip()
         repairs.append(BOM)
     if finish_reason == "length":
-        raise StructuredOutputError(
-            "model output was cut off at max_tokens (finish_reason='length')",
-            errors=["output was cut off at max_tokens"], truncated=True)
+        raise StructuredOutputError("model output was cut off at max_tokens (finish_reason "
+                                    "'length')", errors=["cut off at max_tokens"], truncated=True)
     if not body:
         raise StructuredOutputError("model output is empty", errors=["the reply was empty"])
     return body
@@ -231,9 +230,9 @@ def _extract(body: str, repairs: list[str]) -> Any:
 def _choose(candidates: list[_Candidate]) -> tuple[_Candidate, Any]:
     """The candidate that is the reply's JSON, with its strict parse if it has one.
 
-    Output that ends inside JSON wins (it is truncated, whatever came
-    before); then the first candidate with NaN/Infinity or that parses
-    strictly; else the first object, else the first array, for repair.
+    Output ending inside JSON wins (it is truncated, whatever came before); then
+    the first with NaN/Infinity or that parses strictly; else the first object
+    (or failing that the first array), for repair.
     """
     if not candidates:
         raise StructuredOutputError("no JSON object or array found in model output",
@@ -241,7 +240,7 @@ def _choose(candidates: list[_Candidate]) -> tuple[_Candidate, Any]:
     for cut in (c for c in candidates if c.span.cut):
         return cut, _NOT_JSON
     for candidate in candidates:
-        if NON_FINITE in candidate.span.features:
+        if NON_FINITE in candidate.span.features:  # refused later, never repaired
             return candidate, _NOT_JSON
         data, _ = _loads(candidate.json)
         if data is not _NOT_JSON:
@@ -268,18 +267,16 @@ def _fence_block(body: str, opener: re.Match[str]) -> tuple[_Candidate | None, i
     the block is re-read up to the first ``` (its JSON is then incomplete).
     """
     naive = body.find("```", opener.end())
-    limit = naive if naive >= 0 else len(body)
-    start = opener.end()
-    while start < limit and body[start].isspace():
-        start += 1
+    limit, skip = (naive, naive + 3) if naive >= 0 else (len(body), len(body))
+    start = limit - len(body[opener.end():limit].lstrip())
     if start >= limit or body[start] not in "{[":
-        return None, (naive + 3 if naive >= 0 else len(body))
+        return None, skip
     span = _scan(body, start)
     close = -1 if span.truncated else body.find("```", span.end)
     if span.truncated or body[span.end:close if close >= 0 else len(body)].strip():
         span, close = _scan(body, start, limit), naive
         if not span.truncated and body[span.end:limit].strip():
-            return None, (naive + 3 if naive >= 0 else len(body))
+            return None, skip
     end = close + 3 if close >= 0 else len(body)
     labels = (FENCE, PROSE) if body[:opener.start()].strip() or body[end:].strip() else (FENCE,)
     return _Candidate(body[span.start:span.end], span, labels), end

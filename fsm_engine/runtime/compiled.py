@@ -86,6 +86,10 @@ class CompiledMachine:
         """True when ``trigger`` is declared from ``state``."""
         return trigger in self.triggers.get(state, ())
 
+    def choosable(self, state: str) -> list[str]:
+        """Declared triggers from ``state`` that normal selection considers (not reserved)."""
+        return [t for t in self.triggers.get(state, ()) if t not in RESERVED_TRIGGERS]
+
     def choose(self, state: str, ctx: Any, run: RunInfo, trigger: str | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
 
@@ -95,8 +99,7 @@ class CompiledMachine:
         propagate.
         """
         log: list[list[Any]] = []
-        candidates = [trigger] if trigger else [
-            t for t in self.triggers.get(state, ()) if t not in RESERVED_TRIGGERS]
+        candidates = [trigger] if trigger else self.choosable(state)
         for trig in candidates:
             event = self._tm.events.get(trig)
             if event is None:

@@ -116,7 +116,8 @@ class Driver:
             await asyncio.sleep(rec.next_attempt_at - now)
         return await self._attempt(cm, rec, state)
 
-    def _make_step(self, rec: InstanceRecord, state: State, breaker: Breaker | None) -> Step:
+    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                   breaker: Breaker | None) -> Step:
         left = rec.tokens_remaining
         visit = rec.visits.get(state.name, 1)
         meter = MeteredLLM(self.provider, tokens_left=left, budget=rec.token_budget,
@@ -124,11 +125,13 @@ class Driver:
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
-                    tokens_used=rec.tokens_used, token_budget=rec.token_budget)
+                    tokens_used=rec.tokens_used, token_budget=rec.token_budget,
+                    triggers=tuple(cm.choosable(state.name)))
+        meter.loops_left = rec.max_transitions - rec.loop_count
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
                        state: State) -> InstanceRecord:
-        step = self._make_step(rec, state, self.breaker_for(state))
+        step = self._make_step(cm, rec, state, self.breaker_for(state))
         if state.side_effect:
             row = self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
                                           self.clock())
@@ -192,7 +195,7 @@ class Driver:
             cm, rec, trigger=choice.trigger, dest=choice.dest, now=self.clock(),
             context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
             tokens=step.llm.used, duration_ms=ms, error=error, reason=reason,
-            detail=detail, outbox_done=done))
+            detail=detail, outbox_done=done, extra_loops=step.llm.reasks))
 
     @staticmethod
     def _detail(step: Step) -> dict[str, Any]:
@@ -204,6 +207,8 @@ class Driver:
             detail["outbox_attempt"] = step.outbox_attempt
         if step.llm.calls:
             detail["llm_calls"] = step.llm.calls
+        if step.llm.reasks:
+            detail["reasks"] = step.llm.reasks
         return detail
 
     async def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,

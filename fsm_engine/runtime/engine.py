@@ -300,7 +300,7 @@ class Engine:
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
         cm = self._compiled(rec)
         self._ensure_worker()
-        step = self.driver._make_step(rec, cm.states[rec.state], None)
+        step = self.driver._make_step(cm, rec, cm.states[rec.state], None)
         rec = await self.driver._advance(cm, rec, cm.states[rec.state], step,
                                          Fire(trigger, update), 0.0)
         return rec if rec.final else await self.run(rec.id)

@@ -69,22 +69,26 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
                guards: list[list[Any]] | None = None, tokens: int = 0,
                duration_ms: float = 0.0, error: str | None = None,
                reason: str | None = None, detail: dict[str, Any] | None = None,
-               outbox_done: tuple[str, dict[str, Any]] | None = None) -> StepCommit:
-    """Record a taken transition (declared, fallback or skip) and everything it implies."""
+               outbox_done: tuple[str, dict[str, Any]] | None = None,
+               extra_loops: int = 0) -> StepCommit:
+    """Record a taken transition (declared, fallback or skip) and everything it implies.
+
+    ``extra_loops`` adds re-asks made inside the step to ``loop_count``.
+    """
     new = clone(rec)
     source = rec.state
     if context is not None:
         new.context = context
     new.tokens_used += tokens
-    new.loop_count += 1
+    new.loop_count += 1 + extra_loops
     new.updated_at = now
     new.last_error = error
     rows = [_row(new, source, dest, trigger, now, kind=kind, guards=guards or [],
                  duration_ms=duration_ms, tokens=tokens, error=error, reason=reason,
                  delta=delta or {}, detail=detail or {})]
     _enter(cm, new, dest)
-    if reason and new.status == FAILED:
-        new.reason = reason
+    if new.status == FAILED:
+        new.reason = reason or trigger
     if not new.final and new.status != WAITING and new.loop_count >= new.max_transitions:
         rows.append(force_fail(cm, new, "loop_limit", now, kind="loop_limit",
                                error=f"reached max_transitions={new.max_transitions}"))

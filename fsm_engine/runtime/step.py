@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BudgetExhausted, FsmError, ProviderError
+from ..errors import BudgetExhausted, FsmError, ProviderError, StructuredOutputError
 
 if TYPE_CHECKING:
     from ..llm.base import Completion, Provider
@@ -32,6 +32,9 @@ class MeteredLLM:
         self.budget = budget
         self.breaker = breaker
         self.used = 0
+        self.reasks = 0
+        self.loops_left = 1 << 30
+        self.last_error: StructuredOutputError | None = None
         self.calls: list[dict[str, Any]] = []
         self._loop = loop
 
@@ -67,6 +70,30 @@ class MeteredLLM:
         fut = asyncio.run_coroutine_threadsafe(self.complete(messages, **kwargs), self._loop)
         return fut.result()
 
+    async def structured(self, messages: list[dict[str, str]], target: Any, *,
+                         max_reasks: int = 1, **kwargs: Any) -> Any:
+        """Call the model and parse its text into ``target`` (a pydantic model or JSON Schema).
+
+        Output that fails parsing or validation is re-asked with the error up
+        to ``max_reasks`` times; each re-ask counts against the token budget
+        and the loop cap (``reasks`` is added to the instance's ``loop_count``).
+        Returns ``fsm_engine.structured.Parsed``; raises ``StructuredOutputError``
+        when the last answer is still invalid, or ``BudgetExhausted``.
+        """
+        from ..structured import parse_structured, reask_message
+        history = list(messages)
+        while True:
+            out = await self.complete(history, **kwargs)
+            try:
+                return parse_structured(out.text, target, finish_reason=out.finish_reason)
+            except StructuredOutputError as exc:
+                self.last_error = exc
+                if self.reasks >= max_reasks or self.reasks + 1 >= self.loops_left:
+                    raise
+                self.reasks += 1
+                history += [{"role": "assistant", "content": out.text},
+                            {"role": "user", "content": reask_message(exc, target)}]
+
     def _bill(self, tokens: int, finish: str | None, error: str | None) -> None:
         self.used += tokens
         self.calls.append({"tokens": tokens, "finish_reason": finish, "error": error})
@@ -84,6 +111,7 @@ class Step:
         idempotency_key: ``"{instance_id}:{state}:{visit}"``: stable across
             retries and crash recoveries of the same visit; send it with any
             external side effect.
+        triggers: the declared triggers this state may fire (for model-driven routing).
         outbox_attempt: for side-effect states, how many times this key's
             delivery has been started (> 1 means a retry or a crash recovery).
         llm: the metered model handle (``await step.llm.complete(...)``).
@@ -102,6 +130,7 @@ class Step:
     max_transitions: int
     tokens_used: int
     token_budget: int | None
+    triggers: tuple[str, ...] = ()
     outbox_attempt: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
 

@@ -1,0 +1,206 @@
+"""Reference machine: moderate a text file with an LLM, durably.
+
+init → collect → preprocess → infer → validate → output → notify → done
+
+- collect reads the file; an unreadable or empty file goes to ``failed``.
+- preprocess normalises Unicode and whitespace and truncates the text to
+  fit a small model's context (``FSM_MAX_INPUT_CHARS``, default 2,400
+  characters ≈ 600 tokens at ~4 characters per token for English).
+- infer asks the model for ``{decision, categories, summary}`` JSON; provider
+  errors retry with backoff, and when retries are exhausted, the timeout
+  fires, the breaker is open or the budget is spent it falls back to
+  degraded-infer.
+- validate parses, repairs and validates the answer; an invalid answer is
+  re-asked (at most ``MAX_INFER`` model answers, bounded by the loop cap and
+  the token budget), then degraded-infer takes over.
+- degraded-infer asks again under JSON-schema-constrained decoding; when
+  that fails too it applies a keyword rule, so every instance completes.
+- notify delivers the verdict once per instance (a side effect under an
+  idempotency key: ``FSM_NOTIFY_URL`` webhook, else ``FSM_NOTIFY_FILE``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unicodedata
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from fsm_engine import FsmError, Machine, RetryPolicy, State, Step, Transition
+from fsm_engine.sinks import deliver
+from fsm_engine.structured import parse_structured
+
+MAX_INFER = 2
+MAX_CHARS = int(os.environ.get("FSM_MAX_INPUT_CHARS", "2400"))
+
+
+class Verdict(BaseModel):
+    """The model's answer."""
+
+    decision: Literal["approve", "reject", "review"]
+    categories: list[str]
+    summary: str
+
+
+class Moderation(BaseModel):
+    """Instance context."""
+
+    path: str
+    text: str = ""
+    truncated: bool = False
+    raw: str = ""
+    finish_reason: str = ""
+    infer_attempts: int = 0
+    validation_errors: list[str] = []
+    repairs: list[str] = []
+    verdict: Verdict | None = None
+    verdict_source: str = ""
+    result: dict[str, Any] | None = None
+    delivery: dict[str, Any] | None = None
+
+
+SYSTEM = ("You are a content moderator. Read the user's text and answer with ONLY a JSON "
+          'object, no prose: {"decision": "approve" | "reject" | "review", '
+          '"categories": [short strings], "summary": "one sentence"}.')
+
+
+def collect(ctx: Moderation) -> dict[str, Any]:
+    """Read the input file (UTF-8, undecodable bytes replaced)."""
+    try:
+        with open(ctx.path, encoding="utf-8", errors="replace") as fh:
+            return {"text": fh.read()}
+    except OSError as exc:
+        return {"text": "", "validation_errors": [f"cannot read {ctx.path}: {exc.strerror}"]}
+
+
+def has_text(ctx: Moderation) -> bool:
+    """Guard: the collected text is not blank."""
+    return bool(ctx.text.strip())
+
+
+def preprocess(ctx: Moderation) -> dict[str, Any]:
+    """NFKC-normalise, collapse whitespace, truncate to ``MAX_CHARS``."""
+    text = unicodedata.normalize("NFKC", ctx.text)
+    text = re.sub(r"[ \t\f\v]+", " ", text)
+    text = re.sub(r"\n\s*\n+", "\n\n", text).strip()
+    return {"text": text[:MAX_CHARS], "truncated": len(text) > MAX_CHARS}
+
+
+def _messages(ctx: Moderation) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Text to moderate:\n\n{ctx.text}\n\nJSON verdict:"}]
+    if ctx.validation_errors and ctx.raw:
+        msgs += [{"role": "assistant", "content": ctx.raw[:1000]},
+                 {"role": "user", "content": "That answer was invalid: "
+                  + "; ".join(ctx.validation_errors[:5]) + ". Reply with only the JSON object."}]
+    return msgs
+
+
+async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
+    """Ask the model for a verdict (raw text; validate parses it)."""
+    out = await step.llm.complete(_messages(ctx), max_tokens=160, temperature=0.0)
+    return {"raw": out.text, "finish_reason": out.finish_reason,
+            "infer_attempts": ctx.infer_attempts + 1}
+
+
+def validate(ctx: Moderation) -> dict[str, Any]:
+    """Parse, repair and validate the raw answer into a ``Verdict``."""
+    try:
+        parsed = parse_structured(ctx.raw, Verdict, finish_reason=ctx.finish_reason)
+    except FsmError as exc:
+        errors = getattr(exc, "errors", None) or [str(exc)]
+        return {"verdict": None, "validation_errors": errors,
+                "repairs": list(getattr(exc, "repairs", []))}
+    return {"verdict": parsed.value, "validation_errors": [], "repairs": list(parsed.repairs),
+            "verdict_source": "model"}
+
+
+def verdict_ok(ctx: Moderation) -> bool:
+    """Guard: validate produced a verdict."""
+    return ctx.verdict is not None
+
+
+def can_reask(ctx: Moderation, run: Any) -> bool:
+    """Guard: another model answer is allowed (attempts and budget left)."""
+    left = run.tokens_remaining
+    return ctx.infer_attempts < MAX_INFER and (left is None or left > 400)
+
+
+RULES = {"reject": ("kill", "bomb", "terror", "slur"), "review": ("weapon", "drug", "violence")}
+
+
+def rule_verdict(text: str) -> Verdict:
+    """Keyword rule used when the model cannot produce a valid verdict."""
+    low = text.lower()
+    for decision in ("reject", "review"):
+        hits = [w for w in RULES[decision] if w in low]
+        if hits:
+            return Verdict(decision=decision, categories=hits,  # type: ignore[arg-type]
+                           summary=f"rule-based: matched {', '.join(hits)}")
+    return Verdict(decision="approve", categories=[], summary="rule-based: no flagged terms")
+
+
+async def degraded_infer(ctx: Moderation, step: Step) -> dict[str, Any]:
+    """Schema-constrained decoding; keyword rule when that fails or the budget is spent."""
+    try:
+        if step.tokens_remaining is None or step.tokens_remaining > 300:
+            out = await step.llm.complete(_messages(ctx)[:2], max_tokens=200,
+                                          json_schema=Verdict.model_json_schema())
+            parsed = parse_structured(out.text, Verdict, finish_reason=out.finish_reason)
+            return {"verdict": parsed.value, "verdict_source": "constrained"}
+    except FsmError as exc:
+        step.notes["constrained_error"] = str(exc)[:300]
+    return {"verdict": rule_verdict(ctx.text), "verdict_source": "rules"}
+
+
+def output(ctx: Moderation) -> dict[str, Any]:
+    """Shape the published record."""
+    assert ctx.verdict is not None
+    return {"result": {"file": os.path.basename(ctx.path), "source": ctx.verdict_source,
+                       **ctx.verdict.model_dump()}}
+
+
+def notify(ctx: Moderation, step: Step) -> dict[str, Any]:
+    """Deliver the result once, under the step's idempotency key."""
+    payload = {"instance_id": step.instance_id, "result": ctx.result}
+    return {"delivery": deliver(payload, step.idempotency_key)}
+
+
+LLM_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, backoff_rate=2.0, max_interval=10.0)
+
+machine = Machine(
+    name="moderation",
+    context=Moderation,
+    initial="init",
+    max_transitions=30,
+    token_budget=6000,
+    states=[
+        State("init"),
+        State("collect", action=collect),
+        State("preprocess", action=preprocess),
+        State("infer", action=infer, timeout=120.0, retry=LLM_RETRY, fallback="degraded-infer"),
+        State("degraded-infer", action=degraded_infer, timeout=120.0),
+        State("validate", action=validate),
+        State("output", action=output),
+        State("notify", action=notify, side_effect=True, timeout=30.0,
+              retry=RetryPolicy(max_attempts=5, initial_interval=0.5, max_interval=5.0)),
+        State("done", final=True),
+        State("failed", final=True, failure=True),
+    ],
+    transitions=[
+        Transition("start", "init", "collect"),
+        Transition("collected", "collect", "preprocess", conditions=has_text),
+        Transition("unreadable", "collect", "failed", unless=has_text),
+        Transition("prepared", "preprocess", "infer"),
+        Transition("answered", "infer", "validate"),
+        Transition("budget_exhausted", "infer", "degraded-infer"),
+        Transition("valid", "validate", "output", conditions=verdict_ok),
+        Transition("reask", "validate", "infer", conditions=can_reask),
+        Transition("give_up", "validate", "degraded-infer"),
+        Transition("degraded", "degraded-infer", "output"),
+        Transition("publish", "output", "notify"),
+        Transition("notified", "notify", "done"),
+    ],
+)

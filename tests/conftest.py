@@ -1,0 +1,63 @@
+"""Shared fixtures: a fresh SQLite file per test, scripted providers, an engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fsm_engine import Engine  # noqa: E402
+from fsm_engine.llm import Scripted  # noqa: E402
+
+MACHINES = ROOT / "machines"
+LICENSES = Path("/usr/share/common-licenses")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> str:
+    """A path for a new SQLite database in the test's temp dir."""
+    return str(tmp_path / "fsm.db")
+
+
+@pytest.fixture
+def notify_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Route the reference machine's notifications to a JSONL file in tmp."""
+    path = tmp_path / "notifications.jsonl"
+    monkeypatch.setenv("FSM_NOTIFY_FILE", str(path))
+    monkeypatch.delenv("FSM_NOTIFY_URL", raising=False)
+    return path
+
+
+def scripted(*replies: dict) -> Scripted:
+    """A scripted provider from reply dicts (text, prompt_tokens, completion_tokens, ...)."""
+    return Scripted.from_replies(list(replies))
+
+
+GOOD_VERDICT = {"text": '{"decision": "approve", "categories": [], "summary": "fine"}',
+                "prompt_tokens": 50, "completion_tokens": 20}
+
+
+@pytest.fixture
+def engine(db_path: str):
+    """An Engine on a fresh database with a scripted model answering a valid verdict."""
+    eng = Engine(db_path, llm=scripted(GOOD_VERDICT), seed=1)
+    yield eng
+    try:
+        eng.close()
+    except Exception:
+        pass
+
+
+def license_files(n: int | None = None) -> list[str]:
+    """Real input: the license texts every Debian machine has (sorted, regular files)."""
+    files = sorted(str(p) for p in LICENSES.iterdir() if p.is_file()) if LICENSES.exists() else []
+    return files[:n] if n else files
+
+
+os.environ.setdefault("FSM_MAX_INPUT_CHARS", "2400")
