@@ -108,7 +108,9 @@ def _finish(records: list[Any], as_json: bool) -> None:
 
 @app.command()
 def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
-        input: list[str] = typer.Option([], "--input", "-i", help="Input file (repeatable)."),
+        more: Optional[list[str]] = typer.Argument(None, metavar="[FILE]...",
+                                                   help="More input files (--input A B C)."),
+        input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
         db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", help="Token budget per instance."),
         llm: Optional[str] = typer.Option(None, "--llm", help="local | openai | scripted:FILE (or FSM_LLM)."),
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
@@ -116,6 +118,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Max instances at once."),
         as_json: bool = typer.Option(False, "--json"), quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Start one instance per input file and run them all concurrently."""
+    input = list(input) + list(more or [])
     if not input:
         _fail("give at least one --input FILE")
     inputs = [_input_for(i) for i in input]

@@ -61,6 +61,19 @@ class Moderation(BaseModel):
     delivery: dict[str, Any] | None = None
 
 
+#: The schema used for constrained decoding: Verdict with bounded lengths, so the
+#: grammar cannot run past max_tokens (llama.cpp honours maxItems / maxLength).
+CONSTRAINED = {
+    "type": "object", "additionalProperties": False,
+    "required": ["decision", "categories", "summary"],
+    "properties": {
+        "decision": {"enum": ["approve", "reject", "review"]},
+        "categories": {"type": "array", "maxItems": 3,
+                       "items": {"type": "string", "maxLength": 24}},
+        "summary": {"type": "string", "maxLength": 120},
+    },
+}
+
 SYSTEM = ("You are a content moderator. Read the user's text and answer with ONLY a JSON "
           'object, no prose: {"decision": "approve" | "reject" | "review", '
           '"categories": [short strings], "summary": "one sentence"}.')
@@ -100,7 +113,7 @@ def _messages(ctx: Moderation) -> list[dict[str, str]]:
 
 async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
     """Ask the model for a verdict (raw text; validate parses it)."""
-    out = await step.llm.complete(_messages(ctx), max_tokens=160, temperature=0.0)
+    out = await step.llm.complete(_messages(ctx), max_tokens=100, temperature=0.0)
     return {"raw": out.text, "finish_reason": out.finish_reason,
             "infer_attempts": ctx.infer_attempts + 1}
 
@@ -146,8 +159,8 @@ async def degraded_infer(ctx: Moderation, step: Step) -> dict[str, Any]:
     """Schema-constrained decoding; keyword rule when that fails or the budget is spent."""
     try:
         if step.tokens_remaining is None or step.tokens_remaining > 300:
-            out = await step.llm.complete(_messages(ctx)[:2], max_tokens=200,
-                                          json_schema=Verdict.model_json_schema())
+            out = await step.llm.complete(_messages(ctx)[:2], max_tokens=120,
+                                          json_schema=CONSTRAINED)
             parsed = parse_structured(out.text, Verdict, finish_reason=out.finish_reason)
             return {"verdict": parsed.value, "verdict_source": "constrained"}
     except FsmError as exc:

@@ -83,7 +83,8 @@ def llama_server(gemma_path: str, tmp_path_factory) -> Iterator[str]:
     log = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", gemma_path,
-         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"],
+         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+         "--chat_format", "gemma"],  # the packaged GGUF has no chat template
         stdout=log, stderr=subprocess.STDOUT)
     try:
         try:

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fsm_engine.errors import (ClientError, ProviderTimeout, ProviderUnavailable, RateLimited,
+from fsm_engine.errors import (ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable, RateLimited,
                                ServerError)
 from fsm_engine.llm import OpenAICompatible
 from fsm_engine.llm.openai_compat import parse_retry_after
@@ -43,14 +43,21 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client timed out first
+            pass
 
     def do_POST(self):  # noqa: N802 - http.server API
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append((dict(self.headers), request))
+        self.server.requests.append(({k.lower(): v for k, v in self.headers.items()}, request))
         model = request["model"]
         echo = {"error": {"message": f"bad key {self.headers.get('Authorization')}"}}
-        if model == "ok":
+        fmt = (request.get("response_format") or {}).get("type")
+        if model == "llamacpp" and fmt == "json_schema":  # what llama_cpp.server answers
+            self.reply(500, {"error": {"message": "Input should be 'text' or 'json_object', "
+                                                  "input: 'json_schema'"}})
+        elif model in ("ok", "llamacpp"):
             self.reply(200, completion_body("served-model", '{"a": 1}'))
         elif model == "rate-seconds":
             self.reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "7"})
@@ -86,11 +93,13 @@ def fake_server():
     server.server_close()
 
 
-def call(server, model: str, **kwargs):
-    base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+def url(server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/v1"
 
+
+def call(server, model: str, **kwargs):
     async def go():
-        provider = OpenAICompatible(base_url=base_url, model=model, api_key=KEY, timeout=0.5)
+        provider = OpenAICompatible(base_url=url(server), model=model, api_key=KEY, timeout=0.5)
         try:
             return await provider.complete(MSG, **kwargs)
         finally:
@@ -105,7 +114,7 @@ def test_success_reports_usage_and_sends_options(fake_server):
     assert (done.text, done.prompt_tokens, done.completion_tokens) == ('{"a": 1}', 11, 3)
     assert done.finish_reason == "stop" and done.model == "served-model"
     headers, body = fake_server.requests[-1]
-    assert headers["Authorization"] == f"Bearer {KEY}"
+    assert headers["authorization"] == f"Bearer {KEY}"
     assert body["max_tokens"] == 17 and body["stop"] == ["END"] and body["temperature"] == 0.0
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "Answer", "schema": schema}}
@@ -186,3 +195,34 @@ def test_parse_retry_after_forms():
     assert parse_retry_after({"retry-after": formatdate(1000.0, usegmt=True)}, now=2000.0) == 0.0
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+def test_auto_json_mode_falls_back_to_llama_cpp_form_once(fake_server):
+    async def go():
+        provider = OpenAICompatible(base_url=url(fake_server), model="llamacpp", api_key=KEY)
+        first = await provider.complete(MSG, json_schema=SCHEMA)
+        mode = provider.json_mode
+        await provider.complete(MSG, json_schema=SCHEMA)
+        await provider.aclose()
+        return first, mode
+
+    before = len(fake_server.requests)
+    first, mode = asyncio.run(go())
+    sent = [body.get("response_format") for _, body in fake_server.requests[before:]]
+    assert first.text == '{"a": 1}' and mode == "json_object"
+    assert [f["type"] for f in sent] == ["json_schema", "json_object", "json_object"]
+    assert sent[1] == {"type": "json_object", "schema": SCHEMA}
+
+
+def test_fixed_json_modes(fake_server):
+    with pytest.raises(ServerError):
+        asyncio.run(OpenAICompatible(base_url=url(fake_server), model="llamacpp", api_key=KEY,
+                                     json_mode="json_schema").complete(MSG, json_schema=SCHEMA))
+    asyncio.run(OpenAICompatible(base_url=url(fake_server), model="ok", api_key=KEY,
+                                 json_mode="off").complete(MSG, json_schema=SCHEMA))
+    assert "response_format" not in fake_server.requests[-1][1]
+    with pytest.raises(InvalidInput, match="json_mode"):
+        OpenAICompatible(base_url=url(fake_server), api_key=KEY, json_mode="xml")

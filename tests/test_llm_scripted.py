@@ -83,7 +83,7 @@ def test_counter_is_safe_under_concurrency():
         return await asyncio.gather(*(provider.complete(MSG) for _ in range(50)))
 
     texts = sorted(c.text for c in run(many()))
-    assert texts == sorted(str(i) for i in range(5)) * 10
+    assert texts == sorted([str(i) for i in range(5)] * 10)
     assert provider.calls == 50
 
 

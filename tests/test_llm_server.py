@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import jsonschema
 import pytest
 
-from fsm_engine.errors import ClientError
 from fsm_engine.llm import OpenAICompatible
 
 try:  # pytest puts tests/ (rootless) or the repo root (tests as a package) on sys.path
@@ -17,13 +17,17 @@ except ImportError:
 
 pytestmark = pytest.mark.model
 ASK = [{"role": "user", "content": "Name one colour."}]
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
 
 
 def call(base_url: str, messages, **kwargs):
+    """One completion through a fresh provider; returns (completion, its json_mode after)."""
     async def go():
-        provider = OpenAICompatible(base_url=base_url, model="gemma", timeout=60.0)
+        provider = OpenAICompatible(base_url=base_url, model="gemma", timeout=120.0)
         try:
-            return await provider.complete(messages, **kwargs)
+            return await provider.complete(messages, **kwargs), provider.json_mode
         finally:
             await provider.aclose()
 
@@ -31,12 +35,19 @@ def call(base_url: str, messages, **kwargs):
 
 
 def test_completion_over_http_reports_usage(llama_server):  # noqa: F811
-    done = call(llama_server, ASK, max_tokens=16)
+    done, _ = call(llama_server, ASK, max_tokens=16)
     assert done.text.strip() and done.prompt_tokens > 0 and done.completion_tokens > 0
     assert done.finish_reason in ("stop", "length")
 
 
 def test_max_tokens_gives_length(llama_server):  # noqa: F811
     prompt = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
-    done = call(llama_server, prompt, max_tokens=6)
+    done, _ = call(llama_server, prompt, max_tokens=6)
     assert done.finish_reason == "length" and done.completion_tokens == 6
+
+
+def test_json_schema_is_honoured_via_the_llama_cpp_form(llama_server):  # noqa: F811
+    prompt = [{"role": "user", "content": "Invent a person. Reply in JSON with name and age."}]
+    done, mode = call(llama_server, prompt, max_tokens=64, json_schema=PERSON)
+    jsonschema.validate(json.loads(done.text), PERSON)
+    assert mode == "json_object"  # llama_cpp.server refuses OpenAI's json_schema form

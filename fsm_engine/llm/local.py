@@ -29,6 +29,20 @@ from fsm_engine.llm.base import Completion, Message, Provider
 __all__ = ["LocalLlama", "default_model_path", "MODEL_ID", "NEEDS_EXTRA"]
 
 MODEL_ID = "gemma-3-270m-q4_k_m"
+# The Gemma 3 chat template (as in Google's tokenizer_config.json, minus image parts and the
+# strict role-alternation check).  The packaged GGUF carries no template, and without one
+# llama-cpp-python falls back to the Llama-2 format; its own "gemma" format drops system turns.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set prefix = messages[0]['content'] + '\\n\\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
+    "{{ (prefix if loop.first else '') + m['content'] | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 NEEDS_EXTRA = "the embedded model needs the [local] extra: pip install -e '.[local]'"
 _assemble_lock = threading.Lock()
 
@@ -68,6 +82,17 @@ def default_model_path() -> str:
     return str(target)
 
 
+def _gemma3_handler(llama: Any) -> Any:
+    """A chat handler rendering :data:`GEMMA3_TEMPLATE`, stopping at ``<end_of_turn>``/EOS."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    end_of_turn = llama.tokenize(b"<end_of_turn>", add_bos=False, special=True)
+    formatter = Jinja2ChatFormatter(GEMMA3_TEMPLATE, eos_token="<end_of_turn>",
+                                    bos_token="<bos>",
+                                    stop_token_ids=[*end_of_turn, llama.token_eos()])
+    return formatter.to_chat_handler()
+
+
 def _require_llama_cpp() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         raise ClientError(NEEDS_EXTRA)
@@ -81,7 +106,8 @@ class LocalLlama(Provider):
     not thread-safe) and never block the event loop; a call cancelled while
     queued never runs, one cancelled while generating finishes in the
     background (at most ``max_tokens``).  ``n_ctx`` is the context size in
-    tokens, ``n_threads`` the CPU threads (default: all cores).
+    tokens, ``n_threads`` the CPU threads (default: half the cores; llama.cpp's
+    OpenMP threads spin, so using every core slows down badly on a busy machine).
     Raises ClientError at construction when llama_cpp is not installed.
     """
 
@@ -93,7 +119,7 @@ class LocalLlama(Provider):
         self.model_path = model_path
         self.model = MODEL_ID if model_path is None else Path(model_path).stem
         self.n_ctx, self.seed = n_ctx, seed
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
         self.load_seconds: float | None = None
         self._llama: Any = None
         self._closed = False
@@ -134,6 +160,8 @@ class LocalLlama(Provider):
             except (ValueError, RuntimeError) as exc:
                 raise ClientError(f"llama.cpp cannot load {path}: {exc}") from None
             self.load_seconds = time.perf_counter() - started
+            if "tokenizer.chat_template" not in self._llama.metadata:
+                self._llama.chat_handler = _gemma3_handler(self._llama)
         return self._llama
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,

@@ -16,6 +16,13 @@ other HTTP 4xx                     ClientError
 anything else from the SDK         ServerError
 =================================  ====================
 
+``json_schema`` is sent per ``json_mode`` (argument, else ``$FSM_JSON_MODE``):
+``"json_schema"`` (OpenAI's ``{"type": "json_schema", ...}``), ``"json_object"``
+(llama.cpp server's ``{"type": "json_object", "schema": ...}``), ``"off"``, or
+``"auto"`` (default): OpenAI's form first and, if the server rejects that
+``response_format`` (llama-cpp-python's server answers HTTP 500), the llama.cpp
+form from then on, resending that one request once.
+
 The API key never appears in a message, a repr or a log line: it is masked
 in every error text, and SDK exceptions are not chained (their request holds
 the key in a header).
@@ -39,6 +46,7 @@ __all__ = ["OpenAICompatible", "parse_retry_after"]
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gpt-4o-mini"
 NO_KEY = "sk-no-key"
+JSON_MODES = ("auto", "json_schema", "json_object", "off")
 
 
 def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -66,7 +74,12 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     return max(0.0, when - (time.time() if now is None else now))
 
 
-def _response_format(schema: dict) -> dict[str, Any]:
+def _response_format(schema: dict, mode: str) -> dict[str, Any] | None:
+    """The ``response_format`` asking for JSON matching ``schema`` in ``mode`` (None: off)."""
+    if mode == "off":
+        return None
+    if mode == "json_object":
+        return {"type": "json_object", "schema": schema}
     name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or "output"))[:64]
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
@@ -74,19 +87,26 @@ def _response_format(schema: dict) -> dict[str, Any]:
 class OpenAICompatible(Provider):
     """Chat completions over HTTP with the official ``openai`` SDK (``AsyncOpenAI``).
 
-    ``timeout`` is the per-request limit in seconds.  Raises ClientError at
-    construction when no API key can be found for the real OpenAI API.
+    ``timeout`` is the per-request limit in seconds; ``json_mode`` is one of
+    :data:`JSON_MODES` (see the module docstring).  Raises ClientError at
+    construction when no API key can be found for the real OpenAI API, and
+    InvalidInput for an unknown ``json_mode``.
     """
 
     name = "openai"
 
     def __init__(self, base_url: str | None = None, model: str | None = None,
-                 api_key: str | None = None, timeout: float = 60.0) -> None:
+                 api_key: str | None = None, timeout: float = 60.0,
+                 json_mode: str | None = None) -> None:
         import openai  # a core dependency; imported here to keep package import light
 
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self.model = model or os.environ.get("FSM_MODEL") or DEFAULT_MODEL
         self.timeout = timeout
+        self.json_mode = json_mode or os.environ.get("FSM_JSON_MODE") or "auto"
+        if self.json_mode not in JSON_MODES:
+            raise InvalidInput(f"unknown json_mode {self.json_mode!r}; "
+                               f"expected one of {', '.join(JSON_MODES)}")
         key = api_key or os.environ.get("OPENAI_API_KEY") or (NO_KEY if self.base_url else None)
         if not key:
             raise ClientError("no API key for the OpenAI API: set OPENAI_API_KEY "
@@ -113,13 +133,31 @@ class OpenAICompatible(Provider):
                                   "max_tokens": max_tokens, "temperature": temperature}
         if stop:
             kwargs["stop"] = stop
-        if json_schema is not None:
-            kwargs["response_format"] = _response_format(json_schema)
+        if json_schema is not None and self.json_mode != "off":
+            kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+        return self._completion(await self._create(kwargs, json_schema))
+
+    async def _create(self, kwargs: dict[str, Any], schema: dict | None) -> Any:
+        """Send the request; in auto mode resend once in llama.cpp form if json_schema is refused."""
         try:
-            response = await self._client.chat.completions.create(**kwargs)
+            return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every SDK failure is mapped below
+            if not self._refused_json_schema(exc, kwargs):
+                raise self._map_error(exc) from None
+        self.json_mode = "json_object"
+        log.info("%s at %s refused response_format json_schema; using json_object",
+                 self.name, self.base_url)
+        kwargs["response_format"] = _response_format(schema or {}, self.json_mode)
+        try:
+            return await self._client.chat.completions.create(**kwargs)
+        except Exception as exc:  # noqa: BLE001
             raise self._map_error(exc) from None
-        return self._completion(response)
+
+    def _refused_json_schema(self, exc: Exception, kwargs: dict[str, Any]) -> bool:
+        sent = (kwargs.get("response_format") or {}).get("type")
+        status = getattr(exc, "status_code", None)
+        return (self.json_mode == "auto" and sent == "json_schema"
+                and status in (400, 422, 500) and "json_schema" in str(exc))
 
     def _completion(self, response: Any) -> Completion:
         usage = getattr(response, "usage", None)

@@ -118,16 +118,17 @@ class Driver:
 
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                    breaker: Breaker | None) -> Step:
-        left = rec.tokens_remaining
+        # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
+        left = None if rec.token_budget is None else rec.token_budget - rec.tokens_used
         visit = rec.visits.get(state.name, 1)
         meter = MeteredLLM(self.provider, tokens_left=left, budget=rec.token_budget,
                            breaker=breaker, loop=asyncio.get_running_loop())
+        meter.loops_left = rec.max_transitions - rec.loop_count
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
                     tokens_used=rec.tokens_used, token_budget=rec.token_budget,
                     triggers=tuple(cm.choosable(state.name)))
-        meter.loops_left = rec.max_transitions - rec.loop_count
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
                        state: State) -> InstanceRecord:

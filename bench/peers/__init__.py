@@ -1,0 +1,29 @@
+"""One module per framework, each the way its own docs show durable persistence.
+
+Every module defines ``Bench(path, synchronous, sleep)`` with
+
+- ``await open(workload)`` / ``await close()``: set up and tear down for ``"W1"``
+  or ``"W2"`` (not timed);
+- ``await sequential(n)``: W1, run ``n`` instances one after another, each to its
+  final state, every transition durably committed before the next one starts;
+- ``await concurrent(n)``: W2, start ``n`` instances and run them all at once;
+  the action of ``s2`` awaits ``sleep`` seconds.  May return a dict of extra
+  measurements (for example how long starting took).
+
+Each run checks its own result (every instance final with ``n == 6``), so a
+peer that silently skips work fails instead of looking fast.  Modules are
+imported by name in a child process; one that fails to import is reported
+as ``n/a (reason)``.
+"""
+
+PEERS = {
+    "fsm_engine": "bench.peers.fsm:Bench",
+    "fsm_engine (async actions)": "bench.peers.fsm:BenchAsyncActions",
+    "floor (raw SQLite)": "bench.peers.floor:Bench",
+    "transitions + SQLite": "bench.peers.transitions_sqlite:Bench",
+    "langgraph (SqliteSaver)": "bench.peers.langgraph_peer:Bench",
+    "burr (SQLitePersister)": "bench.peers.burr_peer:Bench",
+    "dbos (SQLite sys db)": "bench.peers.dbos_peer:Bench",
+}
+FSM = "fsm_engine"
+FLOOR = "floor (raw SQLite)"

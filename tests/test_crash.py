@@ -1,0 +1,359 @@
+"""Crash tests: a runner process is SIGKILLed at random moments and resumed.
+
+After every kill the database is audited from outside: each step is atomic
+(history 1..n with no gap, ``seq`` equals the row count, the instance sits in
+the last row's destination, the context is the input plus the deltas); the
+loop cap survives resumes; side effects reach the receiver once per instance
+except for deliveries the outbox marks as repeated; a state that kills its
+own process every time ends as ``crash_loop``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fsm_engine.store import SqliteStore
+from fsm_engine.store.records import InstanceRecord
+from fsm_engine.views import context_after
+
+from conftest import GOOD_VERDICT, MACHINES, ROOT, license_files
+
+pytestmark = pytest.mark.slow
+
+RUNNER = '''
+"""Start the configured instances that are missing, say "ready", resume everything."""
+import asyncio, json, sys
+from fsm_engine import Engine
+from fsm_engine.llm import Scripted
+
+cfg = json.load(open(sys.argv[1]))
+eng = Engine(cfg["db"], llm=Scripted.from_replies(cfg["replies"], model="m"), seed=1,
+             **cfg.get("engine", {}))
+have = {r.id for r in eng.store.list()}
+for i, data in enumerate(cfg["inputs"]):
+    if f"i{i:04d}" not in have:
+        eng.start(cfg["machine"], data, instance_id=f"i{i:04d}")
+print("ready", flush=True)
+asyncio.run(eng.resume())
+eng.close()
+'''
+
+LINEAR7 = '''
+import asyncio, random, time
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+class Ctx(BaseModel):
+    n: int
+    trail: list[str] = []
+    total: int = 0
+    said: str = ""
+
+
+def pause():
+    return random.uniform(0.02, 0.08)
+
+
+def s1(ctx):
+    time.sleep(pause())
+    return {"trail": ctx.trail + ["s1"], "total": ctx.n}
+
+
+async def s2(ctx, step):
+    out = await step.llm.complete(MSG)
+    await asyncio.sleep(pause())
+    return {"trail": ctx.trail + ["s2"], "said": out.text}
+
+
+def s3(ctx, step):
+    step.llm.complete_sync(MSG)
+    time.sleep(pause())
+    return {"trail": ctx.trail + ["s3"], "total": ctx.total * 2}
+
+
+async def s4(ctx):
+    await asyncio.sleep(pause())
+    return {"trail": ctx.trail + ["s4"], "total": ctx.total + 1}
+
+
+def s5(ctx):
+    time.sleep(pause())
+    return {"trail": ctx.trail + ["s5"]}
+
+
+machine = Machine(
+    name="linear7", context=Ctx, initial="s1",
+    states=[State("s1", action=s1), State("s2", action=s2), State("s3", action=s3),
+            State("s4", action=s4), State("s5", action=s5), State("s6"),
+            State("done", final=True)],
+    transitions=[Transition("t1", "s1", "s2"), Transition("t2", "s2", "s3"),
+                 Transition("t3", "s3", "s4"), Transition("t4", "s4", "s5"),
+                 Transition("t5", "s5", "s6"), Transition("t6", "s6", "done")])
+'''
+
+SUICIDE = '''
+import os, signal
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+
+
+class Ctx(BaseModel):
+    n: int = 0
+
+
+def die(ctx):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+machine = Machine(
+    name="suicide", context=Ctx, initial="start",
+    states=[State("start"), State("die", action=die), State("done", final=True),
+            State("failed", final=True, failure=True)],
+    transitions=[Transition("go", "start", "die"), Transition("ok", "die", "done")])
+'''
+
+
+class Runner:
+    """Launches the runner script on one database with one configuration."""
+
+    def __init__(self, tmp: Path, machine: str, inputs: list[dict], replies: list[dict],
+                 env: dict[str, str] | None = None, **engine: Any) -> None:
+        self.tmp, self.db = tmp, str(tmp / "fsm.db")
+        (tmp / "runner.py").write_text(RUNNER)
+        cfg = {"db": self.db, "machine": machine, "inputs": inputs, "replies": replies,
+               "engine": engine}
+        (tmp / "cfg.json").write_text(json.dumps(cfg))
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.launches = 0
+
+    def launch(self, wait_ready: bool = True) -> subprocess.Popen:
+        self.launches += 1
+        err = open(self.tmp / f"stderr.{self.launches}", "w")
+        proc = subprocess.Popen([sys.executable, str(self.tmp / "runner.py"),
+                                 str(self.tmp / "cfg.json")], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=self.env)
+        err.close()
+        if wait_ready:
+            assert proc.stdout.readline().strip() == "ready", self.stderr()
+        return proc
+
+    def stderr(self) -> str:
+        return (self.tmp / f"stderr.{self.launches}").read_text()[-3000:]
+
+    def finish(self, timeout: float = 90.0) -> None:
+        """Run once more without a kill; it must exit cleanly."""
+        proc = self.launch()
+        assert proc.wait(timeout) == 0, self.stderr()
+        proc.stdout.close()
+
+
+def kill(proc: subprocess.Popen) -> bool:
+    """SIGKILL ``proc``; True when it was still running (the kill interrupted work)."""
+    alive = proc.poll() is None
+    if alive:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    return alive
+
+
+INITIAL = {"linear7": "s1", "router": "draft", "moderation": "init", "suicide": "start"}
+
+
+def audit(db: str) -> list[InstanceRecord]:
+    """Check every instance's steps were atomic; return the records."""
+    store = SqliteStore(db)
+    try:
+        recs = store.list()
+        for rec in recs:
+            rows = store.history(rec.id)
+            assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), rec.id
+            assert rec.seq == len(rows), rec.id
+            assert rec.state == (rows[-1].dest if rows else INITIAL[rec.machine]), rec.id
+            assert rec.context == (context_after(rec, rows)[-1] if rows else rec.input), rec.id
+            for before, after in zip(rows, rows[1:]):
+                assert after.source == before.dest, rec.id
+        return recs
+    finally:
+        store.close()
+
+
+
+
+def test_steps_are_atomic_across_random_kills(tmp_path):
+    machine = tmp_path / "linear7.py"
+    machine.write_text(LINEAR7)
+    n, rng = 50, random.Random(20240611)
+    runner = Runner(tmp_path, str(machine), [{"n": i} for i in range(n)],
+                    [{"text": "pong", "prompt_tokens": 3, "completion_tokens": 2, "delay_s": 0.01}],
+                    concurrency=8, max_recoveries=10_000)
+    kills = 0
+    while kills < 20:
+        proc = runner.launch()
+        time.sleep(rng.uniform(0.0, 0.3))
+        kills += kill(proc)
+        recs = audit(runner.db)
+        assert len(recs) == n
+        assert not all(r.final for r in recs), f"the batch finished after only {kills} kills"
+    runner.finish()
+    recs = audit(runner.db)
+    assert [r.status for r in recs] == ["completed"] * n
+    for rec in recs:
+        assert rec.context == {"n": rec.input["n"], "trail": ["s1", "s2", "s3", "s4", "s5"],
+                               "total": rec.input["n"] * 2 + 1, "said": "pong"}
+        assert rec.seq == 6 and rec.loop_count == 6 and rec.tokens_used == 10
+
+
+def _wait_for(db: str, ok: Any, timeout: float = 30.0) -> list[InstanceRecord]:
+    store = SqliteStore(db)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            recs = store.list()
+            if recs and ok(recs):
+                return recs
+            time.sleep(0.01)
+        raise AssertionError("condition not reached")
+    finally:
+        store.close()
+
+
+def test_loop_cap_survives_kills(tmp_path):
+    runner = Runner(tmp_path, str(MACHINES / "router.py"), [{}] * 5,
+                    [{"text": "revise to_review", "prompt_tokens": 2, "delay_s": 0.08}])
+    for at in (4, 8):
+        proc = runner.launch()
+        recs = _wait_for(runner.db, lambda rs: min(r.loop_count for r in rs) >= at)
+        assert kill(proc)
+        assert all(r.loop_count < 12 and not r.final for r in audit(runner.db))
+    runner.finish()
+    for rec in audit(runner.db):
+        assert (rec.status, rec.reason, rec.state) == ("failed", "loop_limit", "failed")
+        assert rec.loop_count == rec.max_transitions == 12
+        rows = SqliteStore(runner.db).history(rec.id)
+        assert len(rows) == 13 and rows[-1].kind == "loop_limit"
+
+
+class Receiver:
+    """A webhook on 127.0.0.1 recording each POST's Idempotency-Key; each POST takes 20 ms."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.bodies: dict[str, dict] = {}
+        self.lock = threading.Lock()
+        self.inflight = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with receiver.lock:
+                    receiver.keys.append(self.headers["Idempotency-Key"])
+                    receiver.bodies[self.headers["Idempotency-Key"]] = body
+                    receiver.inflight += 1
+                try:
+                    time.sleep(0.02)
+                    self.send_response(200)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                except OSError:
+                    pass  # the runner was killed mid-delivery
+                finally:
+                    with receiver.lock:
+                        receiver.inflight -= 1
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.handle_error = lambda *a: None  # type: ignore[method-assign]
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    rec = Receiver()
+    yield rec
+    rec.close()
+
+
+def test_side_effects_exactly_once_across_kills(tmp_path, receiver):
+    files = license_files()
+    assert files, "needs /usr/share/common-licenses"
+    n, rng = 200, random.Random(7)
+    env = {"FSM_NOTIFY_URL": receiver.url, "NO_PROXY": "127.0.0.1,localhost",
+           "no_proxy": "127.0.0.1,localhost"}
+    runner = Runner(tmp_path, str(MACHINES / "moderation.py"),
+                    [{"path": files[i % len(files)]} for i in range(n)],
+                    [dict(GOOD_VERDICT, delay_s=0.01)], env=env, concurrency=20,
+                    max_recoveries=10_000)
+    during_delivery = 0
+    for _ in range(10):
+        proc = runner.launch()
+        time.sleep(rng.uniform(0.05, 0.6))
+        with receiver.lock:
+            during_delivery += receiver.inflight > 0
+        assert kill(proc)
+        audit(runner.db)
+    started = time.perf_counter()
+    runner.finish()
+    print(f"\nfinal resume {time.perf_counter() - started:.1f}s")
+    recs = audit(runner.db)
+    assert len(recs) == n and [r.status for r in recs] == ["completed"] * n
+    store = SqliteStore(runner.db)
+    outbox = store.outbox()
+    assert sorted(o.instance_id for o in outbox) == sorted(r.id for r in recs)
+    assert all(o.status == "done" for o in outbox)
+    sent = {r.id: store.history(r.id)[-1] for r in recs}   # notify -> done
+    store.close()
+    assert all(row.source == "notify" for row in sent.values())
+    keys = {row.detail["idempotency_key"]: row for row in sent.values()}
+    assert set(receiver.keys) == set(keys) and len(set(receiver.keys)) == n
+    for key in {k for k in receiver.keys if receiver.keys.count(k) > 1}:
+        assert keys[key].detail["outbox_attempt"] > 1, key
+    repeats = len(receiver.keys) - n
+    print(f"\n{runner.launches} launches, {during_delivery} kills during a delivery, "
+          f"{repeats} repeated deliveries")
+
+
+def test_crash_loop_fails_the_instance(tmp_path):
+    machine = tmp_path / "suicide.py"
+    machine.write_text(SUICIDE)
+    max_recoveries = 2
+    runner = Runner(tmp_path, str(machine), [{}], [{"text": "unused"}],
+                    max_recoveries=max_recoveries)
+    codes = []
+    for _ in range(max_recoveries + 5):
+        proc = runner.launch(wait_ready=False)
+        codes.append(proc.wait(60))
+        proc.stdout.close()
+        [rec] = audit(runner.db)
+        if rec.final:
+            break
+    assert codes == [-signal.SIGKILL] * (max_recoveries + 1) + [0], runner.stderr()
+    assert (rec.status, rec.reason, rec.state) == ("failed", "crash_loop", "failed")
+    assert rec.recoveries == max_recoveries + 1
+    last = SqliteStore(runner.db).history(rec.id)[-1]
+    assert (last.kind, last.reason, last.source) == ("fail", "crash_loop", "die")

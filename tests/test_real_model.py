@@ -1,0 +1,56 @@
+"""The reference machine end to end on the real embedded model (Gemma 3 270M via llama.cpp).
+
+Gemma 270M is a base-sized model that often ignores the format: whatever it
+answers, every instance must end final, with a complete history whose token
+counts add up to the instance's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import MACHINES, license_files
+from fsm_engine import Engine
+from fsm_engine.llm import FaultInjector
+from fsm_engine.views import context_after
+from llm_fixtures import gemma_path  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def check_instance(eng: Engine, rec) -> None:
+    """Final, gap-free history that replays to the stored context, tokens that add up."""
+    assert rec.final and (rec.status == "completed" or rec.reason), (rec.status, rec.reason)
+    rows = eng.store.history(rec.id)
+    assert [h.seq for h in rows] == list(range(1, rec.seq + 1))
+    assert rows[-1].dest == rec.state
+    assert context_after(rec, rows)[-1] == rec.context
+    billed = sum(h.tokens for h in rows) + sum(a.tokens for a in eng.store.attempts(rec.id))
+    assert billed == rec.tokens_used > 0
+
+
+def run_three(db_path: str, llm) -> tuple[Engine, list]:
+    eng = Engine(db_path, llm=llm, seed=7)
+    ids = [eng.start(str(MACHINES / "moderation.py"), {"path": p}) for p in license_files()[:3]]
+    return eng, asyncio.run(eng.run_many(ids))
+
+
+def test_moderation_on_three_license_files(db_path, notify_file, gemma_path):  # noqa: F811
+    from fsm_engine.llm import LocalLlama
+    eng, records = run_three(db_path, LocalLlama(gemma_path))
+    for rec in records:
+        check_instance(eng, rec)
+    done = [r for r in records if r.status == "completed"]
+    assert len(notify_file.read_text().splitlines()) == len(done)
+
+
+def test_moderation_with_faults_on_the_real_model(db_path, notify_file, gemma_path):  # noqa: F811
+    from fsm_engine.llm import LocalLlama
+    faulty = FaultInjector(LocalLlama(gemma_path), {"http500": 0.2, "http429": 0.1,
+                                                    "malformed": 0.2, "truncated": 0.1}, seed=5)
+    eng, records = run_three(db_path, faulty)
+    for rec in records:
+        check_instance(eng, rec)
+    assert sum(r.tokens_used for r in records) == faulty.total_tokens
