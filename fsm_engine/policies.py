@@ -42,8 +42,9 @@ class Disposition(str, Enum):
 def classify(exc: BaseException) -> Disposition:
     """Decide how an action's exception is handled.
 
-    - network errors, provider timeouts, HTTP 429 and 5xx, step timeouts and
-      ``OSError``/``ConnectionError`` → ``RETRY``;
+    - network errors, provider timeouts, HTTP 429 and 5xx, step timeouts,
+      ``TimeoutError`` and ``ConnectionError`` → ``RETRY`` (other ``OSError``s,
+      e.g. a missing file, are not transient → ``FAIL``);
     - ``StructuredOutputError`` (unparseable or invalid model output) → ``REASK``;
     - ``CircuitOpen`` and ``BudgetExhausted`` → ``FALLBACK`` (retrying cannot help);
     - HTTP 4xx other than 429, ``InvalidInput`` and everything else

@@ -1,10 +1,11 @@
 """Tests for the ``fsm`` command line.
 
-Error paths run the real entry point (``fsm_engine.cli.main``) in subprocesses,
-all started together by one module fixture, so exit codes and stderr are
-exactly what a user sees.  Happy paths run in-process with typer's CliRunner
-against a scripted model.  (``cli.py`` has no ``if __name__ == "__main__"``,
-so ``python -m fsm_engine.cli`` would do nothing.)
+Error paths run the real entry point (``fsm_engine.cli.main``): the common ones
+in subprocesses (started a few at a time by one module fixture), so exit code
+and stderr are exactly what a user sees; the rest call the same ``main()``
+in-process, which is cheaper.  Happy paths run in-process with typer's
+CliRunner against a scripted model.  (``cli.py`` has no
+``if __name__ == "__main__"``, so ``python -m fsm_engine.cli`` would do nothing.)
 """
 
 from __future__ import annotations
@@ -178,13 +179,13 @@ def error_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """Call ``fsm_engine.cli.main`` in-process with ``argv``; return (code, stdout, stderr)."""
     from fsm_engine.cli import main
-    old = sys.argv
+    old_argv, old_hook = sys.argv, sys.excepthook  # typer installs its own excepthook
     sys.argv = ["fsm", *argv]
     try:
         with pytest.raises(SystemExit) as info:
             main()
     finally:
-        sys.argv = old
+        sys.argv, sys.excepthook = old_argv, old_hook
     captured = capsys.readouterr()
     code = info.value.code
     return (code if isinstance(code, int) else 1), captured.out, captured.err
@@ -227,6 +228,13 @@ def test_user_error_via_main_is_one_line_exit_2(case: str, tmp_path: Path,
     assert not (cwd / "fsm.db").exists()
 
 
+def test_db_that_is_a_directory_is_one_line_exit_2(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "adir").mkdir()
+    code, out, err = run_main(["list", "--db", str(tmp_path / "adir")], capsys)
+    assert_one_line_error(Ran([], code, out, err, str(tmp_path / "adir")), "list-directory")
+
+
 def test_broken_definition_names_every_problem(error_runs: dict[str, Ran]) -> None:
     line = error_runs["run-broken-definition"].err.strip()
     assert "machine 'broken' is invalid" in line
@@ -238,12 +246,11 @@ def test_broken_definition_names_every_problem(error_runs: dict[str, Ran]) -> No
 runner = CliRunner()
 
 
-def invoke(args: list[str], env: dict[str, str | None] | None = None) -> Any:
-    result = runner.invoke(app, [str(a) for a in args], env=env)
-    return result
+def invoke(args: list[Any], env: dict[str, str | None] | None = None) -> Any:
+    return runner.invoke(app, [str(a) for a in args], env=env)
 
 
-def ok_json(args: list[str], env: dict[str, str | None] | None = None) -> Any:
+def ok_json(args: list[Any], env: dict[str, str | None] | None = None) -> Any:
     result = invoke(args, env)
     assert result.exit_code == 0, (result.output, result.exception)
     return json.loads(result.stdout)

@@ -287,6 +287,15 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def wait_inflight(self, timeout: float) -> bool:
+        """Wait until a POST is being served (True) or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.inflight:
+                return True
+            time.sleep(0.001)
+        return False
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -310,9 +319,12 @@ def test_side_effects_exactly_once_across_kills(tmp_path, receiver):
                     [dict(GOOD_VERDICT, delay_s=0.01)], env=env, concurrency=20,
                     max_recoveries=10_000)
     during_delivery = 0
-    for _ in range(10):
+    for k in range(10):
         proc = runner.launch()
-        time.sleep(rng.uniform(0.05, 0.6))
+        time.sleep(rng.uniform(0.05, 1.0))
+        if k % 2:  # every other kill waits for a delivery in flight, then strikes inside it
+            receiver.wait_inflight(5.0)
+            time.sleep(rng.uniform(0.0, 0.01))
         with receiver.lock:
             during_delivery += receiver.inflight > 0
         assert kill(proc)
@@ -336,6 +348,7 @@ def test_side_effects_exactly_once_across_kills(tmp_path, receiver):
     repeats = len(receiver.keys) - n
     print(f"\n{runner.launches} launches, {during_delivery} kills during a delivery, "
           f"{repeats} repeated deliveries")
+    assert during_delivery >= 1 and repeats >= 1  # the recovery path was exercised
 
 
 def test_crash_loop_fails_the_instance(tmp_path):

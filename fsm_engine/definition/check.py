@@ -51,6 +51,8 @@ def _accepts(fn: Callable[..., Any], counts: tuple[int, ...]) -> bool:
     except (TypeError, ValueError):
         return True
     params = list(sig.parameters.values())
+    if any(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in params):
+        return False
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return True
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -61,7 +63,7 @@ def _accepts(fn: Callable[..., Any], counts: tuple[int, ...]) -> bool:
 def _graph(machine: Machine, names: list[str]) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {n: set() for n in names}
     for t in machine.all_transitions():
-        for src in t.sources(names):
+        for src in t.sources(names, machine.finals):
             if src in edges and t.dest in edges:
                 edges[src].add(t.dest)
     return edges
@@ -94,7 +96,7 @@ def _structure(m: Machine, names: list[str], problems: list[str]) -> None:
         problems.append("no final state")
     for t in m.all_transitions():
         label = _label(t)
-        for src in t.sources(names):
+        for src in t.sources(names, m.finals):
             if src not in known:
                 problems.append(f"transition {label}: unknown source state {src!r}")
             elif src in finals:

@@ -40,7 +40,7 @@ def export_machine(machine: "Machine") -> dict[str, Any]:
         {"trigger": t.trigger, "source": src, "dest": t.dest,
          "conditions": [ref_name(g) for g in as_refs(t.conditions)],
          "unless": [ref_name(g) for g in as_refs(t.unless)]}
-        for t in machine.all_transitions() for src in t.sources(names)
+        for t in machine.all_transitions() for src in t.sources(names, machine.finals)
     ]
     return {
         "name": machine.name, "initial": machine.initial,
@@ -51,7 +51,10 @@ def export_machine(machine: "Machine") -> dict[str, Any]:
 
 def fingerprint(machine: "Machine") -> str:
     """SHA-256 (first 16 hex digits) of the export plus the context's JSON Schema."""
-    doc = {"machine": export_machine(machine),
+    exported = export_machine(machine)
+    for state in exported["states"]:
+        del state["description"]  # prose: not structure
+    doc = {"machine": exported,
            "context": machine.context.model_json_schema()}
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -120,10 +120,10 @@ class Transition:
     conditions: Ref | Sequence[Ref] = ()
     unless: Ref | Sequence[Ref] = ()
 
-    def sources(self, all_states: Sequence[str]) -> list[str]:
-        """The source state names, ``"*"`` expanded to every state."""
+    def sources(self, all_states: Sequence[str], finals: frozenset[str] = frozenset()) -> list[str]:
+        """The source state names, ``"*"`` expanded to every state not in ``finals``."""
         if self.source == "*":
-            return list(all_states)
+            return [s for s in all_states if s not in finals]
         return [self.source] if isinstance(self.source, str) else list(self.source)
 
 
@@ -189,6 +189,11 @@ class Machine:
             if s.name == name:
                 return s
         raise KeyError(name)
+
+    @property
+    def finals(self) -> frozenset[str]:
+        """Names of the final states."""
+        return frozenset(s.name for s in self.states if s.final)
 
     @property
     def failure_state(self) -> str | None:

@@ -94,7 +94,11 @@ def _gemma3_handler(llama: Any) -> Any:
 
 
 def _require_llama_cpp() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
+    try:
+        found = importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):  # ValueError: a None/half-initialised sys.modules entry
+        found = False
+    if not found:
         raise ClientError(NEEDS_EXTRA)
 
 

@@ -77,7 +77,7 @@ class CompiledMachine:
         for t in machine.all_transitions():
             conds = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.conditions)]
             unless = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.unless)]
-            for src in t.sources(names):
+            for src in t.sources(names, machine.finals):
                 self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
                 if t.trigger not in self.triggers[src]:
                     self.triggers[src].append(t.trigger)

@@ -63,6 +63,11 @@ def _version(db: sqlite_utils.Database, path: str) -> int:
     return int(row[0]) if row else 0
 
 
+def refuse_foreign(db: sqlite_utils.Database, path: str) -> None:
+    """Raise ``NotAnFsmDatabase`` for a SQLite file holding someone else's tables."""
+    _version(db, path)
+
+
 def migrate(db: sqlite_utils.Database, path: str) -> None:
     """Bring the schema to ``FORMAT_VERSION``; refuse foreign or newer databases."""
     version = _version(db, path)

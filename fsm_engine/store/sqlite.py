@@ -22,7 +22,7 @@ from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow,
     StepCommit, WorkerRow,
 )
-from .schema import JSON_COLUMNS, migrate
+from .schema import JSON_COLUMNS, migrate, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
 
@@ -31,10 +31,24 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _names(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(all field names, JSON field names) of a record class, computed once."""
+    got = _FIELDS.get(cls)
+    if got is None:
+        names = tuple(f.name for f in fields(cls))
+        got = _FIELDS[cls] = (names, tuple(n for n in names if n in JSON_COLUMNS))
+    return got
+
+
 def _encode(obj: Any) -> dict[str, Any]:
-    row = {f.name: getattr(obj, f.name) for f in fields(obj)}
-    for col in JSON_COLUMNS & row.keys():
-        row[col] = _dumps(row[col]) if row[col] is not None else None
+    names, json_cols = _names(type(obj))
+    row = {n: getattr(obj, n) for n in names}
+    for col in json_cols:
+        if row[col] is not None:
+            row[col] = _dumps(row[col])
     return row
 
 
@@ -49,9 +63,13 @@ def _decode(cls: type, row: sqlite3.Row) -> Any:
 def _check_file(path: str) -> None:
     if path == ":memory:" or not os.path.exists(path) or os.path.getsize(path) == 0:
         return
-    with open(path, "rb") as fh:
-        if fh.read(16) != _HEADER:
-            raise NotAnFsmDatabase(f"{path} is not an fsm database (not a SQLite file)")
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(16)
+    except OSError as exc:
+        raise StoreError(f"cannot open database {path}: {exc.strerror or exc}") from None
+    if header != _HEADER:
+        raise NotAnFsmDatabase(f"{path} is not an fsm database (not a SQLite file)")
 
 
 class SqliteStore:
@@ -75,13 +93,16 @@ class SqliteStore:
             self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                          timeout=30.0)
             self._conn.row_factory = sqlite3.Row
+            db = sqlite_utils.Database(self._conn)
+            refuse_foreign(db, path)  # before anything that could write to the file
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA synchronous={synchronous}")
-            migrate(sqlite_utils.Database(self._conn), path)
+            migrate(db, path)
         except NotAnFsmDatabase:
             self._conn.close()
             raise
         except sqlite3.DatabaseError as exc:
+            self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
         self._instance_cols = [f.name for f in fields(InstanceRecord)]
         sets = ", ".join(f"{c}=:{c}" for c in self._instance_cols if c not in ("id", "version"))

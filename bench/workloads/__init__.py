@@ -1,0 +1,1 @@
+"""Workloads W1-W4 and the micro-benchmarks."""
