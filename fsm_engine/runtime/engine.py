@@ -58,14 +58,16 @@ class Engine:
         max_recoveries: adoptions of one instance from dead workers without
             progress in between before it fails with reason ``crash_loop``.
         concurrency: max instances stepping at once in ``run_many`` (None: all).
-        breaker: circuit breaker thresholds for LLM states (``None`` disables).
+        breaker: circuit breaker thresholds, one breaker per provider + model
+            shared through the store (default ``BreakerPolicy()``; ``None`` disables).
         seed: seeds the jitter RNG (reproducible backoff in tests).
         threads: worker threads for sync actions (hung ones are abandoned).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
                  lease_seconds: float = 10.0, max_recoveries: int = 5,
-                 concurrency: int | None = None, breaker: BreakerPolicy | None = None,
+                 concurrency: int | None = None,
+                 breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time) -> None:
         self.store: Store = SqliteStore(store) if isinstance(store, str) else store

@@ -35,6 +35,8 @@ class MeteredLLM:
         self.reasks = 0
         self.loops_left = 1 << 30
         self.last_error: StructuredOutputError | None = None
+        #: What ``structured`` saw: raw text, repairs, validation errors (for the history).
+        self.outputs: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
         self._loop = loop
 
@@ -75,7 +77,8 @@ class MeteredLLM:
         """Call the model and parse its text into ``target`` (a pydantic model or JSON Schema).
 
         Output that fails parsing or validation is re-asked with the error up
-        to ``max_reasks`` times; each re-ask counts against the token budget
+        to ``max_reasks`` times (output cut at ``max_tokens`` is never repaired:
+        it is re-asked with twice the ``max_tokens``); each re-ask counts against the token budget
         and the loop cap (``reasks`` is added to the instance's ``loop_count``).
         Returns ``fsm_engine.structured.Parsed``; raises ``StructuredOutputError``
         when the last answer is still invalid, or ``BudgetExhausted``.
@@ -85,14 +88,21 @@ class MeteredLLM:
         while True:
             out = await self.complete(history, **kwargs)
             try:
-                return parse_structured(out.text, target, finish_reason=out.finish_reason)
+                parsed = parse_structured(out.text, target, finish_reason=out.finish_reason)
             except StructuredOutputError as exc:
                 self.last_error = exc
+                self.outputs.append({"raw": out.text[:4000], "errors": exc.errors,
+                                     "repairs": exc.repairs, "truncated": exc.truncated})
                 if self.reasks >= max_reasks or self.reasks + 1 >= self.loops_left:
                     raise
                 self.reasks += 1
+                if exc.truncated:  # cut at max_tokens: never repaired, re-asked with more room
+                    kwargs["max_tokens"] = 2 * int(kwargs.get("max_tokens", 256))
                 history += [{"role": "assistant", "content": out.text},
                             {"role": "user", "content": reask_message(exc, target)}]
+                continue
+            self.outputs.append({"raw": out.text[:4000], "repairs": list(parsed.repairs)})
+            return parsed
 
     def _bill(self, tokens: int, finish: str | None, error: str | None) -> None:
         self.used += tokens

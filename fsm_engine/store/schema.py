@@ -45,6 +45,7 @@ def _v1(db: sqlite_utils.Database) -> None:
     }, pk="key")
     db["workers"].create({"id": str, "host": str, "pid": int, "pid_start": str,
                           "started_at": float, "heartbeat_at": float}, pk="id")
+    db["blobs"].create({"hash": str, "data": str}, pk="hash")
     db["breakers"].create({"name": str, "state": str, "events": str, "opened_at": float,
                            "probe_at": float, "version": int}, pk="name")
 

@@ -8,6 +8,7 @@ write lock instead of deadlocking; ``busy_timeout`` waits up to 30 s.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -25,6 +26,10 @@ from .records import (
 from .schema import JSON_COLUMNS, migrate, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
+
+#: History delta values whose JSON is longer than this (characters) are stored
+#: once in ``blobs`` by SHA-256 and referenced as ``{"$blob": hash}``.
+BLOB_THRESHOLD = 64 * 1024
 
 
 def _dumps(value: Any) -> str:
@@ -79,14 +84,18 @@ class SqliteStore:
         path: database file (created when missing); ``":memory:"`` for a private one.
         synchronous: ``"FULL"`` (default: a committed step survives power loss)
             or ``"NORMAL"`` (WAL: survives a process crash, not power loss).
+        blob_threshold: history delta values longer than this many characters of
+            JSON are stored once by content hash (default 64 KiB).
 
     Raises:
         NotAnFsmDatabase: the file is not SQLite, or is SQLite without fsm_engine's tables.
         StoreError: the file is corrupt, locked for too long or unwritable.
     """
 
-    def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL",
+                 blob_threshold: int = BLOB_THRESHOLD) -> None:
         self.path = path
+        self.blob_threshold = blob_threshold
         _check_file(path)
         self._lock = threading.RLock()
         try:
@@ -161,7 +170,10 @@ class SqliteStore:
             return False
         step.record.version = step.expected_version + 1
         for h in step.history:
-            conn.execute(self._history_sql, _encode(h))
+            row = _encode(h)
+            if len(row["delta"]) > self.blob_threshold:
+                row["delta"] = self._shrink(conn, h.delta)
+            conn.execute(self._history_sql, row)
         if step.attempt is not None:
             conn.execute(self._attempt_sql, _encode(step.attempt))
         if step.outbox_done is not None:
@@ -170,10 +182,29 @@ class SqliteStore:
                          (_dumps(result), step.record.updated_at, key))
         return True
 
+    def _shrink(self, conn: sqlite3.Connection, delta: dict[str, Any]) -> str:
+        """Move large delta values into ``blobs`` (once per content); return the delta's JSON."""
+        out: dict[str, Any] = {}
+        for key, value in delta.items():
+            text = _dumps(value)
+            if len(text) > self.blob_threshold:
+                digest = hashlib.sha256(text.encode()).hexdigest()
+                conn.execute("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", (digest, text))
+                value = {"$blob": digest}
+            out[key] = value
+        return _dumps(out)
+
+    def _expand(self, row: HistoryRow) -> HistoryRow:
+        for key, value in row.delta.items():
+            if isinstance(value, dict) and len(value) == 1 and "$blob" in value:
+                data = self._read("SELECT data FROM blobs WHERE hash=?", (value["$blob"],))
+                row.delta[key] = json.loads(data[0][0]) if data else None
+        return row
+
     def history(self, instance_id: str) -> list[HistoryRow]:
         self.get(instance_id)
         rows = self._read("SELECT * FROM history WHERE instance_id=? ORDER BY seq", (instance_id,))
-        return [_decode(HistoryRow, r) for r in rows]
+        return [self._expand(_decode(HistoryRow, r)) for r in rows]
 
     def attempts(self, instance_id: str) -> list[AttemptRow]:
         rows = self._read("SELECT * FROM attempts WHERE instance_id=? ORDER BY at, attempt",
