@@ -275,3 +275,7 @@ def main() -> None:
 
 
 __all__ = ["app", "main", "context_after", "InstanceNotFound"]
+
+
+if __name__ == "__main__":
+    main()

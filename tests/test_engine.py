@@ -386,6 +386,27 @@ def test_unknown_context_field_fails(engines):
     check_books(eng, iid)
 
 
+def broken_guard(ctx: Doc) -> bool:
+    return {}["missing"]
+
+
+BROKEN_GUARD = Machine(
+    name="broken_guard", context=Doc, initial="a",
+    states=[State("a", action=a_sync), State("b", final=True),
+            State("failed", final=True, failure=True)],
+    transitions=[Transition("go", "a", "b", conditions=broken_guard)])
+
+
+def test_a_raising_guard_fails_its_instance_not_the_batch(engines):
+    eng = engines()
+    ids = [eng.start(BROKEN_GUARD, {}), eng.start(LINEAR, {})]
+    broken, fine = run(eng.run_many(ids))
+    assert (broken.status, broken.reason, broken.owner) == ("failed", "error", None)
+    assert "a guard raised KeyError" in broken.last_error
+    assert fine.status == "completed"
+    check_books(eng, ids[0])
+
+
 # -- cancel and wait ---------------------------------------------------------------------------------
 
 def test_cancel_pending(engines):

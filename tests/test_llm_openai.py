@@ -6,6 +6,7 @@ The fake server picks its behaviour from the request's ``model`` field.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -16,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fsm_engine.errors import (ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable, RateLimited,
-                               ServerError)
+from fsm_engine.errors import (ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable,
+                               RateLimited, ServerError)
 from fsm_engine.llm import OpenAICompatible
 from fsm_engine.llm.openai_compat import parse_retry_after
 
@@ -44,10 +45,8 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # client gave up
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client timed out first
-            pass
 
     def do_POST(self):  # noqa: N802 - http.server API
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

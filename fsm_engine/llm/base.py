@@ -9,12 +9,15 @@ failure so token budgets stay exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Completion", "Provider", "Message"]
+__all__ = ["Completion", "Provider", "Message", "JsonSchema"]
 
 Message = dict[str, str]
 """One OpenAI-style chat message: ``{"role": "system"|"user"|"assistant", "content": str}``."""
+
+JsonSchema = dict[str, Any]
+"""A JSON Schema document (draft 2020-12 subset the provider understands)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +59,7 @@ class Provider(Protocol):
     model: str
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
-                       temperature: float = 0.0, json_schema: dict | None = None,
+                       temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None) -> Completion:
         """Complete ``messages`` with at most ``max_tokens`` new tokens.
 

@@ -34,7 +34,7 @@ from collections import Counter
 
 from fsm_engine.errors import (InvalidInput, ProviderError, ProviderTimeout, RateLimited,
                                ServerError)
-from fsm_engine.llm.base import Completion, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 
 __all__ = ["FaultInjector", "parse_fault_spec", "FAULT_KINDS", "mangle_json"]
 
@@ -153,7 +153,7 @@ class FaultInjector(Provider):
             self.completion_tokens += completion
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
-                       temperature: float = 0.0, json_schema: dict | None = None,
+                       temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None) -> Completion:
         """Call ``inner`` unless the drawn fault prevents it, then apply the fault.
 

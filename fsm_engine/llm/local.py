@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm_engine.errors import ClientError, ProviderError, ServerError
-from fsm_engine.llm.base import Completion, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 
 __all__ = ["LocalLlama", "default_model_path", "MODEL_ID", "NEEDS_EXTRA"]
 
@@ -171,7 +171,7 @@ class LocalLlama(Provider):
         return self._llama
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
-                       temperature: float = 0.0, json_schema: dict | None = None,
+                       temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None) -> Completion:
         """Generate a chat reply; ``json_schema`` constrains decoding with a llama.cpp grammar.
 
@@ -183,7 +183,8 @@ class LocalLlama(Provider):
                                   "stop": stop or []}
         if json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": json_schema}
-        return await self._run(self._complete_sync, kwargs)
+        done: Completion = await self._run(self._complete_sync, kwargs)
+        return done
 
     def _complete_sync(self, kwargs: dict[str, Any]) -> Completion:
         llama = self._load_sync()

@@ -1,4 +1,4 @@
-"""A provider for any OpenAI-compatible chat-completions endpoint (OpenAI, llama.cpp server, vLLM...).
+"""A provider for any OpenAI-compatible chat-completions endpoint (OpenAI, llama.cpp, vLLM...).
 
 Configuration comes from arguments, else the environment: ``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY`` (``"sk-no-key"`` when a base URL is set and no key is, as
@@ -35,11 +35,12 @@ import os
 import re
 import time
 from email.utils import parsedate_to_datetime
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
                                ProviderUnavailable, RateLimited, ServerError)
-from fsm_engine.llm.base import Completion, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 
 __all__ = ["OpenAICompatible", "parse_retry_after"]
 
@@ -74,7 +75,7 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     return max(0.0, when - (time.time() if now is None else now))
 
 
-def _response_format(schema: dict, mode: str) -> dict[str, Any] | None:
+def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
     """The ``response_format`` asking for JSON matching ``schema`` in ``mode`` (None: off)."""
     if mode == "off":
         return None
@@ -122,7 +123,7 @@ class OpenAICompatible(Provider):
         return text.replace(self._secret, "***") if self._secret else text
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
-                       temperature: float = 0.0, json_schema: dict | None = None,
+                       temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None) -> Completion:
         """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
 
@@ -137,8 +138,8 @@ class OpenAICompatible(Provider):
             kwargs["response_format"] = _response_format(json_schema, self.json_mode)
         return self._completion(await self._create(kwargs, json_schema))
 
-    async def _create(self, kwargs: dict[str, Any], schema: dict | None) -> Any:
-        """Send the request; in auto mode resend once in llama.cpp form if json_schema is refused."""
+    async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None) -> Any:
+        """Send the request; auto mode resends once in llama.cpp form if json_schema is refused."""
         try:
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every SDK failure is mapped below

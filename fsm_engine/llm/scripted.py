@@ -25,7 +25,7 @@ from typing import Any
 
 from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
                                ProviderUnavailable, RateLimited, ServerError)
-from fsm_engine.llm.base import Completion, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 
 __all__ = ["Scripted", "Reply", "ERROR_KINDS"]
 
@@ -151,7 +151,7 @@ class Scripted(Provider):
         return reply
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
-                       temperature: float = 0.0, json_schema: dict | None = None,
+                       temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None) -> Completion:
         """Serve the next scripted reply after its ``delay_s`` (seconds); parameters are ignored.
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, RunInfo, State
 from ..errors import (
-    BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepTimeout, StructuredOutputError,
+    ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepTimeout,
+    StructuredOutputError,
 )
 from ..policies import Disposition, classify
 from ..store.base import Store
@@ -148,7 +149,7 @@ class Driver:
         if error is None:
             try:
                 return await self._advance(cm, rec, state, step, _normalise(result), ms)
-            except InvalidInput as exc:
+            except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
         return await self._on_error(cm, rec, state, step, error, ms)
 
@@ -185,7 +186,11 @@ class Driver:
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {fired.trigger!r}")
         run = RunInfo(rec.id, state.name, rec.loop_count, rec.max_transitions,
                       rec.tokens_used + step.llm.used, rec.token_budget)
-        choice = cm.choose(state.name, obj, run, fired.trigger)
+        try:
+            choice = cm.choose(state.name, obj, run, fired.trigger)
+        except Exception as exc:  # a guard raised: fail this instance, not the whole batch
+            raise ActionError(f"a guard raised {_err(exc)}", instance_id=rec.id,
+                              state=state.name) from exc
         detail = self._detail(step)
         if choice is None:
             return await self.commit(rec, outcome.failed(

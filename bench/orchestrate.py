@@ -1,0 +1,202 @@
+"""Drive the child processes: W1/W2 round-robin over peers, then W3, W4, micro, profile.
+
+Every measurement runs in a child process started with the same Python as
+``bench/run.py``.  W1/W2 keep one long-lived child per peer and interleave
+the repetitions (rep 1 of every peer, then rep 2, …) so that load from
+other processes on the machine is spread over all peers alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .peers import PEERS
+from .workloads.steps import Task
+
+ROOT = Path(__file__).resolve().parent.parent
+Log = Callable[[str], None]
+
+
+@dataclass
+class Params:
+    """Sizes and repetitions of one benchmark run."""
+
+    quick: bool
+    reps: int
+    workdir: str
+    only: set[str]
+    peers: list[str]
+    n1: int
+    n2: int
+    n2_big: int | None
+    n3: int
+    model: bool
+    profile: bool
+    timeout: float
+    out: str = ""
+    python: str = sys.executable
+    sleep: float = 0.2
+
+
+@dataclass
+class Outcome:
+    """Samples of one (workload, peer, synchronous) case, or why there are none."""
+
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONHASHSEED", "0")
+    return env
+
+
+class PeerProcess:
+    """A long-lived ``python -m bench.child`` answering one task per line."""
+
+    def __init__(self, name: str, params: Params) -> None:
+        self.name, self.params = name, params
+        slug = "".join(c if c.isalnum() else "_" for c in name)
+        self.log = open(os.path.join(params.workdir, f"child-{slug}.log"), "a")
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([self.params.python, "-m", "bench.child"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.log, text=True, env=child_env(),
+                                         cwd=self.params.workdir)
+        return self.proc
+
+    def ask(self, task: Task) -> dict[str, Any]:
+        proc = self._spawn()
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(json.dumps(asdict(task)) + "\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], self.params.timeout)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            self.stop()
+            return {"error": f"timeout after {self.params.timeout:.0f} s" if not ready
+                    else "child died (see child log)"}
+        return json.loads(line)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.proc.stdin:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.stop()
+        self.log.close()
+
+
+def steps_cases(p: Params) -> list[tuple[str, str, int]]:
+    cases = []
+    if "W1" in p.only:
+        cases += [("W1", "FULL", p.n1), ("W1", "NORMAL", p.n1)]
+    if "W2" in p.only:
+        cases.append(("W2", "FULL", p.n2))
+    return cases
+
+
+def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
+    """W1 and W2 on every peer, repetitions interleaved across peers."""
+    results: dict[tuple[str, str, str], Outcome] = {}
+    cases = steps_cases(p)
+    if not cases:
+        return results
+    procs = {name: PeerProcess(name, p) for name in p.peers}
+    try:
+        for rep in range(p.reps):
+            for workload, sync, n in cases:
+                for name in p.peers:
+                    out = results.setdefault((workload, sync, name), Outcome())
+                    if out.error:
+                        continue
+                    task = Task(workload, PEERS[name], sync, n, 1, p.workdir, p.sleep)
+                    started = time.perf_counter()
+                    answer = procs[name].ask(task)
+                    out.samples += answer.get("samples", [])
+                    out.error = answer.get("error")
+                    log(f"rep {rep + 1}/{p.reps} {workload} {sync:6} {name:28} "
+                        f"{time.perf_counter() - started:6.1f} s"
+                        + (f"  n/a: {out.error}" if out.error else ""))
+    finally:
+        for proc in procs.values():
+            proc.close()
+    return results
+
+
+def run_fsm_big(p: Params, log: Log) -> Outcome:
+    """W2 with ``n2_big`` instances, fsm_engine alone (one fresh child per repetition)."""
+    out = Outcome()
+    for rep in range(p.reps):
+        proc = PeerProcess("fsm_engine-big", p)
+        task = Task("W2", PEERS["fsm_engine"], "FULL", p.n2_big or 0, 1, p.workdir, p.sleep)
+        started = time.perf_counter()
+        answer = proc.ask(task)
+        proc.close()
+        out.samples += answer.get("samples", [])
+        out.error = answer.get("error")
+        log(f"rep {rep + 1}/{p.reps} W2 FULL   fsm_engine x{p.n2_big} "
+            f"{time.perf_counter() - started:6.1f} s" + (f"  n/a: {out.error}" if out.error else ""))
+        if out.error:
+            break
+    return out
+
+
+def _module(p: Params, module: str, *args: Any, timeout: float) -> Any:
+    out = subprocess.run([p.python, "-m", module, *map(str, args)], capture_output=True,
+                         text=True, env=child_env(), cwd=p.workdir, timeout=timeout)
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(tail[:200])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_recovery(p: Params, log: Log) -> Outcome:
+    """W3: kill and resume, ``reps`` times."""
+    from .workloads.recovery import measure
+    out = Outcome()
+    os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
+    for rep in range(p.reps):
+        started = time.perf_counter()
+        try:
+            out.samples.append(measure(p.workdir, p.n3, p.python, timeout=max(p.timeout, 300)))
+        except Exception as exc:  # noqa: BLE001 - reported as n/a
+            out.error = f"{type(exc).__name__}: {exc}"[:200]
+        log(f"rep {rep + 1}/{p.reps} W3 fsm_engine x{p.n3} {time.perf_counter() - started:6.1f} s"
+            + (f"  n/a: {out.error}" if out.error else ""))
+        if out.error:
+            break
+    return out
+
+
+def run_module(p: Params, log: Log, label: str, module: str, *args: Any,
+               timeout: float = 600) -> dict[str, Any] | str:
+    """Run a measuring module in a child; its JSON, or an ``n/a`` reason string."""
+    started = time.perf_counter()
+    try:
+        result = _module(p, module, *args, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - reported as n/a
+        result = f"{type(exc).__name__}: {exc}"[:200]
+    log(f"{label:40} {time.perf_counter() - started:6.1f} s"
+        + (f"  n/a: {result}" if isinstance(result, str) else ""))
+    return result

@@ -1,0 +1,5 @@
+"""``python -m fsm_engine`` runs the ``fsm`` command line."""
+
+from .cli import main
+
+main()
