@@ -1,23 +1,28 @@
 """Child-process entry point for W1/W2: ``python -m bench.child``.
 
-The parent keeps one child per peer and writes one JSON task per line on
-its stdin (``bench.workloads.steps.Task`` fields); the child answers one
-JSON line per task on stdout: ``{"samples": […]}`` or ``{"error": "…"}``.
-The first time a (workload, peer, synchronous) task is seen it is preceded
-by an untimed warm-up.  One process per peer keeps import side effects
-(DBOS's global registry, LangGraph's caches) and memory apart, and lets
-the parent interleave repetitions of different peers so that load from
-other processes on the machine hits them all alike.
+The parent keeps one child per peer and sends one JSON command per line on
+stdin; the child answers one JSON line per command on stdout:
+
+- ``{"op": "open", "task": {…}}`` → ``{}`` (warms the case up the first time);
+- ``{"op": "run", "n": N}`` → ``{"seconds": …}``;
+- ``{"op": "close"}`` → ``{"sample": {…}}``.
+
+Any failure answers ``{"error": "…"}`` (traceback on stderr).  One process
+per peer keeps import side effects (DBOS's global registry, LangGraph's
+caches) and memory apart; one event loop serves the child's whole life.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import traceback
+from typing import Any
 
-from .workloads.steps import Task, run_task
+from .common import fresh_path
+from .workloads.steps import Session, Task, warm_up
 
 
 def _short(exc: BaseException) -> str:
@@ -25,22 +30,44 @@ def _short(exc: BaseException) -> str:
     return text[:160]
 
 
+class Child:
+    def __init__(self) -> None:
+        self.warmed: set[str] = set()
+        self.session: Session | None = None
+
+    async def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        op = cmd["op"]
+        if op == "open":
+            task = Task(**cmd["task"])
+            if task.tag not in self.warmed:
+                await warm_up(task)
+                self.warmed.add(task.tag)
+            self.session = Session(task, fresh_path(task.workdir, f"{task.tag}.db"))
+            await self.session.open()
+            return {}
+        assert self.session is not None, "no open session"
+        if op == "run":
+            return {"seconds": await self.session.run(cmd["n"])}
+        sample = await self.session.close()
+        self.session = None
+        return {"sample": sample.as_dict()}
+
+
 def main() -> int:
     logging.basicConfig(level=logging.ERROR)
-    warmed: set[tuple[str, str, str]] = set()
+    loop = asyncio.new_event_loop()
+    child = Child()
     for line in sys.stdin:
         if not line.strip():
             continue
-        task = Task.from_dict(json.loads(line))
-        key = (task.workload, task.peer, task.synchronous)
         try:
-            samples = [s.as_dict() for s in run_task(task, warm=key not in warmed)]
-            warmed.add(key)
-            out = {"samples": samples}
+            out = loop.run_until_complete(child.handle(json.loads(line)))
         except Exception as exc:  # noqa: BLE001 - reported as "n/a (reason)"
             traceback.print_exc(file=sys.stderr)
+            child.session = None
             out = {"error": _short(exc)}
         print(json.dumps(out), flush=True)
+    loop.close()
     return 0
 
 

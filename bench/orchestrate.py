@@ -22,6 +22,7 @@ from .peers import PEERS
 from .workloads.steps import Task
 
 ROOT = Path(__file__).resolve().parent.parent
+CHUNK = 25  # W1 instances per turn when interleaving peers
 Log = Callable[[str], None]
 
 
@@ -62,7 +63,7 @@ def child_env() -> dict[str, str]:
 
 
 class PeerProcess:
-    """A long-lived ``python -m bench.child`` answering one task per line."""
+    """A long-lived ``python -m bench.child`` answering one command per line."""
 
     def __init__(self, name: str, params: Params) -> None:
         self.name, self.params = name, params
@@ -78,10 +79,11 @@ class PeerProcess:
                                          cwd=self.params.workdir)
         return self.proc
 
-    def ask(self, task: Task) -> dict[str, Any]:
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        """Send one command; its answer, or ``{"error": …}`` (the child is then restarted)."""
         proc = self._spawn()
         assert proc.stdin and proc.stdout
-        proc.stdin.write(json.dumps(asdict(task)) + "\n")
+        proc.stdin.write(json.dumps(cmd) + "\n")
         proc.stdin.flush()
         ready, _, _ = select.select([proc.stdout], [], [], self.params.timeout)
         line = proc.stdout.readline() if ready else ""
@@ -116,28 +118,46 @@ def steps_cases(p: Params) -> list[tuple[str, str, int]]:
     return cases
 
 
+def _round(procs: dict[str, PeerProcess], outs: dict[str, Outcome], task_of: Callable[[str], Task],
+           n: int, chunk: int) -> None:
+    """One repetition of one case on every peer: open all, run chunks round-robin, close all."""
+    live = [name for name in procs if not outs[name].error]
+
+    def ask(name: str, **cmd: Any) -> dict[str, Any]:
+        answer = procs[name].ask(**cmd)
+        if "error" in answer:
+            outs[name].error = answer["error"]
+            live.remove(name)
+        return answer
+
+    for name in list(live):
+        ask(name, op="open", task=asdict(task_of(name)))
+    for done in range(0, n, chunk):
+        for name in list(live):
+            ask(name, op="run", n=min(chunk, n - done))
+    for name in list(live):
+        answer = ask(name, op="close")
+        if "sample" in answer:
+            outs[name].samples.append(answer["sample"])
+
+
 def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
-    """W1 and W2 on every peer, repetitions interleaved across peers."""
+    """W1 and W2 on every peer, repetitions interleaved across peers (W1 in chunks)."""
     results: dict[tuple[str, str, str], Outcome] = {}
-    cases = steps_cases(p)
-    if not cases:
-        return results
     procs = {name: PeerProcess(name, p) for name in p.peers}
     try:
         for rep in range(p.reps):
-            for workload, sync, n in cases:
-                for name in p.peers:
-                    out = results.setdefault((workload, sync, name), Outcome())
-                    if out.error:
-                        continue
-                    task = Task(workload, PEERS[name], sync, n, 1, p.workdir, p.sleep)
-                    started = time.perf_counter()
-                    answer = procs[name].ask(task)
-                    out.samples += answer.get("samples", [])
-                    out.error = answer.get("error")
-                    log(f"rep {rep + 1}/{p.reps} {workload} {sync:6} {name:28} "
-                        f"{time.perf_counter() - started:6.1f} s"
-                        + (f"  n/a: {out.error}" if out.error else ""))
+            for workload, sync, n in steps_cases(p):
+                outs = {name: results.setdefault((workload, sync, name), Outcome())
+                        for name in p.peers}
+                started = time.perf_counter()
+                _round(procs, outs, lambda name: Task(workload, PEERS[name], sync, p.workdir,
+                                                      p.sleep),
+                       n, CHUNK if workload == "W1" else n)
+                log(f"rep {rep + 1}/{p.reps} {workload} {sync:6} {n} instances "
+                    f"{time.perf_counter() - started:6.1f} s; "
+                    + ", ".join(f"{k} {o.samples[-1]['seconds']:.2f}" if not o.error
+                                else f"{k} n/a" for k, o in outs.items()))
     finally:
         for proc in procs.values():
             proc.close()
@@ -145,17 +165,16 @@ def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
 
 
 def run_fsm_big(p: Params, log: Log) -> Outcome:
-    """W2 with ``n2_big`` instances, fsm_engine alone (one fresh child per repetition)."""
+    """W2 with ``n2_big`` instances, fsm_engine alone (a fresh child per repetition)."""
     out = Outcome()
     for rep in range(p.reps):
         proc = PeerProcess("fsm_engine-big", p)
-        task = Task("W2", PEERS["fsm_engine"], "FULL", p.n2_big or 0, 1, p.workdir, p.sleep)
         started = time.perf_counter()
-        answer = proc.ask(task)
+        _round({"big": proc}, {"big": out},
+               lambda _: Task("W2", PEERS["fsm_engine"], "FULL", p.workdir, p.sleep),
+               p.n2_big or 0, p.n2_big or 1)
         proc.close()
-        out.samples += answer.get("samples", [])
-        out.error = answer.get("error")
-        log(f"rep {rep + 1}/{p.reps} W2 FULL   fsm_engine x{p.n2_big} "
+        log(f"rep {rep + 1}/{p.reps} W2 FULL fsm_engine x{p.n2_big} "
             f"{time.perf_counter() - started:6.1f} s" + (f"  n/a: {out.error}" if out.error else ""))
         if out.error:
             break

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pydantic import BaseModel
 
 from fsm_engine import (
     BreakerPolicy, CircuitOpen, Engine, InstanceFinished, InvalidInput, Machine, RetryPolicy,
-    State, Transition, fire,
+    ServerError, State, Transition, fire,
 )
 from fsm_engine.llm import Completion, Scripted
 from fsm_engine.runtime.breaker import Breaker
@@ -66,7 +67,7 @@ def check_books(eng: Engine, iid: str) -> None:
     assert rec.tokens_used == spent
 
 
-# -- machines ---------------------------------------------------------------------------------
+# -- machines ----------------------------------------------------------------------------------
 
 class Doc(BaseModel):
     n: int = 0
@@ -217,7 +218,7 @@ WAITING = Machine(
                  Transition("reject", "approval", "rejected")])
 
 
-# -- stepping and history ------------------------------------------------------------------------
+# -- stepping and history ----------------------------------------------------------------------
 
 def test_linear_machine_completes_with_gapless_history(engines):
     eng = engines()
@@ -255,7 +256,7 @@ def test_router_stops_exactly_at_the_loop_cap(engines):
     check_books(eng, iid)
 
 
-# -- token budget ---------------------------------------------------------------------------------
+# -- token budget ------------------------------------------------------------------------------
 
 HUNDRED = {"text": "ok", "prompt_tokens": 60, "completion_tokens": 40}
 
@@ -268,7 +269,8 @@ def test_budget_refuses_the_call_after_it_is_spent(engines):
     iid = eng.start(BUDGETED, {}, token_budget=250)
     rec = run(eng.run(iid))
     assert llm.calls == 3
-    assert (rec.status, rec.state, rec.tokens_used, rec.context["n"]) == ("completed", "broke", 300, 3)
+    assert (rec.status, rec.state, rec.tokens_used, rec.context["n"]) == (
+        "completed", "broke", 300, 3)
     last = eng.store.history(iid)[-1]
     assert (last.trigger, last.kind, last.reason, last.tokens) == (
         "budget_exhausted", "fallback", "token_budget", 0)
@@ -286,16 +288,16 @@ def test_budget_without_a_declared_transition_fails(engines):
     check_books(eng, iid)
 
 
-# -- retries, fallbacks, skips ---------------------------------------------------------------------
+# -- retries, fallbacks, skips -----------------------------------------------------------------
 
 def test_retries_then_success_records_attempts(engines):
-    import random
-    llm = scripted({"error": "http500", "prompt_tokens": 5}, {"error": "http500", "prompt_tokens": 5},
-                   {"text": "fine", "prompt_tokens": 6, "completion_tokens": 4})
+    fail = {"error": "http500", "prompt_tokens": 5}
+    llm = scripted(fail, fail, {"text": "fine", "prompt_tokens": 6, "completion_tokens": 4})
     eng = engines(llm=llm, seed=7)
     iid = eng.start(RETRYING, {})
     rec = run(eng.run(iid))
-    assert (rec.status, rec.context["text"], rec.tokens_used, llm.calls) == ("completed", "fine", 20, 3)
+    assert (rec.status, rec.context["text"], rec.tokens_used, llm.calls) == (
+        "completed", "fine", 20, 3)
     tries = eng.store.attempts(iid)
     rng = random.Random(7)
     expected = [FAST_RETRY.delay(1, rng=rng), FAST_RETRY.delay(2, rng=rng)]
@@ -343,12 +345,13 @@ def test_skippable_state_applies_its_default(engines):
         "skip", "error", {"note": "skipped"}, "ValueError: nope")
 
 
-# -- timeouts ------------------------------------------------------------------------------------
+# -- timeouts ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("action", [hang_async, hang_sync], ids=["async", "sync"])
 def test_hung_action_times_out_and_moves_on(engines, action):
     eng = engines()
     iid = eng.start(hanging(f"hang_{action.__name__}", action), {})
+    LATE.clear()
     started = time.perf_counter()
     rec = run(eng.step(iid))
     elapsed = time.perf_counter() - started
@@ -367,7 +370,7 @@ def test_hung_action_times_out_and_moves_on(engines, action):
     check_books(eng, iid)
 
 
-# -- failures ---------------------------------------------------------------------------------------
+# -- failures ----------------------------------------------------------------------------------
 
 def test_undeclared_trigger_fails(engines):
     eng = engines()
@@ -407,7 +410,7 @@ def test_a_raising_guard_fails_its_instance_not_the_batch(engines):
     check_books(eng, ids[0])
 
 
-# -- cancel and wait ---------------------------------------------------------------------------------
+# -- cancel and wait ---------------------------------------------------------------------------
 
 def test_cancel_pending(engines):
     eng = engines()
@@ -470,7 +473,7 @@ def test_waiting_state_and_send(engines):
     check_books(eng, iid)
 
 
-# -- backoff across a crash ----------------------------------------------------------------------------
+# -- backoff across a crash --------------------------------------------------------------------
 
 def _dead_worker(store: SqliteStore) -> WorkerRow:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -509,7 +512,7 @@ def test_backoff_sleep_survives_a_crash(engines):
     check_books(second, iid)
 
 
-# -- circuit breaker -------------------------------------------------------------------------------------
+# -- circuit breaker ---------------------------------------------------------------------------
 
 class Clock:
     def __init__(self, t: float = 1_000_000.0) -> None:
@@ -572,7 +575,6 @@ class Flaky:
         self.failing, self.calls = True, 0
 
     async def complete(self, messages, **kw) -> Completion:
-        from fsm_engine import ServerError
         self.calls += 1
         if self.failing:
             raise ServerError("down", status=500)

@@ -1,10 +1,12 @@
 """W1 (durable step overhead) and W2 (concurrency), run inside a child process.
 
-A *task* is one workload on one peer with one ``synchronous`` level; it
-runs ``reps`` times, each on a fresh database, after one small untimed
-warm-up (lazy imports and caches), and yields one ``Sample`` per repetition.
-Setup and teardown (opening the store, compiling graphs, launching DBOS)
-are outside the timed region; creating instances is inside it.
+A ``Session`` is one repetition of one workload on one peer with one
+``synchronous`` level, on a fresh database: ``open`` (untimed set-up),
+one or more ``run(n)`` calls (timed; W1 runs instances in chunks so the
+parent can interleave peers finely), ``close`` (untimed tear-down, returns
+the sample).  The first session of a (workload, peer, synchronous) case in a
+process is preceded by an untimed warm-up of ``WARMUP`` instances (lazy
+imports and caches).  Creating instances is inside the timed region.
 """
 
 from __future__ import annotations
@@ -24,19 +26,17 @@ WARMUP = 5
 
 @dataclass(frozen=True)
 class Task:
-    """What a child runs: ``workload`` (``W1``/``W2``) of ``peer`` (``module:Class``)."""
+    """One case: ``workload`` (``W1``/``W2``) of ``peer`` (``module:Class``) at ``synchronous``."""
 
     workload: str
     peer: str
     synchronous: str
-    n: int
-    reps: int
     workdir: str
     sleep: float = 0.2
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Task":
-        return cls(**data)
+    @property
+    def tag(self) -> str:
+        return f"{self.workload}-{self.peer.rsplit('.', 1)[-1].replace(':', '-')}-{self.synchronous}"
 
 
 def load_peer(ref: str) -> type:
@@ -45,37 +45,55 @@ def load_peer(ref: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-async def _once(cls: type, task: Task, path: str, n: int) -> Sample:
-    bench = cls(path, task.synchronous, task.sleep)
-    await bench.open(task.workload)
-    gc.collect()
-    reset_peak_rss()
-    started = time.perf_counter()
-    try:
-        extra = (await bench.sequential(n) if task.workload == "W1"
-                 else await bench.concurrent(n)) or {}
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await bench.close()
-        raise
-    seconds = time.perf_counter() - started
-    rss = peak_rss_mib()
-    await bench.close()
-    return Sample(seconds=seconds, transitions=n * TRANSITIONS, rss_mib=rss,
-                  db_bytes=db_bytes(path), extra=dict(extra))
+class Session:
+    """One measured repetition; drive with ``await open()``, ``await run(n)`` …, ``await close()``."""
+
+    def __init__(self, task: Task, path: str) -> None:
+        self.task, self.path = task, path
+        self.seconds, self.instances = 0.0, 0
+        self.extra: dict[str, float] = {}
+
+    async def open(self) -> None:
+        self.bench = load_peer(self.task.peer)(self.path, self.task.synchronous, self.task.sleep)
+        await self.bench.open(self.task.workload)
+        gc.collect()
+        reset_peak_rss()
+
+    async def run(self, n: int) -> float:
+        """Run ``n`` more instances; return the seconds they took."""
+        started = time.perf_counter()
+        try:
+            extra = (await self.bench.sequential(n) if self.task.workload == "W1"
+                     else await self.bench.concurrent(n)) or {}
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.bench.close()
+            raise
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        self.instances += n
+        for key, value in extra.items():
+            self.extra[key] = self.extra.get(key, 0.0) + value
+        return seconds
+
+    async def close(self) -> Sample:
+        rss = peak_rss_mib()
+        await self.bench.close()
+        return Sample(seconds=self.seconds, transitions=self.instances * TRANSITIONS,
+                      rss_mib=rss, db_bytes=db_bytes(self.path), extra=dict(self.extra))
 
 
-def run_task(task: Task, warm: bool = True) -> list[Sample]:
-    """Optionally warm up once, then run ``task.reps`` measured repetitions.
+async def warm_up(task: Task) -> None:
+    """An untimed session of ``WARMUP`` instances on its own database."""
+    session = Session(task, fresh_path(task.workdir, f"{task.tag}-warm.db"))
+    await session.open()
+    await session.run(WARMUP)
+    await session.close()
 
-    Raises whatever the peer raised (import errors included).
-    """
-    cls = load_peer(task.peer)
-    tag = f"{task.workload}-{task.peer.rsplit('.', 1)[-1].replace(':', '-')}-{task.synchronous}"
-    if warm:
-        asyncio.run(_once(cls, task, fresh_path(task.workdir, f"{tag}-warm.db"), WARMUP))
-    samples = []
-    for _ in range(task.reps):
-        path = fresh_path(task.workdir, f"{tag}.db")
-        samples.append(asyncio.run(_once(cls, task, path, task.n)))
-    return samples
+
+async def measure(task: Task, n: int) -> dict[str, Any]:
+    """Warm-up-free single session of ``n`` instances in one run (for one-off use)."""
+    session = Session(task, fresh_path(task.workdir, f"{task.tag}.db"))
+    await session.open()
+    await session.run(n)
+    return (await session.close()).as_dict()
