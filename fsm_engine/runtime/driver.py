@@ -165,6 +165,8 @@ class Driver:
         if rec.deadline is not None:
             left = max(0.001, rec.deadline - self.clock())
             timeout = left if timeout is None else min(timeout, left)
+        if is_async and timeout is None:
+            return await fn(*args)  # no task needed when nothing may cut it short
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = (asyncio.ensure_future(fn(*args)) if is_async
                                     else loop.run_in_executor(self.executor, fn, *args))

@@ -57,6 +57,21 @@ def _encode(obj: Any) -> dict[str, Any]:
     return row
 
 
+#: Instance columns fixed at creation: never rewritten by a step.
+_IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "input",
+                        "max_transitions", "created_at"})
+
+
+def _encode_instance(rec: InstanceRecord) -> dict[str, Any]:
+    """The mutable columns of an instance row, JSON-encoded, plus ``id``."""
+    names, _ = _names(InstanceRecord)
+    row = {n: getattr(rec, n) for n in names if n not in _IMMUTABLE}
+    row["id"] = rec.id
+    row["context"] = _dumps(rec.context)
+    row["visits"] = _dumps(rec.visits)
+    return row
+
+
 def _decode(cls: type, row: sqlite3.Row) -> Any:
     data = dict(row)
     for col in JSON_COLUMNS & data.keys():
@@ -114,7 +129,7 @@ class SqliteStore:
             self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
         self._instance_cols = [f.name for f in fields(InstanceRecord)]
-        sets = ", ".join(f"{c}=:{c}" for c in self._instance_cols if c not in ("id", "version"))
+        sets = ", ".join(f"{c}=:{c}" for c in self._instance_cols if c not in _IMMUTABLE)
         self._update_sql = (f"UPDATE instances SET {sets}, version=version+1 "
                             "WHERE id=:id AND version=:expected_version")
         self._history_sql = _insert_sql("history", HistoryRow)
@@ -164,7 +179,7 @@ class SqliteStore:
         return applied
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
-        row = _encode(step.record)
+        row = _encode_instance(step.record)
         row["expected_version"] = step.expected_version
         if conn.execute(self._update_sql, row).rowcount != 1:
             return False
