@@ -663,3 +663,44 @@ def test_breaker_is_shared_between_processes(engines, db_path):
     time.sleep(max(0.0, opened + policy["cooldown"] + 0.05 - time.time()))
     assert _probe_together(db_path, policy) == ["probe", "refused"]
     assert br.state() == "closed"
+
+
+# -- regressions found in review ------------------------------------------------------
+def test_guard_raising_on_the_fallback_path_fails_the_instance(db_path):
+    """A failing action whose fallback guard raises ends failed, never stuck in running."""
+    from pydantic import BaseModel as _BM
+
+    from fsm_engine import Engine as _Engine, Machine as _M, State as _S, Transition as _T
+
+    class Ctx(_BM):
+        n: int = 0
+
+    def boom(ctx):
+        raise TimeoutError("slow")
+
+    def bad_guard(ctx):
+        raise KeyError("nope")
+
+    m = _M("fb", [_S("a", action=boom), _S("b"), _S("end", final=True),
+                  _S("failed", final=True, failure=True)],
+           [_T("fallback", "a", "b", conditions=bad_guard), _T("go", "b", "end")], "a", Ctx)
+    eng = _Engine(db_path)
+    rec = asyncio.run(eng.run(eng.start(m)))
+    assert (rec.status, rec.state, rec.reason) == ("failed", "failed", "error")
+    assert "guard raised" in (rec.last_error or "")
+
+
+def test_reaching_a_wait_state_at_the_cap_fails_with_loop_limit(db_path):
+    from pydantic import BaseModel as _BM
+
+    from fsm_engine import Engine as _Engine, Machine as _M, State as _S, Transition as _T
+
+    class Ctx(_BM):
+        n: int = 0
+
+    m = _M("w", [_S("a"), _S("hold", wait=True), _S("end", final=True),
+                 _S("failed", final=True, failure=True)],
+           [_T("go", "a", "hold"), _T("ok", "hold", "end")], "a", Ctx, max_transitions=1)
+    eng = _Engine(db_path)
+    rec = asyncio.run(eng.run(eng.start(m)))
+    assert (rec.status, rec.reason, rec.loop_count) == ("failed", "loop_limit", 1)

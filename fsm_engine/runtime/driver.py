@@ -232,15 +232,19 @@ class Driver:
             return await self.commit(rec, outcome.retry_later(
                 rec, error=exc, tokens=step.llm.used, next_at=now + delay, now=now))
         reason = _reason(exc, disposition is Disposition.RETRY)
-        if disposition is not Disposition.FAIL:
-            trigger = (BUDGET_EXHAUSTED if isinstance(exc, BudgetExhausted)
-                       and cm.has_trigger(state.name, BUDGET_EXHAUSTED) else FALLBACK)
-            if cm.has_trigger(state.name, trigger):
-                return await self._advance(cm, rec, state, step, Fire(trigger, {}), ms,
-                                           kind="fallback", reason=reason, error=_err(exc))
-        if state.skippable and state.default_output is not None:
-            return await self._advance(cm, rec, state, step, Fire(None, state.default_output),
-                                       ms, kind="skip", reason=reason, error=_err(exc))
+        try:
+            if disposition is not Disposition.FAIL:
+                trigger = (BUDGET_EXHAUSTED if isinstance(exc, BudgetExhausted)
+                           and cm.has_trigger(state.name, BUDGET_EXHAUSTED) else FALLBACK)
+                if cm.has_trigger(state.name, trigger):
+                    return await self._advance(cm, rec, state, step, Fire(trigger, {}), ms,
+                                               kind="fallback", reason=reason, error=_err(exc))
+            if state.skippable and state.default_output is not None:
+                return await self._advance(cm, rec, state, step,
+                                           Fire(None, state.default_output), ms, kind="skip",
+                                           reason=reason, error=_err(exc))
+        except (InvalidInput, ActionError) as second:  # a guard or default that fails too
+            exc, reason = second, _reason(second, False)
         detail = self._detail(step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)

@@ -171,6 +171,9 @@ class Engine:
                 task = self._tasks.get(rec.id)
                 if task is not None and not task.done():
                     task.cancel()
+                gone = outcome.clone(rec)
+                gone.owner = None  # seen: drop it from the next poll
+                self.store.commit([StepCommit(gone, rec.version)])
 
     def _adoption(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
         """The commit that makes this worker the owner of ``rec`` (maybe a crash_loop failure)."""

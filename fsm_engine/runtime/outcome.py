@@ -89,7 +89,7 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
     _enter(cm, new, dest)
     if new.status == FAILED:
         new.reason = reason or trigger
-    if not new.final and new.status != WAITING and new.loop_count >= new.max_transitions:
+    if not new.final and new.loop_count >= new.max_transitions:
         rows.append(force_fail(cm, new, "loop_limit", now, kind="loop_limit",
                                error=f"reached max_transitions={new.max_transitions}"))
     return StepCommit(new, rec.version, rows, outbox_done=outbox_done)
