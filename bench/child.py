@@ -1,7 +1,8 @@
 """Child-process entry point for W1/W2: ``python -m bench.child``.
 
-The parent keeps one child per peer and sends one JSON command per line on
-stdin; the child answers one JSON line per command on stdout:
+``python -m bench.child module:Class`` imports the peer and prints ``{}``
+(or ``{"error": …}`` when the import fails).  Then the parent sends one JSON
+command per line on stdin; the child answers one JSON line per command:
 
 - ``{"op": "open", "task": {…}}`` → ``{}`` (warms the case up the first time);
 - ``{"op": "run", "n": N}`` → ``{"seconds": …}``;
@@ -22,7 +23,7 @@ import traceback
 from typing import Any
 
 from .common import fresh_path
-from .workloads.steps import Session, Task, warm_up
+from .workloads.steps import Session, Task, load_peer, warm_up
 
 
 def _short(exc: BaseException) -> str:
@@ -53,8 +54,16 @@ class Child:
         return {"sample": sample.as_dict()}
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.ERROR)
+    try:
+        if argv:
+            load_peer(argv[0])
+        print("{}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the peer is not installed or broken
+        traceback.print_exc(file=sys.stderr)
+        print(json.dumps({"error": _short(exc)}), flush=True)
+        return 1
     loop = asyncio.new_event_loop()
     child = Child()
     for line in sys.stdin:
@@ -72,4 +81,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

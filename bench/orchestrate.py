@@ -43,6 +43,7 @@ class Params:
     profile: bool
     timeout: float
     out: str = ""
+    skipped: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
     sleep: float = 0.2
 
@@ -63,35 +64,52 @@ def child_env() -> dict[str, str]:
 
 
 class PeerProcess:
-    """A long-lived ``python -m bench.child`` answering one command per line."""
+    """A long-lived ``python -m bench.child REF`` answering one command per line."""
 
     def __init__(self, name: str, params: Params) -> None:
         self.name, self.params = name, params
         slug = "".join(c if c.isalnum() else "_" for c in name)
         self.log = open(os.path.join(params.workdir, f"child-{slug}.log"), "a")
         self.proc: subprocess.Popen[str] | None = None
+        self.starting = False
 
-    def _spawn(self) -> subprocess.Popen[str]:
+    def start(self) -> None:
+        """Spawn the child (it imports the peer, then says it is ready)."""
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([self.params.python, "-m", "bench.child"],
+            self.proc = subprocess.Popen([self.params.python, "-m", "bench.child", PEERS[self.name]],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self.log, text=True, env=child_env(),
                                          cwd=self.params.workdir)
-        return self.proc
+            self.starting = True
 
-    def ask(self, **cmd: Any) -> dict[str, Any]:
-        """Send one command; its answer, or ``{"error": …}`` (the child is then restarted)."""
-        proc = self._spawn()
-        assert proc.stdin and proc.stdout
-        proc.stdin.write(json.dumps(cmd) + "\n")
-        proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], self.params.timeout)
-        line = proc.stdout.readline() if ready else ""
+    def _read(self) -> dict[str, Any]:
+        assert self.proc and self.proc.stdout
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.params.timeout)
+        line = self.proc.stdout.readline() if ready else ""
         if not line:
             self.stop()
             return {"error": f"timeout after {self.params.timeout:.0f} s" if not ready
                     else "child died (see child log)"}
         return json.loads(line)
+
+    def ready(self) -> dict[str, Any]:
+        """Wait for the child's first line: ``{}`` or ``{"error": …}`` (import failed)."""
+        self.start()
+        if not self.starting:
+            return {}
+        self.starting = False
+        answer = self._read()
+        return {"error": answer["error"]} if "error" in answer else {}
+
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        """Send one command; its answer, or ``{"error": …}`` (the child is then stopped)."""
+        failed = self.ready()
+        if failed:
+            return failed
+        assert self.proc and self.proc.stdin
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -145,6 +163,14 @@ def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
     """W1 and W2 on every peer, repetitions interleaved across peers (W1 in chunks)."""
     results: dict[tuple[str, str, str], Outcome] = {}
     procs = {name: PeerProcess(name, p) for name in p.peers}
+    for proc in procs.values():
+        proc.start()  # imports happen in parallel, before anything is timed
+    for name, proc in procs.items():
+        failed = proc.ready()
+        if failed:
+            log(f"{name}: n/a ({failed['error']})")
+            for workload, sync, _ in steps_cases(p):
+                results[(workload, sync, name)] = Outcome(error=failed["error"])
     try:
         for rep in range(p.reps):
             for workload, sync, n in steps_cases(p):
@@ -168,7 +194,7 @@ def run_fsm_big(p: Params, log: Log) -> Outcome:
     """W2 with ``n2_big`` instances, fsm_engine alone (a fresh child per repetition)."""
     out = Outcome()
     for rep in range(p.reps):
-        proc = PeerProcess("fsm_engine-big", p)
+        proc = PeerProcess("fsm_engine", p)
         started = time.perf_counter()
         _round({"big": proc}, {"big": out},
                lambda _: Task("W2", PEERS["fsm_engine"], "FULL", p.workdir, p.sleep),

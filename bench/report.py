@@ -42,11 +42,11 @@ def us_per_transition(s: dict[str, Any]) -> float:
     return s["seconds"] / s["transitions"] * 1e6
 
 
-def w1_table(results: dict[tuple[str, str, str], Outcome], sync: str, peers: list[str]) -> str:
+def w1_table(results: dict[tuple[str, str, str], Outcome], sync: str, p: Params) -> str:
     fsm = results.get(("W1", sync, FSM))
     fsm_us = med(map(us_per_transition, fsm.samples)) if fsm and not fsm.error else None
     rows = []
-    for name in peers:
+    for name in p.peers:
         out = results.get(("W1", sync, name))
         if out is None or out.error or not out.samples:
             rows.append([name, na(out), "", "", "", ""])
@@ -56,6 +56,7 @@ def w1_table(results: dict[tuple[str, str, str], Outcome], sync: str, peers: lis
         rows.append([name, fmt(med(us)), spread(us), fmt(ratio, 2),
                      fmt(med(s["db_bytes"] for s in out.samples) / 1024),
                      fmt(med(s["rss_mib"] for s in out.samples), 1)])
+    rows += [[name, f"n/a ({why})", "", "", "", ""] for name, why in p.skipped.items()]
     head = ["framework", "µs / transition (median)", "min–max", "fsm_engine ÷ this",
             "DB size KiB", "peak RSS MiB"]
     return table(head, rows)
@@ -77,6 +78,7 @@ def w2_table(results: dict[tuple[str, str, str], Outcome], p: Params) -> str:
     fsm_wall = med(s["seconds"] for s in fsm.samples) if fsm and not fsm.error else None
     rows = [w2_row(name, results.get(("W2", "FULL", name)), p.sleep, fsm_wall)
             for name in p.peers]
+    rows += [[name, f"n/a ({why})", "", "", "", "", ""] for name, why in p.skipped.items()]
     head = ["framework", "wall s (median)", "min–max", "× ideal", "durable transitions/s",
             "peak RSS MiB", "fsm_engine ÷ this"]
     return table(head, rows)

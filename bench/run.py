@@ -39,13 +39,15 @@ from bench.orchestrate import Params  # noqa: E402
 from bench.peers import PEERS  # noqa: E402
 
 WORKLOADS = ("W1", "W2", "W3", "W4", "MICRO")
+SLOW_IN_QUICK = ("langgraph (SqliteSaver)", "dbos (SQLite sys db)")
 PACKAGES = ("fsm_engine", "transitions", "pydantic", "langgraph", "langgraph-checkpoint-sqlite",
             "apache-burr", "dbos", "llama_cpp_python")
 
 
 def parse(argv: list[str]) -> Params:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, finishes in about a minute")
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes, without LangGraph and DBOS unless --peers; under a minute")
     ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(WORKLOADS))
     ap.add_argument("--peers", default="", help="comma-separated substrings of framework names")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per case (≥ 3 for the report)")
@@ -60,18 +62,22 @@ def parse(argv: list[str]) -> Params:
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"), help="report path")
     a = ap.parse_args(argv)
     only = {w.strip().upper() for w in a.only.split(",") if w.strip()} or set(WORKLOADS)
-    peers = [n for n in PEERS if not a.peers or any(s.lower() in n.lower()
-                                                    for s in a.peers.split(","))]
-    for must in ("fsm_engine", "floor (raw SQLite)"):
+    q = a.quick
+    if a.peers:
+        peers = [n for n in PEERS if any(s.lower() in n.lower() for s in a.peers.split(","))]
+    else:
+        peers = [n for n in PEERS if not (q and n in SLOW_IN_QUICK)]
+    for must in ("floor (raw SQLite)", "fsm_engine"):
         if must not in peers:
             peers.insert(0, must)
-    q = a.quick
+    skipped = {n: "skipped by --quick: several s per repetition; see the full run" if q
+               else "not selected by --peers" for n in PEERS if n not in peers}
     params = Params(
         quick=q, reps=a.reps, workdir=a.workdir or tempfile.mkdtemp(prefix="fsm-bench-"),
         only=only, peers=peers, n1=a.n1 or (50 if q else 500), n2=a.n2 or 200,
         n2_big=a.n2_big if a.n2_big is not None else (None if q else 10000),
         n3=a.n3 or (1000 if q else 10000), model=a.model, profile=a.profile,
-        timeout=a.timeout or (60 if q else 300), out=a.out)
+        timeout=a.timeout or (60 if q else 300), out=a.out, skipped=skipped)
     return params
 
 
@@ -113,7 +119,7 @@ def render(p: Params, steps: dict, big: orchestrate.Outcome | None, w3: orchestr
         if "W1" in p.only:
             parts += ["", f"## W1 durable step overhead, synchronous={sync} (WAL), "
                       f"{p.n1} instances one after another", "",
-                      report.w1_table(steps, sync, p.peers)]
+                      report.w1_table(steps, sync, p)]
     if "W2" in p.only:
         parts += ["", f"## W2 concurrency, {p.n2} instances in flight, synchronous=FULL", "",
                   f"Ideal = {p.sleep} s (one sleeping state on the critical path). "

@@ -434,3 +434,14 @@ def test_run_with_tiny_budget_ends_every_instance(fleet: Fleet, tmp_path: Path,
             assert r["context"]["result"]["decision"] in ("approve", "reject", "review")
         if script_line is GARBAGE_LINE and r["status"] == "completed":
             assert r["context"]["verdict_source"] in ("rules", "constrained")
+
+
+def test_run_takes_several_files_after_one_input_flag(tmp_path: Path) -> None:
+    """``fsm run M --input A B C`` (the README's glob form) starts one instance per file."""
+    script = write_script(tmp_path / "verdict.jsonl", VERDICT_LINE)
+    files = inputs(3)
+    env: dict[str, str | None] = {"FSM_NOTIFY_FILE": str(tmp_path / "n.jsonl"),
+                                  "FSM_NOTIFY_URL": None, "FSM_LLM": None}
+    records = ok_json(["run", MODERATION, "--input", *files, "--db", str(tmp_path / "g.db"),
+                       "--llm", f"scripted:{script}", "--json"], env)
+    assert sorted(r["context"]["path"] for r in records) == sorted(files)
