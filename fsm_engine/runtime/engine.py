@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..policies import BreakerPolicy
 from ..store import PENDING, RUNNING, SqliteStore, Store
-from ..store.records import InstanceRecord, StepCommit
+from ..store.records import InstanceRecord, StepCommit, WorkerRow
 from . import outcome
 from .breaker import Breaker
 from .commit import GroupCommitter
@@ -82,6 +82,8 @@ class Engine:
         self._machines: dict[str, CompiledMachine] = {}
         self._modules: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[InstanceRecord]] = {}
+        self._known: dict[str, InstanceRecord] = {}
+        self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsm-action")
         self.committer = GroupCommitter(self.store)
@@ -175,14 +177,22 @@ class Engine:
                 gone.owner = None  # seen: drop it from the next poll
                 self.store.commit([StepCommit(gone, rec.version)])
 
+    def _worker_view(self, now: float) -> tuple[dict[str, WorkerRow], set[str]]:
+        """Registered workers and the live ones, re-read at most every 0.5 s
+        (a resume of thousands of instances reads them once, not once each)."""
+        if self._view is None or now - self._view[0] > 0.5:
+            workers = {w.id: w for w in self.store.workers()}
+            self._view = (now, workers, live_ids(list(workers.values()), now, self.lease_seconds))
+        return self._view[1], self._view[2]
+
     def _adoption(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
         """The commit that makes this worker the owner of ``rec`` (maybe a crash_loop failure)."""
         now = self.clock()
         step = outcome.claimed(rec, self.worker.id, now)
         if rec.owner is None or rec.owner == self.worker.id:
             return step
-        workers = {w.id: w for w in self.store.workers()}
-        if rec.owner in live_ids(list(workers.values()), now, self.lease_seconds):
+        workers, live = self._worker_view(now)
+        if rec.owner in live:
             raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
                            instance_id=rec.id)
         dead = workers.get(rec.owner)
@@ -200,7 +210,7 @@ class Engine:
         return step
 
     async def _claim(self, instance_id: str) -> tuple[CompiledMachine, InstanceRecord]:
-        rec = self.store.get(instance_id)
+        rec = self._known.pop(instance_id, None) or self.store.get(instance_id)
         if rec.final:
             raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                    instance_id=rec.id, state=rec.state)
@@ -270,13 +280,18 @@ class Engine:
 
     def resumable(self) -> list[InstanceRecord]:
         """Non-final, non-waiting instances not held by a live worker."""
-        live = live_ids(self.store.workers(), self.clock(), self.lease_seconds)
+        _, live = self._worker_view(self.clock())
         return [r for r in self.store.list(statuses=[PENDING, RUNNING])
                 if r.owner is None or r.owner == self.worker.id or r.owner not in live]
 
     async def resume(self, on_step: OnStep | None = None) -> list[InstanceRecord | FsmError]:
         """Continue every instance left pending or running by a dead (or no) worker."""
-        return await self.run_many([r.id for r in self.resumable()], on_step)
+        records = self.resumable()
+        self._known = {r.id: r for r in records}  # claimed without reading each one again
+        try:
+            return await self.run_many([r.id for r in records], on_step)
+        finally:
+            self._known = {}
 
     # -- from outside ------------------------------------------------------------
     def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
