@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,6 @@ STATES = tuple(f"s{i}" for i in range(7))
 FINAL = STATES[-1]
 TRANSITIONS = len(STATES) - 1          # durable transitions per instance
 INFER = "s2"                           # the state whose action may sleep
-SYNC_MODES = ("FULL", "NORMAL")
 
 
 def fresh_path(directory: str, name: str) -> str:
@@ -97,14 +95,3 @@ class Sample:
     def as_dict(self) -> dict[str, Any]:
         return {"seconds": self.seconds, "transitions": self.transitions,
                 "rss_mib": self.rss_mib, "db_bytes": self.db_bytes, **self.extra}
-
-
-class Stopwatch:
-    """``with Stopwatch() as sw: …`` then ``sw.seconds``."""
-
-    def __enter__(self) -> "Stopwatch":
-        self.started = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.seconds = time.perf_counter() - self.started

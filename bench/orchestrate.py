@@ -22,7 +22,7 @@ from .peers import PEERS
 from .workloads.steps import Task
 
 ROOT = Path(__file__).resolve().parent.parent
-CHUNK = 25  # W1 instances per turn when interleaving peers
+CHUNK = 5  # W1 instances per turn when interleaving peers (fsync latency drifts)
 Log = Callable[[str], None]
 
 

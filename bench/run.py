@@ -24,6 +24,7 @@ import datetime
 import os
 import platform
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,6 +92,20 @@ def versions() -> str:
     return ", ".join(found)
 
 
+def revision() -> str:
+    """The commit fsm_engine was measured at (and whether fsm_engine/ had local changes)."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                             timeout=10)
+        return out.stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD") or "unknown"
+        return head + (" + uncommitted changes in fsm_engine/"
+                       if git("status", "--porcelain", "--", "fsm_engine") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def header(p: Params, load_before: tuple[float, ...], elapsed: float) -> str:
     mode = "--quick" if p.quick else "full"
     return "\n".join([
@@ -103,7 +118,7 @@ def header(p: Params, load_before: tuple[float, ...], elapsed: float) -> str:
         f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}; load average "
         f"{load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other jobs "
         "were running: absolute numbers are noisy, ratios within one repetition round less so).",
-        f"- Versions: {versions()}.",
+        f"- fsm_engine at git revision {revision()}; versions: {versions()}.",
         f"- Sizes: W1 {p.n1} instances, W2 {p.n2} (+ {p.n2_big or 'no'} for fsm_engine alone), "
         f"W3 {p.n3}; {p.reps} repetitions each, interleaved across frameworks; medians shown.",
     ])
@@ -146,6 +161,7 @@ def render(p: Params, steps: dict, big: orchestrate.Outcome | None, w3: orchestr
 
 def main(argv: list[str]) -> int:
     p = parse(argv)
+    os.makedirs(p.workdir, exist_ok=True)
     load_before, started = os.getloadavg(), time.perf_counter()
 
     def log(msg: str) -> None:

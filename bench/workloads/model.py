@@ -1,4 +1,4 @@
-"""W4 real model: ``python -m bench.workloads.model WORKDIR REPS``.
+"""W4 real model: ``python -m bench.workloads.model WORKDIR REPS [--run-many]``.
 
 The reference machine (``machines/moderation.py``) moderates three license
 texts from ``/usr/share/common-licenses`` with the embedded model
@@ -6,9 +6,9 @@ texts from ``/usr/share/common-licenses`` with the embedded model
 every ``complete`` call is timed; the share of wall time inside the model
 is the length of the union of the call intervals (calls queue on the
 model's single worker thread, so they may overlap) over the wall time of
-the run.  The model is loaded before timing starts.  Two arrangements:
-``run_many`` over the three instances (what ``fsm run`` does) and one
-instance after another.  Prints one JSON object.
+the run.  The model is loaded before timing starts.  The instances run one
+after another; with ``--run-many`` also all three at once (what ``fsm run``
+does).  Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ async def _one_run(llm: Any, workdir: str, files: list[str], concurrent: bool) -
             "statuses": [getattr(r, "status", repr(r)) for r in records]}
 
 
-async def _main(workdir: str, reps: int) -> dict[str, Any]:
+async def _main(workdir: str, reps: int, run_many: bool) -> dict[str, Any]:
     from fsm_engine.llm.local import LocalLlama
     os.environ.setdefault("FSM_NOTIFY_FILE", os.path.join(workdir, "w4-notify.jsonl"))
     os.environ.pop("FSM_NOTIFY_URL", None)
@@ -86,12 +86,13 @@ async def _main(workdir: str, reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"files": [os.path.basename(f) for f in files],
                            "load_s": llm.load_seconds, "run_many": [], "sequential": []}
     for _ in range(reps):
-        out["run_many"].append(await _one_run(llm, workdir, files, concurrent=True))
         out["sequential"].append(await _one_run(llm, workdir, files, concurrent=False))
+        if run_many:
+            out["run_many"].append(await _one_run(llm, workdir, files, concurrent=True))
     await llm.aclose()
     return out
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    print(json.dumps(asyncio.run(_main(sys.argv[1], int(sys.argv[2])))))
+    print(json.dumps(asyncio.run(_main(sys.argv[1], int(sys.argv[2]), "--run-many" in sys.argv))))

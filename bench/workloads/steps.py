@@ -11,13 +11,11 @@ imports and caches).  Creating instances is inside the timed region.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from ..common import TRANSITIONS, Sample, db_bytes, fresh_path, peak_rss_mib, reset_peak_rss
 
@@ -89,11 +87,3 @@ async def warm_up(task: Task) -> None:
     await session.open()
     await session.run(WARMUP)
     await session.close()
-
-
-async def measure(task: Task, n: int) -> dict[str, Any]:
-    """Warm-up-free single session of ``n`` instances in one run (for one-off use)."""
-    session = Session(task, fresh_path(task.workdir, f"{task.tag}.db"))
-    await session.open()
-    await session.run(n)
-    return (await session.close()).as_dict()

@@ -2,9 +2,12 @@
 
 This is the only module that imports ``transitions``.  One
 ``transitions.Machine`` is built per definition (not per instance) with no
-model attached; choosing a transition evaluates the guards through
-``Event.trigger`` on a throw-away probe object that carries only the state
-name, so many instances share one compiled machine.
+model attached.  Choosing a transition walks, in declaration order, the
+``transitions.Transition`` objects of the current state and evaluates each
+one's ``transitions.Condition`` list (``conditions`` must be true, ``unless``
+false) with one shared ``EventData``: the library's guard semantics without
+its per-trigger callback machinery, so many instances share one compiled
+machine and a choice costs a few microseconds.
 """
 
 from __future__ import annotations
@@ -26,13 +29,6 @@ class Choice:
     trigger: str
     dest: str
     guards: list[list[Any]]
-
-
-class _Probe:
-    __slots__ = ("state",)
-
-    def __init__(self, state: str) -> None:
-        self.state = state
 
 
 def _arity(fn: Callable[..., Any]) -> int:
@@ -76,11 +72,14 @@ class CompiledMachine:
         names = list(self.states)
         for t in machine.all_transitions():
             conds = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.conditions)]
-            unless = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.unless)]
+            unless = [_recording(f"!{ref_name(g)}", checked.guards[g]) for g in as_refs(t.unless)]
             for src in t.sources(names, machine.finals):
                 self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
                 if t.trigger not in self.triggers[src]:
                     self.triggers[src].append(t.trigger)
+        self._plans = {s: {trig: [(t.dest, t.conditions) for t in
+                               self._tm.events[trig].transitions.get(s, [])]
+                           for trig in self.triggers[s]} for s in self.states}
 
     def has_trigger(self, state: str, trigger: str) -> bool:
         """True when ``trigger`` is declared from ``state``."""
@@ -99,14 +98,12 @@ class CompiledMachine:
         propagate.
         """
         log: list[list[Any]] = []
-        candidates = [trigger] if trigger else self.choosable(state)
-        for trig in candidates:
-            event = self._tm.events.get(trig)
-            if event is None:
-                continue
-            probe = _Probe(state)
-            if event.trigger(probe, ctx, run, log):
-                return Choice(trig, probe.state, log)
+        plan = self._plans.get(state, {})
+        data = transitions.core.EventData(None, None, self._tm, None, (ctx, run, log), {})
+        for trig in [trigger] if trigger else self.choosable(state):
+            for dest, conditions in plan.get(trig, ()):
+                if all(cond.check(data) for cond in conditions):
+                    return Choice(trig, dest, log)
         return None
 
     def export(self) -> dict[str, Any]:

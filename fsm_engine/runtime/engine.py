@@ -41,6 +41,17 @@ log = logging.getLogger("fsm_engine")
 OnStep = Callable[[InstanceRecord], None]
 
 
+def _validate_input(model: type[BaseModel], data: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
+    """The input as the context's JSON dict; ``InvalidInput`` when it does not fit."""
+    raw = data.model_dump() if isinstance(data, BaseModel) else dict(data or {})
+    try:
+        return model.model_validate(raw).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(f"input does not fit {model.__name__}: {first['msg']} at "
+                           f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+
+
 def _module_ref(machine: Machine) -> str:
     ns = machine.namespace or {}
     path = ns.get("__file__")
@@ -133,34 +144,45 @@ class Engine:
         ``input`` is validated against the machine's context model
         (``InvalidInput`` when it does not fit); ``token_budget`` (tokens)
         overrides the machine's default; ``deadline_s`` (seconds from now)
-        bounds the whole instance.
+        bounds the whole instance.  The instance is owned by this engine
+        until it runs or this process dies (then any ``resume`` adopts it).
         """
+        return self.start_many(machine, [input], token_budget=token_budget,
+                               deadline_s=deadline_s,
+                               ids=None if instance_id is None else [instance_id])[0]
+
+    def start_many(self, machine: Machine | str,
+                   inputs: Iterable[BaseModel | dict[str, Any] | None], *,
+                   token_budget: int | None = None, deadline_s: float | None = None,
+                   ids: list[str] | None = None) -> list[str]:
+        """``start`` for many inputs in one transaction (all created, or none)."""
         cm = self.load(machine) if isinstance(machine, str) else self.register(machine)
-        spec = cm.spec
-        data = input.model_dump() if isinstance(input, BaseModel) else dict(input or {})
-        try:
-            ctx = spec.context.model_validate(data).model_dump(mode="json")
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InvalidInput(f"input does not fit {spec.context.__name__}: {first['msg']} at "
-                               f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
-        now = self.clock()
-        rec = InstanceRecord(
-            id=instance_id or uuid.uuid4().hex[:12], machine=spec.name,
-            module=self._modules[spec.name], fingerprint=cm.fingerprint, state=spec.initial,
-            status=PENDING, context=ctx, input=dict(ctx), max_transitions=spec.max_transitions,
-            token_budget=spec.token_budget if token_budget is None else token_budget,
-            created_at=now, updated_at=now, visits={spec.initial: 1},
-            deadline=None if deadline_s is None else now + deadline_s)
-        self.store.create(rec)
-        return rec.id
+        spec, now = cm.spec, self.clock()
+        self._register()
+        records = []
+        for i, data in enumerate(inputs):
+            ctx = _validate_input(spec.context, data)
+            records.append(InstanceRecord(
+                id=ids[i] if ids else uuid.uuid4().hex[:12], machine=spec.name,
+                module=self._modules[spec.name], fingerprint=cm.fingerprint,
+                state=spec.initial, status=PENDING, context=ctx, input=dict(ctx),
+                max_transitions=spec.max_transitions,
+                token_budget=spec.token_budget if token_budget is None else token_budget,
+                created_at=now, updated_at=now, visits={spec.initial: 1},
+                deadline=None if deadline_s is None else now + deadline_s,
+                owner=self.worker.id))
+        self.store.create(*records)
+        return [r.id for r in records]
 
     # -- ownership --------------------------------------------------------------
-    def _ensure_worker(self) -> None:
+    def _register(self) -> None:
         if not self._registered:
             self.worker.heartbeat_at = self.clock()
             self.store.put_worker(self.worker)
             self._registered = True
+
+    def _ensure_worker(self) -> None:
+        self._register()
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
 
@@ -216,6 +238,8 @@ class Engine:
                                    instance_id=rec.id, state=rec.state)
         cm = self._compiled(rec)
         self._ensure_worker()
+        if rec.owner == self.worker.id:
+            return cm, rec  # started (or already claimed) by this engine
         step = self._adoption(cm, rec)
         if not await self.committer.submit(step):
             raise StaleWrite(f"instance {rec.id} was claimed by another worker first",

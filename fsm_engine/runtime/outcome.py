@@ -8,7 +8,8 @@ transitions, fallbacks and skips do.
 
 from __future__ import annotations
 
-import copy
+import operator
+from dataclasses import fields
 from typing import Any
 
 from ..store.records import (
@@ -18,9 +19,12 @@ from ..store.records import (
 from .compiled import CompiledMachine
 
 
+_FIELDS = operator.attrgetter(*(f.name for f in fields(InstanceRecord)))
+
+
 def clone(rec: InstanceRecord) -> InstanceRecord:
     """A copy safe to mutate (context and visits are copied one level deep)."""
-    new = copy.copy(rec)
+    new = InstanceRecord(*_FIELDS(rec))
     new.context = dict(rec.context)
     new.visits = dict(rec.visits)
     return new
@@ -112,6 +116,7 @@ def retry_later(rec: InstanceRecord, *, error: BaseException, tokens: int, next_
     new = clone(rec)
     new.tokens_used += tokens
     new.attempt += 1
+    new.status = RUNNING
     new.next_attempt_at = next_at
     new.last_error = f"{type(error).__name__}: {error}"
     new.updated_at = now

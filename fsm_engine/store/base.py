@@ -21,8 +21,8 @@ class Store(Protocol):
 
     path: str
 
-    def create(self, record: InstanceRecord) -> None:
-        """Insert a new instance (and nothing else)."""
+    def create(self, *records: InstanceRecord) -> None:
+        """Insert new instances in one transaction (all or none; a duplicate id fails all)."""
 
     def get(self, instance_id: str) -> InstanceRecord:
         """The instance; ``InstanceNotFound`` when absent."""

@@ -32,8 +32,14 @@ _HEADER = b"SQLite format 3\x00"
 BLOB_THRESHOLD = 64 * 1024
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact UTF-8 JSON; one shared encoder (``json.dumps`` with options builds one per call)."""
+    if not value and isinstance(value, (dict, list)):
+        return "{}" if isinstance(value, dict) else "[]"
+    return _ENCODE(value)
 
 
 _FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -147,9 +153,9 @@ class SqliteStore:
                 raise StoreError(f"database {self.path}: {exc}") from None
 
     # -- instances ----------------------------------------------------------
-    def create(self, record: InstanceRecord) -> None:
+    def create(self, *records: InstanceRecord) -> None:
         with self._write() as conn:
-            conn.execute(_insert_sql("instances", InstanceRecord), _encode(record))
+            conn.executemany(_insert_sql("instances", InstanceRecord), map(_encode, records))
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read("SELECT * FROM instances WHERE id=?", (instance_id,))
