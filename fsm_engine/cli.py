@@ -11,22 +11,35 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import asdict
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
 from .views import context_after, history_json, instance_json, outbox_json
 from .runtime import Engine
 from .store import SqliteStore
+from .store.records import STATUSES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Durable finite state machines for LLM workflows.")
 out = Console()
 DB = typer.Option("fsm.db", "--db", help="SQLite database file.")
+
+
+def _safe(text: str) -> str:
+    """Text that any UTF-8 stream can take: lone surrogates (undecodable file names)
+    become ``\\udcXX`` escapes, which inside JSON strings are still valid JSON."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(_safe(json.dumps(data, ensure_ascii=False, indent=2)))
 
 
 def _fail(msg: str) -> None:
@@ -41,18 +54,35 @@ def _open(db: str, *, create: bool = False) -> SqliteStore:
 
 
 def _engine(db: str, *, llm: str | None = None, faults: str | None = None,
-            seed: int | None = None, create: bool = False, **kw: Any) -> Engine:
-    provider = None
-    if llm is not None or faults is not None or create:
-        from .llm import provider_from_spec
-        provider = provider_from_spec(llm, faults=faults, seed=seed)
-    return Engine(_open(db, create=create), llm=provider, seed=seed, **kw)
+            seed: int | None = None, create: bool = False) -> Engine:
+    """An engine on ``db`` with the selected provider (the local model loads lazily)."""
+    from .llm import provider_from_spec
+    provider = provider_from_spec(llm, faults=faults, seed=seed)
+    return Engine(_open(db, create=create), llm=provider, seed=seed)
+
+
+def _find(store: SqliteStore, instance_id: str) -> Any:
+    """The instance with this id, or the only one whose id starts with it (like git)."""
+    try:
+        return store.get(instance_id)
+    except InstanceNotFound:
+        matches = [r for r in store.list() if r.id.startswith(instance_id)] if instance_id else []
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise InvalidInput(f"id prefix {instance_id!r} matches {len(matches)} instances") from None
+        raise
 
 
 def _input_for(arg: str) -> dict[str, Any]:
     """A CLI input: a ``.json`` file is the input object; any other file is ``{"path": …}``."""
+    shown = arg.encode("utf-8", "backslashreplace").decode()
+    if not os.path.exists(arg):
+        raise InvalidInput(f"input file not found: {shown}")
+    if os.path.isdir(arg):
+        raise InvalidInput(f"input {shown} is a directory, not a file")
     if not os.path.isfile(arg):
-        raise InvalidInput(f"input file not found: {arg}")
+        raise InvalidInput(f"input {shown} is not a regular file")
     if arg.endswith(".json"):
         try:
             with open(arg, encoding="utf-8") as fh:
@@ -66,15 +96,27 @@ def _input_for(arg: str) -> dict[str, Any]:
 
 
 def _summary(records: list[Any]) -> Table:
-    table = Table(title="instances")
-    for col in ("instance", "machine", "state", "status", "reason", "transitions", "tokens"):
-        table.add_column(col)
+    """The closing table; the machine column only when several machines are listed."""
+    machines = sorted({r.machine for r in records if not isinstance(r, FsmError)})
+    several = len(machines) > 1
+    table = Table(title="instances" + ("" if several or not machines else f" of {machines[0]}"))
+    table.add_column("instance", no_wrap=True, min_width=12)
+    if several:
+        table.add_column("machine", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("reason", overflow="fold")
+    table.add_column("steps", justify="right", no_wrap=True)
+    table.add_column("tokens", justify="right", no_wrap=True)
+    table.add_column("last error", overflow="ellipsis", no_wrap=True, max_width=28)
     for r in records:
         if isinstance(r, FsmError):
-            table.add_row(r.instance_id or "?", "", "", "error", str(r), "", "")
+            row = [r.instance_id or "?", "", "error", "", "", "", _safe(str(r))]
+            table.add_row(*(row[:1] + [""] * several + row[1:]))
             continue
-        table.add_row(r.id, r.machine, r.state, r.status, r.reason or "", str(r.loop_count),
-                      str(r.tokens_used))
+        row = [r.id, r.state, r.status, r.reason or "", str(r.loop_count), str(r.tokens_used),
+               _safe(r.last_error or "")[:200]]
+        table.add_row(*(row[:1] + [r.machine] * several + row[1:]))
     return table
 
 
@@ -96,9 +138,18 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
             await engine.aclose()
 
 
+def _drive(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[Any]:
+    """Run to the end; Ctrl-C stops with a hint (nothing is lost: ``fsm resume`` continues)."""
+    try:
+        return asyncio.run(_run_all(engine, ids, resume, quiet))
+    except KeyboardInterrupt:
+        typer.echo("fsm: interrupted; unfinished instances continue with `fsm resume`", err=True)
+        raise typer.Exit(130) from None
+
+
 def _finish(records: list[Any], as_json: bool) -> None:
     if as_json:
-        out.print_json(data=[instance_json(r) if not isinstance(r, FsmError) else
+        _print_json([instance_json(r) if not isinstance(r, FsmError) else
                              {"error": str(r), "id": r.instance_id} for r in records])
     else:
         out.print(_summary(records))
@@ -111,22 +162,34 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         more: Optional[list[str]] = typer.Argument(None, metavar="[FILE]...",
                                                    help="More input files (--input A B C)."),
         input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
-        db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", help="Token budget per instance."),
+        db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
         llm: Optional[str] = typer.Option(None, "--llm", help="local | openai | scripted:FILE (or FSM_LLM)."),
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
-        concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Max instances at once."),
-        deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds each instance may take in all."),
+        concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+                                                  help="Max instances at once (default: all; 2 with the local model)."),
+        deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
+                                                 help="Seconds each instance may take in all."),
         as_json: bool = typer.Option(False, "--json"), quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Start one instance per input file and run them all concurrently."""
     input = list(input) + list(more or [])
     if not input:
         _fail("give at least one --input FILE")
     inputs = [_input_for(i) for i in input]
-    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True, concurrency=concurrency)
-    engine.load(module)
-    ids = [engine.start(module, data, token_budget=budget, deadline_s=deadline) for data in inputs]
-    _finish(asyncio.run(_run_all(engine, ids, False, quiet)), as_json)
+    from .runtime import load_machine
+    machine, ref = load_machine(module)  # a broken module creates no database
+    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True)
+    engine.concurrency = concurrency or _default_concurrency(engine.llm)
+    engine.register(machine, ref)
+    ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
+    _finish(_drive(engine, ids, False, quiet), as_json)
+
+
+def _default_concurrency(provider: Any) -> int | None:
+    """The embedded model runs one call at a time: queueing every instance behind it
+    would eat their step timeouts, so with it at most 2 instances step at once."""
+    name = str(getattr(provider, "name", ""))
+    return 2 if name.endswith("local") else None
 
 
 @app.command()
@@ -136,10 +199,12 @@ def resume(db: str = DB, llm: Optional[str] = typer.Option(None, "--llm"),
            as_json: bool = typer.Option(False, "--json"), quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Continue every unfinished instance whose worker died."""
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False)
-    if engine.llm is None:
-        from .llm import provider_from_spec
-        engine.llm = engine.driver.provider = provider_from_spec(None)
-    _finish(asyncio.run(_run_all(engine, [], True, quiet)), as_json)
+    engine.concurrency = _default_concurrency(engine.llm)
+    if not engine.resumable():
+        engine.close()
+        out.print("nothing to resume: no unfinished instance without a live worker")
+        raise typer.Exit(0)
+    _finish(_drive(engine, [], True, quiet), as_json)
 
 
 @app.command()
@@ -147,9 +212,7 @@ def step(instance_id: str, db: str = DB, llm: Optional[str] = typer.Option(None,
          as_json: bool = typer.Option(False, "--json")) -> None:
     """Run exactly one step of an instance."""
     engine = _engine(db, llm=llm, create=False)
-    if engine.llm is None:
-        from .llm import provider_from_spec
-        engine.llm = engine.driver.provider = provider_from_spec(None)
+    instance_id = _find(engine.store, instance_id).id
 
     async def go() -> Any:
         try:
@@ -158,7 +221,7 @@ def step(instance_id: str, db: str = DB, llm: Optional[str] = typer.Option(None,
             await engine.aclose()
     rec = asyncio.run(go())
     if as_json:
-        out.print_json(data=instance_json(rec))
+        _print_json(instance_json(rec))
     else:
         out.print(f"{rec.id}: {rec.state} ({rec.status}) after {rec.loop_count} transitions")
 
@@ -167,34 +230,40 @@ def step(instance_id: str, db: str = DB, llm: Optional[str] = typer.Option(None,
 def list_(db: str = DB, status: Optional[str] = typer.Option(None, "--status"),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """List instances."""
+    if status is not None and status not in STATUSES:
+        _fail(f"unknown status {status!r}; one of: {', '.join(STATUSES)}")
     store = _open(db)
     records = store.list(statuses=[status] if status else None)
     if as_json:
-        out.print_json(data=[instance_json(r) for r in records])
+        _print_json([instance_json(r) for r in records])
     else:
         out.print(_summary(records))
 
 
 @app.command()
 def show(instance_id: str, db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Show one instance."""
-    data = instance_json(_open(db).get(instance_id))
+    """Show one instance, with its failed attempts (errors, tokens billed, next try)."""
+    store = _open(db)
+    rec = _find(store, instance_id)
+    data = instance_json(rec) | {"attempts": [asdict(a) for a in store.attempts(rec.id)]}
     if as_json:
-        out.print_json(data=data)
+        _print_json(data)
         return
     for key, value in data.items():
-        out.print(f"[bold]{key}[/bold]: {json.dumps(value, ensure_ascii=False)}", highlight=False)
+        out.print(Text.assemble((key, "bold"), ": " + _safe(json.dumps(value, ensure_ascii=False))),
+                  highlight=False)
 
 
 @app.command()
 def history(instance_id: str, db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
     """Show an instance's audit history (every transition, with guards and tokens)."""
     store = _open(db)
-    rows = history_json(store.get(instance_id), store.history(instance_id))
+    rec = _find(store, instance_id)
+    rows = history_json(rec, store.history(rec.id))
     if as_json:
-        out.print_json(data=rows)
+        _print_json(rows)
         return
-    table = Table(title=f"history of {instance_id}")
+    table = Table(title=f"history of {rec.id}")
     for col in ("seq", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
         table.add_column(col)
     for r in rows:
@@ -209,7 +278,7 @@ def cancel(instance_id: str, db: str = DB) -> None:
     """Cancel an instance, also one running in another process."""
     engine = Engine(_open(db))
     try:
-        rec = engine.cancel(instance_id)
+        rec = engine.cancel(_find(engine.store, instance_id).id)
     finally:
         engine.close()
     out.print(f"{rec.id}: cancelled in state {rec.state}")
@@ -220,7 +289,7 @@ def outbox(db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
     """List side-effect deliveries (idempotency keys and their status)."""
     rows = outbox_json(_open(db).outbox())
     if as_json:
-        out.print_json(data=rows)
+        _print_json(rows)
         return
     table = Table(title="outbox")
     for col in ("instance", "state", "idempotency key", "status", "attempts"):
@@ -245,15 +314,18 @@ def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--out
     overlay = None
     if instance:
         store = _open(db)
-        rec = store.get(instance)
+        rec = _find(store, instance)
+        if rec.machine != machine.name:
+            _fail(f"instance {rec.id} belongs to machine {rec.machine!r}, not {machine.name!r}")
         overlay = {"instance_id": rec.id, "state": rec.state, "status": rec.status,
                    "history": [{"seq": h.seq, "source": h.source, "dest": h.dest,
-                                "trigger": h.trigger} for h in store.history(instance)]}
+                                "trigger": h.trigger} for h in store.history(rec.id)]}
     graph = build_graph(machine.export(), overlay)
     if mermaid:
         typer.echo(to_mermaid(graph))
     if output:
         try:
+            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
             render(graph, output)
         except (ValueError, RuntimeError, OSError) as exc:
             _fail(str(exc).splitlines()[0])
@@ -265,13 +337,25 @@ def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--out
 def main() -> None:
     """Entry point: run the app, turning every ``FsmError`` into one line and exit 2."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except FsmError as exc:
         typer.echo(f"fsm: error: {exc}", err=True)
         sys.exit(2)
+    except typer.TyperException as exc:  # usage errors: one line too, not a usage box
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+            sys.exit(0)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        typer.echo(f"fsm: error: {' '.join(str(message).split())}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2) or 2)
+    except typer.Abort:
+        typer.echo("fsm: interrupted; unfinished instances continue with `fsm resume`", err=True)
+        sys.exit(130)
     except KeyboardInterrupt:
         typer.echo("fsm: interrupted; unfinished instances continue with `fsm resume`", err=True)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "main", "context_after", "InstanceNotFound"]

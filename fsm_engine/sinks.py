@@ -38,10 +38,24 @@ def post_webhook(url: str, payload: dict[str, Any], key: str, *, timeout: float 
     return {"sink": "webhook", "status": code}
 
 
+def _delivered(path: str, key: str) -> bool:
+    """True when a line with this idempotency key is already in the file."""
+    needle = json.dumps({"idempotency_key": key}, ensure_ascii=False)[1:-1]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return any(line.startswith("{" + needle) for line in fh)
+    except FileNotFoundError:
+        return False
+
+
 def append_jsonl(path: str, payload: dict[str, Any], key: str) -> dict[str, Any]:
-    """Append ``{"idempotency_key": key, **payload}`` as one line and fsync it."""
+    """Append ``{"idempotency_key": key, **payload}`` as one line and fsync it, unless a
+    line with this key is already there (a retry after a crash): the file sink is its own
+    deduplicating receiver, so each key appears once."""
+    if _delivered(path, key):
+        return {"sink": "file", "path": path, "duplicate": True}
     line = json.dumps({"idempotency_key": key, **payload}, ensure_ascii=False) + "\n"
-    with open(path, "a", encoding="utf-8") as fh:
+    with open(path, "a", encoding="utf-8", errors="backslashreplace") as fh:
         fh.write(line)
         fh.flush()
         os.fsync(fh.fileno())

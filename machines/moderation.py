@@ -33,6 +33,7 @@ from fsm_engine.sinks import deliver
 from fsm_engine.structured import parse_structured
 
 MAX_INFER = 2
+READ_CHARS = 1_000_000  # collect reads at most this much; preprocess truncates further
 MAX_CHARS = int(os.environ.get("FSM_MAX_INPUT_CHARS", "2400"))
 
 
@@ -83,7 +84,7 @@ def collect(ctx: Moderation) -> dict[str, Any]:
     """Read the input file (UTF-8, undecodable bytes replaced)."""
     try:
         with open(ctx.path, encoding="utf-8", errors="replace") as fh:
-            return {"text": fh.read()}
+            return {"text": fh.read(READ_CHARS)}
     except OSError as exc:
         return {"text": "", "validation_errors": [f"cannot read {ctx.path}: {exc.strerror}"]}
 
@@ -168,6 +169,11 @@ async def degraded_infer(ctx: Moderation, step: Step) -> dict[str, Any]:
     return {"verdict": rule_verdict(ctx.text), "verdict_source": "rules"}
 
 
+def rule_infer(ctx: Moderation) -> dict[str, Any]:
+    """Last resort when constrained decoding timed out: the keyword rule."""
+    return {"verdict": rule_verdict(ctx.text), "verdict_source": "rules"}
+
+
 def output(ctx: Moderation) -> dict[str, Any]:
     """Shape the published record."""
     assert ctx.verdict is not None
@@ -194,7 +200,8 @@ machine = Machine(
         State("collect", action=collect),
         State("preprocess", action=preprocess),
         State("infer", action=infer, timeout=120.0, retry=LLM_RETRY, fallback="degraded-infer"),
-        State("degraded-infer", action=degraded_infer, timeout=120.0),
+        State("degraded-infer", action=degraded_infer, timeout=120.0, fallback="rule-verdict"),
+        State("rule-verdict", action=rule_infer),
         State("validate", action=validate),
         State("output", action=output),
         State("notify", action=notify, side_effect=True, timeout=30.0,
@@ -213,6 +220,7 @@ machine = Machine(
         Transition("reask", "validate", "infer", conditions=can_reask),
         Transition("give_up", "validate", "degraded-infer"),
         Transition("degraded", "degraded-infer", "output"),
+        Transition("ruled", "rule-verdict", "output"),
         Transition("publish", "output", "notify"),
         Transition("notified", "notify", "done"),
     ],

@@ -42,7 +42,8 @@ def test_no_faults_passes_through():
     provider = FaultInjector(Scripted.from_replies([REPLY]), {}, seed=0)
     done = call(provider)
     assert done.text == REPLY["text"] and provider.faults == {}
-    assert (provider.name, provider.model) == ("scripted", "scripted")
+    # its own circuit breaker name: injected faults must not open the real provider's breaker
+    assert (provider.name, provider.model) == ("faults+scripted", "scripted")
 
 
 def test_seed_reproduces_the_fault_sequence():

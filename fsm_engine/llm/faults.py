@@ -117,7 +117,8 @@ class FaultInjector(Provider):
                  huge_bytes: int = 200 * 1024) -> None:
         self.inner = inner
         self.rates = _check_rates(rates, rates)
-        self.name, self.model = inner.name, inner.model
+        # its own breaker: injected faults say nothing about the real provider's health
+        self.name, self.model = f"faults+{inner.name}", inner.model
         self.hang_s, self.timeout_s = hang_s, timeout_s
         self.retry_after, self.huge_bytes = retry_after, huge_bytes
         self._rng = random.Random(seed)

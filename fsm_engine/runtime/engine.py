@@ -296,8 +296,11 @@ class Engine:
                     return await self.run(iid, on_step)
                 async with gate:
                     return await self.run(iid, on_step)
+            except InstanceFinished:  # e.g. cancelled while it waited for its turn
+                return self.store.get(iid)
             except FsmError as exc:
                 log.warning("instance %s stopped: %s", iid, exc)
+                exc.instance_id = exc.instance_id or iid
                 return exc
         tasks = [asyncio.ensure_future(one(i)) for i in ids]
         return list(await asyncio.gather(*tasks))

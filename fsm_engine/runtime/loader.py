@@ -58,6 +58,8 @@ def load_machine(ref: str) -> tuple[Machine, str]:
     try:
         if is_file:
             path = os.path.abspath(target)
+            if os.path.isdir(path):
+                raise MachineLoadError(ref, f"{target} is a directory, not a Python file")
             if not os.path.isfile(path):
                 raise MachineLoadError(ref, f"no such file {target}")
             module, canonical = _import_path(path), path
@@ -69,6 +71,8 @@ def load_machine(ref: str) -> tuple[Machine, str]:
         raise MachineLoadError(ref, f"module not found ({exc.name})") from None
     except SyntaxError as exc:
         raise MachineLoadError(ref, f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except SystemExit as exc:
+        raise MachineLoadError(ref, f"the module called sys.exit({exc.code!r}) on import") from None
     except Exception as exc:  # an import-time error in user code
         raise MachineLoadError(ref, f"import failed: {type(exc).__name__}: {exc}") from None
     machine = _find(module, ref, attr or None)

@@ -86,7 +86,7 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
     new.tokens_used += tokens
     new.loop_count += 1 + extra_loops
     new.updated_at = now
-    new.last_error = error
+    new.last_error = error or rec.last_error  # kept: a completed instance shows what it survived
     rows = [_row(new, source, dest, trigger, now, kind=kind, guards=guards or [],
                  duration_ms=duration_ms, tokens=tokens, error=error, reason=reason,
                  delta=delta or {}, detail=detail or {})]

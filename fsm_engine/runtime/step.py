@@ -19,8 +19,8 @@ class MeteredLLM:
     ``used`` is the tokens (prompt + completion) this step has been billed,
     including calls that failed after the provider billed them.  A call is
     refused with ``BudgetExhausted`` when the instance has no tokens left
-    before it starts; a call that starts within budget may overshoot it (the
-    overshoot is recorded, never hidden).  When a circuit breaker is attached,
+    before it starts; a call that starts within budget has its ``max_tokens``
+    cut to what is left, so only its prompt can overshoot (recorded, never hidden).  When a circuit breaker is attached,
     an open breaker raises ``CircuitOpen`` before any call is made.
     """
 
@@ -51,6 +51,9 @@ class MeteredLLM:
         if self.provider is None:
             raise FsmError("this engine has no LLM provider configured")
         self._check_budget()
+        if self.tokens_left is not None:  # never ask for more completion than the budget holds
+            left = self.tokens_left - self.used
+            kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), left))
         if self.breaker is not None:
             await self.breaker.before_call()
         try:

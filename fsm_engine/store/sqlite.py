@@ -33,13 +33,19 @@ BLOB_THRESHOLD = 64 * 1024
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _dumps(value: Any) -> str:
     """Compact UTF-8 JSON; one shared encoder (``json.dumps`` with options builds one per call)."""
     if not value and isinstance(value, (dict, list)):
         return "{}" if isinstance(value, dict) else "[]"
-    return _ENCODE(value)
+    text = _ENCODE(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates (undecodable file names): keep them escaped
+        return _ENCODE_ASCII(value)
+    return text
 
 
 _FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -119,9 +125,15 @@ class SqliteStore:
         self.blob_threshold = blob_threshold
         _check_file(path)
         self._lock = threading.RLock()
+        folder = os.path.dirname(os.path.abspath(path))
+        if path != ":memory:" and not os.path.isdir(folder):
+            raise StoreError(f"cannot open database {path}: no directory {folder}")
         try:
             self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                          timeout=30.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open database {path}: {exc}") from None
+        try:
             self._conn.row_factory = sqlite3.Row
             db = sqlite_utils.Database(self._conn)
             refuse_foreign(db, path)  # before anything that could write to the file
