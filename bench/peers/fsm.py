@@ -113,7 +113,7 @@ class Bench:
     async def concurrent(self, n: int) -> dict[str, float]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        ids = [self.engine.start(self.sleepy) for _ in range(n)]
+        ids = self.engine.start_many(self.sleepy, [None] * n)
         start_s = loop.time() - started
         _check(await self.engine.run_many(ids))
         return {"start_seconds": start_s, "run_seconds": loop.time() - started - start_s}

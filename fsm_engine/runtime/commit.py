@@ -7,23 +7,34 @@ submitted before the loop comes round again is written by one
 all-or-nothing (the store applies a step only when its version matches).
 This is the classic group commit of database logs (Gawlick & Kinkade, 1985;
 PostgreSQL's ``commit_delay``), without a delay: batching comes from
-concurrency alone, so a lone instance pays no extra latency.
+concurrency alone, so a lone instance pays no extra latency; when the engine
+runs a single instance (``solo``) the commit is made inline, without a
+future or a trip round the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 from ..store.base import Store
 from ..store.records import StepCommit
 
 
 class GroupCommitter:
-    """Batches ``StepCommit``s from concurrent steps into single transactions."""
+    """Batches ``StepCommit``s from concurrent steps into single transactions.
 
-    def __init__(self, store: Store, max_batch: int = 2000) -> None:
+    A batch is written at the end of the event-loop iteration, or as soon as
+    ``max_batch`` steps are waiting (default 500: large enough to amortise the
+    fsync, small enough that the first steps of a 10,000-instance resume are
+    durable within a fraction of a second).
+    """
+
+    def __init__(self, store: Store, max_batch: int = 500,
+                 solo: Callable[[], bool] = lambda: False) -> None:
         self.store = store
         self.max_batch = max_batch
+        self.solo = solo
         self._pending: list[tuple[StepCommit, asyncio.Future[bool]]] = []
         self._scheduled = False
         self.batches = 0
@@ -34,10 +45,16 @@ class GroupCommitter:
 
         Store errors propagate to every step of the failed batch.
         """
+        if not self._pending and self.solo():  # nothing to batch with: commit right here
+            self.batches += 1
+            self.steps += 1
+            return self.store.commit([step])[0]
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         self._pending.append((step, fut))
-        if not self._scheduled:
+        if len(self._pending) >= self.max_batch:
+            self._flush()  # a full batch: write it now, don't let thousands more pile up
+        elif not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
         return await fut

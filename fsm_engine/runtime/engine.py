@@ -52,6 +52,10 @@ def _validate_input(model: type[BaseModel], data: BaseModel | dict[str, Any] | N
                            f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
 
 
+async def _done(value: Any) -> Any:
+    return value
+
+
 def _module_ref(machine: Machine) -> str:
     ns = machine.namespace or {}
     path = ns.get("__file__")
@@ -97,7 +101,7 @@ class Engine:
         self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsm-action")
-        self.committer = GroupCommitter(self.store)
+        self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
         self.driver = Driver(self.store, self.committer, provider=llm, worker_id=self.worker.id,
                              clock=clock, rng=random.Random(seed), executor=self._executor,
                              breaker_for=self._breaker_for)
@@ -284,10 +288,8 @@ class Engine:
             self._tasks.pop(instance_id, None)
         return rec
 
-    async def run_many(self, ids: Iterable[str], on_step: OnStep | None = None
-                       ) -> list[InstanceRecord | FsmError]:
-        """Run many instances concurrently; per instance, its final record or the
-        ``FsmError`` that stopped it (other exceptions propagate)."""
+    def _runner(self, on_step: OnStep | None) -> Callable[[str], Any]:
+        """A coroutine factory running one instance under the concurrency gate."""
         gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
 
         async def one(iid: str) -> InstanceRecord | FsmError:
@@ -302,8 +304,14 @@ class Engine:
                 log.warning("instance %s stopped: %s", iid, exc)
                 exc.instance_id = exc.instance_id or iid
                 return exc
-        tasks = [asyncio.ensure_future(one(i)) for i in ids]
-        return list(await asyncio.gather(*tasks))
+        return one
+
+    async def run_many(self, ids: Iterable[str], on_step: OnStep | None = None
+                       ) -> list[InstanceRecord | FsmError]:
+        """Run many instances concurrently; per instance, its final record or the
+        ``FsmError`` that stopped it (other exceptions propagate)."""
+        one = self._runner(on_step)
+        return list(await asyncio.gather(*[asyncio.ensure_future(one(i)) for i in ids]))
 
     def resumable(self) -> list[InstanceRecord]:
         """Non-final, non-waiting instances not held by a live worker."""
@@ -311,14 +319,53 @@ class Engine:
         return [r for r in self.store.list(statuses=[PENDING, RUNNING])
                 if r.owner is None or r.owner == self.worker.id or r.owner not in live]
 
-    async def resume(self, on_step: OnStep | None = None) -> list[InstanceRecord | FsmError]:
-        """Continue every instance left pending or running by a dead (or no) worker."""
+    async def resume(self, on_step: OnStep | None = None, *, chunk: int = 500
+                     ) -> list[InstanceRecord | FsmError]:
+        """Continue every instance left pending or running by a dead (or no) worker.
+
+        Instances are adopted ``chunk`` at a time (one transaction per chunk) and
+        each chunk starts stepping before the next is adopted, so the first steps
+        of a large resume are durable within a fraction of a second.  Returns what
+        ``run_many`` returns, in ``resumable()`` order.
+        """
+        self._ensure_worker()
+        one, tasks = self._runner(on_step), []
         records = self.resumable()
-        self._known = {r.id: r for r in records}  # claimed without reading each one again
+        for i in range(0, len(records), chunk):
+            for rec, outcome_ in self._adopt_all(records[i:i + chunk]):
+                if isinstance(outcome_, FsmError):
+                    tasks.append(asyncio.ensure_future(_done(outcome_)))
+                else:
+                    self._known[rec.id] = outcome_
+                    tasks.append(asyncio.ensure_future(one(rec.id)))
+            await asyncio.sleep(0)  # let this chunk start before adopting the next
         try:
-            return await self.run_many([r.id for r in records], on_step)
+            return list(await asyncio.gather(*tasks))
         finally:
             self._known = {}
+
+    def _adopt_all(self, records: list[InstanceRecord]
+                   ) -> list[tuple[InstanceRecord, InstanceRecord | FsmError]]:
+        """Adopt ``records`` in one transaction; per record the owned record or why not."""
+        planned: list[tuple[InstanceRecord, StepCommit | FsmError]] = []
+        for rec in records:
+            try:
+                planned.append((rec, self._adoption(self._compiled(rec), rec)))
+            except FsmError as exc:
+                exc.instance_id = exc.instance_id or rec.id
+                planned.append((rec, exc))
+        commits = [p for _, p in planned if isinstance(p, StepCommit)]
+        applied = iter(self.store.commit(commits) if commits else [])
+        out: list[tuple[InstanceRecord, InstanceRecord | FsmError]] = []
+        for rec, plan in planned:
+            if isinstance(plan, FsmError):
+                out.append((rec, plan))
+            elif next(applied):
+                out.append((rec, plan.record))
+            else:
+                out.append((rec, StaleWrite(f"instance {rec.id} was claimed by another worker "
+                                            "first", instance_id=rec.id)))
+        return out
 
     # -- from outside ------------------------------------------------------------
     def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:

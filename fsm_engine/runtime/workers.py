@@ -19,13 +19,15 @@ from ..store.records import WorkerRow
 
 
 def pid_start(pid: int) -> str:
-    """The kernel's start time of ``pid`` (``/proc/PID/stat`` field 22), or ``""``."""
+    """The kernel's start time of a running ``pid`` (``/proc/PID/stat`` field 22), or ``""``
+    when there is no such process or it is a zombie (killed, not yet reaped: dead)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read().decode(errors="replace")
     except OSError:
         return ""
-    return data.rsplit(")", 1)[-1].split()[19]
+    fields = data.rsplit(")", 1)[-1].split()
+    return "" if fields[0] in ("Z", "X") else fields[19]
 
 
 def new_worker(now: float | None = None) -> WorkerRow:
