@@ -19,10 +19,12 @@ METHOD = """## Method
   `BEGIN IMMEDIATE … COMMIT` updating the instance row and inserting one
   history row.  In W2 the 200 instances are asyncio tasks writing the same way.
 - **fsm_engine.** `Engine(SqliteStore(path, synchronous=…))`; W1: `start` then
-  `await run(id)` per instance; W2: `start` × N then `await run_many(ids)`.
-  Actions are plain `def` (run in the engine's thread pool); the
-  "(async actions)" row uses `async def` actions.  Per instance fsm_engine
-  commits 8 transactions (start, claim, 6 steps) where the floor commits 7.
+  `await run(id)` per instance; W2: `start_many` (one transaction) then
+  `await run_many(ids)`.  Actions are plain `def` (run in the engine's thread
+  pool, as the engine always does for sync actions); the "(async actions)" row
+  uses `async def` actions.  Per instance fsm_engine commits 7 transactions
+  (start, 6 steps: the starting engine owns the instance, so no claim), like
+  the floor.
 - **transitions + SQLite.** One `Machine` (W2: `AsyncMachine`) shared through
   `add_model`/`remove_model`; the action is the transition's `before`
   callback, `after_state_change` commits the same two statements as the floor.
@@ -45,8 +47,8 @@ METHOD = """## Method
   no threads of ours.  SQLite system database; a SQLAlchemy `connect`
   listener sets WAL and our `synchronous` (DBOS leaves the rollback journal).
 - **W2 ideal** is 0.2 s: only `s2` sleeps, so the critical path holds one
-  sleep.  fsm_engine has no batch `start`, so its wall time is also shown split
-  into creating the instances (one transaction each) and `run_many`.
+  sleep.  fsm_engine's wall time is also shown split into creating the
+  instances (`start_many`, one transaction) and `run_many`.
 - **W3.** A runner process starts N instances of the sleeping machine and runs
   them; the parent SIGKILLs it once 2.5 × N transitions are committed (every
   instance is past `s1`, some past `s2`, all in flight).  A new process opens

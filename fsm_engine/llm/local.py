@@ -15,11 +15,14 @@ trip circuit breakers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +98,21 @@ def _gemma3_handler(llama: Any) -> Any:
     return formatter.to_chat_handler()
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the duration (model loading only)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _require_llama_cpp() -> None:
     try:
         found = importlib.util.find_spec("llama_cpp") is not None
@@ -160,9 +178,10 @@ class LocalLlama(Provider):
                 raise ClientError(f"model file not found: {path}")
             started = time.perf_counter()
             try:
-                self._llama = llama_cpp.Llama(model_path=path, n_ctx=self.n_ctx,
-                                              n_threads=self.n_threads, seed=self.seed,
-                                              verbose=False)
+                with _quiet_stderr():  # llama.cpp logs from C even with verbose=False
+                    self._llama = llama_cpp.Llama(model_path=path, n_ctx=self.n_ctx,
+                                                  n_threads=self.n_threads, seed=self.seed,
+                                                  verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise ClientError(f"llama.cpp cannot load {path}: {exc}") from None
             self.load_seconds = time.perf_counter() - started
