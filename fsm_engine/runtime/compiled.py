@@ -77,6 +77,9 @@ class CompiledMachine:
                 self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
                 if t.trigger not in self.triggers[src]:
                     self.triggers[src].append(t.trigger)
+        self._choosable = {s: tuple(t for t in trigs if t not in RESERVED_TRIGGERS)
+                           for s, trigs in self.triggers.items()}
+        self.fields = frozenset(machine.context.model_fields)
         self._plans = {s: {trig: [(t.dest, t.conditions) for t in
                                self._tm.events[trig].transitions.get(s, [])]
                            for trig in self.triggers[s]} for s in self.states}
@@ -85,9 +88,9 @@ class CompiledMachine:
         """True when ``trigger`` is declared from ``state``."""
         return trigger in self.triggers.get(state, ())
 
-    def choosable(self, state: str) -> list[str]:
+    def choosable(self, state: str) -> tuple[str, ...]:
         """Declared triggers from ``state`` that normal selection considers (not reserved)."""
-        return [t for t in self.triggers.get(state, ()) if t not in RESERVED_TRIGGERS]
+        return self._choosable.get(state, ())
 
     def choose(self, state: str, ctx: Any, run: RunInfo, trigger: str | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
@@ -100,7 +103,7 @@ class CompiledMachine:
         log: list[list[Any]] = []
         plan = self._plans.get(state, {})
         data = transitions.core.EventData(None, None, self._tm, None, (ctx, run, log), {})
-        for trig in [trigger] if trigger else self.choosable(state):
+        for trig in (trigger,) if trigger else self.choosable(state):
             for dest, conditions in plan.get(trig, ()):
                 if all(cond.check(data) for cond in conditions):
                     return Choice(trig, dest, log)

@@ -58,13 +58,16 @@ def _normalise(result: Any) -> Fire:
                        "return None, a dict of updates or fire(trigger, **updates)")
 
 
-def apply_update(model: type[BaseModel], data: dict[str, Any],
-                 update: dict[str, Any]) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+def apply_update(model: type[BaseModel], data: dict[str, Any], update: dict[str, Any],
+                 fields: frozenset[str] | None = None
+                 ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
     """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
 
+    ``fields`` is the model's field names (computed once per machine by the caller).
     Raises ``InvalidInput`` for unknown fields or values the model rejects.
     """
-    unknown = [k for k in update if k not in model.model_fields]
+    known = fields if fields is not None else frozenset(model.model_fields)
+    unknown = [k for k in update if k not in known]
     if unknown:
         raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
     try:
@@ -129,7 +132,7 @@ class Driver:
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
                     tokens_used=rec.tokens_used, token_budget=rec.token_budget,
-                    triggers=tuple(cm.choosable(state.name)))
+                    triggers=cm.choosable(state.name))
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
                        state: State) -> InstanceRecord:
@@ -183,7 +186,7 @@ class Driver:
                        step: Step, fired: Fire, ms: float, *, kind: str = "transition",
                        reason: str | None = None, error: str | None = None) -> InstanceRecord:
         model = cm.spec.context
-        obj, new_ctx, delta = apply_update(model, rec.context, dict(fired.update))
+        obj, new_ctx, delta = apply_update(model, rec.context, dict(fired.update), cm.fields)
         if fired.trigger and not cm.has_trigger(state.name, fired.trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {fired.trigger!r}")
         run = RunInfo(rec.id, state.name, rec.loop_count, rec.max_transitions,
