@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -77,6 +78,33 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: dict[str,
                            f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
     new = obj.model_dump(mode="json")
     return obj, new, {k: new[k] for k in update}
+
+
+def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
+                   args: tuple[Any, ...]) -> asyncio.Future[Any]:
+    """Run ``fn(*args)`` in a new daemon thread; its outcome lands in the returned future
+    (dropped when the future was cancelled or the loop is gone)."""
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+    def work() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting step
+            result, exc = None, err
+        try:
+            loop.call_soon_threadsafe(settle, result, exc)
+        except RuntimeError:  # the loop closed while this thread hung: nobody waits
+            pass
+    threading.Thread(target=work, daemon=True, name="fsm-timed-action").start()
+    return fut
 
 
 class Driver:
@@ -171,8 +199,12 @@ class Driver:
         if is_async and timeout is None:
             return await fn(*args)  # no task needed when nothing may cut it short
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = (asyncio.ensure_future(fn(*args)) if is_async
-                                    else loop.run_in_executor(self.executor, fn, *args))
+        if is_async:
+            fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
+        elif timeout is None:
+            fut = loop.run_in_executor(self.executor, fn, *args)
+        else:  # its own thread: a hung one is abandoned without starving the pool
+            fut = _in_own_thread(loop, fn, args)
         if timeout is None:
             return await fut
         done, _ = await asyncio.wait({fut}, timeout=timeout)

@@ -76,7 +76,8 @@ class Engine:
         breaker: circuit breaker thresholds, one breaker per provider + model
             shared through the store (default ``BreakerPolicy()``; ``None`` disables).
         seed: seeds the jitter RNG (reproducible backoff in tests).
-        threads: worker threads for sync actions (hung ones are abandoned).
+        threads: pool threads for sync actions without a timeout (a sync action
+            with a timeout runs in a thread of its own, abandoned if it hangs).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -403,14 +404,10 @@ class Engine:
         """Stop the heartbeat, deregister this worker and close the store."""
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        if self._registered:
-            self.store.delete_worker(self.worker.id)
-            self._registered = False
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self.store.close()
+        self.close()
 
     def close(self) -> None:
-        """Synchronous ``aclose`` for scripts that never started a loop."""
+        """Deregister this worker and close the store (``aclose`` also stops the heartbeat)."""
         if self._registered:
             self.store.delete_worker(self.worker.id)
             self._registered = False
