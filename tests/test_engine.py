@@ -704,3 +704,30 @@ def test_reaching_a_wait_state_at_the_cap_fails_with_loop_limit(db_path):
     eng = _Engine(db_path)
     rec = asyncio.run(eng.run(eng.start(m)))
     assert (rec.status, rec.reason, rec.loop_count) == ("failed", "loop_limit", 1)
+
+
+def test_hung_sync_actions_do_not_starve_the_thread_pool(db_path):
+    """Timed sync actions that hang are abandoned in threads of their own: a pool of two
+    threads still runs the untimed sync actions that follow."""
+    from pydantic import BaseModel as _BM
+
+    from fsm_engine import Engine as _Engine, Machine as _M, State as _S, Transition as _T
+
+    class Ctx(_BM):
+        n: int = 0
+
+    def hang(ctx):
+        time.sleep(3)
+        return {"n": 99}
+
+    def bump(ctx):
+        return {"n": ctx.n + 1}
+
+    m = _M("pool", [_S("a", action=hang, timeout=0.3, fallback="b"), _S("b", action=bump),
+                    _S("end", final=True)], [_T("go", "a", "b"), _T("ok", "b", "end")], "a", Ctx)
+    eng = _Engine(db_path, threads=2)
+    ids = eng.start_many(m, [{}] * 4)
+    started = time.perf_counter()
+    records = run(eng.run_many(ids))
+    assert time.perf_counter() - started < 2.0
+    assert [(r.status, r.context["n"]) for r in records] == [("completed", 1)] * 4
