@@ -23,7 +23,7 @@ from rich.text import Text
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
 from .views import context_after, history_json, instance_json, outbox_json
 from .runtime import Engine
-from .store import SqliteStore
+from .store import SqliteStore, Store
 from .store.records import STATUSES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -61,7 +61,7 @@ def _engine(db: str, *, llm: str | None = None, faults: str | None = None,
     return Engine(_open(db, create=create), llm=provider, seed=seed)
 
 
-def _find(store: SqliteStore, instance_id: str) -> Any:
+def _find(store: Store, instance_id: str) -> Any:
     """The instance with this id, or the only one whose id starts with it (like git)."""
     try:
         return store.get(instance_id)

@@ -41,7 +41,8 @@ class Breaker:
             row, now = self.store.get_breaker(self.name), self.clock()
             if row.state == "closed":
                 return
-            since = now - (row.probe_at if row.state == "half_open" else row.opened_at or now)
+            started = row.probe_at if row.state == "half_open" else row.opened_at
+            since = now - (now if started is None else started)
             if since < self.policy.cooldown:
                 raise CircuitOpen(self.name, self.policy.cooldown - since)
             expected = row.version

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from typing import Protocol, Sequence
 
 from .records import (
@@ -28,29 +30,29 @@ class Store(Protocol):
         """The instance; ``InstanceNotFound`` when absent."""
 
     def list(self, *, statuses: Sequence[str] | None = None,
-             machine: str | None = None, owner: str | None = None) -> list[InstanceRecord]:
+             machine: str | None = None, owner: str | None = None) -> builtins.list[InstanceRecord]:
         """Instances, oldest first, optionally filtered by status, machine name, owner."""
 
-    def commit(self, steps: Sequence[StepCommit]) -> list[bool]:
+    def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
         """Apply each step whose ``expected_version`` matches; True where applied."""
 
-    def history(self, instance_id: str) -> list[HistoryRow]:
+    def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         """The instance's history ordered by ``seq``."""
 
-    def attempts(self, instance_id: str) -> list[AttemptRow]:
+    def attempts(self, instance_id: str) -> builtins.list[AttemptRow]:
         """Failed attempts, oldest first."""
 
     def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
                      now: float) -> OutboxRow:
         """Record that a side effect under ``key`` is about to run (attempts += 1)."""
 
-    def outbox(self, instance_id: str | None = None) -> list[OutboxRow]:
+    def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         """Outbox rows, oldest first."""
 
     def put_worker(self, worker: WorkerRow) -> None:
         """Insert or update a worker's row (its heartbeat renews its leases)."""
 
-    def workers(self) -> list[WorkerRow]:
+    def workers(self) -> builtins.list[WorkerRow]:
         """Every registered worker."""
 
     def delete_worker(self, worker_id: str) -> None:

@@ -8,6 +8,8 @@ write lock instead of deadlocking; ``busy_timeout`` waits up to 30 s.
 
 from __future__ import annotations
 
+import builtins
+
 import hashlib
 import json
 import os
@@ -157,7 +159,7 @@ class SqliteStore:
     def _write(self) -> "_Txn":
         return _Txn(self)
 
-    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> builtins.list[sqlite3.Row]:
         with self._lock:
             try:
                 return self._conn.execute(sql, args).fetchall()
@@ -176,7 +178,7 @@ class SqliteStore:
         return _decode(InstanceRecord, rows[0])
 
     def list(self, *, statuses: Sequence[str] | None = None,
-             machine: str | None = None, owner: str | None = None) -> list[InstanceRecord]:
+             machine: str | None = None, owner: str | None = None) -> builtins.list[InstanceRecord]:
         sql, args = "SELECT * FROM instances WHERE 1=1", []
         if owner:
             sql += " AND owner=?"
@@ -189,8 +191,8 @@ class SqliteStore:
             args.append(machine)
         return [_decode(InstanceRecord, r) for r in self._read(sql + " ORDER BY rowid", args)]
 
-    def commit(self, steps: Sequence[StepCommit]) -> list[bool]:
-        applied: list[bool] = []
+    def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
+        applied: builtins.list[bool] = []
         with self._write() as conn:
             for step in steps:
                 applied.append(self._apply(conn, step))
@@ -234,12 +236,12 @@ class SqliteStore:
                 row.delta[key] = json.loads(data[0][0]) if data else None
         return row
 
-    def history(self, instance_id: str) -> list[HistoryRow]:
+    def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         self.get(instance_id)
         rows = self._read("SELECT * FROM history WHERE instance_id=? ORDER BY seq", (instance_id,))
         return [self._expand(_decode(HistoryRow, r)) for r in rows]
 
-    def attempts(self, instance_id: str) -> list[AttemptRow]:
+    def attempts(self, instance_id: str) -> builtins.list[AttemptRow]:
         rows = self._read("SELECT * FROM attempts WHERE instance_id=? ORDER BY at, attempt",
                           (instance_id,))
         return [_decode(AttemptRow, r) for r in rows]
@@ -256,8 +258,8 @@ class SqliteStore:
             row = conn.execute("SELECT * FROM outbox WHERE key=?", (key,)).fetchone()
         return _decode(OutboxRow, row)
 
-    def outbox(self, instance_id: str | None = None) -> list[OutboxRow]:
-        sql, args = "SELECT * FROM outbox", ()
+    def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
+        sql, args = "SELECT * FROM outbox", ()  # type: tuple[str, tuple[str, ...]]
         if instance_id is not None:
             sql, args = sql + " WHERE instance_id=?", (instance_id,)
         return [_decode(OutboxRow, r) for r in self._read(sql + " ORDER BY rowid", args)]
@@ -267,7 +269,7 @@ class SqliteStore:
         with self._write() as conn:
             conn.execute(_insert_sql("workers", WorkerRow, replace=True), _encode(worker))
 
-    def workers(self) -> list[WorkerRow]:
+    def workers(self) -> builtins.list[WorkerRow]:
         return [_decode(WorkerRow, r) for r in self._read("SELECT * FROM workers")]
 
     def delete_worker(self, worker_id: str) -> None:
