@@ -38,6 +38,10 @@ from .workers import live_ids, new_worker
 
 log = logging.getLogger("fsm_engine")
 
+#: Records this engine just created or adopted, kept so ``run`` needn't read them back
+#: (a stale one is harmless: every write is compare-and-set on its version).
+_KNOWN_MAX = 100_000
+
 OnStep = Callable[[InstanceRecord], None]
 
 
@@ -177,6 +181,8 @@ class Engine:
                 deadline=None if deadline_s is None else now + deadline_s,
                 owner=self.worker.id))
         self.store.create(*records)
+        if len(self._known) + len(records) <= _KNOWN_MAX:  # run() needn't read them back
+            self._known.update((r.id, r) for r in records)
         return [r.id for r in records]
 
     # -- ownership --------------------------------------------------------------
@@ -340,10 +346,7 @@ class Engine:
                     self._known[rec.id] = outcome_
                     tasks.append(asyncio.ensure_future(one(rec.id)))
             await asyncio.sleep(0)  # let this chunk start before adopting the next
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            self._known = {}
+        return list(await asyncio.gather(*tasks))
 
     def _adopt_all(self, records: list[InstanceRecord]
                    ) -> list[tuple[InstanceRecord, InstanceRecord | FsmError]]:
