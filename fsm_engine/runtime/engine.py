@@ -378,6 +378,7 @@ class Engine:
         Its owner notices within ``lease_seconds / 3`` and stops the running action.
         Raises ``InstanceNotFound``, or ``InstanceFinished`` when already final.
         """
+        self._known.pop(instance_id, None)
         while True:
             rec = self.store.get(instance_id)
             if rec.final:
