@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
-from .views import context_after, history_json, instance_json, outbox_json
+from .views import history_json, instance_json, outbox_json
 from .runtime import Engine
 from .store import SqliteStore, Store
 from .store.records import STATUSES
@@ -358,7 +358,7 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-__all__ = ["app", "main", "context_after", "InstanceNotFound"]
+__all__ = ["app", "main"]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 from dataclasses import fields
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import sqlite_utils
 
@@ -340,7 +340,3 @@ def _insert_sql(table: str, cls: type, *, replace: bool = False, ignore: bool = 
     verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE" if ignore else "INSERT"
     return f"{verb} INTO {table}({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"
 
-
-def iter_rows(store: SqliteStore, sql: str) -> Iterator[sqlite3.Row]:
-    """Read-only escape hatch for tests and tools."""
-    yield from store._read(sql)
