@@ -111,13 +111,12 @@ class Driver:
     """Runs single steps; owned by an ``Engine``."""
 
     def __init__(self, store: Store, committer: GroupCommitter, *, provider: Any,
-                 worker_id: str, clock: Callable[[], float], rng: random.Random,
+                 clock: Callable[[], float], rng: random.Random,
                  executor: ThreadPoolExecutor,
                  breaker_for: Callable[[Any], Breaker | None]) -> None:
         self.store = store
         self.committer = committer
         self.provider = provider
-        self.worker_id = worker_id
         self.clock = clock
         self.rng = rng
         self.executor = executor

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel, ValidationError
 
 from ..definition import Machine
-from ..definition.spec import State
+from ..definition.spec import Fire, State
 from ..errors import (
     FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
 )
@@ -54,6 +54,11 @@ def _validate_input(model: type[BaseModel], data: BaseModel | dict[str, Any] | N
         first = exc.errors()[0]
         raise InvalidInput(f"input does not fit {model.__name__}: {first['msg']} at "
                            f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+
+
+def _lost_claim(instance_id: str) -> StaleWrite:
+    return StaleWrite(f"instance {instance_id} was claimed by another worker first",
+                      instance_id=instance_id)
 
 
 async def _done(value: Any) -> Any:
@@ -107,8 +112,7 @@ class Engine:
         self._heartbeat: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsm-action")
         self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
-        self.driver = Driver(self.store, self.committer, provider=llm, worker_id=self.worker.id,
-                             clock=clock, rng=random.Random(seed), executor=self._executor,
+        self.driver = Driver(self.store, self.committer, provider=llm, clock=clock, rng=random.Random(seed), executor=self._executor,
                              breaker_for=self._breaker_for)
 
     # -- definitions ------------------------------------------------------------
@@ -253,8 +257,7 @@ class Engine:
             return cm, rec  # started (or already claimed) by this engine
         step = self._adoption(cm, rec)
         if not await self.committer.submit(step):
-            raise StaleWrite(f"instance {rec.id} was claimed by another worker first",
-                             instance_id=rec.id)
+            raise _lost_claim(rec.id)
         return cm, step.record
 
     # -- running ----------------------------------------------------------------
@@ -367,8 +370,7 @@ class Engine:
             elif next(applied):
                 out.append((rec, plan.record))
             else:
-                out.append((rec, StaleWrite(f"instance {rec.id} was claimed by another worker "
-                                            "first", instance_id=rec.id)))
+                out.append((rec, _lost_claim(rec.id)))
         return out
 
     # -- from outside ------------------------------------------------------------
@@ -393,7 +395,6 @@ class Engine:
 
     async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
         """Fire ``trigger`` on a ``waiting`` instance with context ``update``; then run it."""
-        from ..definition.spec import Fire
         rec = self.store.get(instance_id)
         if rec.status != "waiting":
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")

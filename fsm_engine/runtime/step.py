@@ -20,8 +20,9 @@ class MeteredLLM:
     including calls that failed after the provider billed them.  A call is
     refused with ``BudgetExhausted`` when the instance has no tokens left
     before it starts; a call that starts within budget has its ``max_tokens``
-    cut to what is left, so only its prompt can overshoot (recorded, never hidden).  When a circuit breaker is attached,
-    an open breaker raises ``CircuitOpen`` before any call is made.
+    cut to what is left, so only its prompt can overshoot (recorded, never
+    hidden).  When a circuit breaker is attached, an open breaker raises
+    ``CircuitOpen`` before any call is made.
     """
 
     def __init__(self, provider: "Provider | None", *, tokens_left: int | None,
@@ -34,7 +35,6 @@ class MeteredLLM:
         self.used = 0
         self.reasks = 0
         self.loops_left = 1 << 30
-        self.last_error: StructuredOutputError | None = None
         #: What ``structured`` saw: raw text, repairs, validation errors (for the history).
         self.outputs: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
@@ -93,7 +93,6 @@ class MeteredLLM:
             try:
                 parsed = parse_structured(out.text, target, finish_reason=out.finish_reason)
             except StructuredOutputError as exc:
-                self.last_error = exc
                 self.outputs.append({"raw": out.text[:4000], "errors": exc.errors,
                                      "repairs": exc.repairs, "truncated": exc.truncated})
                 if self.reasks >= max_reasks or self.reasks + 1 >= self.loops_left:
