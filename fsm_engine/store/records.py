@@ -155,7 +155,9 @@ class StepCommit:
     """Everything one step writes, committed all-or-nothing.
 
     ``record`` is the instance after the step; the write only applies when
-    the stored ``version`` still equals ``expected_version``.
+    the stored ``version`` still equals ``expected_version``.  ``before`` is
+    the record the step started from, when known: a store may then write only
+    the columns that differ (``None``: write every mutable column).
     """
 
     record: InstanceRecord
@@ -163,3 +165,4 @@ class StepCommit:
     history: list[HistoryRow] = field(default_factory=list)
     attempt: AttemptRow | None = None
     outbox_done: tuple[str, dict[str, Any]] | None = None
+    before: InstanceRecord | None = None
