@@ -13,8 +13,7 @@ machine and a choice costs a few microseconds.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import transitions
 
@@ -22,8 +21,7 @@ from ..definition import Machine, RunInfo, check, fingerprint
 from ..definition.spec import RESERVED_TRIGGERS, State, as_refs, ref_name
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(NamedTuple):
     """The transition picked for a step, with every guard evaluated (``[name, result]``)."""
 
     trigger: str
@@ -92,21 +90,28 @@ class CompiledMachine:
         """Declared triggers from ``state`` that normal selection considers (not reserved)."""
         return self._choosable.get(state, ())
 
-    def choose(self, state: str, ctx: Any, run: RunInfo, trigger: str | None = None) -> Choice | None:
+    def choose(self, state: str, ctx: Any, run: Callable[[], RunInfo],
+               trigger: str | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
 
         With ``trigger`` only that trigger's transitions are candidates;
         without, every non-reserved trigger from ``state`` in declaration
-        order.  Returns ``None`` when no guard set passes.  Guard exceptions
-        propagate.
+        order.  ``run`` builds the ``RunInfo`` two-argument guards see (called
+        only when a guard is evaluated).  Returns ``None`` when no guard set
+        passes.  Guard exceptions propagate.
         """
         log: list[list[Any]] = []
         plan = self._plans.get(state, {})
-        data = transitions.core.EventData(None, None, self._tm, None, (ctx, run, log), {})
+        data = None
         for trig in (trigger,) if trigger else self.choosable(state):
             for dest, conditions in plan.get(trig, ()):
-                if all(cond.check(data) for cond in conditions):
-                    return Choice(trig, dest, log)
+                if conditions:
+                    if data is None:
+                        data = transitions.core.EventData(None, None, self._tm, None,
+                                                          (ctx, run(), log), {})
+                    if not all(cond.check(data) for cond in conditions):
+                        continue
+                return Choice(trig, dest, log)
         return None
 
     def export(self) -> dict[str, Any]:

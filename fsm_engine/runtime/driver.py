@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -46,20 +46,23 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _normalise(result: Any) -> Fire:
+def _normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
+    """An action's result as (trigger or None, context update)."""
+    if type(result) is dict:  # the common case first
+        return None, result
     if result is None:
-        return Fire(None, {})
+        return None, {}
     if isinstance(result, Fire):
-        return result
+        return result.trigger, result.update
     if isinstance(result, dict):
-        return Fire(None, result)
+        return None, result
     if isinstance(result, BaseModel):
-        return Fire(None, result.model_dump())
+        return None, result.model_dump()
     raise InvalidInput(f"an action returned {type(result).__name__}; "
                        "return None, a dict of updates or fire(trigger, **updates)")
 
 
-def apply_update(model: type[BaseModel], data: dict[str, Any], update: dict[str, Any],
+def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
                  fields: frozenset[str] | None = None
                  ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
     """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
@@ -107,6 +110,28 @@ def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
     return fut
 
 
+def _spent(step: Step | None) -> int:
+    """Tokens the step's model calls were billed (0 when the action had no ``Step``)."""
+    return 0 if step is None else step.llm.used
+
+
+def _detail(rec: InstanceRecord, step: Step | None) -> dict[str, Any]:
+    """The history row's ``detail``: attempt, outbox key, model calls, action notes."""
+    detail: dict[str, Any] = dict(step.notes) if step is not None else {}
+    if rec.attempt > 1:
+        detail["attempt"] = rec.attempt
+    if step is None:
+        return detail
+    if step.outbox_attempt:
+        detail["idempotency_key"] = step.idempotency_key
+        detail["outbox_attempt"] = step.outbox_attempt
+    for key, value in (("llm_calls", step.llm.calls), ("reasks", step.llm.reasks),
+                       ("structured", step.llm.outputs)):
+        if value:
+            detail[key] = value
+    return detail
+
+
 class Driver:
     """Runs single steps; owned by an ``Engine``."""
 
@@ -136,7 +161,7 @@ class Driver:
         if state.wait:
             new = outcome.clone(rec)
             new.status, new.owner, new.updated_at = "waiting", None, now
-            return await self.commit(rec, StepCommit(new, rec.version))
+            return await self.commit(rec, StepCommit(new, rec.version, before=rec))
         if rec.deadline is not None and now >= rec.deadline:
             return await self.commit(rec, outcome.failed(cm, rec, "deadline", now,
                                                          error="instance deadline passed"))
@@ -147,13 +172,12 @@ class Driver:
             await asyncio.sleep(rec.next_attempt_at - now)
         return await self._attempt(cm, rec, state)
 
-    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                   breaker: Breaker | None) -> Step:
+    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
         left = None if rec.token_budget is None else rec.token_budget - rec.tokens_used
         visit = rec.visits.get(state.name, 1)
         meter = MeteredLLM(self.provider, tokens_left=left, budget=rec.token_budget,
-                           breaker=breaker, loop=asyncio.get_running_loop())
+                           breaker=self.breaker_for(state), loop=asyncio.get_running_loop())
         meter.loops_left = rec.max_transitions - rec.loop_count
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
@@ -163,8 +187,11 @@ class Driver:
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
                        state: State) -> InstanceRecord:
-        step = self._make_step(cm, rec, state, self.breaker_for(state))
-        if state.side_effect:
+        entry = cm.actions.get(state.name)
+        # only actions that take ``step`` (and side effects, for their key) need a Step
+        step = (self._make_step(cm, rec, state)
+                if state.side_effect or (entry is not None and entry[1] == 2) else None)
+        if step is not None and state.side_effect:
             row = self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
                                           self.clock())
             step.outbox_attempt = row.attempts
@@ -172,22 +199,20 @@ class Driver:
         error: BaseException | None = None
         result: Any = None
         try:
-            result = await self._call(cm, rec, state, step)
+            if entry is not None:
+                result = await self._call(cm, entry, rec, state, step)
         except (Exception, asyncio.TimeoutError) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
         if error is None:
             try:
-                return await self._advance(cm, rec, state, step, _normalise(result), ms)
+                return await self._advance(cm, rec, state, step, *_normalise(result), ms)
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
         return await self._on_error(cm, rec, state, step, error, ms)
 
-    async def _call(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                    step: Step) -> Any:
-        entry = cm.actions.get(state.name)
-        if entry is None:
-            return None
+    async def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
+                    rec: InstanceRecord, state: State, step: Step | None) -> Any:
         fn, arity, is_async = entry
         ctx = cm.spec.context.model_validate(rec.context)
         args = (ctx, step) if arity == 2 else (ctx,)
@@ -214,49 +239,34 @@ class Driver:
         return fut.result()
 
     async def _advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                       step: Step, fired: Fire, ms: float, *, kind: str = "transition",
+                       step: Step | None, trigger: str | None, update: Mapping[str, Any],
+                       ms: float, *, kind: str = "transition",
                        reason: str | None = None, error: str | None = None) -> InstanceRecord:
-        model = cm.spec.context
-        obj, new_ctx, delta = apply_update(model, rec.context, dict(fired.update), cm.fields)
-        if fired.trigger and not cm.has_trigger(state.name, fired.trigger):
-            raise InvalidInput(f"state {state.name!r} fired undeclared trigger {fired.trigger!r}")
-        run = RunInfo(rec.id, state.name, rec.loop_count, rec.max_transitions,
-                      rec.tokens_used + step.llm.used, rec.token_budget)
+        obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields)
+        if trigger and not cm.has_trigger(state.name, trigger):
+            raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
+        tokens = _spent(step)
         try:
-            choice = cm.choose(state.name, obj, run, fired.trigger)
+            choice = cm.choose(state.name, obj, lambda: RunInfo(
+                rec.id, state.name, rec.loop_count, rec.max_transitions,
+                rec.tokens_used + tokens, rec.token_budget), trigger)
         except Exception as exc:  # a guard raised: fail this instance, not the whole batch
             raise ActionError(f"a guard raised {_err(exc)}", instance_id=rec.id,
                               state=state.name) from exc
-        detail = self._detail(step)
+        detail = _detail(rec, step)
         if choice is None:
             return await self.commit(rec, outcome.failed(
-                cm, rec, "no_transition", self.clock(), tokens=step.llm.used, duration_ms=ms,
+                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms,
                 error=f"no transition from {state.name!r} passed its guards", detail=detail))
-        done = (step.idempotency_key, {"visit": step.visit}) if state.side_effect else None
+        done = (step.idempotency_key, {"visit": step.visit}) if step and state.side_effect else None
         return await self.commit(rec, outcome.transition(
             cm, rec, trigger=choice.trigger, dest=choice.dest, now=self.clock(),
             context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
-            tokens=step.llm.used, duration_ms=ms, error=error, reason=reason,
-            detail=detail, outbox_done=done, extra_loops=step.llm.reasks))
-
-    @staticmethod
-    def _detail(step: Step) -> dict[str, Any]:
-        detail: dict[str, Any] = dict(step.notes)
-        if step.attempt > 1:
-            detail["attempt"] = step.attempt
-        if step.outbox_attempt:
-            detail["idempotency_key"] = step.idempotency_key
-            detail["outbox_attempt"] = step.outbox_attempt
-        if step.llm.calls:
-            detail["llm_calls"] = step.llm.calls
-        if step.llm.reasks:
-            detail["reasks"] = step.llm.reasks
-        if step.llm.outputs:
-            detail["structured"] = step.llm.outputs
-        return detail
+            tokens=tokens, duration_ms=ms, error=error, reason=reason,
+            detail=detail, outbox_done=done, extra_loops=step.llm.reasks if step else 0))
 
     async def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                        step: Step, exc: BaseException, ms: float) -> InstanceRecord:
+                        step: Step | None, exc: BaseException, ms: float) -> InstanceRecord:
         disposition = classify(exc)
         policy = state.retry
         now = self.clock()
@@ -264,24 +274,24 @@ class Driver:
             hint = getattr(exc, "retry_after", None)
             delay = policy.delay(rec.attempt, retry_after=hint, rng=self.rng)
             return await self.commit(rec, outcome.retry_later(
-                rec, error=exc, tokens=step.llm.used, next_at=now + delay, now=now))
+                rec, error=exc, tokens=_spent(step), next_at=now + delay, now=now))
         reason = _reason(exc, disposition is Disposition.RETRY)
         try:
             if disposition is not Disposition.FAIL:
                 trigger = (BUDGET_EXHAUSTED if isinstance(exc, BudgetExhausted)
                            and cm.has_trigger(state.name, BUDGET_EXHAUSTED) else FALLBACK)
                 if cm.has_trigger(state.name, trigger):
-                    return await self._advance(cm, rec, state, step, Fire(trigger, {}), ms,
+                    return await self._advance(cm, rec, state, step, trigger, {}, ms,
                                                kind="fallback", reason=reason, error=_err(exc))
             if state.skippable and state.default_output is not None:
-                return await self._advance(cm, rec, state, step,
-                                           Fire(None, state.default_output), ms, kind="skip",
+                return await self._advance(cm, rec, state, step, None, state.default_output,
+                                           ms, kind="skip",
                                            reason=reason, error=_err(exc))
         except (InvalidInput, ActionError) as second:  # a guard or default that fails too
             exc, reason = second, _reason(second, False)
-        detail = self._detail(step)
+        detail = _detail(rec, step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
         return await self.commit(rec, outcome.failed(
-            cm, rec, reason, now, error=_err(exc), tokens=step.llm.used, duration_ms=ms,
+            cm, rec, reason, now, error=_err(exc), tokens=_spent(step), duration_ms=ms,
             detail=detail))

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel, ValidationError
 
 from ..definition import Machine
-from ..definition.spec import Fire, State
+from ..definition.spec import State
 from ..errors import (
     FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
 )
@@ -110,6 +110,7 @@ class Engine:
         self._known: dict[str, InstanceRecord] = {}
         self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._breaker: Breaker | None = None
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsm-action")
         self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
         self.driver = Driver(self.store, self.committer, provider=llm, clock=clock, rng=random.Random(seed), executor=self._executor,
@@ -145,8 +146,10 @@ class Engine:
     def _breaker_for(self, state: State) -> Breaker | None:
         if self.breaker_policy is None or self.llm is None:
             return None
-        name = f"{getattr(self.llm, 'name', 'llm')}:{getattr(self.llm, 'model', '?')}"
-        return Breaker(self.store, name, self.breaker_policy, self.clock)
+        if self._breaker is None:  # stateless apart from its row in the store: one will do
+            name = f"{getattr(self.llm, 'name', 'llm')}:{getattr(self.llm, 'model', '?')}"
+            self._breaker = Breaker(self.store, name, self.breaker_policy, self.clock)
+        return self._breaker
 
     # -- creating ---------------------------------------------------------------
     def start(self, machine: Machine | str, input: BaseModel | dict[str, Any] | None = None, *,
@@ -212,7 +215,7 @@ class Engine:
                     task.cancel()
                 gone = outcome.clone(rec)
                 gone.owner = None  # seen: drop it from the next poll
-                self.store.commit([StepCommit(gone, rec.version)])
+                self.store.commit([StepCommit(gone, rec.version, before=rec)])
 
     def _worker_view(self, now: float) -> tuple[dict[str, WorkerRow], set[str]]:
         """Registered workers and the live ones, re-read at most every 0.5 s
@@ -242,7 +245,7 @@ class Engine:
         if new.recoveries > self.max_recoveries:
             fail = outcome.failed(cm, new, "crash_loop", now,
                                   error=f"{new.recoveries} recoveries without progress")
-            fail.expected_version = rec.version
+            fail.expected_version, fail.before = rec.version, rec  # written over the stored row
             return fail
         return step
 
@@ -272,7 +275,7 @@ class Engine:
         if rec.owner == self.worker.id:
             release = outcome.clone(rec)
             release.owner = None
-            rec = await self.driver.commit(rec, StepCommit(release, rec.version))
+            rec = await self.driver.commit(rec, StepCommit(release, rec.version, before=rec))
         return rec
 
     async def run(self, instance_id: str, on_step: OnStep | None = None) -> InstanceRecord:
@@ -400,9 +403,8 @@ class Engine:
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
         cm = self._compiled(rec)
         self._ensure_worker()
-        step = self.driver._make_step(cm, rec, cm.states[rec.state], None)
-        rec = await self.driver._advance(cm, rec, cm.states[rec.state], step,
-                                         Fire(trigger, update), 0.0)
+        rec = await self.driver._advance(cm, rec, cm.states[rec.state], None, trigger, update,
+                                         0.0)
         return rec if rec.final else await self.run(rec.id)
 
     async def aclose(self) -> None:

@@ -96,7 +96,7 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
     if not new.final and new.loop_count >= new.max_transitions:
         rows.append(force_fail(cm, new, "loop_limit", now, kind="loop_limit",
                                error=f"reached max_transitions={new.max_transitions}"))
-    return StepCommit(new, rec.version, rows, outbox_done=outbox_done)
+    return StepCommit(new, rec.version, rows, outbox_done=outbox_done, before=rec)
 
 
 def failed(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float, *,
@@ -107,7 +107,7 @@ def failed(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float, *,
     new.tokens_used += tokens
     row = force_fail(cm, new, reason, now, error=error, kind=kind)
     row.tokens, row.duration_ms, row.detail = tokens, duration_ms, detail or {}
-    return StepCommit(new, rec.version, [row])
+    return StepCommit(new, rec.version, [row], before=rec)
 
 
 def retry_later(rec: InstanceRecord, *, error: BaseException, tokens: int, next_at: float,
@@ -123,7 +123,7 @@ def retry_later(rec: InstanceRecord, *, error: BaseException, tokens: int, next_
     row = AttemptRow(instance_id=rec.id, state=rec.state, visit=rec.visits.get(rec.state, 1),
                      attempt=rec.attempt, error_class=type(error).__name__, error=str(error),
                      tokens=tokens, next_at=next_at, at=now)
-    return StepCommit(new, rec.version, attempt=row)
+    return StepCommit(new, rec.version, attempt=row, before=rec)
 
 
 def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled") -> StepCommit:
@@ -132,7 +132,7 @@ def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled") -> Ste
     row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason)
     new.status, new.reason, new.updated_at = CANCELLED, reason, now
     new.next_attempt_at = None
-    return StepCommit(new, rec.version, [row])
+    return StepCommit(new, rec.version, [row], before=rec)
 
 
 def claimed(rec: InstanceRecord, owner: str, now: float) -> StepCommit:
@@ -141,4 +141,4 @@ def claimed(rec: InstanceRecord, owner: str, now: float) -> StepCommit:
     new.owner, new.updated_at = owner, now
     if new.status not in (WAITING,):
         new.status = RUNNING
-    return StepCommit(new, rec.version)
+    return StepCommit(new, rec.version, before=rec)
