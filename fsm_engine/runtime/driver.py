@@ -12,7 +12,6 @@ import asyncio
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
@@ -30,6 +29,7 @@ from .breaker import Breaker
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
 from .step import MeteredLLM, Step
+from .threads import ActionThreads
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
             StructuredOutputError: "invalid_output", InvalidInput: "invalid_update"}
@@ -137,14 +137,14 @@ class Driver:
 
     def __init__(self, store: Store, committer: GroupCommitter, *, provider: Any,
                  clock: Callable[[], float], rng: random.Random,
-                 executor: ThreadPoolExecutor,
+                 threads: ActionThreads,
                  breaker_for: Callable[[Any], Breaker | None]) -> None:
         self.store = store
         self.committer = committer
         self.provider = provider
         self.clock = clock
         self.rng = rng
-        self.executor = executor
+        self.threads = threads
         self.breaker_for = breaker_for
 
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
@@ -226,7 +226,7 @@ class Driver:
         if is_async:
             fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
         elif timeout is None:
-            fut = loop.run_in_executor(self.executor, fn, *args)
+            fut = self.threads.submit(fn, *args)
         else:  # its own thread: a hung one is abandoned without starving the pool
             fut = _in_own_thread(loop, fn, args)
         if timeout is None:

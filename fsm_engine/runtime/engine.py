@@ -15,7 +15,6 @@ import os
 import random
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, ValidationError
@@ -34,6 +33,7 @@ from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
 from .loader import load_machine
+from .threads import ActionThreads
 from .workers import live_ids, new_worker
 
 log = logging.getLogger("fsm_engine")
@@ -111,9 +111,10 @@ class Engine:
         self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._breaker: Breaker | None = None
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsm-action")
+        self._threads = ActionThreads(threads)
         self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
-        self.driver = Driver(self.store, self.committer, provider=llm, clock=clock, rng=random.Random(seed), executor=self._executor,
+        self.driver = Driver(self.store, self.committer, provider=llm, clock=clock,
+                             rng=random.Random(seed), threads=self._threads,
                              breaker_for=self._breaker_for)
 
     # -- definitions ------------------------------------------------------------
@@ -418,5 +419,5 @@ class Engine:
         if self._registered:
             self.store.delete_worker(self.worker.id)
             self._registered = False
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._threads.shutdown()
         self.store.close()
