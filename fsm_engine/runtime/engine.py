@@ -420,4 +420,5 @@ class Engine:
             self.store.delete_worker(self.worker.id)
             self._registered = False
         self._threads.shutdown()
+        self.committer.close()
         self.store.close()
