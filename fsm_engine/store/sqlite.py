@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import builtins
 
+import functools
 import hashlib
 import json
+import operator
 import os
 import sqlite3
 import threading
@@ -76,14 +78,35 @@ _IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "in
                         "max_transitions", "created_at"})
 
 
-def _encode_instance(rec: InstanceRecord) -> dict[str, Any]:
-    """The mutable columns of an instance row, JSON-encoded, plus ``id``."""
-    names, _ = _names(InstanceRecord)
-    row = {n: getattr(rec, n) for n in names if n not in _IMMUTABLE}
-    row["id"] = rec.id
-    row["context"] = _dumps(rec.context)
-    row["visits"] = _dumps(rec.visits)
-    return row
+_MUTABLE = tuple(f.name for f in fields(InstanceRecord) if f.name not in _IMMUTABLE)
+_MUTABLE_VALUES = operator.attrgetter(*_MUTABLE)
+#: Mutable JSON columns: encoded only when written; rewritten when ``before`` shares the
+#: very same dict as ``record`` (an in-place edit would otherwise look unchanged).
+_DICT_COLUMNS = frozenset({"context", "visits"})
+
+
+def _changes(before: InstanceRecord | None,
+             after: InstanceRecord) -> tuple[tuple[str, ...], list[Any]]:
+    """The instance columns to write and their values (JSON-encoded).
+
+    Every mutable column when ``before`` is None, else those where ``after``
+    differs from ``before`` (``==``; dicts too).
+    """
+    new = _MUTABLE_VALUES(after)
+    if before is None:
+        pairs = list(zip(_MUTABLE, new))
+    else:
+        pairs = [(col, n) for col, o, n in zip(_MUTABLE, _MUTABLE_VALUES(before), new)
+                 if o != n or (o is n and col in _DICT_COLUMNS)]
+    cols = tuple(col for col, _ in pairs)
+    return cols, [_dumps(v) if col in _DICT_COLUMNS else v for col, v in pairs]
+
+
+@functools.lru_cache(maxsize=256)
+def _update_sql(cols: tuple[str, ...]) -> str:
+    """Compare-and-set UPDATE of ``cols`` (positional: the values, then id, expected version)."""
+    sets = "".join(f"{col}=?, " for col in cols)
+    return f"UPDATE instances SET {sets}version=version+1 WHERE id=? AND version=?"
 
 
 def _decode(cls: type, row: sqlite3.Row) -> Any:
@@ -148,10 +171,6 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
-        self._instance_cols = [f.name for f in fields(InstanceRecord)]
-        sets = ", ".join(f"{c}=:{c}" for c in self._instance_cols if c not in _IMMUTABLE)
-        self._update_sql = (f"UPDATE instances SET {sets}, version=version+1 "
-                            "WHERE id=:id AND version=:expected_version")
         self._history_sql = _insert_sql("history", HistoryRow)
         self._attempt_sql = _insert_sql("attempts", AttemptRow)
 
@@ -199,9 +218,9 @@ class SqliteStore:
         return applied
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
-        row = _encode_instance(step.record)
-        row["expected_version"] = step.expected_version
-        if conn.execute(self._update_sql, row).rowcount != 1:
+        cols, values = _changes(step.before, step.record)
+        values += (step.record.id, step.expected_version)
+        if conn.execute(_update_sql(cols), values).rowcount != 1:
             return False
         step.record.version = step.expected_version + 1
         for h in step.history:
