@@ -52,25 +52,31 @@ def _dumps(value: Any) -> str:
     return text
 
 
-_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+class _Codec:
+    """One record class as a table row: its columns in declared order, values positional."""
+
+    def __init__(self, cls: type) -> None:
+        self.columns = tuple(f.name for f in fields(cls))
+        self._get = operator.attrgetter(*self.columns)
+        self._json = tuple(i for i, col in enumerate(self.columns) if col in JSON_COLUMNS)
+
+    def values(self, obj: Any) -> builtins.list[Any]:
+        """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL)."""
+        row = list(self._get(obj))
+        for i in self._json:
+            if row[i] is not None:
+                row[i] = _dumps(row[i])
+        return row
+
+    def insert_sql(self, table: str, verb: str = "INSERT") -> str:
+        """``verb INTO table(columns) VALUES (?, …)`` taking ``values``' order."""
+        marks = ", ".join("?" * len(self.columns))
+        return f"{verb} INTO {table}({', '.join(self.columns)}) VALUES ({marks})"
 
 
-def _names(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(all field names, JSON field names) of a record class, computed once."""
-    got = _FIELDS.get(cls)
-    if got is None:
-        names = tuple(f.name for f in fields(cls))
-        got = _FIELDS[cls] = (names, tuple(n for n in names if n in JSON_COLUMNS))
-    return got
-
-
-def _encode(obj: Any) -> dict[str, Any]:
-    names, json_cols = _names(type(obj))
-    row = {n: getattr(obj, n) for n in names}
-    for col in json_cols:
-        if row[col] is not None:
-            row[col] = _dumps(row[col])
-    return row
+_INSTANCE, _HISTORY, _ATTEMPT, _WORKER, _BREAKER = map(
+    _Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
+_DELTA = _HISTORY.columns.index("delta")
 
 
 #: Instance columns fixed at creation: never rewritten by a step.
@@ -78,7 +84,7 @@ _IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "in
                         "max_transitions", "created_at"})
 
 
-_MUTABLE = tuple(f.name for f in fields(InstanceRecord) if f.name not in _IMMUTABLE)
+_MUTABLE = tuple(col for col in _INSTANCE.columns if col not in _IMMUTABLE)
 _MUTABLE_VALUES = operator.attrgetter(*_MUTABLE)
 #: Mutable JSON columns: encoded only when written; rewritten when ``before`` shares the
 #: very same dict as ``record`` (an in-place edit would otherwise look unchanged).
@@ -171,8 +177,8 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
-        self._history_sql = _insert_sql("history", HistoryRow)
-        self._attempt_sql = _insert_sql("attempts", AttemptRow)
+        self._history_sql = _HISTORY.insert_sql("history")
+        self._attempt_sql = _ATTEMPT.insert_sql("attempts")
 
     # -- transactions -------------------------------------------------------
     def _write(self) -> "_Txn":
@@ -188,7 +194,7 @@ class SqliteStore:
     # -- instances ----------------------------------------------------------
     def create(self, *records: InstanceRecord) -> None:
         with self._write() as conn:
-            conn.executemany(_insert_sql("instances", InstanceRecord), map(_encode, records))
+            conn.executemany(_INSTANCE.insert_sql("instances"), map(_INSTANCE.values, records))
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read("SELECT * FROM instances WHERE id=?", (instance_id,))
@@ -224,12 +230,12 @@ class SqliteStore:
             return False
         step.record.version = step.expected_version + 1
         for h in step.history:
-            row = _encode(h)
-            if len(row["delta"]) > self.blob_threshold:
-                row["delta"] = self._shrink(conn, h.delta)
+            row = _HISTORY.values(h)
+            if len(row[_DELTA]) > self.blob_threshold:
+                row[_DELTA] = self._shrink(conn, h.delta)
             conn.execute(self._history_sql, row)
         if step.attempt is not None:
-            conn.execute(self._attempt_sql, _encode(step.attempt))
+            conn.execute(self._attempt_sql, _ATTEMPT.values(step.attempt))
         if step.outbox_done is not None:
             key, result = step.outbox_done
             conn.execute("UPDATE outbox SET status='done', result=?, updated_at=? WHERE key=?",
@@ -286,7 +292,7 @@ class SqliteStore:
     # -- workers --------------------------------------------------------------
     def put_worker(self, worker: WorkerRow) -> None:
         with self._write() as conn:
-            conn.execute(_insert_sql("workers", WorkerRow, replace=True), _encode(worker))
+            conn.execute(_WORKER.insert_sql("workers", "INSERT OR REPLACE"), _WORKER.values(worker))
 
     def workers(self) -> builtins.list[WorkerRow]:
         return [_decode(WorkerRow, r) for r in self._read("SELECT * FROM workers")]
@@ -301,19 +307,20 @@ class SqliteStore:
         return _decode(BreakerRow, rows[0]) if rows else BreakerRow(name)
 
     def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
-        data = _encode(row)
-        data["version"] = expected_version + 1
+        name, state, events, opened_at, probe_at, _ = _BREAKER.values(row)
+        version = expected_version + 1
         with self._write() as conn:
             if expected_version == 0:
-                cur = conn.execute(_insert_sql("breakers", BreakerRow, ignore=True), data)
+                cur = conn.execute(_BREAKER.insert_sql("breakers", "INSERT OR IGNORE"),
+                                   (name, state, events, opened_at, probe_at, version))
             else:
                 cur = conn.execute(
-                    "UPDATE breakers SET state=:state, events=:events, opened_at=:opened_at,"
-                    " probe_at=:probe_at, version=:version WHERE name=:name"
-                    f" AND version={int(expected_version)}", data)
+                    "UPDATE breakers SET state=?, events=?, opened_at=?, probe_at=?, version=?"
+                    " WHERE name=? AND version=?",
+                    (state, events, opened_at, probe_at, version, name, expected_version))
         ok = cur.rowcount == 1
         if ok:
-            row.version = expected_version + 1
+            row.version = version
         return ok
 
     def close(self) -> None:
@@ -352,10 +359,4 @@ class _Txn:
             self.store._lock.release()
         if isinstance(exc, sqlite3.DatabaseError):
             raise StoreError(f"database {self.store.path}: {exc}") from None
-
-
-def _insert_sql(table: str, cls: type, *, replace: bool = False, ignore: bool = False) -> str:
-    cols = [f.name for f in fields(cls)]
-    verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE" if ignore else "INSERT"
-    return f"{verb} INTO {table}({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"
 
