@@ -493,3 +493,16 @@ def test_sqlite_step_with_before_updates_only_the_changed_columns(tmp_path: Path
     assert [part.split("=")[0] for part in sets.split(", ")] == \
         ["state", "updated_at", "seq", "loop_count", "visits", "version"]
     store.close()
+
+
+def test_sqlite_json_is_the_same_without_the_c_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's compact JSON falls back to ``JSONEncoder.encode`` with identical output."""
+    import json.encoder
+
+    from fsm_engine.store import sqlite as backend
+
+    value = {"é": [1.5, None, True, "\u202e"], "n": {"k": 'say "hi"'}, "e": []}
+    fast = backend._compact_json(ensure_ascii=False)(value)
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    slow = backend._compact_json(ensure_ascii=False)
+    assert slow(value) == fast == '{"é":[1.5,null,true,"\u202e"],"n":{"k":"say \\"hi\\""},"e":[]}'

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sqlite_utils
 
@@ -36,15 +36,36 @@ _HEADER = b"SQLite format 3\x00"
 BLOB_THRESHOLD = 64 * 1024
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":")).encode
+def _compact_json(ensure_ascii: bool) -> Callable[[Any], str]:
+    """A function giving a value's compact JSON text, set up once.
+
+    ``JSONEncoder.encode`` builds CPython's C encoder anew on every call (about
+    half the cost of a small dump); this builds it once, falling back to
+    ``JSONEncoder.encode`` where the C encoder is missing or differs.  No
+    circular-reference check: a cyclic value raises ``RecursionError``.
+    """
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii,
+                               check_circular=False)
+    make = json.encoder.c_make_encoder
+    escape = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    try:
+        chunks = make(None, encoder.default, escape, None, ":", ",", False, False, True)
+    except TypeError:  # no C encoder (make is None) or another signature
+        return encoder.encode
+    return lambda value: "".join(chunks(value, 0))
+
+
+_ENCODE = _compact_json(ensure_ascii=False)
+_ENCODE_ASCII = _compact_json(ensure_ascii=True)
 
 
 def _dumps(value: Any) -> str:
-    """Compact UTF-8 JSON; one shared encoder (``json.dumps`` with options builds one per call)."""
+    """Compact UTF-8 JSON (``TypeError`` for a value JSON cannot hold)."""
     if not value and isinstance(value, (dict, list)):
         return "{}" if isinstance(value, dict) else "[]"
     text = _ENCODE(value)
+    if text.isascii():
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates (undecodable file names): keep them escaped
@@ -85,27 +106,34 @@ _IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "in
 
 
 _MUTABLE = tuple(col for col in _INSTANCE.columns if col not in _IMMUTABLE)
-_MUTABLE_VALUES = operator.attrgetter(*_MUTABLE)
-#: Mutable JSON columns: encoded only when written; rewritten when ``before`` shares the
-#: very same dict as ``record`` (an in-place edit would otherwise look unchanged).
-_DICT_COLUMNS = frozenset({"context", "visits"})
+#: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
+#: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
+_DICTS = ("context", "visits")
+_SCALARS = tuple(col for col in _MUTABLE if col not in _DICTS)
+_SCALAR_VALUES = operator.attrgetter(*_SCALARS)
 
 
 def _changes(before: InstanceRecord | None,
-             after: InstanceRecord) -> tuple[tuple[str, ...], list[Any]]:
+             after: InstanceRecord) -> tuple[tuple[str, ...], builtins.list[Any]]:
     """The instance columns to write and their values (JSON-encoded).
 
     Every mutable column when ``before`` is None, else those where ``after``
-    differs from ``before`` (``==``; dicts too).
+    differs from ``before`` (compared with ``==``).
     """
-    new = _MUTABLE_VALUES(after)
     if before is None:
-        pairs = list(zip(_MUTABLE, new))
-    else:
-        pairs = [(col, n) for col, o, n in zip(_MUTABLE, _MUTABLE_VALUES(before), new)
-                 if o != n or (o is n and col in _DICT_COLUMNS)]
-    cols = tuple(col for col, _ in pairs)
-    return cols, [_dumps(v) if col in _DICT_COLUMNS else v for col, v in pairs]
+        values = [*_SCALAR_VALUES(after), _dumps(after.context), _dumps(after.visits)]
+        return _SCALARS + _DICTS, values
+    cols, values = [], []
+    for col, old, new in zip(_SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after)):
+        if old != new:
+            cols.append(col)
+            values.append(new)
+    for col in _DICTS:
+        old, new = getattr(before, col), getattr(after, col)
+        if old is new or old != new:
+            cols.append(col)
+            values.append(_dumps(new))
+    return tuple(cols), values
 
 
 @functools.lru_cache(maxsize=256)
