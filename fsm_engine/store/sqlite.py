@@ -13,6 +13,7 @@ import builtins
 import functools
 import hashlib
 import json
+import json.encoder
 import operator
 import os
 import sqlite3
@@ -46,11 +47,14 @@ def _compact_json(ensure_ascii: bool) -> Callable[[Any], str]:
     """
     encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii,
                                check_circular=False)
-    make = json.encoder.c_make_encoder
-    escape = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    escape = (json.encoder.encode_basestring_ascii if ensure_ascii
+              else json.encoder.encode_basestring)
     try:
         chunks = make(None, encoder.default, escape, None, ":", ",", False, False, True)
-    except TypeError:  # no C encoder (make is None) or another signature
+    except TypeError:  # another signature
         return encoder.encode
     return lambda value: "".join(chunks(value, 0))
 
@@ -105,11 +109,11 @@ _IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "in
                         "max_transitions", "created_at"})
 
 
-_MUTABLE = tuple(col for col in _INSTANCE.columns if col not in _IMMUTABLE)
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
 _DICTS = ("context", "visits")
-_SCALARS = tuple(col for col in _MUTABLE if col not in _DICTS)
+#: The other mutable instance columns, in table order.
+_SCALARS = tuple(col for col in _INSTANCE.columns if col not in _IMMUTABLE | set(_DICTS))
 _SCALAR_VALUES = operator.attrgetter(*_SCALARS)
 
 
@@ -252,6 +256,7 @@ class SqliteStore:
         return applied
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
+        """Write one step in the open transaction; False (nothing written) when stale."""
         cols, values = _changes(step.before, step.record)
         values += (step.record.id, step.expected_version)
         if conn.execute(_update_sql(cols), values).rowcount != 1:
