@@ -168,6 +168,53 @@ class TestStoreContract:
         assert store.get("a").state == "left"
         assert [h.dest for h in store.history("a")] == ["left"]
 
+    def test_commit_with_before_stores_the_new_record_exactly(self, store: Store) -> None:
+        store.create(record("a", status="running", owner="w1"))
+        base = store.get("a")
+        new = moved(base, "middle", tokens=5, status="waiting", context={"n": 1, "s": "y"},
+                    reason="r", last_error="e", attempt=2, next_attempt_at=5.5, deadline=9.0,
+                    owner=None, recoveries=1, recovered_seq=0)
+        assert store.commit([StepCommit(new, 0, [hist("a", 1, "start", "middle")],
+                                        before=base)]) == [True]
+        assert store.get("a") == new and new.version == 1
+        again = replace(new, updated_at=new.updated_at + 1)  # one column changes
+        assert store.commit([StepCommit(again, 1, before=new)]) == [True]
+        assert store.get("a") == again and again.version == 2
+
+    def test_commit_with_before_and_no_change_still_bumps_the_version(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        same = replace(base)
+        assert store.commit([StepCommit(same, 0, before=base)]) == [True]
+        assert store.get("a") == same and same.version == 1
+        assert store.commit([StepCommit(replace(same), 0, before=same)]) == [False]
+
+    def test_commit_with_before_and_stale_version_writes_nothing(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        step = StepCommit(moved(base, "middle", context={"n": 9}), 5,
+                          history=[hist("a", 1, "start", "middle")], attempt=attempt("a"),
+                          before=base)
+        assert store.commit([step]) == [False]
+        assert store.get("a") == base
+        assert store.history("a") == [] and store.attempts("a") == []
+
+    def test_commit_with_before_sharing_a_dict_edited_in_place(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        new = replace(base, seq=1)  # shares base.context and base.visits
+        new.context["n"], new.visits["start"] = 7, 2
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        got = store.get("a")
+        assert (got.context, got.visits) == ({"n": 7, "s": "x"}, {"start": 2})
+
+    def test_commit_without_before_writes_every_column(self, store: Store) -> None:
+        store.create(record("a"))
+        new = moved(store.get("a"), "end", tokens=3, status="completed", context={"done": True},
+                    reason="ok", owner="w9", deadline=3.0)
+        assert store.commit([StepCommit(new, 0, before=None)]) == [True]
+        assert store.get("a") == new and new.version == 1
+
     def test_commit_of_nothing_is_a_no_op(self, store: Store) -> None:
         assert store.commit([]) == []
 
@@ -430,3 +477,32 @@ def test_large_history_values_are_stored_once_by_hash(tmp_path):
     assert conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
     stored = conn.execute("SELECT MAX(LENGTH(delta)) FROM history").fetchone()[0]
     assert stored < 200
+
+
+def test_sqlite_step_with_before_updates_only_the_changed_columns(tmp_path: Path) -> None:
+    """The UPDATE a step issues names only the columns that differ (``status`` is indexed)."""
+    store = SqliteStore(str(tmp_path / "diff.db"))
+    store.create(record("a", status="running"))
+    base = store.get("a")
+    sql: list[str] = []
+    store._conn.set_trace_callback(sql.append)
+    store.commit([StepCommit(moved(base, "b", context=dict(base.context)), 0, before=base)])
+    store._conn.set_trace_callback(None)
+    [update] = [s for s in sql if s.startswith("UPDATE instances")]
+    sets = update.split(" SET ")[1].split(" WHERE ")[0]
+    assert [part.split("=")[0] for part in sets.split(", ")] == \
+        ["state", "updated_at", "seq", "loop_count", "visits", "version"]
+    store.close()
+
+
+def test_sqlite_json_is_the_same_without_the_c_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's compact JSON falls back to ``JSONEncoder.encode`` with identical output."""
+    import json.encoder
+
+    from fsm_engine.store import sqlite as backend
+
+    value = {"é": [1.5, None, True, "\u202e"], "n": {"k": 'say "hi"'}, "e": []}
+    fast = backend._compact_json(ensure_ascii=False)(value)
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    slow = backend._compact_json(ensure_ascii=False)
+    assert slow(value) == fast == '{"é":[1.5,null,true,"\u202e"],"n":{"k":"say \\"hi\\""},"e":[]}'

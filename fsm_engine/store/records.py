@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(slots=True)

@@ -50,7 +50,26 @@ def _v1(db: sqlite_utils.Database) -> None:
                            "probe_at": float, "version": int}, pk="name")
 
 
-MIGRATIONS = [_v1]
+_HISTORY_COLUMNS = ("instance_id", "seq", "source", "dest", "trigger", "at", "kind", "guards",
+                    "duration_ms", "tokens", "error", "reason", "delta", "detail")
+_HISTORY_V2 = """CREATE TABLE history_v2 (
+    instance_id TEXT NOT NULL, seq INTEGER NOT NULL, source TEXT, dest TEXT, trigger TEXT,
+    at REAL, kind TEXT, guards TEXT, duration_ms REAL, tokens INTEGER, error TEXT, reason TEXT,
+    delta TEXT, detail TEXT,
+    PRIMARY KEY (instance_id, seq)
+) WITHOUT ROWID"""
+
+
+def _v2(db: sqlite_utils.Database) -> None:
+    """Rebuild ``history`` WITHOUT ROWID: one B-tree keyed by (instance_id, seq), not two."""
+    db.execute(_HISTORY_V2)
+    cols = ", ".join(_HISTORY_COLUMNS)
+    db.execute(f"INSERT INTO history_v2({cols}) SELECT {cols} FROM history")
+    db.execute("DROP TABLE history")
+    db.execute("ALTER TABLE history_v2 RENAME TO history")
+
+
+MIGRATIONS = [_v1, _v2]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

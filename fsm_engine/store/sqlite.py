@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import builtins
 
+import functools
 import hashlib
 import json
+import json.encoder
+import operator
 import os
 import sqlite3
 import threading
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sqlite_utils
 
@@ -34,15 +37,39 @@ _HEADER = b"SQLite format 3\x00"
 BLOB_THRESHOLD = 64 * 1024
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":")).encode
+def _compact_json(ensure_ascii: bool) -> Callable[[Any], str]:
+    """A function giving a value's compact JSON text, set up once.
+
+    ``JSONEncoder.encode`` builds CPython's C encoder anew on every call (about
+    half the cost of a small dump); this builds it once, falling back to
+    ``JSONEncoder.encode`` where the C encoder is missing or differs.  No
+    circular-reference check: a cyclic value raises ``RecursionError``.
+    """
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii,
+                               check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    escape = (json.encoder.encode_basestring_ascii if ensure_ascii
+              else json.encoder.encode_basestring)
+    try:
+        chunks = make(None, encoder.default, escape, None, ":", ",", False, False, True)
+    except TypeError:  # another signature
+        return encoder.encode
+    return lambda value: "".join(chunks(value, 0))
+
+
+_ENCODE = _compact_json(ensure_ascii=False)
+_ENCODE_ASCII = _compact_json(ensure_ascii=True)
 
 
 def _dumps(value: Any) -> str:
-    """Compact UTF-8 JSON; one shared encoder (``json.dumps`` with options builds one per call)."""
+    """Compact UTF-8 JSON (``TypeError`` for a value JSON cannot hold)."""
     if not value and isinstance(value, (dict, list)):
         return "{}" if isinstance(value, dict) else "[]"
     text = _ENCODE(value)
+    if text.isascii():
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates (undecodable file names): keep them escaped
@@ -50,25 +77,31 @@ def _dumps(value: Any) -> str:
     return text
 
 
-_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+class _Codec:
+    """One record class as a table row: its columns in declared order, values positional."""
+
+    def __init__(self, cls: type) -> None:
+        self.columns = tuple(f.name for f in fields(cls))
+        self._get = operator.attrgetter(*self.columns)
+        self._json = tuple(i for i, col in enumerate(self.columns) if col in JSON_COLUMNS)
+
+    def values(self, obj: Any) -> builtins.list[Any]:
+        """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL)."""
+        row = list(self._get(obj))
+        for i in self._json:
+            if row[i] is not None:
+                row[i] = _dumps(row[i])
+        return row
+
+    def insert_sql(self, table: str, verb: str = "INSERT") -> str:
+        """``verb INTO table(columns) VALUES (?, …)`` taking ``values``' order."""
+        marks = ", ".join("?" * len(self.columns))
+        return f"{verb} INTO {table}({', '.join(self.columns)}) VALUES ({marks})"
 
 
-def _names(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(all field names, JSON field names) of a record class, computed once."""
-    got = _FIELDS.get(cls)
-    if got is None:
-        names = tuple(f.name for f in fields(cls))
-        got = _FIELDS[cls] = (names, tuple(n for n in names if n in JSON_COLUMNS))
-    return got
-
-
-def _encode(obj: Any) -> dict[str, Any]:
-    names, json_cols = _names(type(obj))
-    row = {n: getattr(obj, n) for n in names}
-    for col in json_cols:
-        if row[col] is not None:
-            row[col] = _dumps(row[col])
-    return row
+_INSTANCE, _HISTORY, _ATTEMPT, _WORKER, _BREAKER = map(
+    _Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
+_DELTA = _HISTORY.columns.index("delta")
 
 
 #: Instance columns fixed at creation: never rewritten by a step.
@@ -76,14 +109,42 @@ _IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "in
                         "max_transitions", "created_at"})
 
 
-def _encode_instance(rec: InstanceRecord) -> dict[str, Any]:
-    """The mutable columns of an instance row, JSON-encoded, plus ``id``."""
-    names, _ = _names(InstanceRecord)
-    row = {n: getattr(rec, n) for n in names if n not in _IMMUTABLE}
-    row["id"] = rec.id
-    row["context"] = _dumps(rec.context)
-    row["visits"] = _dumps(rec.visits)
-    return row
+#: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
+#: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
+_DICTS = ("context", "visits")
+#: The other mutable instance columns, in table order.
+_SCALARS = tuple(col for col in _INSTANCE.columns if col not in _IMMUTABLE | set(_DICTS))
+_SCALAR_VALUES = operator.attrgetter(*_SCALARS)
+
+
+def _changes(before: InstanceRecord | None,
+             after: InstanceRecord) -> tuple[tuple[str, ...], builtins.list[Any]]:
+    """The instance columns to write and their values (JSON-encoded).
+
+    Every mutable column when ``before`` is None, else those where ``after``
+    differs from ``before`` (compared with ``==``).
+    """
+    if before is None:
+        values = [*_SCALAR_VALUES(after), _dumps(after.context), _dumps(after.visits)]
+        return _SCALARS + _DICTS, values
+    cols, values = [], []
+    for col, old, new in zip(_SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after)):
+        if old != new:
+            cols.append(col)
+            values.append(new)
+    for col in _DICTS:
+        old, new = getattr(before, col), getattr(after, col)
+        if old is new or old != new:
+            cols.append(col)
+            values.append(_dumps(new))
+    return tuple(cols), values
+
+
+@functools.lru_cache(maxsize=256)
+def _update_sql(cols: tuple[str, ...]) -> str:
+    """Compare-and-set UPDATE of ``cols`` (positional: the values, then id, expected version)."""
+    sets = "".join(f"{col}=?, " for col in cols)
+    return f"UPDATE instances SET {sets}version=version+1 WHERE id=? AND version=?"
 
 
 def _decode(cls: type, row: sqlite3.Row) -> Any:
@@ -148,12 +209,8 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
-        self._instance_cols = [f.name for f in fields(InstanceRecord)]
-        sets = ", ".join(f"{c}=:{c}" for c in self._instance_cols if c not in _IMMUTABLE)
-        self._update_sql = (f"UPDATE instances SET {sets}, version=version+1 "
-                            "WHERE id=:id AND version=:expected_version")
-        self._history_sql = _insert_sql("history", HistoryRow)
-        self._attempt_sql = _insert_sql("attempts", AttemptRow)
+        self._history_sql = _HISTORY.insert_sql("history")
+        self._attempt_sql = _ATTEMPT.insert_sql("attempts")
 
     # -- transactions -------------------------------------------------------
     def _write(self) -> "_Txn":
@@ -169,7 +226,7 @@ class SqliteStore:
     # -- instances ----------------------------------------------------------
     def create(self, *records: InstanceRecord) -> None:
         with self._write() as conn:
-            conn.executemany(_insert_sql("instances", InstanceRecord), map(_encode, records))
+            conn.executemany(_INSTANCE.insert_sql("instances"), map(_INSTANCE.values, records))
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read("SELECT * FROM instances WHERE id=?", (instance_id,))
@@ -199,18 +256,19 @@ class SqliteStore:
         return applied
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
-        row = _encode_instance(step.record)
-        row["expected_version"] = step.expected_version
-        if conn.execute(self._update_sql, row).rowcount != 1:
+        """Write one step in the open transaction; False (nothing written) when stale."""
+        cols, values = _changes(step.before, step.record)
+        values += (step.record.id, step.expected_version)
+        if conn.execute(_update_sql(cols), values).rowcount != 1:
             return False
         step.record.version = step.expected_version + 1
         for h in step.history:
-            row = _encode(h)
-            if len(row["delta"]) > self.blob_threshold:
-                row["delta"] = self._shrink(conn, h.delta)
+            row = _HISTORY.values(h)
+            if len(row[_DELTA]) > self.blob_threshold:
+                row[_DELTA] = self._shrink(conn, h.delta)
             conn.execute(self._history_sql, row)
         if step.attempt is not None:
-            conn.execute(self._attempt_sql, _encode(step.attempt))
+            conn.execute(self._attempt_sql, _ATTEMPT.values(step.attempt))
         if step.outbox_done is not None:
             key, result = step.outbox_done
             conn.execute("UPDATE outbox SET status='done', result=?, updated_at=? WHERE key=?",
@@ -267,7 +325,7 @@ class SqliteStore:
     # -- workers --------------------------------------------------------------
     def put_worker(self, worker: WorkerRow) -> None:
         with self._write() as conn:
-            conn.execute(_insert_sql("workers", WorkerRow, replace=True), _encode(worker))
+            conn.execute(_WORKER.insert_sql("workers", "INSERT OR REPLACE"), _WORKER.values(worker))
 
     def workers(self) -> builtins.list[WorkerRow]:
         return [_decode(WorkerRow, r) for r in self._read("SELECT * FROM workers")]
@@ -282,19 +340,20 @@ class SqliteStore:
         return _decode(BreakerRow, rows[0]) if rows else BreakerRow(name)
 
     def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
-        data = _encode(row)
-        data["version"] = expected_version + 1
+        name, state, events, opened_at, probe_at, _ = _BREAKER.values(row)
+        version = expected_version + 1
         with self._write() as conn:
             if expected_version == 0:
-                cur = conn.execute(_insert_sql("breakers", BreakerRow, ignore=True), data)
+                cur = conn.execute(_BREAKER.insert_sql("breakers", "INSERT OR IGNORE"),
+                                   (name, state, events, opened_at, probe_at, version))
             else:
                 cur = conn.execute(
-                    "UPDATE breakers SET state=:state, events=:events, opened_at=:opened_at,"
-                    " probe_at=:probe_at, version=:version WHERE name=:name"
-                    f" AND version={int(expected_version)}", data)
+                    "UPDATE breakers SET state=?, events=?, opened_at=?, probe_at=?, version=?"
+                    " WHERE name=? AND version=?",
+                    (state, events, opened_at, probe_at, version, name, expected_version))
         ok = cur.rowcount == 1
         if ok:
-            row.version = expected_version + 1
+            row.version = version
         return ok
 
     def close(self) -> None:
@@ -333,10 +392,4 @@ class _Txn:
             self.store._lock.release()
         if isinstance(exc, sqlite3.DatabaseError):
             raise StoreError(f"database {self.store.path}: {exc}") from None
-
-
-def _insert_sql(table: str, cls: type, *, replace: bool = False, ignore: bool = False) -> str:
-    cols = [f.name for f in fields(cls)]
-    verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE" if ignore else "INSERT"
-    return f"{verb} INTO {table}({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"
 

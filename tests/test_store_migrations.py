@@ -1,0 +1,134 @@
+"""Schema migrations: a database written by an older fsm_engine opens with its data intact."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from fsm_engine import SqliteStore, StoreError
+from fsm_engine.store import HistoryRow, StepCommit
+from fsm_engine.store.records import FORMAT_VERSION
+
+#: The schema as fsm_engine wrote it at format version 1 (``sqlite_master.sql``, verbatim).
+V1_DDL = [
+    'CREATE TABLE "fsm_meta" (\n   "key" TEXT PRIMARY KEY,\n   "value" TEXT\n)',
+    ('CREATE TABLE "instances" (\n   "id" TEXT PRIMARY KEY,\n   "machine" TEXT NOT NULL,\n'
+     '   "module" TEXT,\n   "fingerprint" TEXT,\n   "state" TEXT NOT NULL,\n'
+     '   "status" TEXT NOT NULL,\n   "context" TEXT NOT NULL,\n   "input" TEXT,\n'
+     '   "max_transitions" INTEGER,\n   "token_budget" INTEGER,\n   "created_at" REAL,\n'
+     '   "updated_at" REAL,\n   "reason" TEXT,\n   "last_error" TEXT,\n   "seq" INTEGER,\n'
+     '   "loop_count" INTEGER,\n   "tokens_used" INTEGER,\n   "attempt" INTEGER,\n'
+     '   "next_attempt_at" REAL,\n   "deadline" REAL,\n   "owner" TEXT,\n'
+     '   "recoveries" INTEGER,\n   "recovered_seq" INTEGER,\n   "visits" TEXT,\n'
+     '   "version" INTEGER\n)'),
+    'CREATE INDEX "idx_instances_status"\n    ON "instances" ("status")',
+    ('CREATE TABLE "history" (\n   "instance_id" TEXT,\n   "seq" INTEGER,\n   "source" TEXT,\n'
+     '   "dest" TEXT,\n   "trigger" TEXT,\n   "at" REAL,\n   "kind" TEXT,\n   "guards" TEXT,\n'
+     '   "duration_ms" REAL,\n   "tokens" INTEGER,\n   "error" TEXT,\n   "reason" TEXT,\n'
+     '   "delta" TEXT,\n   "detail" TEXT,\n   PRIMARY KEY ("instance_id", "seq")\n)'),
+    ('CREATE TABLE "attempts" (\n   "instance_id" TEXT,\n   "state" TEXT,\n   "visit" INTEGER,\n'
+     '   "attempt" INTEGER,\n   "error_class" TEXT,\n   "error" TEXT,\n   "tokens" INTEGER,\n'
+     '   "next_at" REAL,\n   "at" REAL\n)'),
+    'CREATE INDEX "idx_attempts_instance_id"\n    ON "attempts" ("instance_id")',
+    ('CREATE TABLE "outbox" (\n   "key" TEXT PRIMARY KEY,\n   "instance_id" TEXT,\n'
+     '   "state" TEXT,\n   "visit" INTEGER,\n   "status" TEXT,\n   "attempts" INTEGER,\n'
+     '   "created_at" REAL,\n   "updated_at" REAL,\n   "result" TEXT,\n   "last_error" TEXT\n)'),
+    ('CREATE TABLE "workers" (\n   "id" TEXT PRIMARY KEY,\n   "host" TEXT,\n   "pid" INTEGER,\n'
+     '   "pid_start" TEXT,\n   "started_at" REAL,\n   "heartbeat_at" REAL\n)'),
+    'CREATE TABLE "blobs" (\n   "hash" TEXT PRIMARY KEY,\n   "data" TEXT\n)',
+    ('CREATE TABLE "breakers" (\n   "name" TEXT PRIMARY KEY,\n   "state" TEXT,\n'
+     '   "events" TEXT,\n   "opened_at" REAL,\n   "probe_at" REAL,\n   "version" INTEGER\n)'),
+]
+
+BIG = "y" * 100_000
+BIG_HASH = hashlib.sha256(json.dumps(BIG).encode()).hexdigest()
+
+#: (instance_id, seq, source, dest, trigger, at, kind, guards, duration_ms, tokens, error,
+#:  reason, delta, detail) as version 1 stored them; a's second delta references a blob.
+V1_HISTORY = [
+    ("a", 1, "start", "draft", "go", 1001.0, "transition", '[["ready",true]]', 1.5, 10, None,
+     None, '{"n":1}', '{}'),
+    ("a", 2, "draft", "review", "next", 1002.0, "transition", "[]", 2.5, 0, None, None,
+     json.dumps({"text": {"$blob": BIG_HASH}}), '{"note":"審"}'),
+    ("b", 1, "start", "failed", "fail", 1003.0, "fail", "[]", 0.0, 0, "ServerError: 502",
+     "retries", "{}", "{}"),
+]
+
+
+def _instance(iid: str, state: str, status: str, seq: int, context: str) -> tuple[object, ...]:
+    return (iid, "m", "/x/m.py", "0123456789abcdef", state, status, context, '{"n":0}', 10,
+            500, 1000.0, 1000.0 + seq, None, None, seq, seq, 10 * seq, 1, None, None, None, 0,
+            -1, json.dumps({state: 1}), seq)
+
+
+def write_v1(path: Path) -> None:
+    """A format-1 database with two instances, their history and one blob."""
+    conn = sqlite3.connect(path)
+    for ddl in V1_DDL:
+        conn.execute(ddl)
+    conn.execute("INSERT INTO fsm_meta VALUES ('schema_version', '1')")
+    conn.executemany(f"INSERT INTO instances VALUES ({','.join('?' * 25)})",
+                     [_instance("a", "review", "running", 2, '{"n":1}'),
+                      _instance("b", "failed", "failed", 1, '{"n":0}')])
+    conn.executemany(f"INSERT INTO history VALUES ({','.join('?' * 14)})", V1_HISTORY)
+    conn.execute("INSERT INTO blobs VALUES (?, ?)", (BIG_HASH, json.dumps(BIG)))
+    conn.commit()
+    conn.close()
+
+
+def _sql(path: Path, query: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(query).fetchall()
+    finally:
+        conn.close()
+
+
+def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    write_v1(path)
+    store = SqliteStore(str(path))
+    a, b = store.get("a"), store.get("b")
+    assert (a.state, a.status, a.seq, a.context, a.visits, a.version) == \
+        ("review", "running", 2, {"n": 1}, {"review": 1}, 2)
+    assert (b.state, b.status, b.tokens_used) == ("failed", "failed", 10)
+    rows = store.history("a") + store.history("b")
+    assert [(h.instance_id, h.seq, h.source, h.dest, h.kind, h.error) for h in rows] == \
+        [(r[0], r[1], r[2], r[3], r[6], r[10]) for r in V1_HISTORY]
+    assert rows[0].guards == [["ready", True]] and rows[0].delta == {"n": 1}
+    assert rows[1].delta == {"text": BIG} and rows[1].detail == {"note": "審"}
+    assert [i.id for i in store.list(statuses=["running"])] == ["a"]
+    store.close()
+    [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='history'")
+    assert "WITHOUT ROWID" in ddl
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
+        [(str(FORMAT_VERSION),)] == [("2",)]
+    names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
+    assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
+    assert {"idx_instances_status", "idx_attempts_instance_id"} <= names
+
+
+def test_migrated_history_takes_new_steps_and_keeps_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    write_v1(path)
+    store = SqliteStore(str(path))
+    rec = store.get("a")
+    new = HistoryRow(instance_id="a", seq=3, source="review", dest="done", trigger="ok",
+                     at=1004.0)
+    assert store.commit([StepCommit(rec, rec.version, [new])]) == [True]
+    assert [h.seq for h in store.history("a")] == [1, 2, 3]
+    rec = store.get("a")
+    with pytest.raises(StoreError):  # (instance_id, seq) is still the primary key
+        store.commit([StepCommit(rec, rec.version, [new])])
+    store.close()
+
+
+def test_fresh_database_has_the_current_shape(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    SqliteStore(str(path)).close()
+    [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='history'")
+    assert "WITHOUT ROWID" in ddl
