@@ -208,6 +208,16 @@ class TestStoreContract:
         got = store.get("a")
         assert (got.context, got.visits) == ({"n": 7, "s": "x"}, {"start": 2})
 
+    def test_commit_with_before_keeps_a_value_whose_type_alone_changed(self, store: Store) -> None:
+        rec = record("a")
+        rec.context = {"flag": True, "n": 1}
+        store.create(rec)
+        base = store.get("a")
+        new = replace(base, context={"flag": 1, "n": 1.0})  # == base.context, other JSON
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        got = store.get("a").context
+        assert type(got["flag"]) is int and type(got["n"]) is float
+
     def test_commit_without_before_writes_every_column(self, store: Store) -> None:
         store.create(record("a"))
         new = moved(store.get("a"), "end", tokens=3, status="completed", context={"done": True},

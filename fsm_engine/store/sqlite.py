@@ -122,7 +122,8 @@ def _changes(before: InstanceRecord | None,
     """The instance columns to write and their values (JSON-encoded).
 
     Every mutable column when ``before`` is None, else those where ``after``
-    differs from ``before`` (compared with ``==``).
+    differs from ``before`` (scalars compared with ``==``, JSON columns by
+    their encoded text).
     """
     if before is None:
         values = [*_SCALAR_VALUES(after), _dumps(after.context), _dumps(after.visits)]
@@ -134,9 +135,12 @@ def _changes(before: InstanceRecord | None,
             values.append(new)
     for col in _DICTS:
         old, new = getattr(before, col), getattr(after, col)
-        if old is new or old != new:
+        text = _dumps(new)
+        # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
+        # been edited in place
+        if old is new or old != new or text != _dumps(old):
             cols.append(col)
-            values.append(_dumps(new))
+            values.append(text)
     return tuple(cols), values
 
 
