@@ -90,25 +90,25 @@ class CompiledMachine:
         """Declared triggers from ``state`` that normal selection considers (not reserved)."""
         return self._choosable.get(state, ())
 
-    def choose(self, state: str, ctx: Any, run: Callable[[], RunInfo],
+    def choose(self, state: str, ctx: Any, run: tuple[Any, ...],
                trigger: str | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
 
         With ``trigger`` only that trigger's transitions are candidates;
         without, every non-reserved trigger from ``state`` in declaration
-        order.  ``run`` builds the ``RunInfo`` two-argument guards see (called
-        only when a guard is evaluated).  Returns ``None`` when no guard set
-        passes.  Guard exceptions propagate.
+        order.  ``run`` holds ``RunInfo``'s fields, for two-argument guards
+        (built only when a guard is evaluated).  Returns ``None`` when no
+        guard set passes.  Guard exceptions propagate.
         """
-        log: list[list[Any]] = []
         plan = self._plans.get(state, {})
+        log: list[list[Any]] = []
         data = None
         for trig in (trigger,) if trigger else self.choosable(state):
             for dest, conditions in plan.get(trig, ()):
                 if conditions:
                     if data is None:
                         data = transitions.core.EventData(None, None, self._tm, None,
-                                                          (ctx, run(), log), {})
+                                                          (ctx, RunInfo(*run), log), {})
                     if not all(cond.check(data) for cond in conditions):
                         continue
                 return Choice(trig, dest, log)

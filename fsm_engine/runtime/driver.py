@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, RunInfo, State
+from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
     ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepTimeout,
     StructuredOutputError,
@@ -161,16 +161,16 @@ class Driver:
         if state.wait:
             new = outcome.clone(rec)
             new.status, new.owner, new.updated_at = "waiting", None, now
-            return await self.commit(rec, StepCommit(new, rec.version, before=rec))
-        if rec.deadline is not None and now >= rec.deadline:
-            return await self.commit(rec, outcome.failed(cm, rec, "deadline", now,
-                                                         error="instance deadline passed"))
-        if rec.loop_count >= rec.max_transitions:
-            return await self.commit(rec, outcome.failed(cm, rec, "loop_limit", now,
-                                                         kind="loop_limit"))
-        if rec.next_attempt_at is not None and rec.next_attempt_at > now:
-            await asyncio.sleep(rec.next_attempt_at - now)
-        return await self._attempt(cm, rec, state)
+            step = StepCommit(new, rec.version, before=rec)
+        elif rec.deadline is not None and now >= rec.deadline:
+            step = outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
+        elif rec.loop_count >= rec.max_transitions:
+            step = outcome.failed(cm, rec, "loop_limit", now, kind="loop_limit")
+        else:
+            if rec.next_attempt_at is not None and rec.next_attempt_at > now:
+                await asyncio.sleep(rec.next_attempt_at - now)
+            step = await self._attempt(cm, rec, state)
+        return await self.commit(rec, step)
 
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
@@ -186,7 +186,8 @@ class Driver:
                     triggers=cm.choosable(state.name))
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
-                       state: State) -> InstanceRecord:
+                       state: State) -> StepCommit:
+        """Run the action under its policies; return the commit recording what happened."""
         entry = cm.actions.get(state.name)
         # only actions that take ``step`` (and side effects, for their key) need a Step
         step = (self._make_step(cm, rec, state)
@@ -206,10 +207,10 @@ class Driver:
         ms = (time.perf_counter() - started) * 1000.0
         if error is None:
             try:
-                return await self._advance(cm, rec, state, step, *_normalise(result), ms)
+                return self.advance(cm, rec, state, step, *_normalise(result), ms)
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
-        return await self._on_error(cm, rec, state, step, error, ms)
+        return self._on_error(cm, rec, state, step, error, ms)
 
     async def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
                     rec: InstanceRecord, state: State, step: Step | None) -> Any:
@@ -238,60 +239,64 @@ class Driver:
             raise StepTimeout(timeout, instance_id=rec.id, state=state.name)
         return fut.result()
 
-    async def _advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                       step: Step | None, trigger: str | None, update: Mapping[str, Any],
-                       ms: float, *, kind: str = "transition",
-                       reason: str | None = None, error: str | None = None) -> InstanceRecord:
+    def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                step: Step | None, trigger: str | None, update: Mapping[str, Any],
+                ms: float, *, kind: str = "transition", reason: str | None = None,
+                error: str | None = None) -> StepCommit:
+        """The commit taking the transition chosen after ``update`` (and ``trigger``, if fired).
+
+        Raises ``InvalidInput`` for a bad update or an undeclared trigger,
+        ``ActionError`` when a guard raises.
+        """
         obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields)
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)
+        run = (rec.id, state.name, rec.loop_count, rec.max_transitions,
+               rec.tokens_used + tokens, rec.token_budget)
         try:
-            choice = cm.choose(state.name, obj, lambda: RunInfo(
-                rec.id, state.name, rec.loop_count, rec.max_transitions,
-                rec.tokens_used + tokens, rec.token_budget), trigger)
+            choice = cm.choose(state.name, obj, run, trigger)
         except Exception as exc:  # a guard raised: fail this instance, not the whole batch
             raise ActionError(f"a guard raised {_err(exc)}", instance_id=rec.id,
                               state=state.name) from exc
         detail = _detail(rec, step)
         if choice is None:
-            return await self.commit(rec, outcome.failed(
+            return outcome.failed(
                 cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms,
-                error=f"no transition from {state.name!r} passed its guards", detail=detail))
+                error=f"no transition from {state.name!r} passed its guards", detail=detail)
         done = (step.idempotency_key, {"visit": step.visit}) if step and state.side_effect else None
-        return await self.commit(rec, outcome.transition(
+        return outcome.transition(
             cm, rec, trigger=choice.trigger, dest=choice.dest, now=self.clock(),
             context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
             tokens=tokens, duration_ms=ms, error=error, reason=reason,
-            detail=detail, outbox_done=done, extra_loops=step.llm.reasks if step else 0))
+            detail=detail, outbox_done=done, extra_loops=step.llm.reasks if step else 0)
 
-    async def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                        step: Step | None, exc: BaseException, ms: float) -> InstanceRecord:
+    def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                  step: Step | None, exc: BaseException, ms: float) -> StepCommit:
+        """The commit after a failed attempt: retry later, fallback, skip or fail."""
         disposition = classify(exc)
         policy = state.retry
         now = self.clock()
         if disposition is Disposition.RETRY and policy and policy.should_retry(rec.attempt):
             hint = getattr(exc, "retry_after", None)
             delay = policy.delay(rec.attempt, retry_after=hint, rng=self.rng)
-            return await self.commit(rec, outcome.retry_later(
-                rec, error=exc, tokens=_spent(step), next_at=now + delay, now=now))
+            return outcome.retry_later(rec, error=exc, tokens=_spent(step), next_at=now + delay,
+                                       now=now)
         reason = _reason(exc, disposition is Disposition.RETRY)
         try:
             if disposition is not Disposition.FAIL:
                 trigger = (BUDGET_EXHAUSTED if isinstance(exc, BudgetExhausted)
                            and cm.has_trigger(state.name, BUDGET_EXHAUSTED) else FALLBACK)
                 if cm.has_trigger(state.name, trigger):
-                    return await self._advance(cm, rec, state, step, trigger, {}, ms,
-                                               kind="fallback", reason=reason, error=_err(exc))
+                    return self.advance(cm, rec, state, step, trigger, {}, ms,
+                                        kind="fallback", reason=reason, error=_err(exc))
             if state.skippable and state.default_output is not None:
-                return await self._advance(cm, rec, state, step, None, state.default_output,
-                                           ms, kind="skip",
-                                           reason=reason, error=_err(exc))
+                return self.advance(cm, rec, state, step, None, state.default_output, ms,
+                                    kind="skip", reason=reason, error=_err(exc))
         except (InvalidInput, ActionError) as second:  # a guard or default that fails too
             exc, reason = second, _reason(second, False)
         detail = _detail(rec, step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
-        return await self.commit(rec, outcome.failed(
-            cm, rec, reason, now, error=_err(exc), tokens=_spent(step), duration_ms=ms,
-            detail=detail))
+        return outcome.failed(cm, rec, reason, now, error=_err(exc), tokens=_spent(step),
+                              duration_ms=ms, detail=detail)

@@ -404,8 +404,8 @@ class Engine:
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
         cm = self._compiled(rec)
         self._ensure_worker()
-        rec = await self.driver._advance(cm, rec, cm.states[rec.state], None, trigger, update,
-                                         0.0)
+        rec = await self.driver.commit(rec, self.driver.advance(
+            cm, rec, cm.states[rec.state], None, trigger, update, 0.0))
         return rec if rec.final else await self.run(rec.id)
 
     async def aclose(self) -> None:
