@@ -6,6 +6,7 @@ Add a backend by adding a factory to ``STORE_FACTORIES``; every test in
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from dataclasses import replace
@@ -505,14 +506,13 @@ def test_sqlite_step_with_before_updates_only_the_changed_columns(tmp_path: Path
     store.close()
 
 
-def test_sqlite_json_is_the_same_without_the_c_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The store's compact JSON falls back to ``JSONEncoder.encode`` with identical output."""
-    import json.encoder
-
+def test_sqlite_json_is_compact_utf8_with_escaped_lone_surrogates() -> None:
+    """The store's JSON: compact UTF-8; lone surrogates kept as escapes; TypeError for non-JSON."""
     from fsm_engine.store import sqlite as backend
 
     value = {"é": [1.5, None, True, "\u202e"], "n": {"k": 'say "hi"'}, "e": []}
-    fast = backend._compact_json(ensure_ascii=False)(value)
-    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
-    slow = backend._compact_json(ensure_ascii=False)
-    assert slow(value) == fast == '{"é":[1.5,null,true,"\u202e"],"n":{"k":"say \\"hi\\""},"e":[]}'
+    assert backend._dumps(value) == '{"é":[1.5,null,true,"\u202e"],"n":{"k":"say \\"hi\\""},"e":[]}'
+    assert json.loads(backend._dumps({"f": "bad\udcff.txt"})) == {"f": "bad\udcff.txt"}
+    assert backend._dumps({"f": "bad\udcff.txt"}).isascii()
+    with pytest.raises(TypeError):
+        backend._dumps({"x": object()})

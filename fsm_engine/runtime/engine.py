@@ -124,6 +124,8 @@ class Engine:
         Raises ``DefinitionError`` listing every problem.
         """
         cm = compile_machine(machine)
+        if module is None and self._machines.get(machine.name) is cm:
+            return cm  # already registered (start_many calls this for every batch)
         self._machines[machine.name] = cm
         self._modules[machine.name] = module or _module_ref(machine)
         return cm
