@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .peers import PEERS
+from .peers import FSM_VARIANTS, PEERS
 from .workloads.steps import Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,21 +190,23 @@ def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
     return results
 
 
-def run_fsm_big(p: Params, log: Log) -> Outcome:
-    """W2 with ``n2_big`` instances, fsm_engine alone (a fresh child per repetition)."""
-    out = Outcome()
+def run_fsm_big(p: Params, log: Log) -> dict[str, Outcome]:
+    """W2 with ``n2_big`` instances, each fsm_engine variant alone (a fresh child per
+    repetition), repetitions interleaved across the variants."""
+    outs = {name: Outcome() for name in FSM_VARIANTS}
     for rep in range(p.reps):
-        proc = PeerProcess("fsm_engine", p)
-        started = time.perf_counter()
-        _round({"big": proc}, {"big": out},
-               lambda _: Task("W2", PEERS["fsm_engine"], "FULL", p.workdir, p.sleep),
-               p.n2_big or 0, p.n2_big or 1)
-        proc.close()
-        log(f"rep {rep + 1}/{p.reps} W2 FULL fsm_engine x{p.n2_big} "
-            f"{time.perf_counter() - started:6.1f} s" + (f"  n/a: {out.error}" if out.error else ""))
-        if out.error:
-            break
-    return out
+        for name, out in outs.items():
+            if out.error:
+                continue
+            proc = PeerProcess(name, p)
+            started = time.perf_counter()
+            _round({"big": proc}, {"big": out},
+                   lambda _, name=name: Task("W2", PEERS[name], "FULL", p.workdir, p.sleep),
+                   p.n2_big or 0, p.n2_big or 1)
+            proc.close()
+            log(f"rep {rep + 1}/{p.reps} W2 FULL {name} x{p.n2_big} "
+                f"{time.perf_counter() - started:6.1f} s" + (f"  n/a: {out.error}" if out.error else ""))
+    return outs
 
 
 def _module(p: Params, module: str, *args: Any, timeout: float) -> Any:

@@ -6,7 +6,7 @@ import statistics
 from typing import Any, Callable, Iterable
 
 from .orchestrate import Outcome, Params
-from .peers import FLOOR, FSM
+from .peers import FLOOR, FSM, FSM_VARIANTS
 
 Row = list[str]
 
@@ -171,8 +171,8 @@ def profile_section(result: dict[str, Any] | str | None) -> str:
 
 
 # -- targets ---------------------------------------------------------------------------------
-def _ratio(results: dict[tuple[str, str, str], Outcome], sync: str) -> float | None:
-    fsm, floor = results.get(("W1", sync, FSM)), results.get(("W1", sync, FLOOR))
+def _ratio(results: dict[tuple[str, str, str], Outcome], sync: str, name: str) -> float | None:
+    fsm, floor = results.get(("W1", sync, name)), results.get(("W1", sync, FLOOR))
     if not fsm or not floor or fsm.error or floor.error or not fsm.samples or not floor.samples:
         return None
     return med(map(us_per_transition, fsm.samples)) / med(map(us_per_transition, floor.samples))
@@ -182,8 +182,13 @@ def _verdict(ok: bool | None) -> str:
     return "–" if ok is None else ("met" if ok else "**not met**")
 
 
-def targets_table(results: dict[tuple[str, str, str], Outcome], big: Outcome | None,
+def _label(name: str) -> str:
+    return "async def actions" if name == FSM else "plain def actions"
+
+
+def targets_table(results: dict[tuple[str, str, str], Outcome], big: dict[str, Outcome],
                   w3: Outcome | None, w4: dict[str, Any] | str | None, p: Params) -> str:
+    """One row per target and fsm_engine variant (``async def`` / plain ``def`` actions)."""
     rows: list[Row] = []
 
     def add(target: str, value: float | None, text: Callable[[float], str],
@@ -192,20 +197,25 @@ def targets_table(results: dict[tuple[str, str, str], Outcome], big: Outcome | N
                      _verdict(None if value is None else ok(value))])
 
     for sync, limit in (("FULL", 1.3), ("NORMAL", 2.5)):
-        add(f"W1 fsm_engine ≤ {limit}× floor ({sync})", _ratio(results, sync),
-            lambda r: f"{r:.2f}×", lambda r, limit=limit: r <= limit)
-    fsm2 = results.get(("W2", "FULL", FSM))
-    wall = med(s["seconds"] for s in fsm2.samples) if fsm2 and fsm2.samples and not fsm2.error else None
-    add(f"W2 {p.n2} instances ≤ 2× ideal (start + run)", None if wall is None else wall / p.sleep,
-        lambda r: f"{r:.1f}×", lambda r: r <= 2)
-    ok_big = big is not None and big.samples and not big.error
-    for label, key in (("start + run", "seconds"), ("run only", "run_seconds")):
-        tps = med(s["transitions"] / s[key] for s in big.samples) if ok_big else None
-        add(f"W2 {p.n2_big or 10000} instances ≥ 10,000 durable transitions/s, FULL ({label})",
-            tps, lambda r: f"{r:,.0f}/s", lambda r: r >= 10000)
-    rss = med(s["rss_mib"] for s in big.samples) if ok_big else None
-    add(f"W2 {p.n2_big or 10000} instances RSS ≤ 1 GiB", rss, lambda r: f"{r:,.0f} MiB",
-        lambda r: r <= 1024)
+        for name in FSM_VARIANTS:
+            add(f"W1 ≤ {limit}× floor ({sync}), {_label(name)}", _ratio(results, sync, name),
+                lambda r: f"{r:.2f}×", lambda r, limit=limit: r <= limit)
+    for name in FSM_VARIANTS:
+        out = results.get(("W2", "FULL", name))
+        wall = med(s["seconds"] for s in out.samples) if out and out.samples and not out.error else None
+        add(f"W2 {p.n2} instances ≤ 2× ideal (start + run), {_label(name)}",
+            None if wall is None else wall / p.sleep, lambda r: f"{r:.1f}×", lambda r: r <= 2)
+    n_big = p.n2_big or 10000
+    for name in FSM_VARIANTS:
+        out = big.get(name)
+        ok_big = out is not None and out.samples and not out.error
+        for label, key in (("start + run", "seconds"), ("run only", "run_seconds")):
+            tps = med(s["transitions"] / s[key] for s in out.samples) if ok_big else None
+            add(f"W2 {n_big} instances ≥ 10,000 durable transitions/s, FULL ({label}), "
+                f"{_label(name)}", tps, lambda r: f"{r:,.0f}/s", lambda r: r >= 10000)
+        rss = med(s["rss_mib"] for s in out.samples) if ok_big else None
+        add(f"W2 {n_big} instances RSS ≤ 1 GiB, {_label(name)}", rss,
+            lambda r: f"{r:,.0f} MiB", lambda r: r <= 1024)
     ok3 = w3 is not None and w3.samples
     first = max(x["first_step_s"] or float("inf") for x in w3.samples) if ok3 else None
     add(f"W3 resume starts stepping within 2 s ({p.n3} instances, worst rep)", first,

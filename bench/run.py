@@ -124,7 +124,8 @@ def header(p: Params, load_before: tuple[float, ...], elapsed: float) -> str:
     ])
 
 
-def render(p: Params, steps: dict, big: orchestrate.Outcome | None, w3: orchestrate.Outcome | None,
+def render(p: Params, steps: dict, big: dict[str, orchestrate.Outcome],
+           w3: orchestrate.Outcome | None,
            w4: object, micro: object, prof: object, load_before: tuple[float, ...],
            elapsed: float) -> str:
     from bench.method import METHOD
@@ -142,8 +143,9 @@ def render(p: Params, steps: dict, big: orchestrate.Outcome | None, w3: orchestr
                   report.w2_table(steps, p), "",
                   report.w2_split_table(f"fsm_engine, {p.n2} instances", steps.get(
                       ("W2", "FULL", "fsm_engine")), p)]
-        if p.n2_big:
-            parts += ["", report.w2_split_table(f"fsm_engine alone, {p.n2_big} instances", big, p)]
+        for name in big if p.n2_big else ():
+            parts += ["", report.w2_split_table(f"{name} alone, {p.n2_big} instances",
+                                                big[name], p)]
     if "W3" in p.only:
         parts += ["", f"## W3 recovery after SIGKILL, {p.n3} instances", "",
                   report.w3_table(w3)]
@@ -169,7 +171,7 @@ def main(argv: list[str]) -> int:
 
     log(f"workdir {p.workdir}; peers: {', '.join(p.peers)}")
     steps = orchestrate.run_steps(p, log)
-    big = orchestrate.run_fsm_big(p, log) if "W2" in p.only and p.n2_big else None
+    big = orchestrate.run_fsm_big(p, log) if "W2" in p.only and p.n2_big else {}
     w3 = orchestrate.run_recovery(p, log) if "W3" in p.only else None
     micro = (orchestrate.run_module(p, log, "MICRO", "bench.workloads.micro", p.reps)
              if "MICRO" in p.only else None)

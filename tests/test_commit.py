@@ -18,23 +18,17 @@ from test_store_contract import moved, record
 
 class Recording:
     """A SqliteStore wrapper recording each commit's batch size and thread; optionally
-    holding the first commit until ``release`` is set, or failing every commit."""
+    failing every commit."""
 
-    def __init__(self, store: SqliteStore, *, hold_first: bool = False, fail: bool = False) -> None:
+    def __init__(self, store: SqliteStore, *, fail: bool = False) -> None:
         self.store = store
         self.sizes: list[int] = []
         self.threads: list[str] = []
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self.hold_first = hold_first
         self.fail = fail
 
     def commit(self, steps: Sequence[StepCommit]) -> list[bool]:
         self.sizes.append(len(steps))
         self.threads.append(threading.current_thread().name)
-        self.entered.set()
-        if self.hold_first and len(self.sizes) == 1:
-            assert self.release.wait(10)
         if self.fail:
             raise StoreError("disk I/O error")
         return self.store.commit(steps)
@@ -73,31 +67,10 @@ def test_concurrent_steps_share_one_transaction_each_all_or_nothing(store: Sqlit
                                       for i, r in enumerate(recs)])
 
     ok = asyncio.run(main())
-    committer.close()
     assert wrapped.sizes == [40]
     assert ok == [i != 13 for i in range(40)]
     assert store.get("i013").state == "start" and store.history("i013") == []
     assert store.get("i014").state == "next" and len(store.history("i014")) == 1
-
-
-def test_steps_arriving_while_a_batch_is_written_form_the_next_batch(store: SqliteStore) -> None:
-    recs = _seed(store, 31)
-    wrapped = Recording(store, hold_first=True)
-    committer = GroupCommitter(wrapped)  # type: ignore[arg-type]
-
-    async def main() -> list[bool]:
-        first = asyncio.ensure_future(committer.submit(_step(recs[0])))
-        await asyncio.to_thread(wrapped.entered.wait, 10)  # the writer holds batch 1
-        rest = [asyncio.ensure_future(committer.submit(_step(r))) for r in recs[1:]]
-        await asyncio.sleep(0.05)
-        assert wrapped.sizes == [1]  # nothing else started while batch 1 is in flight
-        wrapped.release.set()
-        return [await first] + list(await asyncio.gather(*rest))
-
-    assert all(asyncio.run(main()))
-    committer.close()
-    assert wrapped.sizes == [1, 30]
-    assert all(name == "fsm-writer-1" for name in wrapped.threads)
 
 
 def test_max_batch_caps_a_transaction(store: SqliteStore) -> None:
@@ -109,7 +82,6 @@ def test_max_batch_caps_a_transaction(store: SqliteStore) -> None:
         return await asyncio.gather(*[committer.submit(_step(r)) for r in recs])
 
     assert all(asyncio.run(main()))
-    committer.close()
     assert wrapped.sizes == [10, 10, 5]
     assert committer.batches == 3 and committer.steps == 25
 
@@ -131,7 +103,6 @@ def test_a_store_error_reaches_every_step_of_the_batch(store: SqliteStore) -> No
         return await committer.submit(_step(recs[0]))
 
     assert asyncio.run(again()) is True
-    committer.close()
     assert store.get(recs[0].id).state == "next"
 
 
@@ -140,6 +111,5 @@ def test_a_lone_instance_commits_inline(store: SqliteStore) -> None:
     wrapped = Recording(store)
     committer = GroupCommitter(wrapped, solo=lambda: True)  # type: ignore[arg-type]
     assert asyncio.run(committer.submit(_step(rec))) is True
-    committer.close()
     assert wrapped.threads == [threading.main_thread().name]
     assert store.get(rec.id).state == "next"

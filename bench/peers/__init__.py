@@ -17,13 +17,19 @@ as ``n/a (reason)``.
 """
 
 PEERS = {
-    "fsm_engine": "bench.peers.fsm:Bench",
-    "fsm_engine (async actions)": "bench.peers.fsm:BenchAsyncActions",
+    "fsm_engine": "bench.peers.fsm:BenchAsyncActions",
+    "fsm_engine (def actions)": "bench.peers.fsm:Bench",
     "floor (raw SQLite)": "bench.peers.floor:Bench",
     "transitions + SQLite": "bench.peers.transitions_sqlite:Bench",
     "langgraph (SqliteSaver)": "bench.peers.langgraph_peer:Bench",
     "burr (SQLitePersister)": "bench.peers.burr_peer:Bench",
     "dbos (SQLite sys db)": "bench.peers.dbos_peer:Bench",
 }
+#: fsm_engine's two rows: ``async def`` actions run on the event loop, as every peer runs
+#: its actions (in the caller's thread); plain ``def`` actions pay one thread hop per step
+#: (the engine never runs a sync action on the event loop, where it could block every
+#: other instance).
 FSM = "fsm_engine"
+FSM_DEF = "fsm_engine (def actions)"
+FSM_VARIANTS = (FSM, FSM_DEF)
 FLOOR = "floor (raw SQLite)"

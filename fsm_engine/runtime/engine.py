@@ -422,5 +422,4 @@ class Engine:
             self.store.delete_worker(self.worker.id)
             self._registered = False
         self._threads.shutdown()
-        self.committer.close()
         self.store.close()
