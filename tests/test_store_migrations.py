@@ -104,7 +104,11 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert [i.id for i in store.list(statuses=["running"])] == ["a"]
     store.close()
     [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='history'")
-    assert "WITHOUT ROWID" in ddl
+    assert "WITHOUT ROWID" in ddl and "PRIMARY KEY (instance, seq)" in ddl
+    # instances keep their creation order as integer keys; history rows point at those keys
+    assert _sql(path, "SELECT key, id FROM instances ORDER BY key") == [(1, "a"), (2, "b")]
+    assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
+        [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
         [(str(FORMAT_VERSION),)] == [("2",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
@@ -122,7 +126,7 @@ def test_migrated_history_takes_new_steps_and_keeps_its_key(tmp_path: Path) -> N
     assert store.commit([StepCommit(rec, rec.version, [new])]) == [True]
     assert [h.seq for h in store.history("a")] == [1, 2, 3]
     rec = store.get("a")
-    with pytest.raises(StoreError):  # (instance_id, seq) is still the primary key
+    with pytest.raises(StoreError):  # (instance, seq) is the primary key
         store.commit([StepCommit(rec, rec.version, [new])])
     store.close()
 
@@ -131,4 +135,6 @@ def test_fresh_database_has_the_current_shape(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     SqliteStore(str(path)).close()
     [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='history'")
-    assert "WITHOUT ROWID" in ddl
+    assert "WITHOUT ROWID" in ddl and "PRIMARY KEY (instance, seq)" in ddl
+    [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='instances'")
+    assert "key INTEGER PRIMARY KEY" in ddl and "id TEXT NOT NULL UNIQUE" in ddl

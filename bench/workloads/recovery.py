@@ -116,8 +116,9 @@ def _committed_steps(path: str) -> set[tuple[str, str, int]]:
     conn = sqlite3.connect(path)
     visits: collections.Counter[tuple[str, str]] = collections.Counter()
     done = set()
-    for iid, source in conn.execute("SELECT instance_id, source FROM history "
-                                    "WHERE kind='transition' ORDER BY instance_id, seq"):
+    for iid, source in conn.execute("SELECT i.id, h.source FROM history h JOIN instances i "
+                                    "ON i.key = h.instance WHERE h.kind='transition' "
+                                    "ORDER BY h.instance, h.seq"):
         visits[(iid, source)] += 1
         done.add((iid, source, visits[(iid, source)]))
     conn.close()

@@ -80,6 +80,11 @@ class _Codec:
 _INSTANCE, _HISTORY, _ATTEMPT, _WORKER, _BREAKER = map(
     _Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
 _DELTA = _HISTORY.columns.index("delta")
+_SELECT_INSTANCES = f"SELECT {', '.join(_INSTANCE.columns)} FROM instances"
+_SELECT_HISTORY = ("SELECT i.id AS instance_id, "
+                   + ", ".join(f"h.{c}" for c in _HISTORY.columns[1:])
+                   + " FROM history h JOIN instances i ON i.key = h.instance WHERE i.id=?"
+                   " ORDER BY h.seq")
 
 
 #: Instance columns fixed at creation: never rewritten by a step.
@@ -126,7 +131,8 @@ def _changes(before: InstanceRecord | None,
 def _update_sql(cols: tuple[str, ...]) -> str:
     """Compare-and-set UPDATE of ``cols`` (positional: the values, then id, expected version)."""
     sets = "".join(f"{col}=?, " for col in cols)
-    return f"UPDATE instances SET {sets}version=version+1 WHERE id=? AND version=?"
+    return (f"UPDATE instances SET {sets}version=version+1 WHERE id=? AND version=? "
+            "RETURNING key")
 
 
 def _decode(cls: type, row: sqlite3.Row) -> Any:
@@ -191,7 +197,8 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
-        self._history_sql = _HISTORY.insert_sql("history")
+        # history rows are keyed by the instance's integer key, not its id (see schema._v2)
+        self._history_sql = _HISTORY.insert_sql("history").replace("(instance_id,", "(instance,", 1)
         self._attempt_sql = _ATTEMPT.insert_sql("attempts")
 
     # -- transactions -------------------------------------------------------
@@ -211,14 +218,14 @@ class SqliteStore:
             conn.executemany(_INSTANCE.insert_sql("instances"), map(_INSTANCE.values, records))
 
     def get(self, instance_id: str) -> InstanceRecord:
-        rows = self._read("SELECT * FROM instances WHERE id=?", (instance_id,))
+        rows = self._read(_SELECT_INSTANCES + " WHERE id=?", (instance_id,))
         if not rows:
             raise InstanceNotFound(instance_id)
         return _decode(InstanceRecord, rows[0])
 
     def list(self, *, statuses: Sequence[str] | None = None,
              machine: str | None = None, owner: str | None = None) -> builtins.list[InstanceRecord]:
-        sql, args = "SELECT * FROM instances WHERE 1=1", []
+        sql, args = _SELECT_INSTANCES + " WHERE 1=1", []
         if owner:
             sql += " AND owner=?"
             args.append(owner)
@@ -228,7 +235,7 @@ class SqliteStore:
         if machine:
             sql += " AND machine=?"
             args.append(machine)
-        return [_decode(InstanceRecord, r) for r in self._read(sql + " ORDER BY rowid", args)]
+        return [_decode(InstanceRecord, r) for r in self._read(sql + " ORDER BY key", args)]
 
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
         applied: builtins.list[bool] = []
@@ -241,11 +248,13 @@ class SqliteStore:
         """Write one step in the open transaction; False (nothing written) when stale."""
         cols, values = _changes(step.before, step.record)
         values += (step.record.id, step.expected_version)
-        if conn.execute(_update_sql(cols), values).rowcount != 1:
+        found = conn.execute(_update_sql(cols), values).fetchall()  # (drained: statement done)
+        if not found:
             return False
         step.record.version = step.expected_version + 1
         for h in step.history:
             row = _HISTORY.values(h)
+            row[0] = found[0][0]  # the instance's key in place of its id
             if len(row[_DELTA]) > self.blob_threshold:
                 row[_DELTA] = self._shrink(conn, h.delta)
             conn.execute(self._history_sql, row)
@@ -278,7 +287,7 @@ class SqliteStore:
 
     def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         self.get(instance_id)
-        rows = self._read("SELECT * FROM history WHERE instance_id=? ORDER BY seq", (instance_id,))
+        rows = self._read(_SELECT_HISTORY, (instance_id,))
         return [self._expand(_decode(HistoryRow, r)) for r in rows]
 
     def attempts(self, instance_id: str) -> builtins.list[AttemptRow]:
