@@ -4,7 +4,6 @@ fingerprint, string references, and ``load_machine`` errors."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 

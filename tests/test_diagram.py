@@ -249,7 +249,7 @@ def test_mermaid_odd_names_use_safe_ids_and_escaped_text() -> None:
             assert re.fullmatch(r"    (\[\*\]|s\d+) --> (\[\*\]|s\d+)", ends), line
             bare = re.sub(r"#\w+;", "", label)  # what is left once entity codes are removed
             assert ":" not in bare and ";" not in bare and '"' not in bare, line
-    assert f' : go#58; 0#59; #quot;审核 中#quot;' in text
+    assert ' : go#58; 0#59; #quot;审核 中#quot;' in text
     assert mermaid_unescape('go#58; 0#59; #quot;审核 中#quot;') == 'go: 0; "审核 中"'
 
 
