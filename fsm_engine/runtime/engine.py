@@ -2,7 +2,7 @@
 
 ``Engine`` owns one store connection, one group committer and one worker
 identity.  Many instances run concurrently as asyncio tasks; sync actions
-run in a thread pool.  Every method that changes an instance goes through a
+run in worker threads (``ActionThreads``).  Every method that changes an instance goes through a
 compare-and-set on the instance's ``version``, so a second process (another
 ``fsm run``, ``fsm cancel``, a ``resume``) can never interleave half a step.
 """
@@ -85,8 +85,8 @@ class Engine:
         breaker: circuit breaker thresholds, one breaker per provider + model
             shared through the store (default ``BreakerPolicy()``; ``None`` disables).
         seed: seeds the jitter RNG (reproducible backoff in tests).
-        threads: pool threads for sync actions without a timeout (a sync action
-            with a timeout runs in a thread of its own, abandoned if it hangs).
+        threads: most worker threads for sync actions without a timeout (a sync
+            action with a timeout runs in a thread of its own, abandoned if it hangs).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
