@@ -1,9 +1,12 @@
 """SQLite store: one file, WAL journal, one transaction per batch of steps.
 
 Schema creation and migrations go through ``sqlite-utils``; the hot path
-(``commit``) uses prepared statements on the same connection.  Every write
-is ``BEGIN IMMEDIATE`` … ``COMMIT`` so concurrent processes serialise on the
-write lock instead of deadlocking; ``busy_timeout`` waits up to 30 s.
+(``commit``) uses prepared statements on the same connection, updates only the
+instance columns a step changed (``StepCommit.before``), and appends history
+rows keyed by the instance's integer key, so steps of instances started
+together share pages (see ``schema._v2``).  Every write is ``BEGIN IMMEDIATE``
+… ``COMMIT`` so concurrent processes serialise on the write lock instead of
+deadlocking; ``busy_timeout`` waits up to 30 s.
 """
 
 from __future__ import annotations
