@@ -85,9 +85,30 @@ class TestStoreContract:
 
     def test_create_duplicate_id_fails_and_keeps_the_original(self, store: Store) -> None:
         store.create(record("a", machine="first"))
+        late = [record("b"), record("a", machine="second")]
         with pytest.raises(StoreError):
-            store.create(record("a", machine="second"))
+            store.create(*late)
         assert store.get("a").machine == "first"
+        assert [r.key for r in late] == [None, None]  # nothing stored, no key handed out
+        with pytest.raises(InstanceNotFound):
+            store.get("b")
+
+    def test_create_hands_out_increasing_keys(self, store: Store) -> None:
+        first, second = record("x"), record("y")
+        store.create(first, second)
+        third = record("a")
+        store.create(third)
+        assert first.key is not None and first.key < second.key < third.key  # type: ignore[operator]
+        assert [store.get(i).key for i in ("x", "y", "a")] == [first.key, second.key, third.key]
+
+    def test_commit_of_a_record_without_its_key_finds_it_by_id(self, store: Store) -> None:
+        store.create(record("a"))
+        base = replace(store.get("a"), key=None)  # e.g. built by hand from an export
+        new = moved(base, "next")
+        step = StepCommit(new, 0, [hist("a", 1, "start", "next")], before=base)
+        assert store.commit([step]) == [True]
+        assert new.key == store.get("a").key
+        assert [h.dest for h in store.history("a")] == ["next"]
 
     def test_unknown_id_raises_instance_not_found(self, store: Store) -> None:
         store.create(record("a"))

@@ -24,7 +24,8 @@ class Store(Protocol):
     path: str
 
     def create(self, *records: InstanceRecord) -> None:
-        """Insert new instances in one transaction (all or none; a duplicate id fails all)."""
+        """Insert new instances in one transaction (all or none; a duplicate id fails all);
+        each record's ``key`` is set to its new integer key (increasing in creation order)."""
 
     def get(self, instance_id: str) -> InstanceRecord:
         """The instance; ``InstanceNotFound`` when absent."""

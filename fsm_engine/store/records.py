@@ -53,6 +53,8 @@ class InstanceRecord:
     recovered_seq: int = -1
     visits: dict[str, int] = field(default_factory=dict)
     version: int = 0
+    #: The store's integer key (creation order), set by ``Store.create``; ``None`` before.
+    key: int | None = None
 
     @property
     def final(self) -> bool:

@@ -91,7 +91,7 @@ _SELECT_HISTORY = ("SELECT i.id AS instance_id, "
 
 
 #: Instance columns fixed at creation: never rewritten by a step.
-_IMMUTABLE = frozenset({"id", "version", "machine", "module", "fingerprint", "input",
+_IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
                         "max_transitions", "created_at"})
 
 
@@ -131,11 +131,13 @@ def _changes(before: InstanceRecord | None,
 
 
 @functools.lru_cache(maxsize=256)
-def _update_sql(cols: tuple[str, ...]) -> str:
-    """Compare-and-set UPDATE of ``cols`` (positional: the values, then id, expected version)."""
+def _update_sql(cols: tuple[str, ...], by_key: bool) -> str:
+    """Compare-and-set UPDATE of ``cols`` (positional: the values, then the instance's key
+    and id, or its id alone, then the expected version).  By key it finds the row in
+    one B-tree; by id it returns the key (``RETURNING`` costs ~15 µs a statement)."""
     sets = "".join(f"{col}=?, " for col in cols)
-    return (f"UPDATE instances SET {sets}version=version+1 WHERE id=? AND version=? "
-            "RETURNING key")
+    where = "key=? AND id=? AND version=?" if by_key else "id=? AND version=? RETURNING key"
+    return f"UPDATE instances SET {sets}version=version+1 WHERE {where}"
 
 
 def _decode(cls: type, row: sqlite3.Row) -> Any:
@@ -203,6 +205,7 @@ class SqliteStore:
         # history rows are keyed by the instance's integer key, not its id (see schema._v2)
         self._history_sql = _HISTORY.insert_sql("history").replace("(instance_id,", "(instance,", 1)
         self._attempt_sql = _ATTEMPT.insert_sql("attempts")
+        self._insert_instance_sql = _INSTANCE.insert_sql("instances")
 
     # -- transactions -------------------------------------------------------
     def _write(self) -> "_Txn":
@@ -217,8 +220,17 @@ class SqliteStore:
 
     # -- instances ----------------------------------------------------------
     def create(self, *records: InstanceRecord) -> None:
-        with self._write() as conn:
-            conn.executemany(_INSTANCE.insert_sql("instances"), map(_INSTANCE.values, records))
+        with self._write() as conn:  # the write lock is held: nobody else can take a key
+            last = conn.execute("SELECT COALESCE(MAX(key), 0) FROM instances").fetchone()[0]
+            keys = [r.key for r in records]
+            for i, rec in enumerate(records, start=last + 1):
+                rec.key = i
+            try:
+                conn.executemany(self._insert_instance_sql, map(_INSTANCE.values, records))
+            except BaseException:
+                for rec, key in zip(records, keys):  # nothing was stored: no key either
+                    rec.key = key
+                raise
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read(_SELECT_INSTANCES + " WHERE id=?", (instance_id,))
@@ -250,14 +262,21 @@ class SqliteStore:
     def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale."""
         cols, values = _changes(step.before, step.record)
-        values += (step.record.id, step.expected_version)
-        found = conn.execute(_update_sql(cols), values).fetchall()  # (drained: statement done)
-        if not found:
-            return False
+        key = step.record.key
+        if key is not None:
+            values += (key, step.record.id, step.expected_version)
+            if conn.execute(_update_sql(cols, True), values).rowcount != 1:
+                return False
+        else:
+            values += (step.record.id, step.expected_version)
+            found = conn.execute(_update_sql(cols, False), values).fetchall()  # (drained)
+            if not found:
+                return False
+            key = step.record.key = found[0][0]
         step.record.version = step.expected_version + 1
         for h in step.history:
             row = _HISTORY.values(h)
-            row[0] = found[0][0]  # the instance's key in place of its id
+            row[0] = key  # the instance's key in place of its id
             if len(row[_DELTA]) > self.blob_threshold:
                 row[_DELTA] = self._shrink(conn, h.delta)
             conn.execute(self._history_sql, row)
