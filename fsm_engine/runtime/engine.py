@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import time
-import uuid
 from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, ValidationError
@@ -182,7 +181,7 @@ class Engine:
         for i, data in enumerate(inputs):
             ctx = _validate_input(spec.context, data)
             records.append(InstanceRecord(
-                id=ids[i] if ids else uuid.uuid4().hex[:12], machine=spec.name,
+                id=ids[i] if ids else os.urandom(6).hex(), machine=spec.name,
                 module=self._modules[spec.name], fingerprint=cm.fingerprint,
                 state=spec.initial, status=PENDING, context=ctx, input=dict(ctx),
                 max_transitions=spec.max_transitions,
