@@ -48,7 +48,9 @@ def _fail(msg: str) -> None:
 
 
 def _open(db: str, *, create: bool = False) -> SqliteStore:
-    if not create and not os.path.exists(db):
+    """The store at ``db``; only ``fsm run`` (``create``) may start a new one (a missing or
+    empty file is refused otherwise).  An older schema is migrated in place on open."""
+    if not create and (not os.path.exists(db) or (os.path.isfile(db) and not os.path.getsize(db))):
         raise StoreError(f"no database at {db} (run `fsm run` first, or pass --db)")
     return SqliteStore(db)
 
@@ -177,7 +179,9 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         _fail("give at least one --input FILE")
     inputs = [_input_for(i) for i in input]
     from .runtime import load_machine
-    machine, ref = load_machine(module)  # a broken module creates no database
+    from .runtime.compiled import compile_machine
+    machine, ref = load_machine(module)
+    compile_machine(machine)  # a broken module or definition creates no database
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True)
     engine.concurrency = concurrency or _default_concurrency(engine.llm)
     engine.register(machine, ref)
@@ -301,8 +305,8 @@ def outbox(db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
 
 @app.command()
 def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--output",
-                                                              help="File: .svg, .png or .dot"),
-            mermaid: bool = typer.Option(False, "--mermaid", help="Print Mermaid stateDiagram-v2."),
+                                                              help="File: .svg, .png or .dot (Mermaid text with --mermaid)"),
+            mermaid: bool = typer.Option(False, "--mermaid", help="Mermaid stateDiagram-v2 instead of graphviz."),
             instance: Optional[str] = typer.Option(None, "--instance", help="Overlay this instance."),
             db: str = DB) -> None:
     """Render a machine's diagram, optionally overlaid with one instance's path."""
@@ -321,17 +325,19 @@ def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--out
                    "history": [{"seq": h.seq, "source": h.source, "dest": h.dest,
                                 "trigger": h.trigger} for h in store.history(rec.id)]}
     graph = build_graph(machine.export(), overlay)
-    if mermaid:
-        typer.echo(to_mermaid(graph))
-    if output:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    if not output:
+        typer.echo(to_mermaid(graph) if mermaid else to_dot(graph))
+        return
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        if mermaid:  # Mermaid text whatever the file's extension
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(to_mermaid(graph))
+        else:
             render(graph, output)
-        except (ValueError, RuntimeError, OSError) as exc:
-            _fail(str(exc).splitlines()[0])
-        out.print(f"wrote {output}")
-    elif not mermaid:
-        typer.echo(to_dot(graph))
+    except (ValueError, RuntimeError, OSError) as exc:
+        _fail(str(exc).splitlines()[0])
+    out.print(f"wrote {output}")
 
 
 def main() -> None:

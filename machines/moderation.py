@@ -119,6 +119,17 @@ async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
             "infer_attempts": ctx.infer_attempts + 1}
 
 
+def echoes_prompt(verdict: Verdict) -> bool:
+    """True when the verdict's words only repeat the instructions (a model too small to
+    follow them copies the prompt's placeholders, e.g. ``"summary": "one sentence"``)."""
+    prompt = SYSTEM.lower()
+    phrases = (t.strip().lower() for t in (verdict.summary, *verdict.categories))
+    return any(len(t.split()) >= 2 and t in prompt for t in phrases)
+
+
+ECHO = "the answer repeats the instructions instead of judging the text"
+
+
 def validate(ctx: Moderation) -> dict[str, Any]:
     """Parse, repair and validate the raw answer into a ``Verdict``."""
     try:
@@ -127,6 +138,8 @@ def validate(ctx: Moderation) -> dict[str, Any]:
         errors = getattr(exc, "errors", None) or [str(exc)]
         return {"verdict": None, "validation_errors": errors,
                 "repairs": list(getattr(exc, "repairs", []))}
+    if echoes_prompt(parsed.value):
+        return {"verdict": None, "validation_errors": [ECHO], "repairs": list(parsed.repairs)}
     return {"verdict": parsed.value, "validation_errors": [], "repairs": list(parsed.repairs),
             "verdict_source": "model"}
 
@@ -163,7 +176,9 @@ async def degraded_infer(ctx: Moderation, step: Step) -> dict[str, Any]:
             out = await step.llm.complete(_messages(ctx)[:2], max_tokens=120,
                                           json_schema=CONSTRAINED)
             parsed = parse_structured(out.text, Verdict, finish_reason=out.finish_reason)
-            return {"verdict": parsed.value, "verdict_source": "constrained"}
+            if not echoes_prompt(parsed.value):
+                return {"verdict": parsed.value, "verdict_source": "constrained"}
+            step.notes["constrained_error"] = ECHO
     except FsmError as exc:
         step.notes["constrained_error"] = str(exc)[:300]
     return {"verdict": rule_verdict(ctx.text), "verdict_source": "rules"}

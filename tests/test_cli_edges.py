@@ -144,3 +144,44 @@ def test_file_sink_writes_each_key_once(tmp_path):
     append_jsonl(path, {"n": 2}, "i:notify:10")
     keys = [json.loads(line)["idempotency_key"] for line in open(path)]
     assert keys == ["i:notify:1", "i:notify:10"]
+
+
+def test_a_broken_definition_creates_no_database(tmp_path, capsys, llm):
+    from test_cli import BROKEN_MODULE
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_MODULE)
+    db = tmp_path / "x.db"
+    code, _, err = run_main(["run", str(broken), "--input", inputs(1)[0], "--db", str(db),
+                             *llm], capsys)
+    one_error(code, err, "is invalid")
+    assert not db.exists()
+
+
+def test_read_only_commands_refuse_an_empty_file(tmp_path, capsys):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    for argv in (["list"], ["outbox"], ["show", "abc"]):
+        code, _, err = run_main([*argv, "--db", str(empty)], capsys)
+        one_error(code, err, "no database at")
+    assert empty.stat().st_size == 0  # left as it was
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-1", "2.0"])
+def test_an_unreadable_schema_version_is_one_line(tmp_path, capsys, value):
+    import sqlite3
+    db = tmp_path / "x.db"
+    finished_instance(str(db))
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE fsm_meta SET value=? WHERE key='schema_version'", (value,))
+    conn.commit()
+    conn.close()
+    code, _, err = run_main(["list", "--db", str(db)], capsys)
+    one_error(code, err, "unreadable fsm schema version")
+
+
+def test_mermaid_goes_to_the_output_file(tmp_path, capsys):
+    out = tmp_path / "router.mmd"
+    code, stdout, err = run_main(["diagram", ROUTER, "--mermaid", "-o", str(out)], capsys)
+    assert code == 0, err
+    assert out.read_text().lstrip().startswith("stateDiagram-v2")
+    assert "stateDiagram-v2" not in stdout

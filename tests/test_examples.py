@@ -84,6 +84,18 @@ def test_moderation_reasks_then_degrades(db_path, notify_file):
     assert rec.tokens_used == sum(h.tokens for h in eng.store.history(rec.id))
 
 
+def test_moderation_does_not_take_the_prompt_echoed_back_for_a_verdict(db_path, notify_file):
+    echo = {"text": '{"decision": "approve", "categories": ["short strings"], '
+                    '"summary": "one sentence"}', "prompt_tokens": 40, "completion_tokens": 20}
+    eng, [rec] = _run(db_path, str(MACHINES / "moderation.py"),
+                      [{"path": license_files(1)[0]}], scripted(echo))
+    assert rec.status == "completed"
+    assert rec.context["verdict_source"] == "rules"  # neither the model nor constrained
+    rows = eng.store.history(rec.id)
+    assert any(h.detail.get("constrained_error", "").startswith("the answer repeats")
+               for h in rows)
+
+
 def test_moderation_unreadable_file_fails_with_reason(db_path, notify_file, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")

@@ -106,7 +106,10 @@ def _version(db: sqlite_utils.Database, path: str) -> int:
             raise NotAnFsmDatabase(f"{path} is not an fsm database (it has other tables)")
         return 0
     row = db.execute("SELECT value FROM fsm_meta WHERE key='schema_version'").fetchone()
-    return int(row[0]) if row else 0
+    value = str(row[0]) if row else ""
+    if not value.isdigit():  # a missing, negative or non-integer version: not ours to touch
+        raise NotAnFsmDatabase(f"{path} has an unreadable fsm schema version ({value or 'none'!s})")
+    return int(value)
 
 
 def refuse_foreign(db: sqlite_utils.Database, path: str) -> None:
@@ -125,9 +128,9 @@ def migrate(db: sqlite_utils.Database, path: str) -> None:
     conn: sqlite3.Connection = db.conn
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if _version(db, path) == 0 and "fsm_meta" not in db.table_names():
+        current = _version(db, path)  # again, under the write lock
+        if current == 0:
             db["fsm_meta"].create({"key": str, "value": str}, pk="key")
-        current = _version(db, path)
         for step in MIGRATIONS[current:]:
             step(db)
         conn.execute("INSERT OR REPLACE INTO fsm_meta(key, value) VALUES ('schema_version', ?)",
