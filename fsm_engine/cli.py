@@ -165,14 +165,15 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
                                                    help="More input files (--input A B C)."),
         input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
         db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
-        llm: Optional[str] = typer.Option(None, "--llm", help="local | openai | scripted:FILE (or FSM_LLM)."),
+        llm: Optional[str] = typer.Option(None, "--llm", help="local | local:PATH.gguf | openai | scripted:FILE (or FSM_LLM)."),
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
                                                   help="Max instances at once (default: all; 2 with the local model)."),
         deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
                                                  help="Seconds each instance may take in all."),
-        as_json: bool = typer.Option(False, "--json"), quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+        as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
     """Start one instance per input file and run them all concurrently."""
     input = list(input) + list(more or [])
     if not input:
@@ -197,13 +198,17 @@ def _default_concurrency(provider: Any) -> int | None:
 
 
 @app.command()
-def resume(db: str = DB, llm: Optional[str] = typer.Option(None, "--llm"),
-           faults: Optional[str] = typer.Option(None, "--faults"),
-           seed: Optional[int] = typer.Option(None, "--seed"),
-           as_json: bool = typer.Option(False, "--json"), quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+def resume(db: str = DB,
+           llm: Optional[str] = typer.Option(None, "--llm", help="As for `fsm run`."),
+           faults: Optional[str] = typer.Option(None, "--faults", help="As for `fsm run`."),
+           seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
+           concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+                                                     help="Max instances at once (as for `fsm run`)."),
+           as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
     """Continue every unfinished instance whose worker died."""
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False)
-    engine.concurrency = _default_concurrency(engine.llm)
+    engine.concurrency = concurrency or _default_concurrency(engine.llm)
     if not engine.resumable():
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
