@@ -283,9 +283,9 @@ class SqliteStore:
         if step.attempt is not None:
             conn.execute(self._attempt_sql, _ATTEMPT.values(step.attempt))
         if step.outbox_done is not None:
-            key, result = step.outbox_done
+            outbox_key, result = step.outbox_done
             conn.execute("UPDATE outbox SET status='done', result=?, updated_at=? WHERE key=?",
-                         (_dumps(result), step.record.updated_at, key))
+                         (_dumps(result), step.record.updated_at, outbox_key))
         return True
 
     def _shrink(self, conn: sqlite3.Connection, delta: dict[str, Any]) -> str:
