@@ -2,9 +2,10 @@
 
 ``Engine`` owns one store connection, one group committer and one worker
 identity.  Many instances run concurrently as asyncio tasks; sync actions
-run in worker threads (``ActionThreads``).  Every method that changes an instance goes through a
-compare-and-set on the instance's ``version``, so a second process (another
-``fsm run``, ``fsm cancel``, a ``resume``) can never interleave half a step.
+run in worker threads (``ActionThreads``).  Every method that changes an
+instance goes through a compare-and-set on the instance's ``version``, so a
+second process (another ``fsm run``, ``fsm cancel``, a ``resume``) can never
+interleave half a step.
 """
 
 from __future__ import annotations

@@ -87,9 +87,9 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
     new.loop_count += 1 + extra_loops
     new.updated_at = now
     new.last_error = error or rec.last_error  # kept: a completed instance shows what it survived
-    new.seq += 1
-    rows = [HistoryRow(new.id, new.seq, source, dest, trigger, now, kind, guards or [],
-                       duration_ms, tokens, error, reason, delta or {}, detail or {})]
+    rows = [_row(new, source, dest, trigger, now, kind=kind, guards=guards or [],
+                 duration_ms=duration_ms, tokens=tokens, error=error, reason=reason,
+                 delta=delta or {}, detail=detail or {})]
     _enter(cm, new, dest)
     if new.status == FAILED:
         new.reason = reason or trigger

@@ -84,6 +84,9 @@ _INSTANCE, _HISTORY, _ATTEMPT, _WORKER, _BREAKER = map(
     _Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
 _DELTA = _HISTORY.columns.index("delta")
 _SELECT_INSTANCES = f"SELECT {', '.join(_INSTANCE.columns)} FROM instances"
+#: History rows are stored under the instance's integer key, not its id (see ``schema._v2``).
+_INSERT_HISTORY = (f"INSERT INTO history(instance, {', '.join(_HISTORY.columns[1:])}) "
+                   f"VALUES ({', '.join('?' * len(_HISTORY.columns))})")
 _SELECT_HISTORY = ("SELECT i.id AS instance_id, "
                    + ", ".join(f"h.{c}" for c in _HISTORY.columns[1:])
                    + " FROM history h JOIN instances i ON i.key = h.instance WHERE i.id=?"
@@ -202,8 +205,6 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"cannot open database {path}: {exc}") from None
-        # history rows are keyed by the instance's integer key, not its id (see schema._v2)
-        self._history_sql = _HISTORY.insert_sql("history").replace("(instance_id,", "(instance,", 1)
         self._attempt_sql = _ATTEMPT.insert_sql("attempts")
         self._insert_instance_sql = _INSTANCE.insert_sql("instances")
 
@@ -279,7 +280,7 @@ class SqliteStore:
             row[0] = key  # the instance's key in place of its id
             if len(row[_DELTA]) > self.blob_threshold:
                 row[_DELTA] = self._shrink(conn, h.delta)
-            conn.execute(self._history_sql, row)
+            conn.execute(_INSERT_HISTORY, row)
         if step.attempt is not None:
             conn.execute(self._attempt_sql, _ATTEMPT.values(step.attempt))
         if step.outbox_done is not None:
