@@ -138,6 +138,30 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
             return await engine.run_many(ids, on_step)
         finally:
             await engine.aclose()
+            await _close_llm(engine.llm)
+
+
+async def _close_llm(provider: Any) -> None:
+    """Stop the provider (the local model's child process) once the run is over."""
+    close = getattr(provider, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _preload(provider: Any) -> None:
+    """Start the local model (load + self-test) before any instance depends on it, so a
+    broken native build or a refused model is one ``fsm: error:`` line, nothing run."""
+    load = getattr(getattr(provider, "inner", provider), "load", None)  # through FaultInjector
+    if load is None:
+        return
+
+    async def go() -> None:
+        try:
+            await load()
+        except FsmError:
+            await _close_llm(provider)
+            raise
+    asyncio.run(go())
 
 
 def _drive(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[Any]:
@@ -185,6 +209,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     compile_machine(machine)  # a broken module or definition creates no database
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True)
     engine.concurrency = concurrency or _default_concurrency(engine.llm)
+    _preload(engine.llm)
     engine.register(machine, ref)
     ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
     _finish(_drive(engine, ids, False, quiet), as_json)
@@ -213,6 +238,7 @@ def resume(db: str = DB,
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
         raise typer.Exit(0)
+    _preload(engine.llm)
     _finish(_drive(engine, [], True, quiet), as_json)
 
 

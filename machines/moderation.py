@@ -119,12 +119,26 @@ async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
             "infer_attempts": ctx.infer_attempts + 1}
 
 
+def _normal(text: str) -> str:
+    """Lower case, punctuation as spaces, whitespace collapsed: ``"Short strings."`` and
+    ``"one sentence,"`` compare equal to the prompt's ``[short strings]`` / ``"one sentence"``."""
+    return " ".join(re.sub(r"[^\w]+", " ", text.lower()).split())
+
+
+#: Every fixed word the model is shown (system prompt and the user turn's frame), normalised.
+PROMPT_WORDS = _normal(SYSTEM + " Text to moderate: JSON verdict: That answer was invalid: "
+                       "Reply with only the JSON object.")
+
+
 def echoes_prompt(verdict: Verdict) -> bool:
-    """True when the verdict's words only repeat the instructions (a model too small to
-    follow them copies the prompt's placeholders, e.g. ``"summary": "one sentence"``)."""
-    prompt = SYSTEM.lower()
-    phrases = (t.strip().lower() for t in (verdict.summary, *verdict.categories))
-    return any(len(t.split()) >= 2 and t in prompt for t in phrases)
+    """True when a phrase of the verdict only repeats the instructions (a model too small to
+    follow them copies the prompt's placeholders, e.g. ``"summary": "one sentence"``).
+
+    Phrases are compared normalised (case, punctuation, whitespace: :func:`_normal`); a
+    phrase of two or more words that stands whole in the prompt is an echo.
+    """
+    phrases = (_normal(t) for t in (verdict.summary, *verdict.categories))
+    return any(len(p.split()) >= 2 and f" {p} " in f" {PROMPT_WORDS} " for p in phrases)
 
 
 ECHO = "the answer repeats the instructions instead of judging the text"

@@ -1,6 +1,7 @@
 """Choose a provider from a short spec string (CLI flags, environment).
 
-Specs: ``"local"`` (embedded Gemma), ``"local:PATH.gguf"``, ``"openai"``
+Specs: ``"local"`` (embedded Gemma), ``"local:NAME"`` (a packaged model, e.g.
+``qwen2.5-0.5b``), ``"local:PATH.gguf"``, ``"openai"``
 (OpenAI-compatible HTTP, configured from the environment) and
 ``"scripted:FILE.jsonl"`` (canned replies).
 """
@@ -15,7 +16,7 @@ from fsm_engine.llm.faults import FaultInjector, parse_fault_spec
 
 __all__ = ["provider_from_spec", "default_spec"]
 
-SPECS = "local, local:PATH.gguf, openai, scripted:FILE.jsonl"
+SPECS = "local, local:NAME (qwen2.5-0.5b), local:PATH.gguf, openai, scripted:FILE.jsonl"
 
 
 def default_spec() -> str:

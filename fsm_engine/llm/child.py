@@ -1,0 +1,368 @@
+"""Supervision of the model child process (:mod:`fsm_engine.llm.serve`).
+
+:class:`ModelServer` starts the child lazily, waits for its self-test and its
+HTTP port, notices when it dies, restarts it with exponential backoff and
+stops it with the engine.  The child never outlives the parent: it exits when
+its standard input (a pipe only the parent holds) reaches end of file, which
+the kernel delivers also when the parent is SIGKILLed; ``atexit`` and a
+finaliser stop it when the parent exits without closing the provider.
+
+Failure mapping (what a caller of :meth:`ModelServer.ensure` or
+:meth:`ModelServer.explain` sees):
+
+======================================================  ======================
+what happened                                           error
+======================================================  ======================
+the child refused the model (exit 3: no chat template)  ClientError (its line)
+the child crashed in its start-up self-test twice,      ClientError naming the
+also with weight repacking off                          rebuild command
+the child died during a call (signal or exit)           ServerError (retryable)
+the child is in its restart backoff                     ProviderUnavailable with
+                                                        ``retry_after`` seconds
+the child did not get ready within ``start_timeout``    ProviderUnavailable
+======================================================  ======================
+
+A native crash in the self-test is first retried with llama.cpp's extra
+weight buffers off (``serve --no-repack``: the AMX path of a native build is
+what crashes on AMX CPUs whose kernel does not enable AMX, llama.cpp #20824);
+only when that crashes too is the build declared unusable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from fsm_engine.errors import ClientError, ProviderError, ProviderUnavailable, ServerError
+
+__all__ = ["ModelServer", "REBUILD_HINT"]
+
+log = logging.getLogger(__name__)
+REBUILD_HINT = ("llama-cpp-python was built for another CPU; rebuild it portably with "
+                "`python -m fsm_engine.llm.install`")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_live: "weakref.WeakSet[ModelServer]" = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    for server in list(_live):
+        server.stop()
+
+
+atexit.register(_stop_all)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def _child_env() -> dict[str, str]:
+    """The parent's environment without secrets (the child needs none)."""
+    return {k: v for k, v in os.environ.items()
+            if not any(word in k.upper() for word in _SECRET_WORDS)}
+
+
+class _Child:
+    """One running child process and what it has printed."""
+
+    def __init__(self, argv: list[str], port: int) -> None:
+        self.port = port
+        self.ready = threading.Event()
+        self.info: dict[str, Any] = {}
+        self.errors: collections.deque[str] = collections.deque(maxlen=20)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=_child_env(),
+                                     start_new_session=True)
+        threading.Thread(target=self._read_stdout, daemon=True, name="fsm-model-out").start()
+        threading.Thread(target=self._read_stderr, daemon=True, name="fsm-model-err").start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith("{") and not self.ready.is_set():
+                try:
+                    self.info = json.loads(line)
+                except ValueError:
+                    continue
+                self.ready.set()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                self.errors.append(line)
+                log.debug("model child: %s", line)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def refusal(self) -> str | None:
+        """The child's own one-line error, when it printed one."""
+        for line in reversed(self.errors):
+            if line.startswith("fsm-serve: error: "):
+                return line.removeprefix("fsm-serve: error: ")
+        return None
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=grace)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+class ModelServer:
+    """A supervised ``fsm_engine.llm.serve`` child serving one GGUF model on loopback.
+
+    Args:
+        model_path: the GGUF file.
+        alias: the model name the server answers to (and reports in replies).
+        n_ctx: context size in tokens; n_threads: CPU threads; seed: sampling seed.
+        chat_format: a llama-cpp-python chat format name for a GGUF without a template.
+        start_timeout: seconds to wait for load + self-test + port (default 300).
+        backoff: (first, cap) seconds between restarts after the child died;
+            doubles per consecutive crash (tenacity's ``wait_exponential`` maths).
+
+    Attributes: ``restarts`` (children started after the first), ``crashes``
+    (children that died unasked), ``info`` (the child's ready line: ``load_s``,
+    ``selftest_ms``, ``no_repack``, ``arch``).
+    """
+
+    def __init__(self, model_path: str, *, alias: str, n_ctx: int = 2048, n_threads: int = 1,
+                 seed: int = 0, chat_format: str | None = None, start_timeout: float = 300.0,
+                 backoff: tuple[float, float] = (0.5, 30.0)) -> None:
+        self.model_path, self.alias = model_path, alias
+        self.n_ctx, self.n_threads, self.seed = n_ctx, n_threads, seed
+        self.chat_format = chat_format
+        self.start_timeout = start_timeout
+        self.backoff = backoff
+        self.no_repack = False
+        self.restarts = self.crashes = 0
+        self.info: dict[str, Any] = {}
+        self._child: _Child | None = None
+        self._started_once = False
+        self._not_before = 0.0
+        self._streak = 0
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        _live.add(self)
+
+    def __repr__(self) -> str:
+        pid = self._child.pid if self._child else None
+        return f"ModelServer(alias={self.alias!r}, pid={pid}, restarts={self.restarts})"
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's pid (None when none runs)."""
+        child = self._child
+        return child.pid if child is not None and child.exited() is None else None
+
+    @property
+    def base_url(self) -> str | None:
+        """``http://127.0.0.1:PORT/v1`` of the ready child, else None."""
+        child = self._child
+        if child is None or child.exited() is not None or not child.ready.is_set():
+            return None
+        return f"http://127.0.0.1:{child.port}/v1"
+
+    def _argv(self, port: int) -> list[str]:
+        argv = [sys.executable, "-m", "fsm_engine.llm.serve", "--model", self.model_path,
+                "--alias", self.alias, "--port", str(port), "--n-ctx", str(self.n_ctx),
+                "--n-threads", str(self.n_threads), "--seed", str(self.seed)]
+        if self.chat_format:
+            argv += ["--chat-format", self.chat_format]
+        if self.no_repack:
+            argv.append("--no-repack")
+        return argv
+
+    def _start_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
+    async def ensure(self) -> str:
+        """The base URL of a ready child, starting one if none runs (see the module table)."""
+        if self._closed:
+            raise ClientError(f"local model {self.alias!r} was closed")
+        url = self.base_url
+        if url is not None:
+            return url
+        async with self._start_lock():
+            url = self.base_url
+            if url is not None:
+                return url
+            self._reap()
+            wait = self._not_before - time.monotonic()
+            if wait > 0:
+                raise ProviderUnavailable(
+                    f"local model {self.alias!r} is restarting after a crash; next start in "
+                    f"{wait:.1f}s", retry_after=wait)
+            return await self._start()
+
+    def _reap(self) -> None:
+        """Forget a dead child, counting it as a crash and arming the backoff."""
+        child = self._child
+        if child is None or child.exited() is None:
+            return
+        self._child = None
+        self.crashes += 1
+        self._streak += 1
+        first, cap = self.backoff
+        self._not_before = time.monotonic() + min(cap, first * 2 ** (self._streak - 1))
+        log.warning("local model %r child died (%s)", self.alias, _how_it_ended(child.exited() or 0))
+
+    async def _start(self) -> str:
+        for _ in range(3):  # a port taken between choosing and binding: choose again
+            child = await self._spawn()
+            if child is not None:
+                return f"http://127.0.0.1:{child.port}/v1"
+        raise ProviderUnavailable(f"local model {self.alias!r} could not bind a loopback port")
+
+    async def _spawn(self) -> _Child | None:
+        """Start one child and wait for it; None when it lost its port (try another)."""
+        if self._started_once:
+            self.restarts += 1
+        self._started_once = True
+        port = _free_port()
+        child = _Child(self._argv(port), port)
+        deadline = time.monotonic() + self.start_timeout
+        while not child.ready.is_set():
+            code = child.exited()
+            if code is not None:
+                return await self._failed_start(child, code)
+            if time.monotonic() > deadline:
+                child.stop(grace=1.0)
+                raise ProviderUnavailable(f"local model {self.alias!r} did not load within "
+                                          f"{self.start_timeout:g}s")
+            await asyncio.sleep(0.05)
+        if not await self._answers(child, deadline):
+            code = child.exited()
+            if code is not None and "address already in use" in " ".join(child.errors).lower():
+                return None
+            child.stop(grace=1.0)
+            raise ProviderUnavailable(f"local model {self.alias!r} loaded but its server did "
+                                      f"not answer ({_how_it_ended(code) if code is not None else 'no reply'})")
+        self._child, self.info, self._streak = child, dict(child.info), 0
+        return child
+
+    async def _failed_start(self, child: _Child, code: int) -> _Child | None:
+        """A child that exited before its ready line: refused, or crashed in load/self-test."""
+        child.stop(grace=0.5)
+        refusal = child.refusal()
+        if code == 3 and refusal:
+            raise ClientError(f"local model {self.alias!r}: {refusal}")
+        if code < 0 and not self.no_repack:
+            log.warning("local model %r crashed in its self-test (%s); retrying with weight "
+                        "repacking off", self.alias, _how_it_ended(code))
+            self.no_repack = True
+            return await self._spawn()
+        tail = refusal or (child.errors[-1] if child.errors else "")
+        raise ClientError(f"local model {self.alias!r} crashed while loading or in its "
+                          f"self-test ({_how_it_ended(code)}): {REBUILD_HINT}"
+                          + (f"; last output: {tail[:200]}" if tail else ""))
+
+    async def _answers(self, child: _Child, deadline: float) -> bool:
+        """Poll the child's HTTP port until it answers (True) or the child dies (False)."""
+        import httpx
+
+        url = f"http://127.0.0.1:{child.port}/openapi.json"
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline and child.exited() is None:
+                try:
+                    if (await client.get(url)).status_code == 200:
+                        return True
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.05)
+        return False
+
+    async def alive(self, timeout: float = 2.0) -> bool:
+        """True when the child runs and its HTTP loop answers within ``timeout`` seconds
+        (a frozen child, e.g. SIGSTOPped, answers nothing; one busy generating still does)."""
+        import httpx
+
+        child = self._child
+        if child is None or child.exited() is not None:
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                response = await client.get(f"http://127.0.0.1:{child.port}/openapi.json")
+            return response.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def explain(self, exc: ProviderError) -> ProviderError:
+        """The error a failed call should raise.
+
+        A call that got an HTTP answer (``exc.status`` set) came from a live child:
+        ``exc`` itself.  Otherwise (connection reset, timeout) the child is checked:
+        one that died (its exit awaited up to 2 s) gives a retryable ``ServerError``
+        naming the signal; one that no longer answers at all (frozen) is killed, to
+        be restarted by the next call; a live, answering one leaves ``exc`` as it is.
+        """
+        child = self._child
+        if child is None or getattr(exc, "status", None) is not None:
+            return exc
+        for _ in range(40):
+            code = child.exited()
+            if code is not None:
+                self._reap()
+                return ServerError(f"local model {self.alias!r} process died during the call "
+                                   f"({_how_it_ended(code)}); it restarts on the next call")
+            await asyncio.sleep(0.05)
+        if not await self.alive():
+            log.warning("local model %r child stopped answering; killing it", self.alias)
+            child.proc.kill()
+            child.proc.wait(timeout=10)
+            self._reap()
+            return ServerError(f"local model {self.alias!r} process stopped answering; "
+                               "killed, it restarts on the next call")
+        return exc
+
+    def stop(self) -> None:
+        """Stop the child (SIGTERM, SIGKILL after 5 s); idempotent."""
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop()
+
+    def close(self) -> None:
+        """Stop the child and refuse further calls."""
+        self._closed = True
+        self.stop()
+        _live.discard(self)

@@ -1,0 +1,184 @@
+"""The model child process: llama.cpp behind ``llama_cpp.server``'s OpenAI-compatible app.
+
+Started by :class:`fsm_engine.llm.child.ModelServer` as ``python -m
+fsm_engine.llm.serve --model PATH --port N …``; not meant to be run by hand
+(for a server of your own use ``python -m llama_cpp.server``).  Native code
+runs only here, so a crash of llama.cpp (SIGSEGV, an OOM kill, an abort)
+ends this process, never the engine.
+
+What it does, in order:
+
+1. watches its standard input: end of file means the parent is gone (also
+   after a SIGKILL of the parent, whose pipe end the kernel closes), and the
+   process exits at once;
+2. loads the model through ``llama_cpp.server.app.create_app``; a GGUF with
+   no chat template of its own gets the Gemma 3 template when its
+   ``general.architecture`` is a Gemma one, and any other such model is
+   refused (exit 3) unless ``--chat-format`` names a llama-cpp-python format;
+3. runs a self-test, one two-token completion, so a native build that cannot
+   run on this CPU fails here, before any instance depends on it;
+4. prints one JSON line ``{"ready": true, …}`` on standard output and serves
+   HTTP on ``127.0.0.1:PORT`` until SIGTERM or the end of standard input.
+
+Exit status: 0 stopped, 3 refused configuration (one line
+``fsm-serve: error: …`` on standard error), a signal for a native crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+# The Gemma 3 chat template (as in Google's tokenizer_config.json, minus image parts and the
+# strict role-alternation check).  The packaged Gemma GGUF carries no template, and without one
+# llama-cpp-python falls back to the Llama-2 format; its own "gemma" format drops system turns.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set prefix = messages[0]['content'] + '\\n\\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
+    "{{ (prefix if loop.first else '') + m['content'] | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+REFUSED = 3
+
+
+class Refused(Exception):
+    """A configuration this process will not serve (exit 3, the message on stderr)."""
+
+
+def _watch_parent() -> None:
+    """Exit the moment standard input reaches end of file (the parent is gone)."""
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        finally:
+            os._exit(0)
+    threading.Thread(target=watch, daemon=True, name="fsm-parent-watch").start()
+
+
+def _no_repack() -> None:
+    """Load weights without llama.cpp's extra buffer types (AMX / repacked weights).
+
+    The escape hatch for a native build whose AMX path crashes: the model
+    then runs on the plain CPU kernels.  llama-cpp-python has no argument for
+    ``llama_model_params.use_extra_bufts``, so the default-params function
+    that ``Llama.__init__`` calls is wrapped.
+    """
+    import llama_cpp.llama_cpp as lib
+
+    original = lib.llama_model_default_params
+
+    def params() -> Any:
+        value = original()
+        value.use_extra_bufts = False
+        return value
+    lib.llama_model_default_params = params
+
+
+def _gemma3_handler(llama: Any) -> Any:
+    """A chat handler rendering :data:`GEMMA3_TEMPLATE`, stopping at ``<end_of_turn>``/EOS."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    end_of_turn = llama.tokenize(b"<end_of_turn>", add_bos=False, special=True)
+    formatter = Jinja2ChatFormatter(GEMMA3_TEMPLATE, eos_token="<end_of_turn>",
+                                    bos_token="<bos>",
+                                    stop_token_ids=[*end_of_turn, llama.token_eos()])
+    return formatter.to_chat_handler()
+
+
+def choose_template(metadata: dict[str, str], chat_format: str | None) -> str:
+    """Which prompt format a model gets: ``"named"``, ``"own"`` or ``"gemma3"``.
+
+    Raises :class:`Refused` for a model with no template of its own that is
+    not a Gemma model, when no ``chat_format`` was named.
+    """
+    if chat_format:
+        return "named"
+    if metadata.get("tokenizer.chat_template"):
+        return "own"
+    arch = metadata.get("general.architecture", "")
+    if arch.startswith("gemma"):
+        return "gemma3"
+    raise Refused(f"the model (architecture {arch or 'unknown'!r}) has no chat template and is "
+                  "not a Gemma model: name its prompt format with FSM_CHAT_FORMAT (a "
+                  "llama-cpp-python chat format, e.g. chatml)")
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Build the server app (loading the model); return (app, llama)."""
+    from llama_cpp.server import app as server_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    model = ModelSettings(model=args.model, model_alias=args.alias, n_ctx=args.n_ctx,
+                          n_threads=args.n_threads, n_threads_batch=args.n_threads,
+                          seed=args.seed, chat_format=args.chat_format, verbose=False)
+    app = server_app.create_app(server_settings=ServerSettings(host="127.0.0.1", port=args.port),
+                                model_settings=[model])
+    llama = server_app._llama_proxy._current_model  # noqa: SLF001 - the one loaded model
+    how = choose_template(dict(llama.metadata), args.chat_format)
+    if how == "gemma3":
+        llama.chat_handler = _gemma3_handler(llama)
+    return app, llama
+
+
+def _self_test(llama: Any) -> float:
+    """One two-token completion; returns its milliseconds (a broken build crashes here)."""
+    started = time.perf_counter()
+    llama.create_chat_completion(messages=[{"role": "user", "content": "Say OK."}],
+                                 max_tokens=2, temperature=0.0)
+    return (time.perf_counter() - started) * 1000.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fsm_engine.llm.serve")
+    parser.add_argument("--model", required=True, help="path of the GGUF file")
+    parser.add_argument("--alias", required=True, help="the model name the server answers to")
+    parser.add_argument("--port", type=int, required=True, help="loopback port to listen on")
+    parser.add_argument("--n-ctx", type=int, default=2048, help="context size, tokens")
+    parser.add_argument("--n-threads", type=int, default=1, help="CPU threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chat-format", default=None, help="a llama-cpp-python chat format")
+    parser.add_argument("--no-repack", action="store_true",
+                        help="no extra weight buffer types (AMX / repacking)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM or end of standard input; see the module docstring."""
+    args = _parser().parse_args(argv)
+    _watch_parent()
+    if args.no_repack:
+        _no_repack()
+    started = time.perf_counter()
+    try:
+        app, llama = _load(args)
+    except Refused as exc:
+        print(f"fsm-serve: error: {exc}", file=sys.stderr, flush=True)
+        return REFUSED
+    except (ValueError, RuntimeError) as exc:  # an unreadable file, not a GGUF
+        print(f"fsm-serve: error: llama.cpp cannot load {args.model}: {exc}", file=sys.stderr,
+              flush=True)
+        return REFUSED
+    load_s = time.perf_counter() - started
+    selftest_ms = _self_test(llama)
+    print(json.dumps({"ready": True, "load_s": round(load_s, 3),
+                      "selftest_ms": round(selftest_ms, 1), "no_repack": args.no_repack,
+                      "arch": llama.metadata.get("general.architecture")}), flush=True)
+    import uvicorn
+
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
