@@ -55,12 +55,12 @@ def _open(db: str, *, create: bool = False) -> SqliteStore:
     return SqliteStore(db)
 
 
-def _engine(db: str, *, llm: str | None = None, faults: str | None = None,
+def _engine(db: str, *, llm: list[str] | None = None, faults: str | None = None,
             seed: int | None = None, create: bool = False) -> Engine:
-    """An engine on ``db`` with the selected provider (the local model loads lazily)."""
-    from .llm import provider_from_spec
-    provider = provider_from_spec(llm, faults=faults, seed=seed)
-    return Engine(_open(db, create=create), llm=provider, seed=seed)
+    """An engine on ``db`` with the selected providers by model name (local ones load lazily)."""
+    from .llm.select import providers_from_specs
+    providers = providers_from_specs(llm, faults=faults, seed=seed)
+    return Engine(_open(db, create=create), llm=providers, seed=seed)
 
 
 def _find(store: Store, instance_id: str) -> Any:
@@ -138,28 +138,23 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
             return await engine.run_many(ids, on_step)
         finally:
             await engine.aclose()
-            await _close_llm(engine.llm)
+            await engine.models.aclose()
 
 
-async def _close_llm(provider: Any) -> None:
-    """Stop the provider (the local model's child process) once the run is over."""
-    close = getattr(provider, "aclose", None)
-    if close is not None:
-        await close()
-
-
-def _preload(provider: Any) -> None:
-    """Start the local model (load + self-test) before any instance depends on it, so a
+def _preload(engine: Engine) -> None:
+    """Start the local models (load + self-test) before any instance depends on them, so a
     broken native build or a refused model is one ``fsm: error:`` line, nothing run."""
-    load = getattr(getattr(provider, "inner", provider), "load", None)  # through FaultInjector
-    if load is None:
+    loads = [getattr(getattr(p, "inner", p), "load", None) for p in engine.models.unique()]
+    if not any(loads):
         return
 
     async def go() -> None:
         try:
-            await load()
+            for load in loads:  # through FaultInjector's ``inner``
+                if load is not None:
+                    await load()
         except FsmError:
-            await _close_llm(provider)
+            await engine.models.aclose()
             raise
     asyncio.run(go())
 
@@ -189,7 +184,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
                                                    help="More input files (--input A B C)."),
         input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
         db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
-        llm: Optional[str] = typer.Option(None, "--llm", help="local | local:PATH.gguf | openai | scripted:FILE (or FSM_LLM)."),
+        llm: Optional[list[str]] = typer.Option(None, "--llm", help="Model: local | local:qwen2.5-0.5b | local:PATH.gguf | openai[:MODEL] | scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
@@ -208,23 +203,23 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     machine, ref = load_machine(module)
     compile_machine(machine)  # a broken module or definition creates no database
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True)
-    engine.concurrency = concurrency or _default_concurrency(engine.llm)
-    _preload(engine.llm)
+    engine.concurrency = concurrency or _default_concurrency(engine)
+    _preload(engine)
     engine.register(machine, ref)
     ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
     _finish(_drive(engine, ids, False, quiet), as_json)
 
 
-def _default_concurrency(provider: Any) -> int | None:
+def _default_concurrency(engine: Engine) -> int | None:
     """The embedded model runs one call at a time: queueing every instance behind it
-    would eat their step timeouts, so with it at most 2 instances step at once."""
-    name = str(getattr(provider, "name", ""))
-    return 2 if name.endswith("local") else None
+    would eat their step timeouts, so with one at most 2 instances step at once."""
+    names = [str(getattr(p, "name", "")) for p in engine.models.unique()]
+    return 2 if any(name.endswith("local") for name in names) else None
 
 
 @app.command()
 def resume(db: str = DB,
-           llm: Optional[str] = typer.Option(None, "--llm", help="As for `fsm run`."),
+           llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
            faults: Optional[str] = typer.Option(None, "--faults", help="As for `fsm run`."),
            seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
            concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
@@ -233,17 +228,18 @@ def resume(db: str = DB,
            quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
     """Continue every unfinished instance whose worker died."""
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False)
-    engine.concurrency = concurrency or _default_concurrency(engine.llm)
+    engine.concurrency = concurrency or _default_concurrency(engine)
     if not engine.resumable():
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
         raise typer.Exit(0)
-    _preload(engine.llm)
+    _preload(engine)
     _finish(_drive(engine, [], True, quiet), as_json)
 
 
 @app.command()
-def step(instance_id: str, db: str = DB, llm: Optional[str] = typer.Option(None, "--llm"),
+def step(instance_id: str, db: str = DB,
+         llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
          as_json: bool = typer.Option(False, "--json")) -> None:
     """Run exactly one step of an instance."""
     engine = _engine(db, llm=llm, create=False)

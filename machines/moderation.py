@@ -15,6 +15,11 @@ init → collect → preprocess → infer → validate → output → notify →
   the token budget), then degraded-infer takes over.
 - degraded-infer asks again under JSON-schema-constrained decoding; when
   that fails too it applies a keyword rule, so every instance completes.
+- infer calls the model named ``primary``, degraded-infer the one named
+  ``fallback`` (``fsm run --llm primary=openai:gpt-4o-mini --llm fallback=local``);
+  with one unnamed ``--llm`` (or none: the embedded model) both are that one.
+  Each has its own circuit breaker, so an open breaker on the primary model
+  sends instances to the fallback model, not back to the same one.
 - notify delivers the verdict once per instance (a side effect under an
   idempotency key: ``FSM_NOTIFY_URL`` webhook, else ``FSM_NOTIFY_FILE``).
 """
@@ -228,8 +233,10 @@ machine = Machine(
         State("init"),
         State("collect", action=collect),
         State("preprocess", action=preprocess),
-        State("infer", action=infer, timeout=120.0, retry=LLM_RETRY, fallback="degraded-infer"),
-        State("degraded-infer", action=degraded_infer, timeout=120.0, fallback="rule-verdict"),
+        State("infer", action=infer, timeout=120.0, retry=LLM_RETRY, fallback="degraded-infer",
+              llm="primary"),
+        State("degraded-infer", action=degraded_infer, timeout=120.0, fallback="rule-verdict",
+              llm="fallback"),
         State("rule-verdict", action=rule_infer),
         State("validate", action=validate),
         State("output", action=output),

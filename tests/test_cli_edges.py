@@ -128,7 +128,7 @@ def test_a_run_counts_an_instance_cancelled_while_queued_as_cancelled(tmp_path):
     eng.cancel(second)
     eng.concurrency = 1
     from conftest import GOOD_VERDICT, scripted
-    eng.llm = eng.driver.provider = scripted(GOOD_VERDICT)
+    eng.llm = scripted(GOOD_VERDICT)
     os.environ["FSM_NOTIFY_FILE"] = str(tmp_path / "n.jsonl")
     try:
         records = asyncio.run(eng.run_many([first, second]))

@@ -120,7 +120,9 @@ def test_provider_from_spec(tmp_path, monkeypatch):
     assert isinstance(wrapped, FaultInjector) and wrapped.rates == {"http500": 0.5}
     monkeypatch.setenv("FSM_LLM", f"scripted:{path}")
     assert isinstance(provider_from_spec(None), Scripted)
-    for bad in ("gpt", "scripted", "openai:x", ""):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert provider_from_spec("openai:my-model").model == "my-model"
+    for bad in ("gpt", "scripted", "scriptedx:y", ""):
         if bad == "":
             monkeypatch.setenv("FSM_LLM", "nonsense")
         with pytest.raises(InvalidInput, match="unknown LLM provider"):

@@ -8,6 +8,7 @@ counts add up to the instance's.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -54,3 +55,25 @@ def test_moderation_with_faults_on_the_real_model(db_path, notify_file, gemma_pa
     for rec in records:
         check_instance(eng, rec)
     assert sum(r.tokens_used for r in records) == faulty.total_tokens
+
+
+def test_moderation_on_qwen_gives_model_verdicts(db_path, notify_file):
+    """The instruction-following local option: most verdicts come from the model itself."""
+    from fsm_engine.llm import LocalLlama
+    from fsm_engine.llm.models import qwen_path
+
+    try:
+        qwen_path()
+    except Exception as exc:  # noqa: BLE001 - only a missing extra skips, outside CI
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"the [qwen] extra is not installed: {exc}")
+    provider = LocalLlama("qwen2.5-0.5b")
+    eng, records = run_three(db_path, provider)
+    asyncio.run(provider.aclose())
+    for rec in records:
+        check_instance(eng, rec)
+    sources = [r.context["verdict_source"] for r in records]
+    assert [r.status for r in records] == ["completed"] * 3
+    assert sources.count("model") >= 2, sources
+    assert all(r.context["verdict"]["decision"] in ("approve", "reject", "review") for r in records)

@@ -15,6 +15,7 @@ a pydantic model.
 from __future__ import annotations
 
 import inspect
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -159,6 +160,14 @@ def _states(m: Machine, names: list[str], problems: list[str],
             problems.extend(f"{where}: retry policy: {p}" for p in s.retry.problems())
         if s.skippable and s.default_output is None:
             problems.append(f"{where}: skippable needs a default_output")
+        for key in ("llm", "repair_llm"):
+            value = getattr(s, key)
+            if value is not None and not (isinstance(value, str) and _MODEL_NAME.fullmatch(value)):
+                problems.append(f"{where}: {key} must be a model name (letters, digits, "
+                                f"'_' or '-'), not {value!r}")
+
+
+_MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 def _guards(m: Machine, problems: list[str], guards: dict[Ref, Callable[..., Any]]) -> None:

@@ -20,13 +20,17 @@ if TYPE_CHECKING:
 
 
 def _state_dict(s: "State") -> dict[str, Any]:
-    return {
+    out = {
         "name": s.name, "final": s.final, "failure": s.failure, "wait": s.wait,
         "action": ref_name(s.action), "timeout": s.timeout,
         "retry": asdict(s.retry) if s.retry else None, "fallback": s.fallback,
         "side_effect": s.side_effect, "skippable": s.skippable,
         "description": s.description,
     }
+    for key in ("llm", "repair_llm"):  # only when named: older machines keep their fingerprint
+        if getattr(s, key) is not None:
+            out[key] = getattr(s, key)
+    return out
 
 
 def export_machine(machine: "Machine") -> dict[str, Any]:

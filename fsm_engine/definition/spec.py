@@ -88,7 +88,12 @@ class State:
             completion per visit, under an idempotency key recorded in the outbox.
         skippable: when the action fails for good, apply ``default_output`` and
             continue as if it had returned it (recorded as skipped).
-        llm_calls: the action calls the model (drawn on diagrams; breaker-aware).
+        llm: the name of the model this state's action calls (``step.llm``); names map
+            to providers at run time (``Engine(llm={"primary": …, "fallback": …})``,
+            ``fsm run --llm primary=openai:gpt-4o-mini``), an unmapped name uses the
+            default provider.  ``None``: the default provider.
+        repair_llm: the model that answers ``step.llm.structured``'s re-asks (a cheap
+            format-fixing model); ``None``: the state's own model.
     """
 
     name: str
@@ -103,6 +108,8 @@ class State:
     skippable: bool = False
     default_output: Mapping[str, Any] | None = None
     description: str = ""
+    llm: str | None = None
+    repair_llm: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,21 +2,24 @@
 
 Specs: ``"local"`` (embedded Gemma), ``"local:NAME"`` (a packaged model, e.g.
 ``qwen2.5-0.5b``), ``"local:PATH.gguf"``, ``"openai"``
-(OpenAI-compatible HTTP, configured from the environment) and
+(OpenAI-compatible HTTP, configured from the environment; ``"openai:MODEL"`` names
+the model) and
 ``"scripted:FILE.jsonl"`` (canned replies).
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 
 from fsm_engine.errors import InvalidInput
 from fsm_engine.llm.base import Provider
 from fsm_engine.llm.faults import FaultInjector, parse_fault_spec
 
-__all__ = ["provider_from_spec", "default_spec"]
+__all__ = ["provider_from_spec", "providers_from_specs", "default_spec"]
 
-SPECS = "local, local:NAME (qwen2.5-0.5b), local:PATH.gguf, openai, scripted:FILE.jsonl"
+SPECS = "local, local:NAME (qwen2.5-0.5b), local:PATH.gguf, openai, openai:MODEL, scripted:FILE.jsonl"
 
 
 def default_spec() -> str:
@@ -37,9 +40,9 @@ def provider_from_spec(spec: str | None, *, faults: str | None = None,
     spec = (spec or default_spec()).strip()
     kind, _, arg = spec.partition(":")
     provider: Provider
-    if kind == "openai" and not arg:
+    if kind == "openai":
         from fsm_engine.llm.openai_compat import OpenAICompatible
-        provider = OpenAICompatible()
+        provider = OpenAICompatible(model=arg or None)
     elif kind == "local":
         from fsm_engine.llm.local import LocalLlama
         provider = LocalLlama(model_path=arg or None, seed=seed or 0)
@@ -51,3 +54,45 @@ def provider_from_spec(spec: str | None, *, faults: str | None = None,
     if faults:
         return FaultInjector(provider, parse_fault_spec(faults), seed=seed)
     return provider
+
+
+KINDS = ("local", "openai", "scripted")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+
+
+def providers_from_specs(specs: list[str] | None, *, faults: str | None = None,
+                         seed: int | None = None,
+                         environ: Mapping[str, str] | None = None) -> dict[str, Provider]:
+    """Providers by model name for ``Engine(llm=...)`` from ``--llm`` values.
+
+    Each value is ``SPEC`` (the default provider, key ``"*"``) or ``NAME=SPEC``
+    (the provider for states declaring ``llm="NAME"``); ``FSM_LLM_<NAME>``
+    variables add names not given (``FSM_LLM_FALLBACK=local`` → ``fallback``; a variable whose value is not a
+    provider spec, like ``FSM_LLM_CONCURRENCY``, is a setting, not a name).
+    The default is :func:`default_spec` when no value names one.  Equal specs
+    share one provider (one local model process for two names).  Raises
+    InvalidInput for a malformed value or a name given twice.
+    """
+    env = os.environ if environ is None else environ
+    wanted: dict[str, str] = {}
+    for value in specs or []:
+        name, sep, spec = value.partition("=")
+        if not sep or ":" in name:  # a bare spec (scripted:a=b.jsonl keeps its '=')
+            name, spec = "*", value
+        elif not _NAME.fullmatch(name):
+            raise InvalidInput(f"--llm {value!r}: {name!r} is not a model name")
+        if name in wanted:
+            raise InvalidInput(f"--llm gives model {name!r} twice")
+        wanted[name] = spec
+    for key, spec in env.items():  # other FSM_LLM_* settings (CONCURRENCY …) hold no spec
+        if key.startswith("FSM_LLM_") and spec.partition(":")[0] in KINDS:
+            wanted.setdefault(key[len("FSM_LLM_"):].lower(), spec)
+    wanted.setdefault("*", default_spec())
+    built: dict[str, Provider] = {}
+    out: dict[str, Provider] = {}
+    for name, spec in wanted.items():
+        key = spec.strip()
+        if key not in built:
+            built[key] = provider_from_spec(key, faults=faults, seed=seed)
+        out[name] = built[key]
+    return out

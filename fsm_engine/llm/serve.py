@@ -34,6 +34,8 @@ import threading
 import time
 from typing import Any
 
+from fsm_engine.errors import ClientError
+
 # The Gemma 3 chat template (as in Google's tokenizer_config.json, minus image parts and the
 # strict role-alternation check).  The packaged Gemma GGUF carries no template, and without one
 # llama-cpp-python falls back to the Llama-2 format; its own "gemma" format drops system turns.
@@ -51,7 +53,7 @@ GEMMA3_TEMPLATE = (
 REFUSED = 3
 
 
-class Refused(Exception):
+class Refused(ClientError):
     """A configuration this process will not serve (exit 3, the message on stderr)."""
 
 

@@ -25,7 +25,7 @@ from ..policies import Disposition, classify
 from ..store.base import Store
 from ..store.records import InstanceRecord, StepCommit
 from . import outcome
-from .breaker import Breaker
+from .models import Models
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
 from .step import MeteredLLM, Step
@@ -135,17 +135,15 @@ def _detail(rec: InstanceRecord, step: Step | None) -> dict[str, Any]:
 class Driver:
     """Runs single steps; owned by an ``Engine``."""
 
-    def __init__(self, store: Store, committer: GroupCommitter, *, provider: Any,
+    def __init__(self, store: Store, committer: GroupCommitter, *, models: Models,
                  clock: Callable[[], float], rng: random.Random,
-                 threads: ActionThreads,
-                 breaker_for: Callable[[Any], Breaker | None]) -> None:
+                 threads: ActionThreads) -> None:
         self.store = store
         self.committer = committer
-        self.provider = provider
+        self.models = models
         self.clock = clock
         self.rng = rng
         self.threads = threads
-        self.breaker_for = breaker_for
 
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
         """Commit ``step``; return the new record, or raise ``StaleWrite`` when we lost the race."""
@@ -176,8 +174,13 @@ class Driver:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
         left = None if rec.token_budget is None else rec.token_budget - rec.tokens_used
         visit = rec.visits.get(state.name, 1)
-        meter = MeteredLLM(self.provider, tokens_left=left, budget=rec.token_budget,
-                           breaker=self.breaker_for(state), loop=asyncio.get_running_loop())
+        provider = self.models.for_state(state)
+        meter = MeteredLLM(provider, tokens_left=left, budget=rec.token_budget,
+                           breaker=self.models.breaker(provider), loop=asyncio.get_running_loop())
+        if state.repair_llm is not None:
+            repair = self.models.by_name.get(state.repair_llm)
+            if repair is not None and repair is not provider:
+                meter.repair = (repair, self.models.breaker(repair))
         meter.loops_left = rec.max_transitions - rec.loop_count
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,

@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel, ValidationError
 
 from ..definition import Machine
-from ..definition.spec import State
 from ..errors import (
     FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
 )
@@ -28,11 +27,11 @@ from ..policies import BreakerPolicy
 from ..store import PENDING, RUNNING, SqliteStore, Store
 from ..store.records import InstanceRecord, StepCommit, WorkerRow
 from . import outcome
-from .breaker import Breaker
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
 from .loader import load_machine
+from .models import Models
 from .threads import ActionThreads
 from .workers import live_ids, new_worker
 
@@ -76,7 +75,10 @@ class Engine:
 
     Args:
         store: a ``Store`` or a SQLite path (default ``fsm.db``).
-        llm: the ``Provider`` handed to actions as ``step.llm`` (metered).
+        llm: the ``Provider`` handed to actions as ``step.llm`` (metered), or a mapping
+            of model names to providers (``{"primary": …, "fallback": …, "*": default}``)
+            for machines whose states name their model (``State(..., llm="primary")``);
+            see :mod:`fsm_engine.runtime.models`.
         lease_seconds: a worker whose heartbeat is older than this is dead
             and its instances may be adopted (same-host dead pids at once).
         max_recoveries: adoptions of one instance from dead workers without
@@ -96,7 +98,6 @@ class Engine:
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time) -> None:
         self.store: Store = SqliteStore(store) if isinstance(store, str) else store
-        self.llm = llm
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.concurrency = concurrency
@@ -110,12 +111,20 @@ class Engine:
         self._known: dict[str, InstanceRecord] = {}
         self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self._breaker: Breaker | None = None
         self._threads = ActionThreads(threads)
+        self.models = Models(llm, self.store, breaker, clock)
         self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
-        self.driver = Driver(self.store, self.committer, provider=llm, clock=clock,
-                             rng=random.Random(seed), threads=self._threads,
-                             breaker_for=self._breaker_for)
+        self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
+                             rng=random.Random(seed), threads=self._threads)
+
+    @property
+    def llm(self) -> Any:
+        """The default provider (states naming no model, or an unmapped one, call it)."""
+        return self.models.default
+
+    @llm.setter
+    def llm(self, provider: Any) -> None:
+        self.models.set_default(provider)
 
     # -- definitions ------------------------------------------------------------
     def register(self, machine: Machine, module: str | None = None) -> CompiledMachine:
@@ -126,6 +135,7 @@ class Engine:
         cm = compile_machine(machine)
         if module is None and self._machines.get(machine.name) is cm:
             return cm  # already registered (start_many calls this for every batch)
+        self.models.check(cm.states)
         self._machines[machine.name] = cm
         self._modules[machine.name] = module or _module_ref(machine)
         return cm
@@ -145,14 +155,6 @@ class Engine:
                 f"{rec.machine!r} (fingerprint {rec.fingerprint}, now {cm.fingerprint})",
                 instance_id=rec.id)
         return cm
-
-    def _breaker_for(self, state: State) -> Breaker | None:
-        if self.breaker_policy is None or self.llm is None:
-            return None
-        if self._breaker is None:  # stateless apart from its row in the store: one will do
-            name = f"{getattr(self.llm, 'name', 'llm')}:{getattr(self.llm, 'model', '?')}"
-            self._breaker = Breaker(self.store, name, self.breaker_policy, self.clock)
-        return self._breaker
 
     # -- creating ---------------------------------------------------------------
     def start(self, machine: Machine | str, input: BaseModel | dict[str, Any] | None = None, *,

@@ -38,6 +38,8 @@ class MeteredLLM:
         #: What ``structured`` saw: raw text, repairs, validation errors (for the history).
         self.outputs: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
+        #: (provider, breaker) answering ``structured``'s re-asks; None: this one.
+        self.repair: "tuple[Provider, Breaker | None] | None" = None
         self._loop = loop
 
     def _check_budget(self) -> None:
@@ -48,24 +50,29 @@ class MeteredLLM:
     async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
         """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
         ``CircuitOpen`` or the provider's ``ProviderError``."""
-        if self.provider is None:
+        return await self._complete(self.provider, self.breaker, messages, kwargs)
+
+    async def _complete(self, provider: "Provider | None", breaker: "Breaker | None",
+                        messages: list[dict[str, str]], kwargs: dict[str, Any]) -> "Completion":
+        if provider is None:
             raise FsmError("this engine has no LLM provider configured")
         self._check_budget()
         if self.tokens_left is not None:  # never ask for more completion than the budget holds
             left = self.tokens_left - self.used
             kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), left))
-        if self.breaker is not None:
-            await self.breaker.before_call()
+        if breaker is not None:
+            await breaker.before_call()
         try:
-            out = await self.provider.complete(messages, **kwargs)
+            out = await provider.complete(messages, **kwargs)
         except ProviderError as exc:
-            self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc))
-            if self.breaker is not None and exc.retryable:
-                await self.breaker.record(False)
+            self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc), provider)
+            if breaker is not None and exc.retryable:
+                await breaker.record(False)
             raise
-        self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None)
-        if self.breaker is not None:
-            await self.breaker.record(True)
+        self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None, provider,
+                   out.model)
+        if breaker is not None:
+            await breaker.record(True)
         return out
 
     def complete_sync(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
@@ -89,7 +96,9 @@ class MeteredLLM:
         from ..structured import parse_structured, reask_message
         history = list(messages)
         while True:
-            out = await self.complete(history, **kwargs)
+            provider, breaker = (self.repair if self.reasks and self.repair is not None
+                                 else (self.provider, self.breaker))
+            out = await self._complete(provider, breaker, history, dict(kwargs))
             try:
                 parsed = parse_structured(out.text, target, finish_reason=out.finish_reason)
             except StructuredOutputError as exc:
@@ -106,9 +115,13 @@ class MeteredLLM:
             self.outputs.append({"raw": out.text[:4000], "repairs": list(parsed.repairs)})
             return parsed
 
-    def _bill(self, tokens: int, finish: str | None, error: str | None) -> None:
+    def _bill(self, tokens: int, finish: str | None, error: str | None, provider: Any,
+              answered_by: str | None = None) -> None:
+        """Count a call's tokens; the history's ``llm_calls`` entry names the model."""
         self.used += tokens
-        self.calls.append({"tokens": tokens, "finish_reason": finish, "error": error})
+        model = answered_by or getattr(provider, "model", None)
+        self.calls.append({"tokens": tokens, "finish_reason": finish, "error": error,
+                           "model": f"{getattr(provider, 'name', 'llm')}:{model}"})
 
 
 @dataclass(slots=True)

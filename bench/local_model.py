@@ -1,0 +1,91 @@
+"""What the model's child process costs per call: ``python bench/local_model.py [--calls N]``.
+
+The same chat request, greedy, is sent N times (after one warm-up) to
+
+* ``in-process``: ``llama_cpp.Llama.create_chat_completion`` in this process
+  (what fsm_engine did before the model moved out of the engine's process);
+* ``child``: :class:`fsm_engine.llm.LocalLlama`, i.e. HTTP on loopback to the
+  supervised ``fsm_engine.llm.serve`` child (llama-cpp-python's server app).
+
+for ``max_tokens`` 1 (the call is almost all overhead: template, prompt
+evaluation, HTTP, JSON) and 32 (a short answer).  Both load the same GGUF with
+the same thread count.  Prints per-call medians in milliseconds, the child's
+extra milliseconds per call and the ratio child / in-process, and the
+generation speed in tokens per second.  Nothing is asserted: run it on a
+quiet machine and read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fsm_engine.llm import LocalLlama  # noqa: E402
+from fsm_engine.llm.models import model_path  # noqa: E402
+from fsm_engine.llm.serve import _gemma3_handler  # noqa: E402
+
+ASK = [{"role": "system", "content": "You are a content moderator. Answer in one word."},
+       {"role": "user", "content": "Text: the Apache License, version 2.0. Verdict:"}]
+
+
+def in_process(path: str, threads: int, calls: int, max_tokens: int) -> list[tuple[float, int]]:
+    import llama_cpp
+
+    llama = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads,
+                            n_threads_batch=threads, seed=0, verbose=False)
+    llama.chat_handler = _gemma3_handler(llama)
+    out = []
+    for i in range(calls + 1):
+        started = time.perf_counter()
+        reply = llama.create_chat_completion(messages=ASK, max_tokens=max_tokens,
+                                             temperature=0.0, seed=0)
+        if i:
+            out.append((time.perf_counter() - started, reply["usage"]["completion_tokens"]))
+    llama.close()
+    return out
+
+
+async def child(threads: int, calls: int, max_tokens: int) -> list[tuple[float, int]]:
+    provider = LocalLlama(n_threads=threads)
+    await provider.load()
+    out = []
+    try:
+        for i in range(calls + 1):
+            started = time.perf_counter()
+            reply = await provider.complete(ASK, max_tokens=max_tokens)
+            if i:
+                out.append((time.perf_counter() - started, reply.completion_tokens))
+    finally:
+        await provider.aclose()
+    return out
+
+
+def _row(name: str, runs: list[tuple[float, int]]) -> tuple[float, float]:
+    ms = statistics.median(t for t, _ in runs) * 1000
+    tps = sum(n for _, n in runs) / sum(t for t, _ in runs)
+    print(f"  {name:<11} median {ms:8.1f} ms/call   {tps:6.1f} tokens/s (completion)")
+    return ms, tps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    args = parser.parse_args()
+    path = model_path()
+    for max_tokens in (1, 32):
+        print(f"max_tokens={max_tokens}, {args.calls} calls, {args.threads} thread(s):")
+        a, _ = _row("in-process", in_process(path, args.threads, args.calls, max_tokens))
+        b, _ = _row("child", asyncio.run(child(args.threads, args.calls, max_tokens)))
+        print(f"  child - in-process: {b - a:+.1f} ms/call, ratio {b / a:.3f}")
+
+
+if __name__ == "__main__":
+    main()
