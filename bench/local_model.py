@@ -1,6 +1,6 @@
 """What the model's child process costs per call: ``python bench/local_model.py [--calls N]``.
 
-The same chat request, greedy, is sent N times (after one warm-up) to
+The same chat request, greedy, is sent N times (after one warm-up), alternately, to
 
 * ``in-process``: ``llama_cpp.Llama.create_chat_completion`` in this process
   (what fsm_engine did before the model moved out of the engine's process);
@@ -35,36 +35,34 @@ ASK = [{"role": "system", "content": "You are a content moderator. Answer in one
        {"role": "user", "content": "Text: the Apache License, version 2.0. Verdict:"}]
 
 
-def in_process(path: str, threads: int, calls: int, max_tokens: int) -> list[tuple[float, int]]:
+async def measure(path: str, threads: int, calls: int, max_tokens: int
+                  ) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+    """Both loaded at once, calls alternated A B A B … (machine drift hits both alike)."""
     import llama_cpp
 
     llama = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads,
                             n_threads_batch=threads, seed=0, verbose=False)
     llama.chat_handler = _gemma3_handler(llama)
-    out = []
-    for i in range(calls + 1):
-        started = time.perf_counter()
-        reply = llama.create_chat_completion(messages=ASK, max_tokens=max_tokens,
-                                             temperature=0.0, seed=0)
-        if i:
-            out.append((time.perf_counter() - started, reply["usage"]["completion_tokens"]))
-    llama.close()
-    return out
-
-
-async def child(threads: int, calls: int, max_tokens: int) -> list[tuple[float, int]]:
     provider = LocalLlama(n_threads=threads)
     await provider.load()
-    out = []
+    inproc, child = [], []
     try:
         for i in range(calls + 1):
             started = time.perf_counter()
-            reply = await provider.complete(ASK, max_tokens=max_tokens)
+            reply = llama.create_chat_completion(messages=ASK, max_tokens=max_tokens,
+                                                 temperature=0.0, seed=0)
+            took = time.perf_counter() - started
             if i:
-                out.append((time.perf_counter() - started, reply.completion_tokens))
+                inproc.append((took, reply["usage"]["completion_tokens"]))
+            started = time.perf_counter()
+            done = await provider.complete(ASK, max_tokens=max_tokens)
+            took = time.perf_counter() - started
+            if i:
+                child.append((took, done.completion_tokens))
     finally:
         await provider.aclose()
-    return out
+        llama.close()
+    return inproc, child
 
 
 def _row(name: str, runs: list[tuple[float, int]]) -> tuple[float, float]:
@@ -82,8 +80,9 @@ def main() -> None:
     path = model_path()
     for max_tokens in (1, 32):
         print(f"max_tokens={max_tokens}, {args.calls} calls, {args.threads} thread(s):")
-        a, _ = _row("in-process", in_process(path, args.threads, args.calls, max_tokens))
-        b, _ = _row("child", asyncio.run(child(args.threads, args.calls, max_tokens)))
+        inproc, child = asyncio.run(measure(path, args.threads, args.calls, max_tokens))
+        a, _ = _row("in-process", inproc)
+        b, _ = _row("child", child)
         print(f"  child - in-process: {b - a:+.1f} ms/call, ratio {b / a:.3f}")
 
 

@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import sys
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, Optional
 
@@ -168,12 +170,25 @@ def _drive(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[An
         raise typer.Exit(130) from None
 
 
-def _finish(records: list[Any], as_json: bool) -> None:
+def _tally(records: list[Any], fields: Sequence[str]) -> list[str]:
+    """``"field: 5 model, 2 constrained, 1 rules"`` per tallied context field (most first)."""
+    lines = []
+    for name in fields:
+        counts = Counter(str(r.context.get(name) or "(none)") for r in records
+                         if not isinstance(r, FsmError) and r.final)
+        if counts:
+            lines.append(f"{name}: " + ", ".join(f"{n} {v}" for v, n in counts.most_common()))
+    return lines
+
+
+def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = ()) -> None:
     if as_json:
         _print_json([instance_json(r) if not isinstance(r, FsmError) else
                              {"error": str(r), "id": r.instance_id} for r in records])
     else:
         out.print(_summary(records))
+        for line in _tally(records, tally):
+            out.print(_safe(line), highlight=False)
     ok = all(not isinstance(r, FsmError) and r.final for r in records)
     raise typer.Exit(0 if ok else 1)
 
@@ -207,7 +222,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     _preload(engine)
     engine.register(machine, ref)
     ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
-    _finish(_drive(engine, ids, False, quiet), as_json)
+    _finish(_drive(engine, ids, False, quiet), as_json, machine.tally)
 
 
 def _default_concurrency(engine: Engine) -> int | None:

@@ -229,6 +229,7 @@ machine = Machine(
     initial="init",
     max_transitions=30,
     token_budget=6000,
+    tally=("verdict_source",),
     states=[
         State("init"),
         State("collect", action=collect),

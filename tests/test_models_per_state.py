@@ -141,3 +141,18 @@ def test_cli_maps_names_to_providers(tmp_path, capsys, monkeypatch):
     assert code.value.code == 0
     records = json.loads(capsys.readouterr().out)
     assert [r["context"]["verdict_source"] for r in records] == ["constrained", "constrained"]
+
+
+def test_fsm_run_prints_where_the_verdicts_came_from(tmp_path, capsys, monkeypatch):
+    from fsm_engine.cli import main
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": VERDICT, "prompt_tokens": 5, "completion_tokens": 5}))
+    monkeypatch.setenv("FSM_NOTIFY_FILE", str(tmp_path / "n.jsonl"))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr("sys.argv", [
+        "fsm", "run", str(MACHINES / "moderation.py"), "--input", *license_files(3),
+        "--db", str(tmp_path / "m.db"), "--llm", f"scripted:{good}", "-q"])
+    with pytest.raises(SystemExit) as code:
+        main()
+    assert code.value.code == 0
+    assert "verdict_source: 3 model" in capsys.readouterr().out

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,13 +41,42 @@ def run_three(db_path: str, llm) -> tuple[Engine, list]:
     return eng, asyncio.run(eng.run_many(ids))
 
 
-def test_moderation_on_three_license_files(db_path, notify_file, gemma_path):  # noqa: F811
-    from fsm_engine.llm import LocalLlama
-    eng, records = run_three(db_path, LocalLlama(gemma_path))
+def _serve_children(tag: str) -> list[int]:
+    """Pids of running model children (``fsm_engine.llm.serve``) whose environment has
+    ``FSM_TEST_TAG=tag`` (so other runs on the machine don't count), zombies excluded."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"fsm_engine.llm.serve" in cmd and f"FSM_TEST_TAG={tag}".encode() in env \
+                and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def test_readme_main_command_on_three_license_files(tmp_path, notify_file, gemma_path):  # noqa: F811
+    """The README's `fsm run` on the embedded default model, as a user runs it: every
+    instance completes, the verdict sources are counted, no model process is left."""
+    tag = os.urandom(6).hex()
+    db = str(tmp_path / "fsm.db")
+    ran = subprocess.run([sys.executable, "-m", "fsm_engine.cli", "run",
+                          str(MACHINES / "moderation.py"), "--input", *license_files()[:3],
+                          "--db", db], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "COLUMNS": "160", "FSM_TEST_TAG": tag},
+                         cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "verdict_source: " in ran.stdout and "Traceback" not in ran.stderr
+    eng = Engine(db)
+    records = eng.store.list()
+    assert len(records) == 3 and all(r.status == "completed" for r in records)
     for rec in records:
         check_instance(eng, rec)
-    done = [r for r in records if r.status == "completed"]
-    assert len(notify_file.read_text().splitlines()) == len(done)
+    assert len(notify_file.read_text().splitlines()) == 3
+    assert _serve_children(tag) == []  # the model's child stopped with the run
 
 
 def test_moderation_with_faults_on_the_real_model(db_path, notify_file, gemma_path):  # noqa: F811

@@ -23,3 +23,52 @@ def test_moderation_through_openai_provider(db_path, notify_file, llama_server):
         except FileNotFoundError:
             continue
         assert b"sk-test-secret" not in dump
+
+
+def test_primary_server_stopped_mid_run_falls_back_to_the_embedded_model(
+        db_path, notify_file, gemma_path, tmp_path):  # noqa: F811
+    """Models per state for real: infer calls ``primary`` (a llama_cpp.server on loopback),
+    degraded-infer calls ``fallback`` (the embedded model).  The server is stopped once the
+    first instance has its answer: the primary's breaker opens and every instance completes
+    on the fallback model."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from conftest import MACHINES, license_files
+    from fsm_engine import BreakerPolicy, Engine
+    from fsm_engine.llm import LocalLlama
+    from llm_fixtures import _wait_ready, free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", gemma_path, "--host", "127.0.0.1",
+         "--port", str(port), "--n_ctx", "2048", "--chat_format", "gemma"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(server, f"http://127.0.0.1:{port}/v1/models", 120)
+        primary = OpenAICompatible(base_url=f"http://127.0.0.1:{port}/v1", model="gemma-remote")
+        fallback = LocalLlama(gemma_path)
+        eng = Engine(db_path, llm={"primary": primary, "fallback": fallback}, concurrency=2,
+                     breaker=BreakerPolicy(min_calls=2, failure_rate=0.5, cooldown=600))
+
+        def stop_primary_after_first_answer(rec) -> None:
+            if rec.state == "validate" and server.poll() is None:
+                server.kill()
+                server.wait(timeout=10)
+
+        ids = [eng.start(str(MACHINES / "moderation.py"), {"path": p}) for p in license_files()[:4]]
+        records = asyncio.run(eng.run_many(ids, stop_primary_after_first_answer))
+        asyncio.run(fallback.aclose())
+    finally:
+        server.kill()
+    assert server.poll() is not None  # it was stopped mid-run
+    for rec in records:
+        check_instance(eng, rec)
+    assert [r.status for r in records] == ["completed"] * 4
+    assert eng.store.get_breaker("openai:gemma-remote").state == "open"
+    rows = [h for r in records for h in eng.store.history(r.id)]
+    assert any(h.kind == "fallback" and h.reason == "circuit_open" for h in rows)
+    fallback_calls = [c["model"] for h in rows if h.source == "degraded-infer"
+                      for c in h.detail.get("llm_calls", [])]
+    assert fallback_calls and all(m.startswith("local:") for m in fallback_calls)

@@ -165,6 +165,8 @@ class Machine:
         token_budget: default token budget per instance (``None``: unlimited).
         namespace: where string references are resolved; defaults to the
             globals of the module that created the machine.
+        tally: context fields whose values are counted over the instances of a run
+            (``fsm run`` prints the counts at its end, e.g. where verdicts came from).
     """
 
     name: str
@@ -176,6 +178,7 @@ class Machine:
     token_budget: int | None = None
     description: str = ""
     namespace: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    tally: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.namespace is None:
