@@ -25,13 +25,15 @@ from rich.text import Text
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
 from .views import history_json, instance_json, outbox_json
 from .runtime import Engine
-from .store import SqliteStore, Store
+from .store import Store, is_postgres, open_store, store_url
 from .store.records import STATUSES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Durable finite state machines for LLM workflows.")
 out = Console()
-DB = typer.Option("fsm.db", "--db", help="SQLite database file.")
+DB = typer.Option(None, "--db", show_default=False,
+                  help="Store: a SQLite file or sqlite:///PATH, or postgresql://… "
+                       "(default: $FSM_DB, else fsm.db).")
 
 
 def _safe(text: str) -> str:
@@ -49,15 +51,13 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _open(db: str, *, create: bool = False) -> SqliteStore:
-    """The store at ``db``; only ``fsm run`` (``create``) may start a new one (a missing or
-    empty file is refused otherwise).  An older schema is migrated in place on open."""
-    if not create and (not os.path.exists(db) or (os.path.isfile(db) and not os.path.getsize(db))):
-        raise StoreError(f"no database at {db} (run `fsm run` first, or pass --db)")
-    return SqliteStore(db)
+def _open(db: str | None, *, create: bool = False) -> Store:
+    """The store ``db`` names (``store_url``); only ``fsm run``/``start``/``worker``
+    (``create``) may start a new one.  An older schema is migrated forward on open."""
+    return open_store(store_url(db), create=create)
 
 
-def _engine(db: str, *, llm: list[str] | None = None, faults: str | None = None,
+def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None = None,
             seed: int | None = None, create: bool = False) -> Engine:
     """An engine on ``db`` with the selected providers by model name (local ones load lazily)."""
     from .llm.select import providers_from_specs
@@ -207,8 +207,11 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
                                                  help="Seconds each instance may take in all."),
         as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
-    """Start one instance per input file and run them all concurrently."""
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+        local: bool = typer.Option(False, "--local",
+                                   help="With a postgresql:// store: run here, not on workers.")) -> None:
+    """Start one instance per input file and run them all concurrently (on a
+    postgresql:// store: enqueue them for `fsm worker`s and wait, unless --local)."""
     input = list(input) + list(more or [])
     if not input:
         _fail("give at least one --input FILE")
@@ -217,6 +220,11 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     from .runtime.compiled import compile_machine
     machine, ref = load_machine(module)
     compile_machine(machine)  # a broken module or definition creates no database
+    if is_postgres(store_url(db)) and not local:
+        from .cli_scale import enqueue_and_wait
+        enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
+                         as_json=as_json, quiet=quiet)
+        return
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True)
     engine.concurrency = concurrency or _default_concurrency(engine)
     _preload(engine)
@@ -380,6 +388,9 @@ def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--out
     except (ValueError, RuntimeError, OSError) as exc:
         _fail(str(exc).splitlines()[0])
     out.print(f"wrote {output}")
+
+
+from . import cli_scale  # noqa: E402,F401 - registers worker, start, wait, workers
 
 
 def main() -> None:

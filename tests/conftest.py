@@ -15,6 +15,8 @@ if str(ROOT) not in sys.path:
 from fsm_engine import Engine  # noqa: E402
 from fsm_engine.llm import Scripted  # noqa: E402
 
+pytest_plugins = ["fsm_engine.testing.plugin"]
+
 MACHINES = ROOT / "machines"
 LICENSES = Path("/usr/share/common-licenses")
 

@@ -4,6 +4,7 @@ fingerprint, string references, and ``load_machine`` errors."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -460,10 +461,20 @@ def test_load_attr_that_is_not_a_machine(tmp_path: Path) -> None:
     assert "'C' is not a fsm_engine.Machine" in str(load_error(f"{path}:C"))
 
 
-def test_load_returns_machine_and_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_returns_machine_and_a_path_relative_to_the_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_module(tmp_path / "rel" / "m.py")
     monkeypatch.chdir(tmp_path)
     machine, canonical = load_machine("rel/m.py")
     assert machine.name == "fp"
-    assert canonical == str(tmp_path / "rel" / "m.py")
+    assert canonical == os.path.join("rel", "m.py")  # loads again on any host with the code
     check(machine)
+    monkeypatch.chdir(tmp_path.parent)  # elsewhere, resolved under the declared root
+    monkeypatch.setenv("FSM_MACHINES_ROOT", str(tmp_path))
+    again, ref = load_machine(canonical)
+    assert (again.name, ref) == ("fp", canonical)
+
+
+def test_load_by_dotted_name_keeps_the_dotted_name() -> None:
+    machine, canonical = load_machine("machines.moderation")
+    assert canonical == "machines.moderation" and machine.name == "moderation"

@@ -110,10 +110,25 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("2",)]
+        [(str(FORMAT_VERSION),)] == [("3",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
-    assert {"idx_instances_status", "idx_attempts_instance_id"} <= names
+    assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner"} <= names
+    # format 3: workers carry their lease's expiry and their queues
+    assert [r[1] for r in _sql(path, "PRAGMA table_info(workers)")][-2:] == ["lease_until", "queues"]
+
+
+def test_v2_worker_rows_read_back_with_no_lease_and_no_queues(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    write_v1(path)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO workers VALUES ('w', 'h', 1, '9', 1.0, 2.0)")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(path))
+    [w] = store.workers()
+    assert (w.id, w.heartbeat_at, w.lease_until, w.queues) == ("w", 2.0, None, [])
+    store.close()
 
 
 def test_migrated_history_takes_new_steps_and_keeps_its_key(tmp_path: Path) -> None:

@@ -21,19 +21,20 @@ from pydantic import BaseModel, ValidationError
 
 from ..definition import Machine
 from ..errors import (
-    FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
+    DefinitionError, FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
 )
 from ..policies import BreakerPolicy
-from ..store import PENDING, RUNNING, SqliteStore, Store
+from ..store import PENDING, Store, open_store
+from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import InstanceRecord, StepCommit, WorkerRow
 from . import outcome
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
-from .loader import load_machine
+from .loader import load_machine, reference
 from .models import Models
+from .ownership import Ownership
 from .threads import ActionThreads
-from .workers import live_ids, new_worker
 
 log = logging.getLogger("fsm_engine")
 
@@ -65,16 +66,17 @@ async def _done(value: Any) -> Any:
 
 
 def _module_ref(machine: Machine) -> str:
+    """Where ``machine`` can be loaded again on any host (``loader.reference``)."""
     ns = machine.namespace or {}
     path = ns.get("__file__")
-    return os.path.abspath(path) if path else str(ns.get("__name__", ""))
+    return reference(path) if path else str(ns.get("__name__", ""))
 
 
 class Engine:
     """Runs instances of machines durably.
 
     Args:
-        store: a ``Store`` or a SQLite path (default ``fsm.db``).
+        store: a ``Store`` or a URL for ``open_store`` (a plain path: SQLite; default ``fsm.db``).
         llm: the ``Provider`` handed to actions as ``step.llm`` (metered), or a mapping
             of model names to providers (``{"primary": …, "fallback": …, "*": default}``)
             for machines whose states name their model (``State(..., llm="primary")``);
@@ -97,20 +99,18 @@ class Engine:
                  breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time) -> None:
-        self.store: Store = SqliteStore(store) if isinstance(store, str) else store
+        self.store: Store = open_store(store) if isinstance(store, str) else store
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.concurrency = concurrency
         self.breaker_policy = breaker
         self.clock = clock
-        self.worker = new_worker(clock())
-        self._registered = False
+        self.ownership = Ownership(self.store, lease_seconds=lease_seconds,
+                                   max_recoveries=max_recoveries, clock=clock)
         self._machines: dict[str, CompiledMachine] = {}
         self._modules: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[InstanceRecord]] = {}
         self._known: dict[str, InstanceRecord] = {}
-        self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
-        self._heartbeat: asyncio.Task[None] | None = None
         self._threads = ActionThreads(threads)
         self.models = Models(llm, self.store, breaker, clock)
         self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
@@ -175,11 +175,16 @@ class Engine:
     def start_many(self, machine: Machine | str,
                    inputs: Iterable[BaseModel | dict[str, Any] | None], *,
                    token_budget: int | None = None, deadline_s: float | None = None,
-                   ids: list[str] | None = None) -> list[str]:
-        """``start`` for many inputs in one transaction (all created, or none)."""
+                   ids: list[str] | None = None, enqueue: bool = False) -> list[str]:
+        """``start`` for many inputs in one transaction (all created, or none).
+
+        ``enqueue``: create them unowned, for any worker to claim (``fsm start``),
+        instead of held by this engine.
+        """
         cm = self.load(machine) if isinstance(machine, str) else self.register(machine)
         spec, now = cm.spec, self.clock()
-        self._register()
+        if not enqueue:
+            self._register()
         records = []
         for i, data in enumerate(inputs):
             ctx = _validate_input(spec.context, data)
@@ -191,68 +196,41 @@ class Engine:
                 token_budget=spec.token_budget if token_budget is None else token_budget,
                 created_at=now, updated_at=now, visits={spec.initial: 1},
                 deadline=None if deadline_s is None else now + deadline_s,
-                owner=self.worker.id))
+                owner=None if enqueue else self.worker.id))
         self.store.create(*records)
-        if len(self._known) + len(records) <= _KNOWN_MAX:  # run() needn't read them back
+        if not enqueue and len(self._known) + len(records) <= _KNOWN_MAX:  # run() needn't read them back
             self._known.update((r.id, r) for r in records)
         return [r.id for r in records]
 
-    # -- ownership --------------------------------------------------------------
+    # -- ownership (see ``ownership.py``) ---------------------------------------------
+    @property
+    def worker(self) -> WorkerRow:
+        """This engine's worker row (its id is the ``owner`` of the instances it holds)."""
+        return self.ownership.worker
+
     def _register(self) -> None:
-        if not self._registered:
-            self.worker.heartbeat_at = self.clock()
-            self.store.put_worker(self.worker)
-            self._registered = True
+        self.ownership.register()
 
     def _ensure_worker(self) -> None:
-        self._register()
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+        self.ownership.start_heartbeat(self._lost, lambda: list(self._tasks))
 
-    async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_seconds / 3)
-            self.worker.heartbeat_at = self.clock()
-            self.store.put_worker(self.worker)
-            for rec in self.store.list(statuses=["cancelled"], owner=self.worker.id):
-                task = self._tasks.get(rec.id)
-                if task is not None and not task.done():
-                    task.cancel()
-                gone = outcome.clone(rec)
-                gone.owner = None  # seen: drop it from the next poll
-                self.store.commit([StepCommit(gone, rec.version, before=rec)])
+    def _lost(self, instance_id: str, status: str | None) -> None:
+        """The heartbeat found ``instance_id`` cancelled or taken over: stop its task."""
+        task = self._tasks.get(instance_id)
+        if task is not None and not task.done():
+            task.cancel()
+        self._known.pop(instance_id, None)
 
-    def _worker_view(self, now: float) -> tuple[dict[str, WorkerRow], set[str]]:
-        """Registered workers and the live ones, re-read at most every 0.5 s
-        (a resume of thousands of instances reads them once, not once each)."""
-        if self._view is None or now - self._view[0] > 0.5:
-            workers = {w.id: w for w in self.store.workers()}
-            self._view = (now, workers, live_ids(list(workers.values()), now, self.lease_seconds))
-        return self._view[1], self._view[2]
-
-    def _adoption(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
-        """The commit that makes this worker the owner of ``rec`` (maybe a crash_loop failure)."""
+    def _parking(self, rec: InstanceRecord, exc: FsmError) -> StepCommit | None:
+        """The commit leaving ``rec`` alone when its machine cannot be had here."""
+        if isinstance(exc, FingerprintMismatch):
+            reason = FINGERPRINT_MISMATCH
+        elif isinstance(exc, DefinitionError):
+            reason = MACHINE_UNAVAILABLE
+        else:
+            return None
         now = self.clock()
-        step = outcome.claimed(rec, self.worker.id, now)
-        if rec.owner is None or rec.owner == self.worker.id:
-            return step
-        workers, live = self._worker_view(now)
-        if rec.owner in live:
-            raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
-                           instance_id=rec.id)
-        dead = workers.get(rec.owner)
-        sleeping = (rec.next_attempt_at is not None and dead is not None
-                    and rec.next_attempt_at > dead.heartbeat_at)
-        new = step.record
-        if rec.status == RUNNING and not sleeping:
-            same = rec.recovered_seq == rec.seq
-            new.recoveries, new.recovered_seq = (rec.recoveries + 1 if same else 1), rec.seq
-        if new.recoveries > self.max_recoveries:
-            fail = outcome.failed(cm, new, "crash_loop", now,
-                                  error=f"{new.recoveries} recoveries without progress")
-            fail.expected_version, fail.before = rec.version, rec  # written over the stored row
-            return fail
-        return step
+        return outcome.parked(rec, reason, str(exc), now, now + self.lease_seconds)
 
     async def _claim(self, instance_id: str) -> tuple[CompiledMachine, InstanceRecord]:
         rec = self._known.pop(instance_id, None) or self.store.get(instance_id)
@@ -262,11 +240,21 @@ class Engine:
         cm = self._compiled(rec)
         self._ensure_worker()
         if rec.owner == self.worker.id:
-            return cm, rec  # started (or already claimed) by this engine
-        step = self._adoption(cm, rec)
+            return cm, await self._checked(cm, rec)  # started (or already claimed) here
+        step = self.ownership.adoption(rec)
         if not await self.committer.submit(step):
             raise _lost_claim(rec.id)
-        return cm, step.record
+        return cm, await self._checked(cm, step.record)
+
+    async def _checked(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
+        """``rec`` once held here: failed when crash-looping, its parked reason cleared."""
+        if self.ownership.crash_looping(rec):
+            now = self.clock()
+            return await self.driver.commit(rec, outcome.failed(
+                cm, rec, "crash_loop", now, error=f"{rec.recoveries} recoveries without progress"))
+        if rec.reason in (MACHINE_UNAVAILABLE, FINGERPRINT_MISMATCH):
+            return await self.driver.commit(rec, outcome.unparked(rec))
+        return rec
 
     # -- running ----------------------------------------------------------------
     async def step(self, instance_id: str) -> InstanceRecord:
@@ -300,8 +288,8 @@ class Engine:
                 raise
         except asyncio.CancelledError:
             rec = self.store.get(instance_id)
-            if rec.status != "cancelled":
-                raise
+            if rec.status != "cancelled" and rec.owner == self.worker.id:
+                raise  # cancelled from here, not by a cancel or a takeover
         finally:
             self._tasks.pop(instance_id, None)
         return rec
@@ -333,53 +321,52 @@ class Engine:
 
     def resumable(self) -> list[InstanceRecord]:
         """Non-final, non-waiting instances not held by a live worker."""
-        _, live = self._worker_view(self.clock())
-        return [r for r in self.store.list(statuses=[PENDING, RUNNING])
-                if r.owner is None or r.owner == self.worker.id or r.owner not in live]
+        return self.ownership.resumable()
 
     async def resume(self, on_step: OnStep | None = None, *, chunk: int = 500
                      ) -> list[InstanceRecord | FsmError]:
         """Continue every instance left pending or running by a dead (or no) worker.
 
-        Instances are adopted ``chunk`` at a time (one transaction per chunk) and
-        each chunk starts stepping before the next is adopted, so the first steps
-        of a large resume are durable within a fraction of a second.  Returns what
-        ``run_many`` returns, in ``resumable()`` order.
+        Instances are claimed ``chunk`` at a time (``Store.claim``: one transaction
+        per chunk, never one another live worker holds or is claiming) and each chunk
+        starts stepping before the next is claimed, so the first steps of a large
+        resume are durable within a fraction of a second.  An instance whose machine
+        cannot be loaded here, or was started from another definition, is left alone
+        with reason ``machine_unavailable`` / ``fingerprint_mismatch``.  Returns, per
+        instance claimed, what ``run_many`` returns (or the error that left it alone).
         """
         self._ensure_worker()
-        one, tasks = self._runner(on_step), []
-        records = self.resumable()
-        for i in range(0, len(records), chunk):
-            for rec, outcome_ in self._adopt_all(records[i:i + chunk]):
-                if isinstance(outcome_, FsmError):
-                    tasks.append(asyncio.ensure_future(_done(outcome_)))
-                else:
-                    self._known[rec.id] = outcome_
-                    tasks.append(asyncio.ensure_future(one(rec.id)))
-            await asyncio.sleep(0)  # let this chunk start before adopting the next
+        mine = self.store.held(self.worker.id)  # e.g. started by this engine, not yet run
+        idle = [iid for iid in mine if iid not in self._tasks]
+        if idle:
+            self.store.release(self.worker.id, idle)
+        one, tasks, parked = self._runner(on_step), [], []
+        while True:
+            batch = self.ownership.claim(chunk, due_by=float("inf"))
+            if not batch:
+                break
+            for rec in batch:
+                try:
+                    self._compiled(rec)
+                except FsmError as exc:
+                    exc.instance_id = exc.instance_id or rec.id
+                    parked.append((rec, exc))
+                    tasks.append(asyncio.ensure_future(_done(exc)))
+                    continue
+                self._known[rec.id] = rec
+                tasks.append(asyncio.ensure_future(one(rec.id)))
+            await asyncio.sleep(0)  # let this chunk start before claiming the next
+        self._park(parked)
         return list(await asyncio.gather(*tasks))
 
-    def _adopt_all(self, records: list[InstanceRecord]
-                   ) -> list[tuple[InstanceRecord, InstanceRecord | FsmError]]:
-        """Adopt ``records`` in one transaction; per record the owned record or why not."""
-        planned: list[tuple[InstanceRecord, StepCommit | FsmError]] = []
-        for rec in records:
-            try:
-                planned.append((rec, self._adoption(self._compiled(rec), rec)))
-            except FsmError as exc:
-                exc.instance_id = exc.instance_id or rec.id
-                planned.append((rec, exc))
-        commits = [p for _, p in planned if isinstance(p, StepCommit)]
-        applied = iter(self.store.commit(commits) if commits else [])
-        out: list[tuple[InstanceRecord, InstanceRecord | FsmError]] = []
-        for rec, plan in planned:
-            if isinstance(plan, FsmError):
-                out.append((rec, plan))
-            elif next(applied):
-                out.append((rec, plan.record))
-            else:
-                out.append((rec, _lost_claim(rec.id)))
-        return out
+    def _park(self, parked: list[tuple[InstanceRecord, FsmError]]) -> None:
+        """Give back instances this engine cannot run, saying why (``fsm list``/``show``)."""
+        commits = [c for c in (self._parking(rec, exc) for rec, exc in parked) if c is not None]
+        if commits:
+            self.store.commit(commits)
+        others = [rec.id for rec, exc in parked if self._parking(rec, exc) is None]
+        if others:
+            self.store.release(self.worker.id, others)
 
     # -- from outside ------------------------------------------------------------
     def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
@@ -414,14 +401,10 @@ class Engine:
 
     async def aclose(self) -> None:
         """Stop the heartbeat, deregister this worker and close the store."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
         self.close()
 
     def close(self) -> None:
-        """Deregister this worker and close the store (``aclose`` also stops the heartbeat)."""
-        if self._registered:
-            self.store.delete_worker(self.worker.id)
-            self._registered = False
+        """Deregister this worker and close the store (also stops the heartbeat)."""
+        self.ownership.close()
         self._threads.shutdown()
         self.store.close()

@@ -142,3 +142,22 @@ def claimed(rec: InstanceRecord, owner: str, now: float) -> StepCommit:
     if new.status not in (WAITING,):
         new.status = RUNNING
     return StepCommit(new, rec.version, before=rec)
+
+
+def parked(rec: InstanceRecord, reason: str, error: str, now: float,
+           until: float | None) -> StepCommit:
+    """Leave ``rec`` alone because this worker cannot run it (``reason``
+    ``machine_unavailable`` or ``fingerprint_mismatch``): owner cleared, the reason and
+    error shown, not claimed again before ``until`` (no history row)."""
+    new = clone(rec)
+    new.owner, new.reason, new.last_error, new.updated_at = None, reason, error, now
+    if until is not None:
+        new.next_attempt_at = max(until, rec.next_attempt_at or 0.0)
+    return StepCommit(new, rec.version, before=rec)
+
+
+def unparked(rec: InstanceRecord) -> StepCommit:
+    """Clear a ``parked`` reason once a worker that can run ``rec`` holds it."""
+    new = clone(rec)
+    new.reason = None
+    return StepCommit(new, rec.version, before=rec)

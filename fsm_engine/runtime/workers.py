@@ -1,9 +1,9 @@
 """Worker identity and liveness: who holds an instance, and whether it is still alive.
 
 A worker is one engine in one process.  It registers a row and renews its
-``heartbeat_at`` every ``lease_seconds / 3``; an instance's ``owner`` is a
-worker id.  An owner is dead when its row is gone, when its heartbeat is
-older than ``lease_seconds``, or (same host only) when its pid no longer
+``heartbeat_at`` and ``lease_until`` every ``lease_seconds / 3``; an instance's
+``owner`` is a worker id.  An owner is dead when its row is gone, when its
+lease has expired, or (same host only) when its pid no longer
 runs or now belongs to another process (compared by start time), so a
 SIGKILLed local runner is detected at once without waiting out the lease.
 """
@@ -40,8 +40,12 @@ def new_worker(now: float | None = None) -> WorkerRow:
 
 
 def is_alive(worker: WorkerRow, now: float, lease_seconds: float) -> bool:
-    """True while ``worker`` may still be running its instances."""
-    if now - worker.heartbeat_at > lease_seconds:
+    """True while ``worker`` may still be running its instances: its lease
+    (``lease_until``, else ``heartbeat_at + lease_seconds``) holds and, on this
+    host, its process still runs."""
+    until = worker.lease_until if worker.lease_until is not None else (
+        worker.heartbeat_at + lease_seconds)
+    if now > until:
         return False
     if worker.host == socket.gethostname():
         return bool(worker.pid_start) and pid_start(worker.pid) == worker.pid_start

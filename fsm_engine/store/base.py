@@ -1,4 +1,4 @@
-"""The store interface: the narrow contract every backend passes (``tests/test_store_contract.py``)."""
+"""The store interface: the narrow contract every backend passes (``fsm_engine.testing``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import builtins
 
 from typing import Protocol, Sequence
 
+from .claims import ClaimRequest
 from .records import (
     AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit, WorkerRow,
 )
@@ -19,9 +20,17 @@ class Store(Protocol):
     commit), each step all-or-nothing, and reports which applied.
     Errors: ``InstanceNotFound`` for unknown ids, ``StoreError`` (or
     ``NotAnFsmDatabase``) when the database is unusable.
+
+    Ownership is leased: an instance's ``owner`` is a worker id, and the
+    worker's row (``put_worker``) says until when its lease holds.  ``claim``
+    hands runnable instances to one worker at a time (concurrent claimers
+    never get the same instance), ``held`` is what a heartbeat checks, and
+    ``release`` gives instances back.
     """
 
-    path: str
+    #: Where the data lives, as a URL (``sqlite:///abs/path``, ``postgresql://host/db``;
+    #: no password).
+    url: str
 
     def create(self, *records: InstanceRecord) -> None:
         """Insert new instances in one transaction (all or none; a duplicate id fails all);
@@ -49,6 +58,24 @@ class Store(Protocol):
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         """Outbox rows, oldest first."""
+
+    def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
+        """Make ``request.owner`` the owner of up to ``request.limit`` claimable instances
+        (see ``store.claims``), oldest first, in one transaction; return them as stored
+        (version bumped).  Instances another claimer is taking at the same moment are
+        skipped, not waited for."""
+
+    def held(self, owner: str) -> dict[str, str]:
+        """Id -> status of every instance ``owner`` holds (a heartbeat compares it with
+        what it runs: an instance missing here was taken over or finished)."""
+
+    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+        """Give up ``owner``'s instances (only ``ids``, or all): owner cleared, version
+        bumped, workers waiting for work woken; returns how many were released."""
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early when instances may have become
+        claimable (created or released); a backend without notifications polls."""
 
     def put_worker(self, worker: WorkerRow) -> None:
         """Insert or update a worker's row (its heartbeat renews its leases)."""

@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @dataclass(slots=True)
@@ -127,7 +127,14 @@ class OutboxRow:
 
 @dataclass(slots=True)
 class WorkerRow:
-    """A live or dead runtime process; leases are held through ``heartbeat_at``."""
+    """A live or dead runtime process; it holds its instances' leases until ``lease_until``.
+
+    The worker renews ``heartbeat_at`` and ``lease_until`` (both epoch seconds)
+    by heartbeat; once ``lease_until`` has passed, any worker may claim the
+    instances it owns (``None``: a row from before format 3, whose lease is the
+    claimer's ``lease_seconds`` after ``heartbeat_at``).  ``queues`` are the
+    queues it takes work from (empty: every queue).
+    """
 
     id: str
     host: str
@@ -135,6 +142,8 @@ class WorkerRow:
     pid_start: str
     started_at: float
     heartbeat_at: float
+    lease_until: float | None = None
+    queues: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

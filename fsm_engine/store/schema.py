@@ -14,8 +14,7 @@ import sqlite_utils
 from ..errors import NotAnFsmDatabase, StoreError
 from .records import FORMAT_VERSION
 
-JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
-                          "result", "events"})
+from .codec import JSON_COLUMNS  # noqa: F401 - re-exported
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -95,7 +94,15 @@ def _v2(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE history_v2 RENAME TO history")
 
 
-MIGRATIONS = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    """Leases with an expiry the owner sets (``workers.lease_until``), the queues a worker
+    serves, and an index to find a worker's instances (claims, heartbeats, release)."""
+    db.execute("ALTER TABLE workers ADD COLUMN lease_until REAL")
+    db.execute("ALTER TABLE workers ADD COLUMN queues TEXT")
+    db.execute('CREATE INDEX "idx_instances_owner" ON "instances" ("owner")')
+
+
+MIGRATIONS = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import builtins
 
-import functools
 import hashlib
 import json
-import operator
 import os
 import sqlite3
 import threading
-from dataclasses import fields
+import time
 from typing import Any, Sequence
 
-import pydantic_core
 import sqlite_utils
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
@@ -31,7 +28,14 @@ from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow,
     StepCommit, WorkerRow,
 )
-from .schema import JSON_COLUMNS, migrate, refuse_foreign
+from .codec import (
+    ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
+    INSERT_HISTORY as _INSERT_HISTORY, INSTANCE as _INSTANCE, JSON_COLUMNS,
+    SELECT_HISTORY as _SELECT_HISTORY, SELECT_INSTANCES as _SELECT_INSTANCES, WORKER as _WORKER,
+    changes as _changes, dumps as _dumps, update_sql as _update_sql,
+)
+from .claims import ClaimRequest, adopted, select, where
+from .schema import migrate, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
 
@@ -40,115 +44,19 @@ _HEADER = b"SQLite format 3\x00"
 BLOB_THRESHOLD = 64 * 1024
 
 
-_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
-
-
-def _dumps(value: Any) -> str:
-    """Compact UTF-8 JSON of a JSON value (``TypeError`` for a value JSON cannot hold).
-
-    Encoded by pydantic-core's Rust serializer (about 8x ``json.dumps`` on a
-    small dict); strings it cannot encode as UTF-8 (lone surrogates, e.g.
-    from undecodable file names) are kept as ``\\u`` escapes by ``json``.
-    """
-    if not value and isinstance(value, (dict, list)):
-        return "{}" if isinstance(value, dict) else "[]"
-    try:
-        return pydantic_core.to_json(value).decode()
-    except pydantic_core.PydanticSerializationError:
-        return _ENCODE_ASCII(value)
-
-
-class _Codec:
-    """One record class as a table row: its columns in declared order, values positional."""
-
-    def __init__(self, cls: type) -> None:
-        self.columns = tuple(f.name for f in fields(cls))
-        self._get = operator.attrgetter(*self.columns)
-        self._json = tuple(i for i, col in enumerate(self.columns) if col in JSON_COLUMNS)
-
-    def values(self, obj: Any) -> builtins.list[Any]:
-        """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL)."""
-        row = list(self._get(obj))
-        for i in self._json:
-            if row[i] is not None:
-                row[i] = _dumps(row[i])
-        return row
-
-    def insert_sql(self, table: str, verb: str = "INSERT") -> str:
-        """``verb INTO table(columns) VALUES (?, …)`` taking ``values``' order."""
-        marks = ", ".join("?" * len(self.columns))
-        return f"{verb} INTO {table}({', '.join(self.columns)}) VALUES ({marks})"
-
-
-_INSTANCE, _HISTORY, _ATTEMPT, _WORKER, _BREAKER = map(
-    _Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
-_DELTA = _HISTORY.columns.index("delta")
-_SELECT_INSTANCES = f"SELECT {', '.join(_INSTANCE.columns)} FROM instances"
-#: History rows are stored under the instance's integer key, not its id (see ``schema._v2``).
-_INSERT_HISTORY = (f"INSERT INTO history(instance, {', '.join(_HISTORY.columns[1:])}) "
-                   f"VALUES ({', '.join('?' * len(_HISTORY.columns))})")
-_SELECT_HISTORY = ("SELECT i.id AS instance_id, "
-                   + ", ".join(f"h.{c}" for c in _HISTORY.columns[1:])
-                   + " FROM history h JOIN instances i ON i.key = h.instance WHERE i.id=?"
-                   " ORDER BY h.seq")
-
-
-#: Instance columns fixed at creation: never rewritten by a step.
-_IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
-                        "max_transitions", "created_at"})
-
-
-#: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
-#: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
-_DICTS = ("context", "visits")
-#: The other mutable instance columns, in table order.
-_SCALARS = tuple(col for col in _INSTANCE.columns if col not in _IMMUTABLE | set(_DICTS))
-_SCALAR_VALUES = operator.attrgetter(*_SCALARS)
-
-
-def _changes(before: InstanceRecord | None,
-             after: InstanceRecord) -> tuple[tuple[str, ...], builtins.list[Any]]:
-    """The instance columns to write and their values (JSON-encoded).
-
-    Every mutable column when ``before`` is None, else those where ``after``
-    differs from ``before`` (scalars compared with ``==``, JSON columns by
-    their encoded text).
-    """
-    if before is None:
-        values = [*_SCALAR_VALUES(after), _dumps(after.context), _dumps(after.visits)]
-        return _SCALARS + _DICTS, values
-    cols, values = [], []
-    for col, old, new in zip(_SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after)):
-        if old != new:
-            cols.append(col)
-            values.append(new)
-    for col in _DICTS:
-        old, new = getattr(before, col), getattr(after, col)
-        text = _dumps(new)
-        # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
-        # been edited in place
-        if old is new or old != new or text != _dumps(old):
-            cols.append(col)
-            values.append(text)
-    return tuple(cols), values
-
-
-@functools.lru_cache(maxsize=256)
-def _update_sql(cols: tuple[str, ...], by_key: bool) -> str:
-    """Compare-and-set UPDATE of ``cols`` (positional: the values, then the instance's key
-    and id, or its id alone, then the expected version).  By key it finds the row in
-    one B-tree; by id it returns the key (``RETURNING`` costs ~15 µs a statement)."""
-    sets = "".join(f"{col}=?, " for col in cols)
-    where = "key=? AND id=? AND version=?" if by_key else "id=? AND version=? RETURNING key"
-    return f"UPDATE instances SET {sets}version=version+1 WHERE {where}"
-
-
 def _decode(cls: type, row: sqlite3.Row) -> Any:
     data = dict(row)
     for col in JSON_COLUMNS & data.keys():
         if data[col] is not None:
             data[col] = json.loads(data[col])
     return cls(**data)
+
+
+def _decode_worker(row: sqlite3.Row) -> WorkerRow:
+    worker = _decode(WorkerRow, row)
+    if worker.queues is None:  # a row written before format 3
+        worker.queues = []
+    return worker
 
 
 def _check_file(path: str) -> None:
@@ -181,6 +89,7 @@ class SqliteStore:
     def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL",
                  blob_threshold: int = BLOB_THRESHOLD) -> None:
         self.path = path
+        self.url = "sqlite://" + (path if path == ":memory:" else "/" + os.path.abspath(path))
         self.blob_threshold = blob_threshold
         _check_file(path)
         self._lock = threading.RLock()
@@ -336,13 +245,54 @@ class SqliteStore:
             sql, args = sql + " WHERE instance_id=?", (instance_id,)
         return [_decode(OutboxRow, r) for r in self._read(sql + " ORDER BY rowid", args)]
 
+    # -- leases ---------------------------------------------------------------
+    def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
+        cond, args = where(request)
+        sql = select(_INSTANCE.columns) + cond + " ORDER BY i.key LIMIT ?"
+        out: builtins.list[InstanceRecord] = []
+        with self._write() as conn:  # BEGIN IMMEDIATE: claimers take turns, none shares a row
+            for row in conn.execute(sql, [*args, request.limit]).fetchall():
+                data = dict(row)
+                prior = data.pop("prior_heartbeat")
+                rec = _INSTANCE.decode(data)
+                new = adopted(rec, request.owner, request.now, prior)
+                cols, values = _changes(rec, new)
+                conn.execute(_update_sql(cols, True), [*values, rec.key, rec.id, rec.version])
+                new.version = rec.version + 1
+                out.append(new)
+        return out
+
+    def held(self, owner: str) -> dict[str, str]:
+        return dict(self._read("SELECT id, status FROM instances WHERE owner=?", (owner,)))
+
+    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+        sql, args = ("UPDATE instances SET owner=NULL, version=version+1, updated_at=? "
+                     "WHERE owner=?"), [time.time(), owner]
+        if ids is not None:
+            if not ids:
+                return 0
+            sql += f" AND id IN ({', '.join('?' * len(ids))})"
+            args.extend(ids)
+        with self._write() as conn:
+            return conn.execute(sql, args).rowcount
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Polls ``PRAGMA data_version`` (it changes when another connection commits)
+        every 50 ms; returns at the first change or after ``timeout``."""
+        end = time.monotonic() + max(0.0, timeout)
+        first = self._read("PRAGMA data_version")[0][0]
+        while time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+            if self._read("PRAGMA data_version")[0][0] != first:
+                return
+
     # -- workers --------------------------------------------------------------
     def put_worker(self, worker: WorkerRow) -> None:
         with self._write() as conn:
             conn.execute(_WORKER.insert_sql("workers", "INSERT OR REPLACE"), _WORKER.values(worker))
 
     def workers(self) -> builtins.list[WorkerRow]:
-        return [_decode(WorkerRow, r) for r in self._read("SELECT * FROM workers")]
+        return [_decode_worker(r) for r in self._read("SELECT * FROM workers")]
 
     def delete_worker(self, worker_id: str) -> None:
         with self._write() as conn:

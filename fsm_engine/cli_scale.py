@@ -1,0 +1,218 @@
+"""``fsm worker`` / ``start`` / ``wait`` / ``workers``: running work on many processes and hosts.
+
+A thin layer over ``runtime.worker.Worker`` and the store, registered on the
+``fsm`` app by ``cli.py``.  ``wait`` exits 0 when every instance ended
+``completed``, 1 when one ended failed or cancelled (or is waiting for an
+event), 3 when ``--timeout`` passed first, 2 for a user error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .cli import DB, _engine, _fail, _find, _input_for, _open, app, out
+from .store import Store
+from .store.records import COMPLETED, WAITING
+from .views import instance_json
+
+#: ``fsm wait`` exit status when its timeout passed before every instance was final.
+EXIT_TIMEOUT = 3
+
+
+def _ids(store: Store, given: list[str]) -> list[str]:
+    return [_find(store, i).id for i in given]
+
+
+def _settled(rec: Any) -> bool:
+    return rec.final or rec.status == WAITING
+
+
+def follow(store: Store, ids: list[str], *, timeout: float | None, quiet: bool,
+           interval: float = 0.2) -> tuple[list[Any], bool]:
+    """Poll ``ids`` until each is final or waiting (or ``timeout`` seconds pass), with a
+    progress bar on a terminal; returns the last records and whether all settled."""
+    end = None if timeout is None else time.monotonic() + timeout
+    latest: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True),
+                  disable=quiet or not sys.stderr.isatty()) as bar:
+        task = bar.add_task("waiting", total=len(ids))
+        while True:
+            todo = [i for i in ids if i not in latest or not _settled(latest[i])]
+            if len(todo) > 50:
+                wanted = set(todo)
+                latest.update((r.id, r) for r in store.list() if r.id in wanted)
+            else:
+                latest.update((i, store.get(i)) for i in todo)
+            done = sum(1 for i in ids if _settled(latest[i]))
+            bar.update(task, completed=done)
+            if done == len(ids):
+                return [latest[i] for i in ids], True
+            if end is not None and time.monotonic() >= end:
+                return [latest[i] for i in ids], False
+            time.sleep(interval)
+
+
+def _exit_for(records: list[Any], settled: bool, as_json: bool) -> None:
+    if as_json:
+        from .cli import _print_json
+        _print_json([instance_json(r) for r in records])
+    else:
+        from .cli import _summary
+        out.print(_summary(records))
+    if not settled:
+        typer.echo(f"fsm: timed out with {sum(1 for r in records if not _settled(r))} "
+                   "instance(s) still running", err=True)
+        raise typer.Exit(EXIT_TIMEOUT)
+    raise typer.Exit(0 if all(r.status == COMPLETED for r in records) else 1)
+
+
+def _live_workers(store: Store) -> int:
+    from .runtime.workers import live_ids
+    return len(live_ids(store.workers(), time.time(), 10.0))
+
+
+def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[str, Any]], *,
+                     budget: int | None, deadline: float | None, as_json: bool,
+                     quiet: bool) -> None:
+    """``fsm run`` on a shared store: enqueue for the workers, then follow to the end."""
+    from .runtime import Engine
+    engine = Engine(_open(db, create=True))
+    try:
+        engine.register(machine, ref)
+        ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline,
+                                enqueue=True)
+        if not _live_workers(engine.store):
+            typer.echo("fsm: no live worker on this store yet: start `fsm worker --db URL` "
+                       "(or use --local)", err=True)
+        records, settled = follow(engine.store, ids, timeout=None, quiet=quiet)
+    finally:
+        engine.close()
+    _exit_for(records, settled, as_json)
+
+
+@app.command()
+def start(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
+          more: Optional[list[str]] = typer.Argument(None, metavar="[FILE]...",
+                                                     help="More input files."),
+          input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
+          db: Optional[str] = DB,
+          budget: Optional[int] = typer.Option(None, "--budget", min=1,
+                                               help="Token budget per instance."),
+          deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
+                                                   help="Seconds each instance may take in all.")
+          ) -> None:
+    """Enqueue one instance per input for `fsm worker`s; print their ids (one a line)."""
+    files = list(input) + list(more or [])
+    if not files:
+        _fail("give at least one --input FILE")
+    inputs = [_input_for(f) for f in files]
+    from .runtime import Engine, load_machine
+    from .runtime.compiled import compile_machine
+    machine, ref = load_machine(module)
+    compile_machine(machine)  # a broken module creates nothing
+    engine = Engine(_open(db, create=True))
+    try:
+        engine.register(machine, ref)
+        ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline,
+                                enqueue=True)
+    finally:
+        engine.close()
+    for iid in ids:
+        typer.echo(iid)
+
+
+@app.command()
+def wait(ids: list[str] = typer.Argument(..., help="Instance ids (unambiguous prefixes work)."),
+         db: Optional[str] = DB,
+         timeout: Optional[float] = typer.Option(None, "--timeout", min=0.0,
+                                                 help="Give up after this many seconds (exit 3)."),
+         as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
+         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
+    """Follow instances until each is final; exit 0 all completed, 1 otherwise, 3 timed out."""
+    store = _open(db)
+    try:
+        records, settled = follow(store, _ids(store, ids), timeout=timeout, quiet=quiet)
+    finally:
+        store.close()
+    _exit_for(records, settled, as_json)
+
+
+@app.command()
+def worker(db: Optional[str] = DB,
+           concurrency: int = typer.Option(32, "--concurrency", min=1,
+                                           help="Most instances stepping at once here."),
+           machines: list[str] = typer.Option([], "--machines", "-m",
+                                              help="Only run these machine modules (loaded now)."),
+           llm: Optional[str] = typer.Option(None, "--llm", help="As for `fsm run`."),
+           lease: float = typer.Option(5.0, "--lease", min=0.3,
+                                       help="Lease seconds (renewed every third of it)."),
+           grace: float = typer.Option(10.0, "--grace", min=0.0,
+                                       help="Seconds SIGTERM lets in-flight steps finish."),
+           poll: float = typer.Option(1.0, "--poll", min=0.01,
+                                      help="Most seconds between claims while idle.")) -> None:
+    """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
+    from .runtime.worker import Worker
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="fsm worker: %(levelname)s %(message)s")
+    engine = _engine(db, llm=llm, create=True)
+    engine.lease_seconds = engine.ownership.lease_seconds = lease
+    names = None
+    if machines:
+        names = [engine.load(m).spec.name for m in machines]
+    runner = Worker(engine, concurrency=concurrency, machines=names, poll=poll, grace=grace)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runner.stop)
+        try:
+            await runner.serve()
+        finally:
+            await engine.aclose()
+    typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
+    asyncio.run(serve())
+    typer.echo(f"fsm worker {engine.worker.id} stopped ({runner.completed} completed)", err=True)
+
+
+@app.command()
+def workers(db: Optional[str] = DB,
+            as_json: bool = typer.Option(False, "--json", help="Print the workers as JSON.")) -> None:
+    """List registered workers: host, pid, queues, heartbeat age, lease left, instances held."""
+    store = _open(db)
+    try:
+        now = time.time()
+        rows = []
+        for w in sorted(store.workers(), key=lambda w: w.started_at):
+            until = w.lease_until if w.lease_until is not None else w.heartbeat_at + 10.0
+            rows.append({"id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,
+                         "heartbeat_age_s": round(now - w.heartbeat_at, 3),
+                         "lease_left_s": round(until - now, 3), "alive": until >= now,
+                         "held": len(store.held(w.id))})
+    finally:
+        store.close()
+    if as_json:
+        from .cli import _print_json
+        _print_json(rows)
+        return
+    table = Table(title="workers")
+    for col in ("worker", "host", "pid", "queues", "heartbeat age", "lease left", "held"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["id"], r["host"], str(r["pid"]), ",".join(r["queues"]) or "(all)",
+                      f"{r['heartbeat_age_s']:.1f}s",
+                      f"{r['lease_left_s']:.1f}s" if r["alive"] else "expired", str(r["held"]))
+    out.print(table)
+
+
+__all__ = ["follow", "enqueue_and_wait", "EXIT_TIMEOUT"]

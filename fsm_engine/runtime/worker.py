@@ -1,0 +1,195 @@
+"""A long-running worker: claim runnable instances from a shared store, run them, repeat.
+
+``Worker.serve`` is what ``fsm worker`` runs.  Any number of workers, on any
+number of hosts, may share one store: each claims instances through
+``Store.claim`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write lock on
+SQLite), so no instance is run by two workers at once, and each holds its
+instances by a lease its heartbeat renews.  An idle worker sleeps in
+``Store.wait_for_work`` (PostgreSQL ``LISTEN``: woken the moment an instance
+is started or released; SQLite: polled) and claims again at least every
+``poll`` seconds, which also picks up instances whose owner died (lease
+expired).  A store error (the database restarting, the network gone) is
+survived: claims back off and retry, and an instance whose step failed to
+commit is given back once the store answers again, then claimed afresh (its
+step runs again; a commit either applied or not, never half).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Sequence
+
+from ..errors import FsmError, StoreError
+from ..store.records import InstanceRecord
+from .engine import Engine
+
+log = logging.getLogger("fsm_engine")
+
+#: Longest pause between two attempts to reach a store that fails (seconds).
+MAX_BACKOFF = 5.0
+
+
+class Worker:
+    """Serves one engine's share of a store until ``stop``.
+
+    Args:
+        engine: the engine (its store, provider, lease and identity) to run with.
+        concurrency: most instances stepping at once in this worker.
+        machines: claim only instances of these machine names (``None``: any
+            machine, loaded from the reference each instance records).
+        poll: most seconds between two claims while idle.
+        grace: seconds ``stop`` lets in-flight instances run before cancelling
+            and releasing them.
+    """
+
+    def __init__(self, engine: Engine, *, concurrency: int = 32,
+                 machines: Sequence[str] | None = None, poll: float = 1.0,
+                 grace: float = 10.0) -> None:
+        self.engine = engine
+        self.concurrency = concurrency
+        self.machines = None if machines is None else list(machines)
+        self.poll = poll
+        self.grace = grace
+        self.completed = 0
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._orphans: set[str] = set()
+        self._parked: set[str] = set()  # told once in the log; the instance says it anyway
+        self._stopping: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def id(self) -> str:
+        """The worker id (``owner`` of the instances it holds)."""
+        return self.engine.worker.id
+
+    def stop(self) -> None:
+        """Ask ``serve`` to drain and return (safe from a signal handler on the loop)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def serve(self) -> None:
+        """Claim and run instances until ``stop``; then drain, release and deregister."""
+        self._stopping, self._wake = asyncio.Event(), asyncio.Event()
+        backoff = 0.05
+        await self._call(self.engine.ownership.register)
+        self.engine._ensure_worker()
+        while not self._stopping.is_set():
+            try:
+                claimed = await self._fill()
+                backoff = 0.05
+            except StoreError as exc:
+                log.warning("worker %s: store unavailable (retrying in %.1fs): %s",
+                            self.id, backoff, exc)
+                await self._pause(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
+            if not claimed:
+                await self._idle()
+        await self._drain()
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in a thread: store calls may block on the network."""
+        return await asyncio.to_thread(fn, *args)
+
+    async def _fill(self) -> bool:
+        """Give orphans back, then claim up to the free slots; True when slots were filled."""
+        if self._orphans:
+            ids = sorted(self._orphans)
+            await self._call(self.engine.store.release, self.id, ids)
+            self._orphans.difference_update(ids)
+        free = self.concurrency - len(self._running)
+        if free <= 0:
+            return False
+        batch = await self._call(self._claim, free)
+        for rec in batch:
+            self._start(rec)
+        return len(batch) == free
+
+    def _claim(self, limit: int) -> list[InstanceRecord]:
+        return self.engine.ownership.claim(limit, machines=self.machines)
+
+    def _start(self, rec: InstanceRecord) -> None:
+        task = asyncio.ensure_future(self._one(rec))
+        self._running[rec.id] = task
+        task.add_done_callback(lambda _t, iid=rec.id: self._done(iid))
+
+    def _done(self, instance_id: str) -> None:
+        self._running.pop(instance_id, None)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _one(self, rec: InstanceRecord) -> None:
+        engine = self.engine
+        try:
+            engine._compiled(rec)
+        except FsmError as exc:
+            await self._park(rec, exc)
+            return
+        engine._known[rec.id] = rec
+        try:
+            done = await engine.run(rec.id)
+            if done.final:
+                self.completed += 1
+        except StoreError as exc:
+            log.warning("instance %s: store error, giving it back: %s", rec.id, exc)
+            self._orphans.add(rec.id)
+        except FsmError as exc:
+            log.warning("instance %s stopped: %s", rec.id, exc)
+
+    async def _park(self, rec: InstanceRecord, exc: FsmError) -> None:
+        """Leave an instance this worker cannot run, saying why (``fsm list``/``show``)."""
+        step = self.engine._parking(rec, exc)
+        if rec.id not in self._parked:
+            self._parked.add(rec.id)
+            log.warning("instance %s left alone: %s", rec.id, exc)
+        try:
+            if step is None or not (await self._call(self.engine.store.commit, [step]))[0]:
+                await self._call(self.engine.store.release, self.id, [rec.id])
+        except StoreError:
+            self._orphans.add(rec.id)
+
+    async def _idle(self) -> None:
+        """Until new work may be there: a notification, a free slot, the poll, or stop."""
+        assert self._wake is not None and self._stopping is not None
+        self._wake.clear()
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.ensure_future(
+                self._call(self.engine.store.wait_for_work, self.poll))
+        waits = {self._waiter, asyncio.ensure_future(self._wake.wait()),
+                 asyncio.ensure_future(self._stopping.wait())}
+        done, pending = await asyncio.wait(waits, timeout=self.poll,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for fut in pending:
+            if fut is not self._waiter:
+                fut.cancel()
+
+    async def _pause(self, seconds: float) -> None:
+        assert self._stopping is not None
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _drain(self) -> None:
+        """Let in-flight instances finish for ``grace`` seconds, cancel the rest, give every
+        instance still held back (others may claim them at once) and deregister."""
+        tasks = list(self._running.values())
+        if tasks:
+            log.info("worker %s draining %d instance(s)", self.id, len(tasks))
+            _, late = await asyncio.wait(tasks, timeout=self.grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=5.0)
+        self.engine.ownership.stop_heartbeat()
+        for _ in range(3):
+            try:
+                await self._call(self.engine.store.release, self.id)
+                break
+            except StoreError as exc:
+                log.warning("worker %s: release failed: %s", self.id, exc)
+                await asyncio.sleep(0.5)
+        if self._waiter is not None and not self._waiter.done():
+            await asyncio.wait({self._waiter}, timeout=self.poll + 1)

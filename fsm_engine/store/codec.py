@@ -1,0 +1,139 @@
+"""Records as table rows, shared by every SQL backend (no I/O here).
+
+A record class's columns are its dataclass fields in declared order; JSON
+columns (``schema.JSON_COLUMNS``) are encoded to compact UTF-8 text, so a
+value reads back identically from SQLite and PostgreSQL.  SQL is written
+with ``?`` placeholders; a backend with another paramstyle rewrites them
+(``marks``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import json
+import operator
+from dataclasses import fields
+from typing import Any
+
+import pydantic_core
+
+from .records import AttemptRow, BreakerRow, HistoryRow, InstanceRecord, WorkerRow
+
+#: Columns holding JSON (text) in every backend.
+JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
+                          "result", "events", "queues"})
+
+_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact UTF-8 JSON of a JSON value (``TypeError`` for a value JSON cannot hold).
+
+    Encoded by pydantic-core's Rust serializer (about 8x ``json.dumps`` on a
+    small dict); strings it cannot encode as UTF-8 (lone surrogates, e.g.
+    from undecodable file names) are kept as ``\\u`` escapes by ``json``.
+    """
+    if not value and isinstance(value, (dict, list)):
+        return "{}" if isinstance(value, dict) else "[]"
+    try:
+        return pydantic_core.to_json(value).decode()
+    except pydantic_core.PydanticSerializationError:
+        return _ENCODE_ASCII(value)
+
+
+def marks(sql: str) -> str:
+    """``sql`` with its ``?`` placeholders as ``%s`` (psycopg's paramstyle)."""
+    return sql.replace("?", "%s")
+
+
+class Codec:
+    """One record class as a table row: its columns in declared order, values positional."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.columns = tuple(f.name for f in fields(cls))
+        self._get = operator.attrgetter(*self.columns)
+        self._json = tuple(i for i, col in enumerate(self.columns) if col in JSON_COLUMNS)
+
+    def values(self, obj: Any) -> builtins.list[Any]:
+        """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL)."""
+        row = list(self._get(obj))
+        for i in self._json:
+            if row[i] is not None:
+                row[i] = dumps(row[i])
+        return row
+
+    def insert_sql(self, table: str, verb: str = "INSERT") -> str:
+        """``verb INTO table(columns) VALUES (?, …)`` taking ``values``' order."""
+        qs = ", ".join("?" * len(self.columns))
+        return f"{verb} INTO {table}({', '.join(self.columns)}) VALUES ({qs})"
+
+    def decode(self, data: dict[str, Any]) -> Any:
+        """The record from a row as a column → value mapping (JSON columns decoded)."""
+        for col in JSON_COLUMNS & data.keys():
+            if data[col] is not None:
+                data[col] = json.loads(data[col])
+        return self.cls(**data)
+
+
+INSTANCE, HISTORY, ATTEMPT, WORKER, BREAKER = map(
+    Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
+DELTA = HISTORY.columns.index("delta")
+SELECT_INSTANCES = f"SELECT {', '.join(INSTANCE.columns)} FROM instances"
+#: History rows are stored under the instance's integer key, not its id (see ``schema._v2``).
+INSERT_HISTORY = (f"INSERT INTO history(instance, {', '.join(HISTORY.columns[1:])}) "
+                  f"VALUES ({', '.join('?' * len(HISTORY.columns))})")
+SELECT_HISTORY = ("SELECT i.id AS instance_id, "
+                  + ", ".join(f"h.{c}" for c in HISTORY.columns[1:])
+                  + " FROM history h JOIN instances i ON i.key = h.instance WHERE i.id=?"
+                  " ORDER BY h.seq")
+
+#: Instance columns fixed at creation: never rewritten by a step.
+IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
+                       "max_transitions", "created_at"})
+#: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
+#: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
+DICTS = ("context", "visits")
+#: The other mutable instance columns, in table order.
+SCALARS = tuple(col for col in INSTANCE.columns if col not in IMMUTABLE | set(DICTS))
+_SCALAR_VALUES = operator.attrgetter(*SCALARS)
+#: Every mutable column, in the order ``changes`` gives them for ``before=None``.
+MUTABLE = SCALARS + DICTS
+
+
+def changes(before: InstanceRecord | None,
+            after: InstanceRecord) -> tuple[tuple[str, ...], builtins.list[Any]]:
+    """The instance columns to write and their values (JSON-encoded).
+
+    Every mutable column when ``before`` is None, else those where ``after``
+    differs from ``before`` (scalars compared with ``==``, JSON columns by
+    their encoded text).
+    """
+    if before is None:
+        values = [*_SCALAR_VALUES(after), dumps(after.context), dumps(after.visits)]
+        return MUTABLE, values
+    cols, values = [], []
+    for col, old, new in zip(SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after)):
+        if old != new:
+            cols.append(col)
+            values.append(new)
+    for col in DICTS:
+        old, new = getattr(before, col), getattr(after, col)
+        text = dumps(new)
+        # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
+        # been edited in place
+        if old is new or old != new or text != dumps(old):
+            cols.append(col)
+            values.append(text)
+    return tuple(cols), values
+
+
+@functools.lru_cache(maxsize=512)
+def update_sql(cols: tuple[str, ...], by_key: bool) -> str:
+    """Compare-and-set UPDATE of ``cols`` (positional: the values, then the instance's key
+    and id, or its id alone, then the expected version).  By key it finds the row in
+    one B-tree; by id it returns the key (``RETURNING`` costs ~15 µs a statement)."""
+    sets = "".join(f"{col}=?, " for col in cols)
+    where = "key=? AND id=? AND version=?" if by_key else "id=? AND version=? RETURNING key"
+    return f"UPDATE instances SET {sets}version=version+1 WHERE {where}"

@@ -1,0 +1,419 @@
+"""PostgreSQL store (psycopg 3): the same records and contract as the SQLite store.
+
+One connection for reads and writes (guarded by a lock: the runtime and its
+heartbeat may call from different threads) and, once a worker waits for work,
+a second one that ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
+the batch's compare-and-set UPDATEs go out in one pipeline (one round trip),
+then the applied steps' history, attempt and outbox rows in another, all in one
+transaction, so each step is all-or-nothing and fenced by its version.
+``claim`` takes rows with ``SELECT … FOR UPDATE SKIP LOCKED``: concurrent
+claimers skip each other's rows instead of waiting on them.  A dropped
+connection (the server restarted) surfaces as ``StoreError`` once; the next
+call reconnects.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Sequence, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
+from .claims import ClaimRequest, adopted, select, where
+from .codec import (
+    ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
+    SELECT_INSTANCES, WORKER, Codec, changes, dumps, marks, update_sql,
+)
+from .pg_schema import migrate
+from .records import (
+    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit,
+    WorkerRow,
+)
+
+T = TypeVar("T")
+
+#: History delta values whose JSON is longer than this are stored once in ``blobs``.
+BLOB_THRESHOLD = 64 * 1024
+#: The channel workers LISTEN on; created and released instances NOTIFY it.
+CHANNEL = "fsm_work"
+
+OUTBOX = Codec(OutboxRow)
+_SQL_INSTANCE_BY_ID = marks(SELECT_INSTANCES + " WHERE id=?")
+_SQL_HISTORY = marks(SELECT_HISTORY)
+_SQL_INSERT_HISTORY = marks(INSERT_HISTORY)
+_SQL_INSERT_ATTEMPT = marks(ATTEMPT.insert_sql("attempts"))
+_KEY = INSTANCE.columns.index("key")
+_NEW_COLUMNS = [c for c in INSTANCE.columns if c != "key"]  # ``key`` comes from the identity
+_SQL_INSERT_INSTANCE = (f"INSERT INTO instances({', '.join(_NEW_COLUMNS)}) VALUES "
+                        f"({', '.join(['%s'] * len(_NEW_COLUMNS))}) RETURNING key")
+_SQL_OUTBOX_DONE = "UPDATE outbox SET status='done', result=%s, updated_at=%s WHERE key=%s"
+_SQL_OUTBOX = f"SELECT {', '.join(OUTBOX.columns)} FROM outbox"
+_SQL_ATTEMPTS = (f"SELECT {', '.join(ATTEMPT.columns)} FROM attempts WHERE instance_id=%s "
+                 "ORDER BY at, attempt, ord")
+_SQL_WORKERS = f"SELECT {', '.join(WORKER.columns)} FROM workers"
+_SQL_PUT_WORKER = (marks(WORKER.insert_sql("workers")) + " ON CONFLICT (id) DO UPDATE SET "
+                   + ", ".join(f"{c}=excluded.{c}" for c in WORKER.columns[1:]))
+_SQL_BREAKER = f"SELECT {', '.join(BREAKER.columns)} FROM breakers WHERE name=%s"
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and ``Store.url``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _why(exc: BaseException) -> str:
+    """A psycopg error as one short line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+class PostgresStore:
+    """A ``Store`` on a PostgreSQL database.
+
+    Args:
+        url: ``postgresql://user:password@host:port/dbname`` (libpq URI; ``PG*``
+            environment variables fill in what it leaves out).
+        create: create the schema in an empty database (else ``StoreError``).
+        connect_timeout: seconds to wait for the server when connecting.
+
+    Raises:
+        StoreError: unreachable server, failed authentication, a newer schema.
+        NotAnFsmDatabase: the database holds another application's tables.
+    """
+
+    def __init__(self, url: str, *, create: bool = True, connect_timeout: float = 5.0,
+                 blob_threshold: int = BLOB_THRESHOLD) -> None:
+        self._dsn = url
+        self.url = redact(url)
+        self.connect_timeout = connect_timeout
+        self.blob_threshold = blob_threshold
+        self._lock = threading.RLock()
+        self._listener: psycopg.Connection[Any] | None = None
+        self._conn: psycopg.Connection[Any] | None = self._connect()
+        try:
+            migrate(self._conn, self.url, create=create)
+        except psycopg.Error as exc:
+            self._conn.close()
+            raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
+        except (StoreError, NotAnFsmDatabase):
+            self._conn.close()
+            raise
+
+    # -- connections -------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._dsn, autocommit=True,
+                                   connect_timeout=max(1, int(self.connect_timeout)),
+                                   application_name="fsm_engine")
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The connection, reconnected when the last one was lost."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._conn = self._connect()
+        return self._conn
+
+    def _run(self, fn: Callable[[psycopg.Connection[Any]], T], *, txn: bool = False) -> T:
+        """``fn(conn)`` under the lock (in one transaction when ``txn``); psycopg errors
+        become one-line ``StoreError``s; a lost connection is replaced on the next call."""
+        with self._lock:
+            conn = self._live()
+            try:
+                if not txn:
+                    return fn(conn)
+                with conn.transaction():
+                    return fn(conn)
+            except psycopg.Error as exc:
+                raise StoreError(f"database {self.url}: {_why(exc)}") from None
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> builtins.list[dict[str, Any]]:
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(sql, args)
+                return cur.fetchall()
+        return self._run(go)
+
+    # -- instances ------------------------------------------------------------------
+    def create(self, *records: InstanceRecord) -> None:
+        if not records:
+            return
+        rows = []
+        for rec in records:
+            row = INSTANCE.values(rec)
+            del row[_KEY]
+            rows.append(row)
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
+            with conn.cursor() as cur:
+                cur.executemany(_SQL_INSERT_INSTANCE, rows, returning=True)
+                keys = []
+                while True:
+                    keys.append(cur.fetchone()[0])  # type: ignore[index]
+                    if not cur.nextset():
+                        break
+                cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+            return keys
+        for rec, key in zip(records, self._run(go, txn=True)):
+            rec.key = key
+
+    def get(self, instance_id: str) -> InstanceRecord:
+        rows = self._rows(_SQL_INSTANCE_BY_ID, (instance_id,))
+        if not rows:
+            raise InstanceNotFound(instance_id)
+        return INSTANCE.decode(rows[0])
+
+    def list(self, *, statuses: Sequence[str] | None = None,
+             machine: str | None = None, owner: str | None = None) -> builtins.list[InstanceRecord]:
+        sql, args = SELECT_INSTANCES + " WHERE TRUE", []  # type: tuple[str, builtins.list[Any]]
+        if owner:
+            sql += " AND owner=%s"
+            args.append(owner)
+        if statuses:
+            sql += " AND status = ANY(%s)"
+            args.append(builtins.list(statuses))
+        if machine:
+            sql += " AND machine=%s"
+            args.append(machine)
+        return [INSTANCE.decode(r) for r in self._rows(sql + " ORDER BY key", args)]
+
+    # -- the hot path -------------------------------------------------------------------
+    def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
+        if not steps:
+            return []
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[bool]:
+            applied = self._updates(conn, steps)
+            self._appends(conn, [s for s, ok in zip(steps, applied) if ok])
+            return applied
+        applied = self._run(go, txn=True)
+        for step, ok in zip(steps, applied):
+            if ok:
+                step.record.version = step.expected_version + 1
+        return applied
+
+    def _updates(self, conn: psycopg.Connection[Any],
+                 steps: Sequence[StepCommit]) -> builtins.list[bool]:
+        """Every step's compare-and-set UPDATE, in order, in one pipeline; True where applied
+        (a later step of the same instance sees the earlier one's version)."""
+        cursors = []
+        with conn.pipeline():
+            for step in steps:
+                cols, values = changes(step.before, step.record)
+                rec = step.record
+                by_key = rec.key is not None
+                args = [*values, *((rec.key, rec.id) if by_key else (rec.id,)),
+                        step.expected_version]
+                cur = conn.cursor()
+                cur.execute(marks(update_sql(cols, by_key)), args)
+                cursors.append((cur, by_key))
+        applied = []
+        for step, (cur, by_key) in zip(steps, cursors):
+            if by_key:
+                applied.append(cur.rowcount == 1)
+            else:
+                found = cur.fetchall()
+                if found:
+                    step.record.key = found[0][0]
+                applied.append(bool(found))
+            cur.close()
+        return applied
+
+    def _appends(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit]) -> None:
+        """History, attempt and outbox rows of the applied ``steps`` (batched)."""
+        history, attempts, done = [], [], []
+        for step in steps:
+            for h in step.history:
+                row = HISTORY.values(h)
+                row[0] = step.record.key
+                if len(row[DELTA]) > self.blob_threshold:
+                    row[DELTA] = self._shrink(conn, h.delta)
+                history.append(row)
+            if step.attempt is not None:
+                attempts.append(ATTEMPT.values(step.attempt))
+            if step.outbox_done is not None:
+                key, result = step.outbox_done
+                done.append((dumps(result), step.record.updated_at, key))
+        with conn.cursor() as cur:
+            for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
+                              (_SQL_OUTBOX_DONE, done)):
+                if rows:
+                    cur.executemany(sql, rows)
+
+    def _shrink(self, conn: psycopg.Connection[Any], delta: dict[str, Any]) -> str:
+        out: dict[str, Any] = {}
+        for key, value in delta.items():
+            text = dumps(value)
+            if len(text) > self.blob_threshold:
+                digest = hashlib.sha256(text.encode()).hexdigest()
+                conn.execute("INSERT INTO blobs(hash, data) VALUES (%s, %s) "
+                             "ON CONFLICT DO NOTHING", (digest, text))
+                value = {"$blob": digest}
+            out[key] = value
+        return dumps(out)
+
+    def _expand(self, row: HistoryRow) -> HistoryRow:
+        for key, value in row.delta.items():
+            if isinstance(value, dict) and len(value) == 1 and "$blob" in value:
+                data = self._rows("SELECT data FROM blobs WHERE hash=%s", (value["$blob"],))
+                row.delta[key] = json.loads(data[0]["data"]) if data else None
+        return row
+
+    def history(self, instance_id: str) -> builtins.list[HistoryRow]:
+        self.get(instance_id)
+        return [self._expand(HISTORY.decode(r)) for r in self._rows(_SQL_HISTORY, (instance_id,))]
+
+    def attempts(self, instance_id: str) -> builtins.list[AttemptRow]:
+        return [ATTEMPT.decode(r) for r in self._rows(_SQL_ATTEMPTS, (instance_id,))]
+
+    # -- outbox -----------------------------------------------------------------------
+    def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
+                     now: float) -> OutboxRow:
+        def go(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(
+                    "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, "
+                    "created_at, updated_at) VALUES (%s,%s,%s,%s,'pending',1,%s,%s) "
+                    "ON CONFLICT (key) DO UPDATE SET attempts = outbox.attempts + 1, "
+                    "updated_at = excluded.updated_at WHERE outbox.status = 'pending'",
+                    (key, instance_id, state, visit, now, now))
+                cur.execute(_SQL_OUTBOX + " WHERE key=%s", (key,))
+                return cur.fetchone()  # type: ignore[return-value]
+        return OUTBOX.decode(self._run(go, txn=True))
+
+    def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
+        sql, args = _SQL_OUTBOX, ()  # type: tuple[str, tuple[str, ...]]
+        if instance_id is not None:
+            sql, args = sql + " WHERE instance_id=%s", (instance_id,)
+        return [OUTBOX.decode(r) for r in self._rows(sql + " ORDER BY ord", args)]
+
+    # -- leases -----------------------------------------------------------------------
+    def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
+        cond, args = where(request)
+        sql = marks(select(INSTANCE.columns) + cond
+                    + " ORDER BY i.key LIMIT ? FOR UPDATE OF i SKIP LOCKED")
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[InstanceRecord]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(sql, [*args, request.limit])
+                rows = cur.fetchall()
+            out, writes = [], []
+            for data in rows:
+                prior = data.pop("prior_heartbeat")
+                rec = INSTANCE.decode(data)
+                new = adopted(rec, request.owner, request.now, prior)
+                cols, values = changes(rec, new)
+                writes.append((marks(update_sql(cols, True)),
+                               [*values, rec.key, rec.id, rec.version]))
+                new.version = rec.version + 1
+                out.append(new)
+            if writes:
+                with conn.pipeline(), conn.cursor() as cur:
+                    for stmt, params in writes:
+                        cur.execute(stmt, params)
+            return out
+        return self._run(go, txn=True)
+
+    def held(self, owner: str) -> dict[str, str]:
+        rows = self._rows("SELECT id, status FROM instances WHERE owner=%s", (owner,))
+        return {r["id"]: r["status"] for r in rows}
+
+    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+        if ids is not None and not ids:
+            return 0
+        sql = "UPDATE instances SET owner=NULL, version=version+1, updated_at=%s WHERE owner=%s"
+        args: builtins.list[Any] = [time.time(), owner]
+        if ids is not None:
+            sql += " AND id = ANY(%s)"
+            args.append(builtins.list(ids))
+
+        def go(conn: psycopg.Connection[Any]) -> int:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                count = cur.rowcount
+                if count:
+                    cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+            return count
+        return self._run(go, txn=True)
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Waits for a NOTIFY on ``fsm_work`` (a created or released instance) up to
+        ``timeout`` seconds; when the listening connection cannot be had, sleeps instead."""
+        try:
+            listener = self._listening()
+            for _ in listener.notifies(timeout=max(0.0, timeout), stop_after=1):
+                break
+        except (psycopg.Error, StoreError):
+            if self._listener is not None:
+                self._listener.close()
+            self._listener = None
+            time.sleep(max(0.0, timeout))
+
+    def _listening(self) -> psycopg.Connection[Any]:
+        if self._listener is None or self._listener.closed or self._listener.broken:
+            self._listener = self._connect()
+            self._listener.execute(f"LISTEN {CHANNEL}")
+        return self._listener
+
+    # -- workers ------------------------------------------------------------------------
+    def put_worker(self, worker: WorkerRow) -> None:
+        self._run(lambda conn: conn.execute(_SQL_PUT_WORKER, WORKER.values(worker)))
+
+    def workers(self) -> builtins.list[WorkerRow]:
+        out = []
+        for row in self._rows(_SQL_WORKERS):
+            worker = WORKER.decode(row)
+            worker.queues = worker.queues or []
+            out.append(worker)
+        return out
+
+    def delete_worker(self, worker_id: str) -> None:
+        self._run(lambda conn: conn.execute("DELETE FROM workers WHERE id=%s", (worker_id,)))
+
+    # -- circuit breakers -------------------------------------------------------------
+    def get_breaker(self, name: str) -> BreakerRow:
+        rows = self._rows(_SQL_BREAKER, (name,))
+        return BREAKER.decode(rows[0]) if rows else BreakerRow(name)
+
+    def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
+        name, state, events, opened_at, probe_at, _ = BREAKER.values(row)
+        version = expected_version + 1
+        if expected_version == 0:
+            sql = marks(BREAKER.insert_sql("breakers")) + " ON CONFLICT (name) DO NOTHING"
+            args: tuple[Any, ...] = (name, state, events, opened_at, probe_at, version)
+        else:
+            sql = ("UPDATE breakers SET state=%s, events=%s, opened_at=%s, probe_at=%s, "
+                   "version=%s WHERE name=%s AND version=%s")
+            args = (state, events, opened_at, probe_at, version, name, expected_version)
+        ok = self._run(lambda conn: conn.execute(sql, args).rowcount == 1)
+        if ok:
+            row.version = version
+        return ok
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in (self._conn, self._listener):
+                if conn is not None:
+                    conn.close()
+            self._conn = self._listener = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r}, format={FORMAT_VERSION})"
+

@@ -1,0 +1,485 @@
+"""The ``Store`` contract as a reusable test suite (pytest).
+
+Every backend passes the same tests: ``tests/test_store_contract.py`` runs
+them against SQLite and PostgreSQL, and a third-party backend runs them by
+subclassing :class:`StoreContract` with a ``store`` fixture::
+
+    import pytest
+    from fsm_engine.testing import StoreContract
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        def store(self, tmp_path):
+            s = MyStore(...)
+            yield s
+            s.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ..errors import InstanceNotFound, StoreError
+from ..store import (
+    AttemptRow, BreakerRow, ClaimRequest, HistoryRow, InstanceRecord, StepCommit, Store,
+    WorkerRow,
+)
+
+
+UNICODE = {"text": "审核 中 — naïve café ☃ 🚀 \u202e", "nested": {"ключ": ["é", 1, None, True, 2.5]},
+           "quote": 'say "hi"\n\ttab'}
+
+
+def record(iid: str, *, machine: str = "m", status: str = "pending", owner: str | None = None,
+           state: str = "start", at: float = 1000.0) -> InstanceRecord:
+    """A new instance record as ``Engine.start`` would create it."""
+    return InstanceRecord(
+        id=iid, machine=machine, module="/x/m.py", fingerprint="0123456789abcdef", state=state,
+        status=status, context={"n": 0, "s": "x"}, input={"n": 0, "s": "x"},
+        max_transitions=10, token_budget=500, created_at=at, updated_at=at, owner=owner,
+        visits={state: 1})
+
+
+def moved(rec: InstanceRecord, dest: str, *, tokens: int = 0, **changes: object) -> InstanceRecord:
+    """``rec`` after one transition to ``dest``."""
+    visits = dict(rec.visits)
+    visits[dest] = visits.get(dest, 0) + 1
+    return replace(rec, state=dest, status=changes.pop("status", "running"), seq=rec.seq + 1,
+                   loop_count=rec.loop_count + 1, tokens_used=rec.tokens_used + tokens,
+                   updated_at=rec.updated_at + 1, visits=visits, **changes)  # type: ignore[arg-type]
+
+
+def hist(iid: str, seq: int, source: str, dest: str, **kw: object) -> HistoryRow:
+    return HistoryRow(instance_id=iid, seq=seq, source=source, dest=dest, trigger=f"t{seq}",
+                      at=1000.0 + seq, **kw)  # type: ignore[arg-type]
+
+
+def live(store: Store, *ids: str, until: float = 1e12) -> None:
+    """Register workers ``ids`` whose leases hold until ``until`` (epoch seconds)."""
+    for wid in ids:
+        store.put_worker(WorkerRow(wid, "h", 1, "1", 0.0, 0.0, lease_until=until))
+
+
+def attempt(iid: str, n: int = 1) -> AttemptRow:
+    return AttemptRow(instance_id=iid, state="start", visit=1, attempt=n,
+                      error_class="ServerError", error="HTTP 502", tokens=7, next_at=1002.0,
+                      at=1001.0 + n)
+
+
+class StoreContract:
+    """Behaviour every ``Store`` backend must have.
+
+    Subclass it in a test module (name the subclass ``Test…``) and provide a
+    ``store`` fixture yielding a fresh, empty store of the backend under test;
+    every test then runs against it.
+    """
+
+    # -- create / get / list -----------------------------------------------------------
+    def test_create_then_get_round_trips_every_field(self, store: Store) -> None:
+        rec = record("a")
+        rec.reason, rec.last_error, rec.deadline, rec.next_attempt_at = "r", "e", 2000.5, 1500.25
+        store.create(rec)
+        assert store.get("a") == rec
+        assert store.get("a").version == 0
+
+    def test_create_duplicate_id_fails_and_keeps_the_original(self, store: Store) -> None:
+        store.create(record("a", machine="first"))
+        late = [record("b"), record("a", machine="second")]
+        with pytest.raises(StoreError):
+            store.create(*late)
+        assert store.get("a").machine == "first"
+        assert [r.key for r in late] == [None, None]  # nothing stored, no key handed out
+        with pytest.raises(InstanceNotFound):
+            store.get("b")
+
+    def test_create_hands_out_increasing_keys(self, store: Store) -> None:
+        first, second = record("x"), record("y")
+        store.create(first, second)
+        third = record("a")
+        store.create(third)
+        assert first.key is not None and first.key < second.key < third.key  # type: ignore[operator]
+        assert [store.get(i).key for i in ("x", "y", "a")] == [first.key, second.key, third.key]
+
+    def test_commit_of_a_record_without_its_key_finds_it_by_id(self, store: Store) -> None:
+        store.create(record("a"))
+        base = replace(store.get("a"), key=None)  # e.g. built by hand from an export
+        new = moved(base, "next")
+        step = StepCommit(new, 0, [hist("a", 1, "start", "next")], before=base)
+        assert store.commit([step]) == [True]
+        assert new.key == store.get("a").key
+        assert [h.dest for h in store.history("a")] == ["next"]
+
+    def test_unknown_id_raises_instance_not_found(self, store: Store) -> None:
+        store.create(record("a"))
+        for call in (lambda: store.get("nope"), lambda: store.history("nope")):
+            with pytest.raises(InstanceNotFound) as info:
+                call()
+            assert info.value.instance_id == "nope"
+            assert "'nope'" in str(info.value)
+
+    def test_list_is_oldest_first_and_filters(self, store: Store) -> None:
+        store.create(record("c", machine="m1", status="pending"))
+        store.create(record("a", machine="m2", status="running", owner="w1"))
+        store.create(record("b", machine="m1", status="completed", owner="w1"))
+        store.create(record("d", machine="m2", status="waiting", owner="w2"))
+        ids = lambda **kw: [r.id for r in store.list(**kw)]  # noqa: E731
+        assert ids() == ["c", "a", "b", "d"]
+        assert ids(statuses=["running", "waiting"]) == ["a", "d"]
+        assert ids(statuses=["failed"]) == []
+        assert ids(machine="m1") == ["c", "b"]
+        assert ids(owner="w1") == ["a", "b"]
+        assert ids(machine="m2", owner="w1") == ["a"]
+        assert ids(statuses=["completed"], machine="m1", owner="w1") == ["b"]
+        assert ids(machine="m3") == []
+
+    def test_list_on_empty_store(self, store: Store) -> None:
+        assert store.list() == []
+
+    # -- commit ------------------------------------------------------------------------
+    def test_commit_applies_instance_history_attempt_and_outbox_together(self, store: Store) -> None:
+        store.create(record("a"))
+        store.outbox_begin("a:start:1", "a", "start", 1, 1000.5)
+        new = moved(store.get("a"), "middle", tokens=42, context={"n": 1, "s": "y"})
+        step = StepCommit(new, expected_version=0,
+                          history=[hist("a", 1, "start", "middle", tokens=42, delta={"n": 1})],
+                          attempt=attempt("a"), outbox_done=("a:start:1", {"visit": 1}))
+        assert store.commit([step]) == [True]
+        got = store.get("a")
+        assert (got.state, got.status, got.seq, got.tokens_used, got.version) == \
+            ("middle", "running", 1, 42, 1)
+        assert got.context == {"n": 1, "s": "y"}
+        assert new.version == 1  # the caller's record learns its new version
+        assert [(h.seq, h.source, h.dest, h.tokens, h.delta) for h in store.history("a")] == \
+            [(1, "start", "middle", 42, {"n": 1})]
+        assert store.attempts("a") == [attempt("a")]
+        [box] = store.outbox("a")
+        assert (box.status, box.result, box.updated_at) == ("done", {"visit": 1}, new.updated_at)
+
+    def test_commit_with_stale_version_applies_nothing(self, store: Store) -> None:
+        store.create(record("a"))
+        store.outbox_begin("a:start:1", "a", "start", 1, 1000.5)
+        before = store.get("a")
+        step = StepCommit(moved(before, "middle"), expected_version=3,
+                          history=[hist("a", 1, "start", "middle")], attempt=attempt("a"),
+                          outbox_done=("a:start:1", {"visit": 1}))
+        assert store.commit([step]) == [False]
+        assert store.get("a") == before
+        assert store.history("a") == []
+        assert store.attempts("a") == []
+        assert store.outbox("a")[0].status == "pending"
+
+    def test_batch_applies_only_the_fresh_step(self, store: Store) -> None:
+        store.create(record("a"))
+        store.create(record("b"))
+        stale = StepCommit(moved(store.get("a"), "middle"), expected_version=7,
+                           history=[hist("a", 1, "start", "middle")])
+        fresh = StepCommit(moved(store.get("b"), "middle"), expected_version=0,
+                           history=[hist("b", 1, "start", "middle")])
+        assert store.commit([stale, fresh]) == [False, True]
+        assert (store.get("a").state, store.get("a").version) == ("start", 0)
+        assert (store.get("b").state, store.get("b").version) == ("middle", 1)
+        assert store.history("a") == [] and len(store.history("b")) == 1
+
+    def test_two_steps_from_the_same_version_only_the_first_applies(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        first = StepCommit(moved(base, "left"), 0, history=[hist("a", 1, "start", "left")])
+        second = StepCommit(moved(base, "right"), 0, history=[hist("a", 1, "start", "right")])
+        assert store.commit([first, second]) == [True, False]
+        assert store.get("a").state == "left"
+        assert [h.dest for h in store.history("a")] == ["left"]
+
+    def test_commit_with_before_stores_the_new_record_exactly(self, store: Store) -> None:
+        store.create(record("a", status="running", owner="w1"))
+        base = store.get("a")
+        new = moved(base, "middle", tokens=5, status="waiting", context={"n": 1, "s": "y"},
+                    reason="r", last_error="e", attempt=2, next_attempt_at=5.5, deadline=9.0,
+                    owner=None, recoveries=1, recovered_seq=0)
+        assert store.commit([StepCommit(new, 0, [hist("a", 1, "start", "middle")],
+                                        before=base)]) == [True]
+        assert store.get("a") == new and new.version == 1
+        again = replace(new, updated_at=new.updated_at + 1)  # one column changes
+        assert store.commit([StepCommit(again, 1, before=new)]) == [True]
+        assert store.get("a") == again and again.version == 2
+
+    def test_commit_with_before_and_no_change_still_bumps_the_version(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        same = replace(base)
+        assert store.commit([StepCommit(same, 0, before=base)]) == [True]
+        assert store.get("a") == same and same.version == 1
+        assert store.commit([StepCommit(replace(same), 0, before=same)]) == [False]
+
+    def test_commit_with_before_and_stale_version_writes_nothing(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        step = StepCommit(moved(base, "middle", context={"n": 9}), 5,
+                          history=[hist("a", 1, "start", "middle")], attempt=attempt("a"),
+                          before=base)
+        assert store.commit([step]) == [False]
+        assert store.get("a") == base
+        assert store.history("a") == [] and store.attempts("a") == []
+
+    def test_commit_with_before_sharing_a_dict_edited_in_place(self, store: Store) -> None:
+        store.create(record("a"))
+        base = store.get("a")
+        new = replace(base, seq=1)  # shares base.context and base.visits
+        new.context["n"], new.visits["start"] = 7, 2
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        got = store.get("a")
+        assert (got.context, got.visits) == ({"n": 7, "s": "x"}, {"start": 2})
+
+    def test_commit_with_before_keeps_a_value_whose_type_alone_changed(self, store: Store) -> None:
+        rec = record("a")
+        rec.context = {"flag": True, "n": 1}
+        store.create(rec)
+        base = store.get("a")
+        new = replace(base, context={"flag": 1, "n": 1.0})  # == base.context, other JSON
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        got = store.get("a").context
+        assert type(got["flag"]) is int and type(got["n"]) is float
+
+    def test_commit_without_before_writes_every_column(self, store: Store) -> None:
+        store.create(record("a"))
+        new = moved(store.get("a"), "end", tokens=3, status="completed", context={"done": True},
+                    reason="ok", owner="w9", deadline=3.0)
+        assert store.commit([StepCommit(new, 0, before=None)]) == [True]
+        assert store.get("a") == new and new.version == 1
+
+    def test_commit_of_nothing_is_a_no_op(self, store: Store) -> None:
+        assert store.commit([]) == []
+
+    def test_commit_chain_increments_version(self, store: Store) -> None:
+        store.create(record("a"))
+        rec = store.get("a")
+        for seq, dest in enumerate(["b", "c", "d"], start=1):
+            new = moved(rec, dest)
+            assert store.commit([StepCommit(new, rec.version,
+                                            history=[hist("a", seq, rec.state, dest)])]) == [True]
+            rec = store.get("a")
+            assert rec.version == seq == new.version
+        assert store.commit([StepCommit(moved(rec, "e"), 2)]) == [False]
+
+    def test_a_failing_step_rolls_back_its_instance_update(self, store: Store) -> None:
+        store.create(record("a"))
+        ok = StepCommit(moved(store.get("a"), "b"), 0, history=[hist("a", 1, "start", "b")])
+        assert store.commit([ok]) == [True]
+        dup = StepCommit(moved(store.get("a"), "c"), 1,
+                         history=[hist("a", 1, "b", "c")], attempt=attempt("a"))  # seq 1 again
+        with pytest.raises(StoreError):
+            store.commit([dup])
+        got = store.get("a")
+        assert (got.state, got.version) == ("b", 1)
+        assert [h.dest for h in store.history("a")] == ["b"]
+        assert store.attempts("a") == []
+
+    def test_history_is_ordered_by_seq(self, store: Store) -> None:
+        store.create(record("a"))
+        rec = store.get("a")
+        rows = [hist("a", 2, "b", "c"), hist("a", 1, "start", "b"), hist("a", 3, "c", "d")]
+        assert store.commit([StepCommit(moved(rec, "d"), 0, history=rows)]) == [True]
+        rec = store.get("a")
+        store.commit([StepCommit(moved(rec, "e"), 1, history=[hist("a", 4, "d", "e")])])
+        assert [h.seq for h in store.history("a")] == [1, 2, 3, 4]
+
+    def test_history_row_fields_round_trip(self, store: Store) -> None:
+        store.create(record("a"))
+        row = HistoryRow(instance_id="a", seq=1, source="start", dest="x", trigger="fallback",
+                         at=1234.5, kind="fallback", guards=[["is_ready", True], ["cheap", False]],
+                         duration_ms=12.25, tokens=9, error="ServerError: 502", reason="timeout",
+                         delta={"s": "z"}, detail={"llm_calls": [{"tokens": 9}]})
+        store.commit([StepCommit(moved(store.get("a"), "x"), 0, history=[row])])
+        assert store.history("a") == [row]
+
+    # -- outbox ------------------------------------------------------------------------
+    def test_outbox_begin_inserts_then_counts_attempts(self, store: Store) -> None:
+        store.create(record("a"))
+        first = store.outbox_begin("a:notify:1", "a", "notify", 1, 10.0)
+        assert (first.key, first.instance_id, first.state, first.visit, first.status,
+                first.attempts, first.created_at, first.updated_at, first.result) == \
+            ("a:notify:1", "a", "notify", 1, "pending", 1, 10.0, 10.0, None)
+        second = store.outbox_begin("a:notify:1", "a", "notify", 1, 20.0)
+        assert (second.attempts, second.created_at, second.updated_at) == (2, 10.0, 20.0)
+        assert len(store.outbox()) == 1
+
+    def test_outbox_done_via_commit_stops_counting(self, store: Store) -> None:
+        store.create(record("a"))
+        store.create(record("b"))
+        store.outbox_begin("a:notify:1", "a", "notify", 1, 10.0)
+        store.outbox_begin("b:notify:1", "b", "notify", 1, 11.0)
+        step = StepCommit(moved(store.get("a"), "done", status="completed"), 0,
+                          outbox_done=("a:notify:1", {"visit": 1, "ok": "✓"}))
+        assert store.commit([step]) == [True]
+        again = store.outbox_begin("a:notify:1", "a", "notify", 1, 30.0)
+        assert (again.status, again.attempts, again.result) == ("done", 1, {"visit": 1, "ok": "✓"})
+        assert [r.key for r in store.outbox()] == ["a:notify:1", "b:notify:1"]
+        assert [r.status for r in store.outbox("b")] == ["pending"]
+        assert store.outbox("nobody") == []
+
+    # -- workers -----------------------------------------------------------------------
+    def test_workers_put_list_update_delete(self, store: Store) -> None:
+        w1 = WorkerRow(id="w1", host="h", pid=10, pid_start="123", started_at=1.0,
+                       heartbeat_at=2.0)
+        w2 = WorkerRow(id="w2", host="h2", pid=11, pid_start="456", started_at=1.5,
+                       heartbeat_at=2.5)
+        store.put_worker(w1)
+        store.put_worker(w2)
+        assert sorted(store.workers(), key=lambda w: w.id) == [w1, w2]
+        store.put_worker(replace(w1, heartbeat_at=9.0))
+        assert {w.id: w.heartbeat_at for w in store.workers()} == {"w1": 9.0, "w2": 2.5}
+        store.delete_worker("w1")
+        store.delete_worker("never-registered")
+        assert store.workers() == [w2]
+
+    # -- breakers ----------------------------------------------------------------------
+    def test_breaker_default_is_closed_and_empty(self, store: Store) -> None:
+        row = store.get_breaker("openai:gpt")
+        assert row == BreakerRow("openai:gpt")
+        assert (row.state, row.events, row.opened_at, row.probe_at, row.version) == \
+            ("closed", [], None, None, 0)
+
+    def test_breaker_put_is_compare_and_set(self, store: Store) -> None:
+        mine = BreakerRow("p:m", state="open", events=[[1.0, False], [2.0, True]], opened_at=2.0)
+        theirs = BreakerRow("p:m", state="closed", events=[[1.5, True]])
+        assert store.put_breaker(mine, 0) is True
+        assert mine.version == 1
+        assert store.put_breaker(theirs, 0) is False  # created by someone else first
+        assert store.get_breaker("p:m") == mine
+        mine.state, mine.probe_at = "half_open", 5.0
+        assert store.put_breaker(mine, 1) is True
+        assert store.get_breaker("p:m").version == 2
+        assert store.put_breaker(replace(theirs, version=1), 1) is False  # old version
+        got = store.get_breaker("p:m")
+        assert (got.state, got.probe_at, got.events) == ("half_open", 5.0, [[1.0, False], [2.0, True]])
+
+    def test_breakers_are_independent_by_name(self, store: Store) -> None:
+        assert store.put_breaker(BreakerRow("a", state="open"), 0)
+        assert store.get_breaker("b").state == "closed"
+
+    # -- JSON --------------------------------------------------------------------------
+    def test_non_ascii_json_round_trips(self, store: Store) -> None:
+        rec = record("ü-审核")
+        rec.context, rec.input = dict(UNICODE), dict(UNICODE)
+        rec.visits = {"État 1": 2, "审核 中": 1}
+        store.create(rec)
+        assert store.get("ü-审核") == rec
+        row = hist("ü-审核", 1, "État 1", "审核 中", delta=dict(UNICODE), detail={"note": "日本"},
+                   guards=[["prêt?", True]])
+        store.outbox_begin("ü-审核:审核 中:1", "ü-审核", "审核 中", 1, 1.0)
+        store.commit([StepCommit(moved(rec, "审核 中", context=dict(UNICODE)), 0, history=[row],
+                                 outbox_done=("ü-审核:审核 中:1", dict(UNICODE)))])
+        assert store.get("ü-审核").context == UNICODE
+        assert store.history("ü-审核") == [row]
+        assert store.outbox("ü-审核")[0].result == UNICODE
+        assert [r.id for r in store.list(machine="m")] == ["ü-审核"]
+
+    # -- leases: claim, held, release -------------------------------------------------------
+    def test_worker_lease_and_queues_round_trip(self, store: Store) -> None:
+        w = WorkerRow(id="w", host="h", pid=1, pid_start="9", started_at=1.0, heartbeat_at=2.0,
+                      lease_until=7.0, queues=["llm", "io"])
+        store.put_worker(w)
+        assert store.workers() == [w]
+
+    def test_claim_takes_runnable_unowned_instances_oldest_first(self, store: Store) -> None:
+        store.create(record("a"), record("b", status="running"), record("c", status="waiting"),
+                     record("d", status="completed"), record("e", status="cancelled"))
+        later = record("f", status="running")
+        later.next_attempt_at = 2000.0  # in a retry backoff until then
+        store.create(later)
+        live(store, "w1", "w2")
+        got = store.claim(ClaimRequest("w1", now=1500.0, limit=10))
+        assert [(r.id, r.owner, r.status, r.version) for r in got] == \
+            [("a", "w1", "running", 1), ("b", "w1", "running", 1)]
+        assert [store.get(i) for i in ("a", "b")] == got
+        assert store.claim(ClaimRequest("w2", now=1500.0)) == []  # nothing left for others
+        assert [r.id for r in store.claim(ClaimRequest("w2", now=2000.0))] == ["f"]  # now due
+
+    def test_claim_honours_the_limit(self, store: Store) -> None:
+        store.create(*[record(f"i{n}") for n in range(5)])
+        live(store, "w1", "w2")
+        first = store.claim(ClaimRequest("w1", now=1.0, limit=2))
+        second = store.claim(ClaimRequest("w2", now=1.0, limit=10))
+        assert [r.id for r in first] == ["i0", "i1"]
+        assert [r.id for r in second] == ["i2", "i3", "i4"]
+
+    def test_claim_skips_live_leases_and_takes_expired_ones(self, store: Store) -> None:
+        now = 5000.0
+        store.put_worker(WorkerRow("live", "h", 1, "1", 0.0, now - 1, lease_until=now + 5))
+        store.put_worker(WorkerRow("expired", "h", 2, "2", 0.0, now - 9, lease_until=now - 1))
+        store.put_worker(WorkerRow("old-row", "h", 3, "3", 0.0, now - 20))  # no lease_until
+        store.create(record("held", status="running", owner="live"),
+                     record("orphan", status="running", owner="expired"),
+                     record("old", status="running", owner="old-row"),
+                     record("ghost", status="pending", owner="no-such-worker"))
+        live(store, "me")
+        got = store.claim(ClaimRequest("me", now=now, lease_seconds=10.0))
+        assert [r.id for r in got] == ["orphan", "old", "ghost"]
+        assert store.get("held").owner == "live"
+        taken = store.claim(ClaimRequest("other", now=now, dead=["live"]))
+        assert [r.id for r in taken] == ["held"]
+
+    def test_claim_counts_a_recovery_from_a_dead_owner_mid_step(self, store: Store) -> None:
+        store.put_worker(WorkerRow("dead", "h", 1, "1", 0.0, 100.0, lease_until=110.0))
+        mid = record("mid", status="running", owner="dead")
+        asleep = record("asleep", status="running", owner="dead")
+        asleep.next_attempt_at = 105.0  # its retry was due after the owner's last heartbeat
+        fresh = record("fresh", status="pending")
+        store.create(mid, asleep, fresh)
+        got = {r.id: r for r in store.claim(ClaimRequest("me", now=200.0, due_by=float("inf")))}
+        assert (got["mid"].recoveries, got["mid"].recovered_seq) == (1, 0)
+        assert got["asleep"].recoveries == 0 and got["fresh"].recoveries == 0
+        assert store.get("mid") == got["mid"]
+
+    def test_claim_own_and_machines_filters(self, store: Store) -> None:
+        live(store, "me")
+        store.create(record("mine", owner="me"), record("x", machine="other"), record("y"))
+        assert [r.id for r in store.claim(ClaimRequest("me", now=200.0, machines=["m"]))] == ["y"]
+        assert store.claim(ClaimRequest("me", now=200.0, machines=[])) == []
+        assert [r.id for r in store.claim(ClaimRequest("me", now=200.0, own=True,
+                                                       machines=["m"]))] == ["mine", "y"]
+
+    def test_held_and_release(self, store: Store) -> None:
+        store.create(record("a"), record("b"), record("c"))
+        live(store, "w1", "w2")
+        got = store.claim(ClaimRequest("w1", now=1.0))
+        assert store.held("w1") == {"a": "running", "b": "running", "c": "running"}
+        assert store.release("w1", ["a", "nope"]) == 1
+        assert store.release("w2") == 0 and store.release("w1", []) == 0
+        assert store.held("w1") == {"b": "running", "c": "running"}
+        stale = StepCommit(moved(got[0], "next"), got[0].version)
+        assert store.commit([stale]) == [False]  # a release fences the old owner's writes
+        assert store.get("a").owner is None and store.get("a").version == 2
+        assert store.release("w1") == 2 and store.held("w1") == {}
+        assert [r.id for r in store.claim(ClaimRequest("w2", now=2.0))] == ["a", "b", "c"]
+
+    def test_wait_for_work_returns_within_its_timeout(self, store: Store) -> None:
+        store.wait_for_work(0.05)  # nothing happens: it returns anyway
+
+    def test_concurrent_claimers_never_share_an_instance(self, store: Store, reopen) -> None:
+        import threading
+        store.create(*[record(f"i{n:03}") for n in range(120)])
+        live(store, "w0", "w1", "w2", "w3")
+        others = [reopen() for _ in range(3)]
+        taken: dict[str, list[str]] = {}
+
+        def claim_all(name: str, s: Store) -> None:
+            mine = taken.setdefault(name, [])
+            while True:
+                got = s.claim(ClaimRequest(name, now=1.0, limit=7))
+                if not got:
+                    return
+                mine.extend(r.id for r in got)
+        threads = [threading.Thread(target=claim_all, args=(f"w{n}", s))
+                   for n, s in enumerate([store, *others])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in others:
+            s.close()
+        every = [i for ids in taken.values() for i in ids]
+        assert sorted(every) == [f"i{n:03}" for n in range(120)]  # each exactly once
+        owners = {r.id: r.owner for r in store.list()}
+        assert all(owners[i] == name for name, ids in taken.items() for i in ids)
