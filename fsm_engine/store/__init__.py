@@ -3,7 +3,8 @@
 from .base import Store
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit, WorkerRow,
+    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, StepCommit, StepRow,
+    WorkerRow,
 )
 from .sqlite import SqliteStore
 
@@ -14,5 +15,5 @@ def open_store(path: str = "fsm.db", *, synchronous: str = "FULL") -> Store:
 
 
 __all__ = ["Store", "SqliteStore", "open_store", "InstanceRecord", "HistoryRow", "AttemptRow",
-           "OutboxRow", "WorkerRow", "BreakerRow", "StepCommit", "PENDING", "RUNNING",
+           "OutboxRow", "WorkerRow", "BreakerRow", "StepCommit", "InstanceFilter", "StepRow", "PENDING", "RUNNING",
            "WAITING", "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]

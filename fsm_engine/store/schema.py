@@ -95,7 +95,15 @@ def _v2(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE history_v2 RENAME TO history")
 
 
-MIGRATIONS = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    """Indexes for the read side (viewer, ``fsm stats``/``list``/``prune``): instances by
+    (machine, status) — both change rarely, so a step's UPDATE seldom touches it — and
+    outbox rows by instance."""
+    db.execute('CREATE INDEX "idx_instances_machine_status" ON "instances" ("machine", "status")')
+    db.execute('CREATE INDEX "idx_outbox_instance_id" ON "outbox" ("instance_id")')
+
+
+MIGRATIONS = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 
@@ -110,6 +118,11 @@ def _version(db: sqlite_utils.Database, path: str) -> int:
     if not value.isdigit():  # a missing, negative or non-integer version: not ours to touch
         raise NotAnFsmDatabase(f"{path} has an unreadable fsm schema version ({value or 'none'!s})")
     return int(value)
+
+
+def read_version(db: sqlite_utils.Database, path: str) -> int:
+    """The schema version of ``db`` (0: empty); ``NotAnFsmDatabase`` for a foreign one."""
+    return _version(db, path)
 
 
 def refuse_foreign(db: sqlite_utils.Database, path: str) -> None:

@@ -20,18 +20,20 @@ import operator
 import os
 import sqlite3
 import threading
+import urllib.parse
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pydantic_core
 import sqlite_utils
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
+from . import sqlite_read
 from .records import (
-    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow,
-    StepCommit, WorkerRow,
+    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
+    OutboxRow, StepCommit, StepRow, WorkerRow,
 )
-from .schema import JSON_COLUMNS, migrate, refuse_foreign
+from .schema import JSON_COLUMNS, migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
 
@@ -172,6 +174,10 @@ class SqliteStore:
             or ``"NORMAL"`` (WAL: survives a process crash, not power loss).
         blob_threshold: history delta values longer than this many characters of
             JSON are stored once by content hash (default 64 KiB).
+        readonly: open an existing database for reading only (the viewer): nothing
+            is ever written, not even a migration; in WAL mode its reads never
+            block a running engine's writes.  An older schema is refused with a
+            hint to open it once with a writing command.
 
     Raises:
         NotAnFsmDatabase: the file is not SQLite, or is SQLite without fsm_engine's tables.
@@ -179,26 +185,34 @@ class SqliteStore:
     """
 
     def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL",
-                 blob_threshold: int = BLOB_THRESHOLD) -> None:
+                 blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self.path = path
         self.blob_threshold = blob_threshold
+        self.readonly = readonly
         _check_file(path)
         self._lock = threading.RLock()
         folder = os.path.dirname(os.path.abspath(path))
         if path != ":memory:" and not os.path.isdir(folder):
             raise StoreError(f"cannot open database {path}: no directory {folder}")
+        if readonly and not os.path.isfile(path):
+            raise StoreError(f"no database at {path}")
         try:
-            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                         timeout=30.0)
+            target = (f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+                      if readonly else path)
+            self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False,
+                                         timeout=30.0, uri=readonly)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open database {path}: {exc}") from None
         try:
             self._conn.row_factory = sqlite3.Row
             db = sqlite_utils.Database(self._conn)
             refuse_foreign(db, path)  # before anything that could write to the file
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(f"PRAGMA synchronous={synchronous}")
-            migrate(db, path)
+            if readonly:
+                self._require_current(db)
+            else:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute(f"PRAGMA synchronous={synchronous}")
+                migrate(db, path)
         except NotAnFsmDatabase:
             self._conn.close()
             raise
@@ -208,8 +222,17 @@ class SqliteStore:
         self._attempt_sql = _ATTEMPT.insert_sql("attempts")
         self._insert_instance_sql = _INSTANCE.insert_sql("instances")
 
+    def _require_current(self, db: sqlite_utils.Database) -> None:
+        version = read_version(db, self.path)
+        if version != FORMAT_VERSION:
+            raise StoreError(f"{self.path} has schema version {version}, this fsm_engine "
+                             f"reads {FORMAT_VERSION} read-only: open it once with a writing "
+                             "command (e.g. `fsm resume`) to migrate it")
+
     # -- transactions -------------------------------------------------------
     def _write(self) -> "_Txn":
+        if self.readonly:
+            raise StoreError(f"database {self.path} is open read-only")
         return _Txn(self)
 
     def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> builtins.list[sqlite3.Row]:
@@ -369,6 +392,50 @@ class SqliteStore:
         if ok:
             row.version = version
         return ok
+
+    # -- read side ------------------------------------------------------------------
+    def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
+              limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
+        sql, args = sqlite_read.query_sql(_SELECT_INSTANCES, where, order, descending,
+                                          limit, offset)
+        return [_decode(InstanceRecord, r) for r in self._read(sql, args)]
+
+    def count(self, where: InstanceFilter, by: str | None = None) -> dict[str | None, int]:
+        sql, args = sqlite_read.count_sql(where, by)
+        return {row[0]: row[1] for row in self._read(sql, args) if row[1]}
+
+    def steps(self, where: InstanceFilter, *, batch: int = 2000) -> Iterator[StepRow]:
+        sql, args = sqlite_read.steps_sql(where)
+        after = 0
+        while True:  # one short read per batch of instances: a writer never waits long
+            rows = self._read(sql, [after, *args, batch])
+            if not rows:
+                return
+            for row in rows:
+                yield StepRow(*row[:-1])
+            after = rows[-1][-1]
+
+    def delete(self, instance_ids: Sequence[str]) -> int:
+        ids = builtins.list(dict.fromkeys(instance_ids))
+        deleted = 0
+        with self._write() as conn:
+            for i in range(0, len(ids), 500):  # bounded statements, one transaction
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                conn.execute("DELETE FROM history WHERE instance IN (SELECT key FROM instances"
+                             f" WHERE id IN ({marks}))", chunk)
+                conn.execute(f"DELETE FROM attempts WHERE instance_id IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM outbox WHERE instance_id IN ({marks})", chunk)
+                deleted += conn.execute(f"DELETE FROM instances WHERE id IN ({marks})",
+                                        chunk).rowcount
+        return deleted
+
+    def check(self) -> builtins.list[str]:
+        problems = [f"integrity_check: {row[0]}" for row in
+                    self._read("PRAGMA integrity_check") if row[0] != "ok"]
+        for name, sql in sqlite_read.CHECKS:
+            problems += [sqlite_read.describe(name, tuple(row)) for row in self._read(sql)]
+        return problems
 
     def close(self) -> None:
         with self._lock:
