@@ -367,6 +367,9 @@ def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--out
     out.print(f"wrote {output}")
 
 
+from . import cli_observe  # noqa: E402,F401  (registers stats, ui, prune, check)
+
+
 def main() -> None:
     """Entry point: run the app, turning every ``FsmError`` into one line and exit 2."""
     try:

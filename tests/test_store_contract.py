@@ -454,8 +454,8 @@ class TestStoreReadSide:
         assert [(r.instance_id, r.seq) for r in rows] == \
             [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2), ("c", 1)]
         first = rows[0]
-        assert (first.machine, first.created_at, first.source, first.dest) == \
-            ("m1", 1000.0, "start", "work")
+        assert (first.machine, first.status, first.created_at, first.source, first.dest) == \
+            ("m1", "completed", 1000.0, "start", "work")
         assert (first.tokens, first.duration_ms, first.attempt, first.reasks, first.llm_calls) == \
             (10, 2.0, 2, 1, 2)
         assert (rows[1].attempt, rows[1].reasks, rows[1].llm_calls) == (1, 0, 0)

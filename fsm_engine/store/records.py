@@ -203,7 +203,8 @@ class InstanceFilter:
 class StepRow:
     """One history row without its JSON payload, for statistics over many instances.
 
-    ``created_at`` is the instance's (the time its first state was entered);
+    ``machine``, ``status`` and ``created_at`` are the instance's (its status now; its
+    creation is when its first state was entered);
     ``attempt`` is the attempt the row's step ended on (``detail.attempt``,
     else 1); ``reasks`` the structured-output re-asks in it (``detail.reasks``);
     ``llm_calls`` the model calls it made (``len(detail.llm_calls)``).
@@ -211,6 +212,7 @@ class StepRow:
 
     instance_id: str
     machine: str
+    status: str
     created_at: float
     seq: int
     source: str

@@ -24,7 +24,7 @@ _FIELD = re.compile(r"^context\.([A-Za-z_][A-Za-z0-9_]*)$")
 #: History rows as ``StepRow`` columns (JSON payloads reduced to three numbers), then the
 #: instance key (for keyset paging).
 STEPS_SQL = (
-    "SELECT i.id AS instance_id, i.machine, i.created_at, h.seq, h.source, h.dest, h.trigger,"
+    "SELECT i.id AS instance_id, i.machine, i.status, i.created_at, h.seq, h.source, h.dest, h.trigger,"
     " h.kind, h.at, h.duration_ms, h.tokens, h.error, h.reason,"
     " COALESCE(json_extract(h.detail, '$.attempt'), 1) AS attempt,"
     " COALESCE(json_extract(h.detail, '$.reasks'), 0) AS reasks,"
