@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,18 +13,7 @@ from typer.testing import CliRunner
 from fsm_engine import SqliteStore
 from fsm_engine.cli import app
 from fsm_engine.stats import Dist, percentile
-from observe_fixtures import Fleet, build_fleet
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
-    tmp = tmp_path_factory.mktemp("stats")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("FSM_NOTIFY_FILE", str(tmp / "notifications.jsonl"))
-    try:
-        return build_fleet(str(tmp / "fleet.db"), tmp)
-    finally:
-        mp.undo()
+from observe_fixtures import Fleet
 
 
 def nearest_rank(values: list[float], p: float) -> float:
