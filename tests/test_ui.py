@@ -53,7 +53,7 @@ def test_list_filters(client: TestClient, fleet: Fleet, store: SqliteStore) -> N
     assert row_ids(client.get("/?machine=moderation&status=failed").text) == []
     assert sorted(row_ids(client.get("/?reason=loop_limit").text)) == sorted(fleet.ids["router"])
     assert row_ids(client.get("/?state=" + QUOTED_STATE).text) == []  # it ended in done
-    probed = [r.id for r in reversed(store.list()) if "window.__XSS" in str(r.context).upper()]
+    probed = [r.id for r in reversed(store.list()) if "WINDOW.__XSS" in str(r.context).upper()]
     assert fleet.ids["quoted"][0] in probed and len(probed) > 1  # the machine and model replies
     assert row_ids(client.get("/?q=window.__XSS").text) == probed  # case-insensitive
     assert row_ids(client.get("/?q=" + fleet.ids["router"][0][:6]).text) == [fleet.ids["router"][0]]
