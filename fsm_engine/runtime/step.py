@@ -41,6 +41,9 @@ class MeteredLLM:
         #: (provider, breaker) answering ``structured``'s re-asks; None: this one.
         self.repair: "tuple[Provider, Breaker | None] | None" = None
         self._loop = loop
+        #: OpenTelemetry tracer and parent context (set by the driver when tracing is on).
+        self.tracer: Any = None
+        self.trace_parent: Any = None
 
     def _check_budget(self) -> None:
         if self.tokens_left is not None and self.used >= self.tokens_left:
@@ -63,7 +66,12 @@ class MeteredLLM:
         if breaker is not None:
             await breaker.before_call()
         try:
-            out = await provider.complete(messages, **kwargs)
+            if self.tracer is None:
+                out = await provider.complete(messages, **kwargs)
+            else:
+                from ..telemetry import traced_call
+                out = await traced_call(self.tracer, self.trace_parent, provider.complete,
+                                        provider, messages, kwargs)
         except ProviderError as exc:
             self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc), provider)
             if breaker is not None and exc.retryable:
