@@ -235,10 +235,15 @@ class SqliteStore:
             raise StoreError(f"database {self.path} is open read-only")
         return _Txn(self)
 
-    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> builtins.list[sqlite3.Row]:
+    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = (), *,
+              tuples: bool = False) -> builtins.list[Any]:
+        """All rows of one read (its own implicit transaction); plain tuples with ``tuples``."""
         with self._lock:
             try:
-                return self._conn.execute(sql, args).fetchall()
+                cursor = self._conn.cursor()
+                if tuples:
+                    cursor.row_factory = None
+                return cursor.execute(sql, args).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"database {self.path}: {exc}") from None
 
@@ -404,11 +409,11 @@ class SqliteStore:
         sql, args = sqlite_read.count_sql(where, by)
         return {row[0]: row[1] for row in self._read(sql, args) if row[1]}
 
-    def steps(self, where: InstanceFilter, *, batch: int = 2000) -> Iterator[StepRow]:
+    def steps(self, where: InstanceFilter, *, batch: int = 5000) -> Iterator[StepRow]:
         sql, args = sqlite_read.steps_sql(where)
         after = 0
         while True:  # one short read per batch of instances: a writer never waits long
-            rows = self._read(sql, [after, *args, batch])
+            rows = self._read(sql, [after, *args, batch], tuples=True)
             if not rows:
                 return
             for row in rows:
