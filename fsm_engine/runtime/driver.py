@@ -192,6 +192,7 @@ class Driver:
             if repair is not None and repair is not provider:
                 meter.repair = (repair, self.models.breaker(repair))
         meter.loops_left = rec.max_transitions - rec.loop_count
+        meter.caller_input = rec.input
         if self.tracer is not None:  # model calls become children of this step's span
             from ..telemetry import current_context
             meter.tracer, meter.trace_parent = self.tracer, current_context()
