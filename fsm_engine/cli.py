@@ -539,5 +539,6 @@ def main() -> None:
 __all__ = ["app", "main"]
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m fsm_engine.cli: run the real module (whose app
+    from fsm_engine.cli import main as _main  # has every command registered), not this copy
+    _main()

@@ -1,6 +1,6 @@
 """SQLite store: one file, WAL journal, one transaction per batch of steps.
 
-Schema creation and migrations go through ``sqlite-utils``; the hot path
+Schema creation and migrations go through ``sqlite-utils`` (imported only when one runs); the hot path
 (``commit``) uses prepared statements on the same connection, updates only the
 instance columns a step changed (``StepCommit.before``), and appends history
 rows keyed by the instance's integer key, so steps of instances started
@@ -25,7 +25,6 @@ from dataclasses import fields
 from typing import Any, Iterator, Sequence
 
 import pydantic_core
-import sqlite_utils
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
 from . import sqlite_read
@@ -205,14 +204,13 @@ class SqliteStore:
             raise StoreError(f"cannot open database {path}: {exc}") from None
         try:
             self._conn.row_factory = sqlite3.Row
-            db = sqlite_utils.Database(self._conn)
-            refuse_foreign(db, path)  # before anything that could write to the file
+            refuse_foreign(self._conn, path)  # before anything that could write to the file
             if readonly:
-                self._require_current(db)
+                self._require_current()
             else:
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute(f"PRAGMA synchronous={synchronous}")
-                migrate(db, path)
+                migrate(self._conn, path)
         except NotAnFsmDatabase:
             self._conn.close()
             raise
@@ -222,8 +220,8 @@ class SqliteStore:
         self._attempt_sql = _ATTEMPT.insert_sql("attempts")
         self._insert_instance_sql = _INSTANCE.insert_sql("instances")
 
-    def _require_current(self, db: sqlite_utils.Database) -> None:
-        version = read_version(db, self.path)
+    def _require_current(self) -> None:
+        version = read_version(self._conn, self.path)
         if version != FORMAT_VERSION:
             raise StoreError(f"{self.path} has schema version {version}, this fsm_engine "
                              f"reads {FORMAT_VERSION} read-only: open it once with a writing "
