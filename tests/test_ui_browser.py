@@ -98,6 +98,18 @@ def ids_on_page(driver: object) -> list[str]:
             for row in driver.find_elements(By.CSS_SELECTOR, "tr.instance-row")]  # type: ignore[attr-defined]
 
 
+def submit(driver: object) -> None:
+    """Click the form's apply button and wait until the next page replaced this one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+    old = driver.find_element(By.TAG_NAME, "html")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "f-apply").click()  # type: ignore[attr-defined]
+    WebDriverWait(driver, 20).until(ec.staleness_of(old))
+    WebDriverWait(driver, 20).until(  # type: ignore[arg-type]
+        lambda d: d.execute_script("return document.readyState") == "complete")
+
+
 def test_list_filters_through_the_form(browser: object, server: str, fleet: Fleet) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -105,16 +117,16 @@ def test_list_filters_through_the_form(browser: object, server: str, fleet: Flee
     d.get(f"{server}/")  # type: ignore[attr-defined]
     assert len(ids_on_page(d)) == sum(map(len, fleet.ids.values()))
     Select(d.find_element(By.ID, "f-machine")).select_by_value("router")  # type: ignore[attr-defined]
-    d.find_element(By.ID, "f-apply").click()  # type: ignore[attr-defined]
+    submit(d)
     assert sorted(ids_on_page(d)) == sorted(fleet.ids["router"])
     Select(d.find_element(By.ID, "f-machine")).select_by_value("")  # type: ignore[attr-defined]
     Select(d.find_element(By.ID, "f-status")).select_by_value("completed")  # type: ignore[attr-defined]
-    d.find_element(By.ID, "f-apply").click()  # type: ignore[attr-defined]
+    submit(d)
     assert sorted(ids_on_page(d)) == sorted(fleet.ids["moderation"] + fleet.ids["quoted"])
     box = d.find_element(By.ID, "f-q")  # type: ignore[attr-defined]
     box.clear()
     box.send_keys(fleet.ids["quoted"][0][:8])
-    d.find_element(By.ID, "f-apply").click()  # type: ignore[attr-defined]
+    submit(d)
     assert ids_on_page(d) == fleet.ids["quoted"]
 
 
