@@ -356,7 +356,7 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
 
 
 def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
-    from .views import local_time
+    from .views import guard_reading, local_time
     table = Table(title=f"history of {rec.id}" if title else None, title_justify="left")
     for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
         fixed = col in ("seq", "at", "ms", "tokens")
@@ -365,7 +365,8 @@ def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> 
         table.add_column(col, overflow="fold", no_wrap=fixed, min_width=names,
                          justify="right" if col in ("seq", "ms", "tokens") else "left")
     for r in rows:
-        guards = ", ".join(f"{g[0]} {'✓' if g[1] else '✗'}" for g in r["guards"])
+        guards = ", ".join(f"{label} {'✓' if ok else '✗'}"
+                           for label, ok in (guard_reading(str(g[0]), g[1]) for g in r["guards"]))
         table.add_row(str(r["seq"]), local_time(r["at"]), r["source"], r["dest"], r["trigger"],
                       guards, f"{r['duration_ms']:.1f}", str(r["tokens"]),
                       r["error"] or r["reason"] or "")

@@ -89,3 +89,15 @@ def shown_status(rec: InstanceRecord, live: set[str] | frozenset[str]) -> str:
     if rec.status in ("pending", "running") and rec.owner is not None and rec.owner not in live:
         return ORPHANED
     return rec.status
+
+
+def guard_reading(name: str, result: Any) -> tuple[str, bool]:
+    """A recorded guard ``[name, result]`` as people read it: (label, passed).
+
+    A ``conditions`` guard passes when it returned true; an ``unless`` guard (recorded
+    as ``!name`` with the function's own result) reads ``not name`` and passes when the
+    function returned false.
+    """
+    if name.startswith("!"):
+        return f"not {name[1:]}", not bool(result)
+    return name, bool(result)

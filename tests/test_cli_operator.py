@@ -296,3 +296,10 @@ def test_diagram_stats_counts_equal_the_store(fleet: Fleet, tmp_path: Path) -> N
     assert "attempt" in result.stdout and " s" in result.stdout
     both = invoke("diagram", MODERATION, "--instance", one, "--stats", "--db", fleet.db)
     assert both.exit_code == 2 or "not both" in both.output
+
+
+def test_unless_guards_read_naturally() -> None:
+    from fsm_engine.views import guard_reading
+    assert guard_reading("has_text", True) == ("has_text", True)
+    assert guard_reading("!has_text", True) == ("not has_text", False)  # the unless blocked
+    assert guard_reading("!has_text", False) == ("not has_text", True)

@@ -24,7 +24,7 @@ from ..errors import FsmError, InvalidInput
 from ..runtime.workers import live_ids
 from ..store.base import Store
 from ..store.records import ORDERS, STATUSES, HistoryRow, InstanceFilter, InstanceRecord
-from ..views import history_json, iso_time, shown_status, when
+from ..views import guard_reading, history_json, iso_time, shown_status, when
 
 PAGE_SIZES = (20, 50, 100, 200)
 _SVG_HEAD = re.compile(r"^.*?(?=<svg\b)", re.S)
@@ -267,7 +267,7 @@ def _history_row(row: dict[str, Any], now: float) -> dict[str, Any]:
         raw.append({"raw": detail.get("raw"), "errors": detail.get("errors"),
                     "repairs": detail.get("repairs")})
     return row | {"at_text": when(row["at"], now), "at_iso": iso_time(row["at"]),
-                  "guards_text": [(str(g[0]), bool(g[1]) if len(g) > 1 else None)
+                  "guards_text": [guard_reading(str(g[0]), g[1] if len(g) > 1 else False)
                                   for g in row.get("guards") or ()],
                   "delta_text": _pretty(row["delta"]) if row["delta"] else "",
                   "detail_text": _pretty(detail) if detail else "", "outputs": raw}
