@@ -170,3 +170,27 @@ def test_fsm_ui_refuses_an_exposed_host_without_token_and_a_missing_db(tmp_path)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("fsm: error:") and needle in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet: Fleet) -> None:
+    from fsm_engine.store import InstanceRecord
+    db = str(tmp_path / "live.db")
+    writer = SqliteStore(db)
+    writer.create(InstanceRecord(id="live00000001", machine="router",
+                                 module=str(tmp_path / "gone.py"), fingerprint="x",
+                                 state="draft", status="running", context={}, input={},
+                                 max_transitions=5, token_budget=None, created_at=1.0,
+                                 updated_at=2.0))
+    reader = SqliteStore(db, readonly=True)
+    try:
+        live = TestClient(create_app(reader, refresh_s=7))
+        page = live.get("/instances/live00000001").text
+        assert '<meta http-equiv="refresh" content="7">' in page
+        assert "drawn from the recorded history only" in page  # the module is gone
+        assert 'http-equiv="refresh"' in live.get("/").text
+    finally:
+        reader.close()
+        writer.close()
+    done = TestClient(create_app(SqliteStore(fleet.db, readonly=True)))
+    assert 'http-equiv="refresh"' not in done.get(f"/instances/{fleet.ids['router'][0]}").text
+    assert 'http-equiv="refresh"' not in done.get("/").text

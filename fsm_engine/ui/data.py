@@ -157,7 +157,7 @@ class Viewer:
         attempts = self.store.attempts(rec.id)
         live, now = self.live(), time.time()
         rows = [_history_row(h, now) for h in history_json(rec, history)]
-        export, note = self._export(rec.module, rec.machine, rec.fingerprint, history)
+        export, note = self._export(rec.module, rec.machine, rec.fingerprint, history, rec.state)
         svg, svg_error = _svg(export, instance_overlay(rec, history, attempts))
         status = shown_status(rec, live)
         return {"rec": rec, "row": self._row(rec, live, now), "status": status,
@@ -194,18 +194,18 @@ class Viewer:
                 "running": running}
 
     # -- diagrams --------------------------------------------------------------------
-    def _export(self, module: str, machine: str, fingerprint: str,
-                history: Iterable[Any]) -> tuple[dict[str, Any], str | None]:
+    def _export(self, module: str, machine: str, fingerprint: str, history: Iterable[Any],
+                current: str | None = None) -> tuple[dict[str, Any], str | None]:
         """The machine's definition export (and a note), or one drawn from the history."""
         try:
             cm = self._load(module)
         except (FsmError, OSError, ImportError) as exc:
-            return observed_export(machine, history), (
+            return observed_export(machine, history, current), (
                 f"definition not loadable ({str(exc).splitlines()[0][:200]}): "
                 "drawn from the recorded history only")
         export = cm.spec.export()
         if export.get("name") != machine:
-            return observed_export(machine, history), (
+            return observed_export(machine, history, current), (
                 f"module {module} now defines machine {export.get('name')!r}: "
                 "drawn from the recorded history only")
         if cm.fingerprint != fingerprint:
@@ -224,9 +224,11 @@ class Viewer:
             return cached
 
 
-def observed_export(machine: str, history: Iterable[Any]) -> dict[str, Any]:
+def observed_export(machine: str, history: Iterable[Any],
+                    current: str | None = None) -> dict[str, Any]:
     """A definition-shaped export of the states and moves seen in ``history`` (rows or
-    dicts with source, dest, trigger), for drawing when the module is gone."""
+    dicts with source, dest, trigger) and of the ``current`` state, for drawing when the
+    module is gone."""
     states: dict[str, None] = {}
     moves: dict[tuple[str, str, str], None] = {}
     for row in history:
@@ -234,6 +236,8 @@ def observed_export(machine: str, history: Iterable[Any]) -> dict[str, Any]:
         src, dst, trig = str(get("source")), str(get("dest")), str(get("trigger"))
         states.update({src: None, dst: None})
         moves[(src, dst, trig)] = None
+    if current is not None:
+        states.setdefault(current, None)
     names = list(states) or ["?"]
     return {"name": machine, "initial": names[0],
             "states": [{"name": n} for n in names],
