@@ -106,10 +106,13 @@ class Row:
 class Viewer:
     """Page data over one read-only store (safe to share between request threads)."""
 
-    def __init__(self, store: Store, *, lease_seconds: float = 10.0) -> None:
+    def __init__(self, store: Store, *, lease_seconds: float = 10.0,
+                 stats_ttl_s: float = 5.0) -> None:
         self.store = store
         self.lease_seconds = lease_seconds
+        self.stats_ttl_s = stats_ttl_s
         self._machines: dict[tuple[str, float], Any] = {}
+        self._stats: dict[tuple[str, str], tuple[float, Any]] = {}
         self._lock = threading.Lock()
 
     # -- common ----------------------------------------------------------------------
@@ -172,11 +175,10 @@ class Viewer:
 
     def machine(self, name: str, status: str = "") -> dict[str, Any]:
         """One machine: the aggregate diagram and the statistics behind it."""
-        from ..stats import machine_stats
         if status and status not in STATUSES:
             raise InvalidInput(f"unknown status {status!r}")
         where = InstanceFilter(machine=name, statuses=(status,) if status else None)
-        figures = machine_stats(self.store, where).get(name)
+        figures, as_of = self._machine_stats(name, status, where)
         newest = self.store.query(InstanceFilter(machine=name), limit=1)
         if not newest:
             raise InvalidInput(f"no instances of machine {name!r}")
@@ -184,14 +186,28 @@ class Viewer:
         if figures is None:
             return {"name": name, "stats": None, "svg": None, "svg_error": None,
                     "diagram_note": None, "status": status, "statuses": STATUSES,
-                    "running": False}
+                    "running": False, "as_of": when(as_of)}
         export, note = self._export(rec.module, name, rec.fingerprint,
                                     _edge_rows(figures.edges))
         svg, svg_error = _svg(export, aggregate_overlay(figures))
         running = any(figures.by_status.get(s) for s in ("pending", "running"))
         return {"name": name, "stats": figures, "svg": svg, "svg_error": svg_error,
                 "diagram_note": note, "status": status, "statuses": STATUSES,
-                "running": running}
+                "running": running, "as_of": when(as_of)}
+
+    def _machine_stats(self, name: str, status: str, where: InstanceFilter) -> tuple[Any, float]:
+        """``machine_stats`` for one machine, computed at most every ``stats_ttl_s`` seconds
+        per (machine, status) (a machine page over 100,000 instances takes seconds)."""
+        from ..stats import machine_stats
+        now = time.time()
+        with self._lock:
+            cached = self._stats.get((name, status))
+        if cached is not None and now - cached[0] < self.stats_ttl_s:
+            return cached[1], cached[0]
+        figures = machine_stats(self.store, where).get(name)
+        with self._lock:
+            self._stats[(name, status)] = (now, figures)
+        return figures, now
 
     # -- diagrams --------------------------------------------------------------------
     def _export(self, module: str, machine: str, fingerprint: str, history: Iterable[Any],
