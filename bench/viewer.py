@@ -43,7 +43,6 @@ def build(db: str, n: int) -> None:
     for start in range(0, n, batch):
         records = []
         for i in range(start, min(n, start + batch)):
-            status = "failed" if i % 10 == 3 else "running" if i % 10 == 7 else "completed"
             records.append(InstanceRecord(
                 id=f"{i:012x}", machine="moderation" if i % 4 else "report", module=MODULE,
                 fingerprint="bench", state="init", status="pending",
