@@ -19,21 +19,33 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
-from .views import history_json, instance_json, outbox_json
+from .views import instance_json
 from .runtime import Engine
 from .store import Store, is_postgres, open_store, store_url
 from .store.records import STATUSES
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Durable finite state machines for LLM workflows.")
 out = Console()
 DB = typer.Option(None, "--db", show_default=False,
                   help="Store: a SQLite file or sqlite:///PATH, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+        typer.echo(f"fsm_engine {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Durable finite state machines for LLM workflows."""
 
 
 def _safe(text: str) -> str:
@@ -99,29 +111,11 @@ def _input_for(arg: str) -> dict[str, Any]:
     return {"path": os.path.abspath(arg)}
 
 
-def _summary(records: list[Any]) -> Table:
-    """The closing table; the machine column only when several machines are listed."""
-    machines = sorted({r.machine for r in records if not isinstance(r, FsmError)})
-    several = len(machines) > 1
-    table = Table(title="instances" + ("" if several or not machines else f" of {machines[0]}"))
-    table.add_column("instance", no_wrap=True, min_width=12)
-    if several:
-        table.add_column("machine", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("reason", overflow="fold")
-    table.add_column("steps", justify="right", no_wrap=True)
-    table.add_column("tokens", justify="right", no_wrap=True)
-    table.add_column("last error", overflow="ellipsis", no_wrap=True, max_width=28)
-    for r in records:
-        if isinstance(r, FsmError):
-            row = [r.instance_id or "?", "", "error", "", "", "", _safe(str(r))]
-            table.add_row(*(row[:1] + [""] * several + row[1:]))
-            continue
-        row = [r.id, r.state, r.status, r.reason or "", str(r.loop_count), str(r.tokens_used),
-               _safe(r.last_error or "")[:200]]
-        table.add_row(*(row[:1] + [r.machine] * several + row[1:]))
-    return table
+def _live(store: Store) -> set[str]:
+    """Ids of the live workers (to show instances of dead ones as ``orphaned``)."""
+    import time as _time
+    from .runtime.workers import live_ids
+    return live_ids(store.workers(), _time.time(), 10.0)
 
 
 async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[Any]:
@@ -181,16 +175,24 @@ def _tally(records: list[Any], fields: Sequence[str]) -> list[str]:
     return lines
 
 
+def exit_code(records: list[Any]) -> int:
+    """0 when every instance completed, 1 when any failed, was cancelled or stopped on an
+    error, else 3 (some are not final: waiting, or left for ``fsm resume``)."""
+    if any(isinstance(r, FsmError) or r.status in ("failed", "cancelled") for r in records):
+        return 1
+    return 0 if all(r.status == "completed" for r in records) else 3
+
+
 def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = ()) -> None:
     if as_json:
         _print_json([instance_json(r) if not isinstance(r, FsmError) else
                              {"error": str(r), "id": r.instance_id} for r in records])
     else:
-        out.print(_summary(records))
+        from .cli_tables import print_records
+        print_records(out, records)
         for line in _tally(records, tally):
             out.print(_safe(line), highlight=False)
-    ok = all(not isinstance(r, FsmError) and r.final for r in records)
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(exit_code(records))
 
 
 @app.command()
@@ -261,9 +263,10 @@ def resume(db: str = DB,
 
 
 @app.command()
-def step(instance_id: str, db: str = DB,
+def step(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+         db: str = DB,
          llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
-         as_json: bool = typer.Option(False, "--json")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON.")) -> None:
     """Run exactly one step of an instance."""
     engine = _engine(db, llm=llm, create=False)
     instance_id = _find(engine.store, instance_id).id
@@ -280,22 +283,9 @@ def step(instance_id: str, db: str = DB,
         out.print(f"{rec.id}: {rec.state} ({rec.status}) after {rec.loop_count} transitions")
 
 
-@app.command("list")
-def list_(db: str = DB, status: Optional[str] = typer.Option(None, "--status"),
-          as_json: bool = typer.Option(False, "--json")) -> None:
-    """List instances."""
-    if status is not None and status not in STATUSES:
-        _fail(f"unknown status {status!r}; one of: {', '.join(STATUSES)}")
-    store = _open(db)
-    records = store.list(statuses=[status] if status else None)
-    if as_json:
-        _print_json([instance_json(r) for r in records])
-    else:
-        out.print(_summary(records))
-
-
 @app.command()
-def show(instance_id: str, db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
+def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+         db: str = DB, as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
     """Show one instance, with its failed attempts (errors, tokens billed, next try)."""
     store = _open(db)
     rec = _find(store, instance_id)
@@ -309,26 +299,8 @@ def show(instance_id: str, db: str = DB, as_json: bool = typer.Option(False, "--
 
 
 @app.command()
-def history(instance_id: str, db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Show an instance's audit history (every transition, with guards and tokens)."""
-    store = _open(db)
-    rec = _find(store, instance_id)
-    rows = history_json(rec, store.history(rec.id))
-    if as_json:
-        _print_json(rows)
-        return
-    table = Table(title=f"history of {rec.id}")
-    for col in ("seq", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
-        table.add_column(col)
-    for r in rows:
-        guards = ", ".join(f"{g[0]}={g[1]}" for g in r["guards"])
-        table.add_row(str(r["seq"]), r["source"], r["dest"], r["trigger"], guards,
-                      f"{r['duration_ms']:.1f}", str(r["tokens"]), r["error"] or r["reason"] or "")
-    out.print(table)
-
-
-@app.command()
-def cancel(instance_id: str, db: str = DB) -> None:
+def cancel(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+           db: str = DB) -> None:
     """Cancel an instance, also one running in another process."""
     engine = Engine(_open(db))
     try:
@@ -339,41 +311,42 @@ def cancel(instance_id: str, db: str = DB) -> None:
 
 
 @app.command()
-def outbox(db: str = DB, as_json: bool = typer.Option(False, "--json")) -> None:
-    """List side-effect deliveries (idempotency keys and their status)."""
-    rows = outbox_json(_open(db).outbox())
-    if as_json:
-        _print_json(rows)
-        return
-    table = Table(title="outbox")
-    for col in ("instance", "state", "idempotency key", "status", "attempts"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["instance_id"], r["state"], r["key"], r["status"], str(r["attempts"]))
-    out.print(table)
-
-
-@app.command()
-def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--output",
-                                                              help="File: .svg, .png or .dot (Mermaid text with --mermaid)"),
+def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
+            output: Optional[str] = typer.Option(None, "-o", "--output",
+                                                 help="File: .svg, .png or .dot (Mermaid text with --mermaid)"),
             mermaid: bool = typer.Option(False, "--mermaid", help="Mermaid stateDiagram-v2 instead of graphviz."),
-            instance: Optional[str] = typer.Option(None, "--instance", help="Overlay this instance."),
+            instance: Optional[str] = typer.Option(None, "--instance",
+                                                   help="Overlay this instance's path, with attempts, "
+                                                        "time and tokens per state."),
+            stats: bool = typer.Option(False, "--stats",
+                                       help="Overlay every instance of the machine in --db: "
+                                            "instances per state, mean time, tokens, edge counts."),
             db: str = DB) -> None:
-    """Render a machine's diagram, optionally overlaid with one instance's path."""
+    """Render a machine's diagram, optionally overlaid with one instance's path or with
+    the statistics of all its instances."""
     from .diagram import build_graph, render, to_dot, to_mermaid
     from .runtime import load_machine
+    if instance and stats:
+        _fail("give --instance or --stats, not both")
     machine, _ = load_machine(module)
     from .runtime.compiled import compile_machine
     compile_machine(machine)
     overlay = None
     if instance:
+        from .diagram.overlays import instance_overlay
         store = _open(db)
         rec = _find(store, instance)
         if rec.machine != machine.name:
             _fail(f"instance {rec.id} belongs to machine {rec.machine!r}, not {machine.name!r}")
-        overlay = {"instance_id": rec.id, "state": rec.state, "status": rec.status,
-                   "history": [{"seq": h.seq, "source": h.source, "dest": h.dest,
-                                "trigger": h.trigger} for h in store.history(rec.id)]}
+        overlay = instance_overlay(rec, store.history(rec.id), store.attempts(rec.id))
+    elif stats:
+        from .diagram.overlays import aggregate_overlay
+        from .stats import machine_stats
+        from .store.records import InstanceFilter
+        figures = machine_stats(_open(db), InstanceFilter(machine=machine.name))
+        if machine.name not in figures:
+            _fail(f"no instances of machine {machine.name!r} in {db}")
+        overlay = aggregate_overlay(figures[machine.name])
     graph = build_graph(machine.export(), overlay)
     if not output:
         typer.echo(to_mermaid(graph) if mermaid else to_dot(graph))
@@ -391,6 +364,8 @@ def diagram(module: str, output: Optional[str] = typer.Option(None, "-o", "--out
 
 
 from . import cli_scale  # noqa: E402,F401 - registers worker, start, wait, workers
+from . import cli_inspect, cli_observe  # noqa: E402,F401  (register list, history, outbox,
+#                                         stats, ui, prune, check)
 
 
 def main() -> None:
@@ -420,5 +395,6 @@ def main() -> None:
 __all__ = ["app", "main"]
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m fsm_engine.cli: run the real module (whose app
+    from fsm_engine.cli import main as _main  # has every command registered), not this copy
+    _main()

@@ -37,3 +37,67 @@ def history_json(rec: InstanceRecord, rows: list[HistoryRow]) -> list[dict[str, 
 def outbox_json(rows: list[OutboxRow]) -> list[dict[str, Any]]:
     """Outbox rows as dicts ``{key, instance_id, state, visit, status, attempts, …}``."""
     return [asdict(r) for r in rows]
+
+
+# -- for people: times, ages and the status an operator should see ---------------------------
+
+ORPHANED = "orphaned"
+
+
+def local_time(ts: float | None, now: float | None = None) -> str:
+    """``ts`` (epoch seconds) as local ISO-8601: ``HH:MM:SS`` when it is today, else
+    ``YYYY-MM-DD HH:MM:SS`` (``-`` for None)."""
+    import time as _time
+    if ts is None:
+        return "-"
+    now = _time.time() if now is None else now
+    day, today = _time.localtime(ts)[:3], _time.localtime(now)[:3]
+    return _time.strftime("%H:%M:%S" if day == today else "%Y-%m-%d %H:%M:%S",
+                          _time.localtime(ts))
+
+
+def iso_time(ts: float | None) -> str | None:
+    """``ts`` as full local ISO-8601 with its UTC offset (``2026-12-01T09:50:54+01:00``)."""
+    import datetime as _dt
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+
+
+def age(ts: float | None, now: float | None = None) -> str:
+    """How long ago ``ts`` was: ``just now``, ``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``."""
+    import time as _time
+    if ts is None:
+        return "-"
+    secs = (_time.time() if now is None else now) - ts
+    if secs < 1:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if secs >= size:
+            return f"{int(secs // size)} {unit} ago"
+    return f"{int(secs)} s ago"
+
+
+def when(ts: float | None, now: float | None = None) -> str:
+    """``12:03:04 (5 min ago)``."""
+    return "-" if ts is None else f"{local_time(ts, now)} ({age(ts, now)})"
+
+
+def shown_status(rec: InstanceRecord, live: set[str] | frozenset[str]) -> str:
+    """The status to show: ``orphaned`` for a pending or running instance whose owner is
+    no live worker (``fsm resume`` adopts it), else the stored status."""
+    if rec.status in ("pending", "running") and rec.owner is not None and rec.owner not in live:
+        return ORPHANED
+    return rec.status
+
+
+def guard_reading(name: str, result: Any) -> tuple[str, bool]:
+    """A recorded guard ``[name, result]`` as people read it: (label, passed).
+
+    A ``conditions`` guard passes when it returned true; an ``unless`` guard (recorded
+    as ``!name`` with the function's own result) reads ``not name`` and passes when the
+    function returned false.
+    """
+    if name.startswith("!"):
+        return f"not {name[1:]}", not bool(result)
+    return name, bool(result)

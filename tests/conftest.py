@@ -63,3 +63,17 @@ def license_files(n: int | None = None) -> list[str]:
 
 
 os.environ.setdefault("FSM_MAX_INPUT_CHARS", "2400")
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory):
+    """A database of real finished instances of three machines (``observe_fixtures``),
+    built once per session for the statistics, viewer and browser tests (read only)."""
+    from observe_fixtures import build_fleet
+    tmp = tmp_path_factory.mktemp("fleet")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FSM_NOTIFY_FILE", str(tmp / "notifications.jsonl"))
+    try:
+        return build_fleet(str(tmp / "fleet.db"), tmp)
+    finally:
+        mp.undo()

@@ -11,7 +11,9 @@ Drawing rules:
 * fallback edges are dashed orange, budget edges dashed purple, runtime-forced
   edges dashed red;
 * with an overlay: visited states are filled, the current state is bold and
-  amber, taken edges are thicker with ``×N`` in the label, untaken edges grey.
+  amber, taken edges are thicker with ``×N`` in the label, untaken edges grey,
+  taken failure edges (into the failure state, or forced) thick red; a state's
+  overlay figures (attempts, time, tokens) are extra label lines.
 
 Output is deterministic: nodes in definition order, edges in first-declared
 order, attributes sorted, no timestamps.
@@ -19,6 +21,7 @@ order, attributes sorted, no timestamps.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import graphviz
@@ -111,8 +114,9 @@ def _first_initial(graph: Graph) -> str | None:
 
 
 def _graph_id(name: str) -> str:
-    # A graph id is not a label: keep it free of backslashes a quoted string could trip on.
-    return name.replace("\\", "/")
+    # A graph id is not a label, but dot copies it into SVG comments and <title>: keep
+    # it to letters, digits and ``_`` (a name holding ``-->`` could end a comment early).
+    return re.sub(r"[^A-Za-z0-9_]", "_", name) or "machine"
 
 
 def _lines(lines: list[str]) -> str:
@@ -127,7 +131,9 @@ def _lines(lines: list[str]) -> str:
 
 def _graph_label(graph: Graph) -> str:
     lines = [graph.name]
-    if graph.overlay_id or graph.status:
+    if graph.title:
+        lines.append(graph.title)
+    elif graph.overlay_id or graph.status:
         lines.append(f"instance {graph.overlay_id}".strip()
                      + (f" ({graph.status})" if graph.status else ""))
     if graph.notes:
@@ -139,6 +145,8 @@ def _node_label(node: Node, overlay: bool) -> str:
     lines = [node.name, *node.notes]
     if overlay and node.visits:
         lines.append(f"visited ×{node.visits}")
+    if overlay:
+        lines += node.figures
     return _lines(lines)
 
 
@@ -168,7 +176,9 @@ def _edge_label(edge: Edge, overlay: bool) -> str:
 
 def _edge_attrs(edge: Edge, overlay: bool) -> dict[str, str]:
     attrs = dict(_EDGE_STYLE[edge.kind])
-    if overlay and edge.taken:
+    if overlay and edge.taken and edge.failure:
+        attrs.update(penwidth="3", color=_RED, fontcolor=_RED)
+    elif overlay and edge.taken:
         attrs["penwidth"] = "2.5"
     elif overlay:
         attrs.update(color=_GREY, fontcolor=_GREY_TEXT)

@@ -62,6 +62,8 @@ def _state_lines(sid: str, node: Node, overlay: bool) -> list[str]:
     notes = list(node.notes)
     if overlay and node.visits:
         notes.append(f"visited ×{node.visits}")
+    if overlay:
+        notes += node.figures
     return [f'    state "{escape(node.name)}" as {sid}'] + [
         f"    {sid} : {escape(note)}" for note in notes]
 

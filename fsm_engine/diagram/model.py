@@ -17,6 +17,14 @@ Overlay rules (one instance's history drawn over its definition):
   ``"forced"``, labelled with its trigger.
 * A state named in the history or as the current state but absent from the
   export becomes an extra node with the note ``"not in definition"``.
+
+Aggregate overlays (many instances, ``fsm diagram --stats`` and the viewer's
+machine page) give ``moves`` — ``{source, dest, trigger, count}`` — instead of
+(or as well as) ``history``; each counts ``count`` times.  ``starts`` is how
+many times the initial state was entered at creation (default 1).  Any overlay
+may give ``figures``: per state name, extra label lines (attempts, time,
+tokens); ``title`` replaces the ``instance …`` caption.  Edges into a failure
+state and runtime-forced edges are ``failure`` edges, highlighted when taken.
 """
 
 from __future__ import annotations
@@ -42,17 +50,20 @@ class Node:
     visits: int = 0
     current: bool = False
     notes: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Edge:
-    """One drawn transition; ``label`` is the trigger and its guards, ``taken`` the overlay count."""
+    """One drawn transition; ``label`` is the trigger and its guards, ``taken`` the overlay
+    count; ``failure`` marks an edge into a failure state or a runtime-forced one."""
 
     source: str
     dest: str
     label: str
     kind: EdgeKind = "normal"
     taken: int = 0
+    failure: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class Graph:
     initial: str | None = None
     status: str | None = None
     notes: tuple[str, ...] = ()
+    title: str | None = None
 
     def node(self, name: str) -> Node:
         """Return the node called ``name`` (KeyError if there is none)."""
@@ -102,9 +114,10 @@ def build_graph(export: Mapping[str, Any], overlay: Mapping[str, Any] | None = N
     keys = _edge_keys(export.get("transitions", ()))
     history = _moves(overlay)
     taken, forced = _count_moves(keys, history)
-    edges = [_declared_edge(key, taken[key]) for key in keys]
-    edges += [Edge(src, dst, trig, "forced", n) for (src, dst, trig), n in forced]
     nodes = _nodes(export, initial, overlay, history)
+    failing = {n.name for n in nodes if n.kind == "failure"}
+    edges = [_declared_edge(key, taken[key], key[1] in failing) for key in keys]
+    edges += [Edge(src, dst, trig, "forced", n, True) for (src, dst, trig), n in forced]
     return Graph(
         name=str(export.get("name", "machine")),
         nodes=tuple(nodes),
@@ -113,6 +126,7 @@ def build_graph(export: Mapping[str, Any], overlay: Mapping[str, Any] | None = N
         initial=initial,
         status=_opt_str(overlay.get("status")) if overlay is not None else None,
         notes=_machine_notes(export),
+        title=_opt_str(overlay.get("title")) if overlay is not None else None,
     )
 
 
@@ -163,10 +177,10 @@ def _edge_kind(trigger: str) -> EdgeKind:
     return "budget" if trigger == BUDGET_TRIGGER else "normal"
 
 
-def _declared_edge(key: _EdgeKey, taken: int) -> Edge:
+def _declared_edge(key: _EdgeKey, taken: int, failure: bool) -> Edge:
     source, dest, trigger, guards = key
     label = f"{trigger} [{', '.join(guards)}]" if guards else trigger  # ok [valid, !too_long]
-    return Edge(source, dest, label, _edge_kind(trigger), taken)
+    return Edge(source, dest, label, _edge_kind(trigger), taken, failure)
 
 
 def _count_moves(keys: list[_EdgeKey], history: list[Mapping[str, Any]]
@@ -179,34 +193,42 @@ def _count_moves(keys: list[_EdgeKey], history: list[Mapping[str, Any]]
     forced: Counter[tuple[str, str, str]] = Counter()
     for row in history:
         move = (str(row["source"]), str(row["dest"]), str(row.get("trigger", "")))
+        weight = int(row.get("count", 1))
         if move in first:
-            taken[first[move]] += 1
+            taken[first[move]] += weight
         else:
-            forced[move] += 1
+            forced[move] += weight
     return taken, sorted(forced.items())
 
 
 def _nodes(export: Mapping[str, Any], initial: str, overlay: Mapping[str, Any] | None,
            history: list[Mapping[str, Any]]) -> list[Node]:
     """Definition states in order, then any state only the overlay mentions."""
-    visits = Counter(str(row["dest"]) for row in history)
+    visits: Counter[str] = Counter()
+    for row in history:
+        visits[str(row["dest"])] += int(row.get("count", 1))
     if overlay is not None:
-        visits[initial] += 1
+        visits[initial] += int(overlay.get("starts", 1))
     current = _opt_str(overlay.get("state")) if overlay is not None else None
+    figures = (overlay.get("figures") or {}) if overlay is not None else {}
     nodes = [Node(s["name"], node_kind(s, initial), visits[s["name"]],
-                  s["name"] == current, state_notes(s)) for s in export["states"]]
+                  s["name"] == current, state_notes(s),
+                  tuple(map(str, figures.get(s["name"], ())))) for s in export["states"]]
     known = {n.name for n in nodes}
     extra = [str(row[end]) for row in history for end in ("source", "dest")]
     for name in dict.fromkeys(extra + ([current] if current else [])):
         if name not in known:
             nodes.append(Node(name, "normal", visits[name], name == current,
-                              ("not in definition",)))
+                              ("not in definition",), tuple(map(str, figures.get(name, ())))))
     return nodes
 
 
 def _moves(overlay: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    """The overlay's history rows that record a move (rows without source or dest are skipped)."""
-    rows = (overlay.get("history") or ()) if overlay is not None else ()
+    """The overlay's history rows and aggregate moves that record a move (rows without
+    source or dest are skipped)."""
+    if overlay is None:
+        return []
+    rows = [*(overlay.get("history") or ()), *(overlay.get("moves") or ())]
     return [r for r in rows if r.get("source") is not None and r.get("dest") is not None]
 
 

@@ -8,10 +8,17 @@ failure so token budgets stay exact.
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Completion", "Provider", "Message", "JsonSchema"]
+__all__ = ["Completion", "Provider", "Message", "JsonSchema", "CALLER_INPUT"]
+
+CALLER_INPUT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "fsm_caller_input", default=None)
+"""The input of the instance whose step is making the current model call (set by the
+runtime around each call; ``None`` outside a step).  Only test providers read it: the
+scripted provider keys replies by it, so concurrent instances get their own replies."""
 
 Message = dict[str, str]
 """One OpenAI-style chat message: ``{"role": "system"|"user"|"assistant", "content": str}``."""

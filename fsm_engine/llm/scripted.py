@@ -12,6 +12,19 @@ sleep before answering), ``error`` (one of :data:`ERROR_KINDS`: raise that
 :class:`~fsm_engine.errors.ProviderError`, carrying the line's token counts as
 billed usage) and ``retry_after`` (seconds, for ``http429``).  Replies are
 served in order and the script cycles when it runs out.
+
+Keyed replies, so that concurrent instances each get theirs::
+
+    {"match": "GNU GENERAL PUBLIC", "text": "{\"decision\": \"review\"}"}
+    {"input": {"path": "/usr/share/common-licenses/MIT"}, "text": "..."}
+    {"input": "Apache", "text": "..."}
+
+``match`` is a substring of the call's messages (any role); ``input`` is either
+an object whose every key must equal the calling instance's input value, or a
+substring of that input's JSON.  A call takes the next reply of the first keyed
+group (lines with the same ``match`` and ``input``, in file order, cycling) that
+fits it; a call no keyed line fits takes the next unkeyed line; with no unkeyed
+line it fails with ``ClientError`` (a mistake in the script, not a flaky model).
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ ERROR_KINDS: dict[str, tuple[type[ProviderError], int | None]] = {
 """Script ``error`` values → (exception class, HTTP status)."""
 
 _KEYS = {"text", "prompt_tokens", "completion_tokens", "finish_reason", "delay_s",
-         "error", "retry_after"}
+         "error", "retry_after", "match", "input"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +66,25 @@ class Reply:
     delay_s: float = 0.0
     error: str | None = None
     retry_after: float | None = None
+    match: str | None = None
+    input: Any = None
+
+    @property
+    def keyed(self) -> bool:
+        """True when the line only serves calls its ``match`` / ``input`` fit."""
+        return self.match is not None or self.input is not None
+
+    def fits(self, prompt: str, caller_input: dict[str, Any] | None) -> bool:
+        """Whether this keyed line may answer a call with this prompt text and input."""
+        if self.match is not None and self.match not in prompt:
+            return False
+        if self.input is None:
+            return True
+        if caller_input is None:
+            return False
+        if isinstance(self.input, dict):
+            return all(caller_input.get(k) == v for k, v in self.input.items())
+        return str(self.input) in json.dumps(caller_input, ensure_ascii=False)
 
     def exception(self, model: str) -> ProviderError:
         """The ProviderError this reply stands for (only when ``error`` is set)."""
@@ -84,6 +116,11 @@ def _check(obj: Any) -> Reply:
             raise ValueError(f"{key!r} must be a number of seconds >= 0, got {value!r}")
     if reply.error is not None and reply.error not in ERROR_KINDS:
         raise ValueError(f"unknown error {reply.error!r}; expected one of {sorted(ERROR_KINDS)}")
+    if reply.match is not None and (not isinstance(reply.match, str) or not reply.match):
+        raise ValueError("'match' must be a non-empty string (a substring of the prompt)")
+    if reply.input is not None and not isinstance(reply.input, (dict, str)):
+        raise ValueError("'input' must be an object (keys the instance input must equal) "
+                         "or a string (a substring of its JSON)")
     return reply
 
 
@@ -139,16 +176,35 @@ class Scripted(Provider):
         self.calls = 0
         self.requests: list[list[Message]] = []
         self._lock = threading.Lock()
+        #: replies grouped by their key (None: unkeyed), groups in first-seen order
+        self._groups: dict[str | None, list[Reply]] = {}
+        for reply in replies:
+            key = json.dumps([reply.match, reply.input], sort_keys=True) if reply.keyed else None
+            self._groups.setdefault(key, []).append(reply)
+        self._cursor: dict[str | None, int] = {}
 
     def __repr__(self) -> str:
         return f"Scripted({self.source!r}, replies={len(self.replies)}, calls={self.calls})"
 
     def _next(self, messages: list[Message]) -> Reply:
+        from fsm_engine.llm.base import CALLER_INPUT
+        prompt = "\n".join(str(m.get("content", "")) for m in messages)
+        caller = CALLER_INPUT.get()
         with self._lock:
-            reply = self.replies[self.calls % len(self.replies)]
             self.calls += 1
             self.requests.append(list(messages))
-        return reply
+            for key, group in self._groups.items():
+                if key is not None and group[0].fits(prompt, caller):
+                    return self._take(key, group)
+            if None in self._groups:
+                return self._take(None, self._groups[None])
+        raise ClientError(f"no scripted reply of {self.source!r} fits this call "
+                          "(no keyed line matches and there is no unkeyed line)", status=400)
+
+    def _take(self, key: str | None, group: list[Reply]) -> Reply:
+        n = self._cursor.get(key, 0)
+        self._cursor[key] = n + 1
+        return group[n % len(group)]
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,

@@ -152,8 +152,18 @@ class Driver:
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
         return step.record
 
+    #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
+    tracer: Any = None
+
     async def step_once(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """Run the current state's action once and record what follows."""
+        if self.tracer is not None:
+            from ..telemetry import traced_step
+            return await traced_step(self.tracer, self._decide, self.commit, cm, rec)
+        return await self.commit(rec, await self._decide(cm, rec))
+
+    async def _decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
+        """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
         state = cm.states[rec.state]
         now = self.clock()
         if state.wait:
@@ -168,7 +178,7 @@ class Driver:
             if rec.next_attempt_at is not None and rec.next_attempt_at > now:
                 await asyncio.sleep(rec.next_attempt_at - now)
             step = await self._attempt(cm, rec, state)
-        return await self.commit(rec, step)
+        return step
 
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
@@ -182,6 +192,10 @@ class Driver:
             if repair is not None and repair is not provider:
                 meter.repair = (repair, self.models.breaker(repair))
         meter.loops_left = rec.max_transitions - rec.loop_count
+        meter.caller_input = rec.input
+        if self.tracer is not None:  # model calls become children of this step's span
+            from ..telemetry import current_context
+            meter.tracer, meter.trace_parent = self.tracer, current_context()
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,

@@ -91,6 +91,9 @@ class Engine:
         seed: seeds the jitter RNG (reproducible backoff in tests).
         threads: most worker threads for sync actions without a timeout (a sync
             action with a timeout runs in a thread of its own, abandoned if it hangs).
+        tracer: an OpenTelemetry tracer for ``fsm.run`` / ``fsm.step`` / model-call spans;
+            by default the one the standard ``OTEL_*`` variables configure, else None
+            (off: see ``fsm_engine.telemetry``).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -98,7 +101,7 @@ class Engine:
                  concurrency: int | None = None,
                  breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, tracer: Any = "env") -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
@@ -116,6 +119,10 @@ class Engine:
         self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
+        if isinstance(tracer, str):  # "env": as the OTEL_* variables say
+            from ..telemetry import tracer_from_env
+            tracer = tracer_from_env()
+        self.tracer = self.driver.tracer = tracer
 
     @property
     def llm(self) -> Any:
@@ -273,6 +280,12 @@ class Engine:
 
     async def run(self, instance_id: str, on_step: OnStep | None = None) -> InstanceRecord:
         """Step the instance until it is final or waiting; return the last record."""
+        if self.tracer is not None:
+            from ..telemetry import traced_run
+            return await traced_run(self.tracer, self._run, instance_id, on_step)
+        return await self._run(instance_id, on_step)
+
+    async def _run(self, instance_id: str, on_step: OnStep | None) -> InstanceRecord:
         cm, rec = await self._claim(instance_id)
         task = asyncio.current_task()
         if task is not None:

@@ -41,6 +41,11 @@ class MeteredLLM:
         #: (provider, breaker) answering ``structured``'s re-asks; None: this one.
         self.repair: "tuple[Provider, Breaker | None] | None" = None
         self._loop = loop
+        #: OpenTelemetry tracer and parent context (set by the driver when tracing is on).
+        self.tracer: Any = None
+        self.trace_parent: Any = None
+        #: The instance's input, visible to providers as ``llm.base.CALLER_INPUT``.
+        self.caller_input: dict[str, Any] | None = None
 
     def _check_budget(self) -> None:
         if self.tokens_left is not None and self.used >= self.tokens_left:
@@ -63,7 +68,17 @@ class MeteredLLM:
         if breaker is not None:
             await breaker.before_call()
         try:
-            out = await provider.complete(messages, **kwargs)
+            from ..llm.base import CALLER_INPUT
+            token = CALLER_INPUT.set(self.caller_input)
+            try:
+                if self.tracer is None:
+                    out = await provider.complete(messages, **kwargs)
+                else:
+                    from ..telemetry import traced_call
+                    out = await traced_call(self.tracer, self.trace_parent, provider.complete,
+                                            provider, messages, kwargs)
+            finally:
+                CALLER_INPUT.reset(token)
         except ProviderError as exc:
             self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc), provider)
             if breaker is not None and exc.retryable:

@@ -10,7 +10,8 @@ from .base import Store
 from .claims import ClaimRequest
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit, WorkerRow,
+    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, StepCommit, StepRow,
+    WorkerRow,
 )
 from .sqlite import SqliteStore
 
@@ -74,5 +75,5 @@ def open_store(url: str | None = None, *, create: bool = True,
 
 __all__ = ["Store", "SqliteStore", "open_store", "store_url", "is_postgres", "ClaimRequest",
            "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxRow", "WorkerRow", "BreakerRow",
-           "StepCommit", "PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "CANCELLED",
-           "FINAL_STATUSES"]
+           "StepCommit", "InstanceFilter", "StepRow", "PENDING", "RUNNING", "WAITING",
+           "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import builtins
 
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 from .claims import ClaimRequest
 from .records import (
-    AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit, WorkerRow,
+    AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, StepCommit,
+    StepRow, WorkerRow,
 )
 
 
@@ -91,6 +92,34 @@ class Store(Protocol):
 
     def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
         """Compare-and-set the breaker row; False when another process changed it first."""
+
+    # -- read side: the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
+    # backend, so 100,000 instances stay fast) and maintenance (``fsm prune``/``fsm check``)
+    def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
+              limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
+        """One page of the instances matching ``where``, sorted by ``order`` (one of
+        ``records.ORDERS``; ties in creation order, in the same direction); ``limit``
+        None: all.  ``InvalidInput`` for an unknown order."""
+
+    def count(self, where: InstanceFilter, by: str | None = None) -> dict[str | None, int]:
+        """How many instances match ``where``: ``{None: n}``, or per value of ``by`` (one
+        of ``records.GROUPS``, or ``context.FIELD`` for a top-level context field whose
+        values are strings; other values are counted under their JSON text, a missing
+        field under None).  ``InvalidInput`` for an unknown ``by``."""
+
+    def steps(self, where: InstanceFilter) -> Iterator[StepRow]:
+        """The history rows of the instances matching ``where``, without their JSON
+        payloads, ordered by instance (creation order) then ``seq``; read in batches."""
+
+    def delete(self, instance_ids: Sequence[str]) -> int:
+        """Delete these instances with their history, attempts and outbox rows in one
+        transaction; return how many instances were deleted (unknown ids are skipped)."""
+
+    def check(self) -> builtins.list[str]:
+        """Problems found by the backend's own integrity check and by the invariants
+        (each instance's history ``seq`` runs 1..``seq`` without gaps, its state equals
+        its last history row's ``dest``, no row belongs to a missing instance); one
+        line each, ``[]`` when healthy."""
 
     def close(self) -> None:
         """Release the connection."""

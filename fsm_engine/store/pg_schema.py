@@ -66,7 +66,12 @@ def _v3(cur: Any) -> None:
 
 #: schema version -> the step that reaches it from the one before (a new database
 #: starts at the first entry).
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3}
+def _v4(cur: Any) -> None:
+    """Format 4: instances by (machine, status) for the read side (viewer, stats, list)."""
+    cur.execute("CREATE INDEX idx_instances_machine_status ON instances (machine, status)")
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

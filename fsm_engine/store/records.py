@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 @dataclass(slots=True)
@@ -177,3 +177,62 @@ class StepCommit:
     attempt: AttemptRow | None = None
     outbox_done: tuple[str, dict[str, Any]] | None = None
     before: InstanceRecord | None = None
+
+
+# -- read-side queries (the viewer, ``fsm stats``, ``fsm list``) ------------------------------
+
+#: Sort keys of ``Store.query``: creation order, last update, tokens used, transitions made.
+ORDERS = ("created", "updated", "tokens", "transitions")
+#: Columns ``Store.count`` groups by (besides ``context.FIELD``).
+GROUPS = ("status", "state", "reason", "machine")
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceFilter:
+    """Which instances a read-side query covers; every field that is set must match.
+
+    ``statuses``/``states``/``reasons`` match any of their values (a reason of
+    ``None`` is not matched by any value); ``text`` is a case-insensitive
+    substring of the instance's id, context JSON or last error; times are
+    epoch seconds, ``*_after`` inclusive and ``*_before`` exclusive.
+    """
+
+    machine: str | None = None
+    statuses: tuple[str, ...] | None = None
+    states: tuple[str, ...] | None = None
+    reasons: tuple[str, ...] | None = None
+    text: str | None = None
+    created_after: float | None = None
+    created_before: float | None = None
+    updated_after: float | None = None
+    updated_before: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One history row without its JSON payload, for statistics over many instances.
+
+    ``machine``, ``status`` and ``created_at`` are the instance's (its status now; its
+    creation is when its first state was entered);
+    ``attempt`` is the attempt the row's step ended on (``detail.attempt``,
+    else 1); ``reasks`` the structured-output re-asks in it (``detail.reasks``);
+    ``llm_calls`` the model calls it made (``len(detail.llm_calls)``).
+    """
+
+    instance_id: str
+    machine: str
+    status: str
+    created_at: float
+    seq: int
+    source: str
+    dest: str
+    trigger: str
+    kind: str
+    at: float
+    duration_ms: float
+    tokens: int
+    error: str | None
+    reason: str | None
+    attempt: int = 1
+    reasks: int = 0
+    llm_calls: int = 0

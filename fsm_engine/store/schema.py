@@ -2,14 +2,18 @@
 
 ``fsm_meta`` holds ``schema_version``; ``migrate`` applies each missing step
 in order inside one transaction.  A database with tables but no
-``fsm_meta`` is someone else's: it is refused, never modified.
+``fsm_meta`` is someone else's: it is refused, never modified.  Reading the
+version needs only ``sqlite3``: sqlite-utils is imported when a migration
+runs, so opening a current database (``fsm list``) stays light.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:
+    import sqlite_utils
 
 from ..errors import NotAnFsmDatabase, StoreError
 from .records import FORMAT_VERSION
@@ -102,40 +106,54 @@ def _v3(db: sqlite_utils.Database) -> None:
     db.execute('CREATE INDEX "idx_instances_owner" ON "instances" ("owner")')
 
 
-MIGRATIONS = [_v1, _v2, _v3]
+def _v4(db: sqlite_utils.Database) -> None:
+    """Indexes for the read side (viewer, ``fsm stats``/``list``/``prune``): instances by
+    (machine, status) — both change rarely, so a step's UPDATE seldom touches it — and
+    outbox rows by instance."""
+    db.execute('CREATE INDEX "idx_instances_machine_status" ON "instances" ("machine", "status")')
+    db.execute('CREATE INDEX "idx_outbox_instance_id" ON "outbox" ("instance_id")')
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 
-def _version(db: sqlite_utils.Database, path: str) -> int:
-    names = set(db.table_names())
+def _version(conn: sqlite3.Connection, path: str) -> int:
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if "fsm_meta" not in names:
         if names:
             raise NotAnFsmDatabase(f"{path} is not an fsm database (it has other tables)")
         return 0
-    row = db.execute("SELECT value FROM fsm_meta WHERE key='schema_version'").fetchone()
+    row = conn.execute("SELECT value FROM fsm_meta WHERE key='schema_version'").fetchone()
     value = str(row[0]) if row else ""
     if not value.isdigit():  # a missing, negative or non-integer version: not ours to touch
         raise NotAnFsmDatabase(f"{path} has an unreadable fsm schema version ({value or 'none'!s})")
     return int(value)
 
 
-def refuse_foreign(db: sqlite_utils.Database, path: str) -> None:
+def read_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of the database (0: empty); ``NotAnFsmDatabase`` for a foreign one."""
+    return _version(conn, path)
+
+
+def refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
     """Raise ``NotAnFsmDatabase`` for a SQLite file holding someone else's tables."""
-    _version(db, path)
+    _version(conn, path)
 
 
-def migrate(db: sqlite_utils.Database, path: str) -> None:
+def migrate(conn: sqlite3.Connection, path: str) -> None:
     """Bring the schema to ``FORMAT_VERSION``; refuse foreign or newer databases."""
-    version = _version(db, path)
+    version = _version(conn, path)
     if version > FORMAT_VERSION:
         raise StoreError(f"{path} has schema version {version}; this fsm_engine reads "
                          f"up to {FORMAT_VERSION}: upgrade fsm_engine")
     if version == FORMAT_VERSION:
         return
-    conn: sqlite3.Connection = db.conn
+    import sqlite_utils
+    db = sqlite_utils.Database(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        current = _version(db, path)  # again, under the write lock
+        current = _version(conn, path)  # again, under the write lock
         if current == 0:
             db["fsm_meta"].create({"key": str, "value": str}, pk="key")
         for step in MIGRATIONS[current:]:

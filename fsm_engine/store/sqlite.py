@@ -1,6 +1,6 @@
 """SQLite store: one file, WAL journal, one transaction per batch of steps.
 
-Schema creation and migrations go through ``sqlite-utils``; the hot path
+Schema creation and migrations go through ``sqlite-utils`` (imported only when one runs); the hot path
 (``commit``) uses prepared statements on the same connection, updates only the
 instance columns a step changed (``StepCommit.before``), and appends history
 rows keyed by the instance's integer key, so steps of instances started
@@ -19,14 +19,14 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any, Sequence
-
-import sqlite_utils
+import urllib.parse
+from typing import Any, Iterator, Sequence
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
+from . import sqlite_read
 from .records import (
-    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow,
-    StepCommit, WorkerRow,
+    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
+    OutboxRow, StepCommit, StepRow, WorkerRow,
 )
 from .codec import (
     ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
@@ -35,7 +35,7 @@ from .codec import (
     changes as _changes, dumps as _dumps, update_sql as _update_sql,
 )
 from .claims import ClaimRequest, adopted, select, where
-from .schema import migrate, refuse_foreign
+from .schema import migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
 
@@ -80,6 +80,10 @@ class SqliteStore:
             or ``"NORMAL"`` (WAL: survives a process crash, not power loss).
         blob_threshold: history delta values longer than this many characters of
             JSON are stored once by content hash (default 64 KiB).
+        readonly: open an existing database for reading only (the viewer): nothing
+            is ever written, not even a migration; in WAL mode its reads never
+            block a running engine's writes.  An older schema is refused with a
+            hint to open it once with a writing command.
 
     Raises:
         NotAnFsmDatabase: the file is not SQLite, or is SQLite without fsm_engine's tables.
@@ -87,27 +91,34 @@ class SqliteStore:
     """
 
     def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL",
-                 blob_threshold: int = BLOB_THRESHOLD) -> None:
+                 blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self.path = path
         self.url = "sqlite://" + (path if path == ":memory:" else "/" + os.path.abspath(path))
         self.blob_threshold = blob_threshold
+        self.readonly = readonly
         _check_file(path)
         self._lock = threading.RLock()
         folder = os.path.dirname(os.path.abspath(path))
         if path != ":memory:" and not os.path.isdir(folder):
             raise StoreError(f"cannot open database {path}: no directory {folder}")
+        if readonly and not os.path.isfile(path):
+            raise StoreError(f"no database at {path}")
         try:
-            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                         timeout=30.0)
+            target = (f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+                      if readonly else path)
+            self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False,
+                                         timeout=30.0, uri=readonly)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open database {path}: {exc}") from None
         try:
             self._conn.row_factory = sqlite3.Row
-            db = sqlite_utils.Database(self._conn)
-            refuse_foreign(db, path)  # before anything that could write to the file
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(f"PRAGMA synchronous={synchronous}")
-            migrate(db, path)
+            refuse_foreign(self._conn, path)  # before anything that could write to the file
+            if readonly:
+                self._require_current()
+            else:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute(f"PRAGMA synchronous={synchronous}")
+                migrate(self._conn, path)
         except NotAnFsmDatabase:
             self._conn.close()
             raise
@@ -117,14 +128,28 @@ class SqliteStore:
         self._attempt_sql = _ATTEMPT.insert_sql("attempts")
         self._insert_instance_sql = _INSTANCE.insert_sql("instances")
 
+    def _require_current(self) -> None:
+        version = read_version(self._conn, self.path)
+        if version != FORMAT_VERSION:
+            raise StoreError(f"{self.path} has schema version {version}, this fsm_engine "
+                             f"reads {FORMAT_VERSION} read-only: open it once with a writing "
+                             "command (e.g. `fsm resume`) to migrate it")
+
     # -- transactions -------------------------------------------------------
     def _write(self) -> "_Txn":
+        if self.readonly:
+            raise StoreError(f"database {self.path} is open read-only")
         return _Txn(self)
 
-    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> builtins.list[sqlite3.Row]:
+    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = (), *,
+              tuples: bool = False) -> builtins.list[Any]:
+        """All rows of one read (its own implicit transaction); plain tuples with ``tuples``."""
         with self._lock:
             try:
-                return self._conn.execute(sql, args).fetchall()
+                cursor = self._conn.cursor()
+                if tuples:
+                    cursor.row_factory = None
+                return cursor.execute(sql, args).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"database {self.path}: {exc}") from None
 
@@ -319,6 +344,50 @@ class SqliteStore:
         if ok:
             row.version = version
         return ok
+
+    # -- read side ------------------------------------------------------------------
+    def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
+              limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
+        sql, args = sqlite_read.query_sql(_SELECT_INSTANCES, where, order, descending,
+                                          limit, offset)
+        return [_decode(InstanceRecord, r) for r in self._read(sql, args)]
+
+    def count(self, where: InstanceFilter, by: str | None = None) -> dict[str | None, int]:
+        sql, args = sqlite_read.count_sql(where, by)
+        return {row[0]: row[1] for row in self._read(sql, args) if row[1]}
+
+    def steps(self, where: InstanceFilter, *, batch: int = 5000) -> Iterator[StepRow]:
+        sql, args = sqlite_read.steps_sql(where)
+        after = 0
+        while True:  # one short read per batch of instances: a writer never waits long
+            rows = self._read(sql, [after, *args, batch], tuples=True)
+            if not rows:
+                return
+            for row in rows:
+                yield StepRow(*row[:-1])
+            after = rows[-1][-1]
+
+    def delete(self, instance_ids: Sequence[str]) -> int:
+        ids = builtins.list(dict.fromkeys(instance_ids))
+        deleted = 0
+        with self._write() as conn:
+            for i in range(0, len(ids), 500):  # bounded statements, one transaction
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                conn.execute("DELETE FROM history WHERE instance IN (SELECT key FROM instances"
+                             f" WHERE id IN ({marks}))", chunk)
+                conn.execute(f"DELETE FROM attempts WHERE instance_id IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM outbox WHERE instance_id IN ({marks})", chunk)
+                deleted += conn.execute(f"DELETE FROM instances WHERE id IN ({marks})",
+                                        chunk).rowcount
+        return deleted
+
+    def check(self) -> builtins.list[str]:
+        problems = [f"integrity_check: {row[0]}" for row in
+                    self._read("PRAGMA integrity_check") if row[0] != "ok"]
+        for name, sql in sqlite_read.CHECKS:
+            problems += [sqlite_read.describe(name, tuple(row)) for row in self._read(sql)]
+        return problems
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,188 @@
+"""``fsm list``, ``fsm history`` and ``fsm outbox``: reading instances from the terminal.
+
+Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.  Tables keep
+every column (``cli_tables``); times are local with their age.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from .cli import DB, _fail, _find, _live, _open, _print_json, _safe, app, out
+from .errors import InvalidInput
+from .store import Store
+from .store.records import STATUSES
+from .views import history_json, instance_json, outbox_json
+
+
+def _when_arg(text: str | None) -> float | None:
+    """``--since``/``--until``: an ISO date or time (local unless it names its offset) or an
+    age such as ``2h`` or ``30d`` (that long ago), as epoch seconds."""
+    if text is None:
+        return None
+    import datetime as _dt
+    import time as _time
+    from .cli_observe import parse_age
+    try:
+        return _dt.datetime.fromisoformat(text).astimezone().timestamp()
+    except ValueError:
+        pass
+    try:
+        return _time.time() - parse_age(text)
+    except InvalidInput:
+        raise InvalidInput(f"cannot read time {text!r}: give an ISO date/time "
+                           "(2026-12-01T09:30) or an age (2h, 30d)") from None
+
+
+@app.command("list")
+def list_(db: str = DB,
+          status: Optional[list[str]] = typer.Option(None, "--status", metavar="STATUS",
+                                                     help="Only this status (repeatable; "
+                                                          "'orphaned': its worker died)."),
+          machine: Optional[str] = typer.Option(None, "--machine", "-m", metavar="NAME",
+                                                 help="Only this machine."),
+          state: Optional[list[str]] = typer.Option(None, "--state", metavar="STATE",
+                                                    help="Only this state (repeatable)."),
+          reason: Optional[list[str]] = typer.Option(None, "--reason", metavar="REASON",
+                                                     help="Only this failure reason (repeatable)."),
+          text: Optional[str] = typer.Option(None, "--text", "-t", metavar="TEXT",
+                                             help="Only instances whose id, context or last "
+                                                  "error contains this (case-insensitive)."),
+          since: Optional[str] = typer.Option(None, "--since", metavar="WHEN",
+                                              help="Created at or after: ISO time or age (2h, 30d)."),
+          until: Optional[str] = typer.Option(None, "--until", metavar="WHEN",
+                                              help="Created before: ISO time or age (2h, 30d)."),
+          sort: str = typer.Option("created", "--sort", metavar="ORDER",
+                                   help="created, updated, tokens or transitions."),
+          newest: bool = typer.Option(False, "--newest", help="Newest (or largest) first."),
+          limit: int = typer.Option(100, "--limit", min=0, metavar="N", help="At most this many (0: all)."),
+          offset: int = typer.Option(0, "--offset", min=0, metavar="N", help="Skip this many first (paging)."),
+          wide: bool = typer.Option(False, "--wide", help="A table whatever the terminal's width."),
+          as_json: bool = typer.Option(False, "--json", help="Print the records as JSON.")) -> None:
+    """List instances (oldest first), with filters and paging."""
+    from .store.records import ORDERS, InstanceFilter
+    from .views import ORPHANED, shown_status
+    wanted = list(status or ())
+    for s in wanted:
+        if s not in STATUSES and s != ORPHANED:
+            _fail(f"unknown status {s!r}; one of: {', '.join((*STATUSES, ORPHANED))}")
+    if sort not in ORDERS:
+        _fail(f"unknown sort {sort!r}; one of: {', '.join(ORDERS)}")
+    store = _open(db)
+    statuses = sorted({x for s in wanted for x in (("pending", "running") if s == ORPHANED else (s,))})
+    where = InstanceFilter(machine=machine, statuses=tuple(statuses) if wanted else None,
+                           states=tuple(state) if state else None,
+                           reasons=tuple(reason) if reason else None, text=text,
+                           created_after=_when_arg(since), created_before=_when_arg(until))
+    live = _live(store)
+    if ORPHANED in wanted:  # a derived status: narrowed here
+        keep = set(wanted)
+        records = [r for r in store.query(where, order=sort, descending=newest, limit=None)
+                   if shown_status(r, live) in keep]
+        total, records = len(records), records[offset:offset + limit if limit else None]
+    else:
+        total = store.count(where).get(None, 0)
+        records = store.query(where, order=sort, descending=newest, limit=limit or None,
+                              offset=offset)
+    if as_json:
+        _print_json([instance_json(r) | {"shown_status": shown_status(r, live)} for r in records])
+    else:
+        from .cli_tables import print_records
+        print_records(out, records, live=live, wide=wide)
+    if len(records) < total:
+        typer.echo(f"showing {offset + 1}–{offset + len(records)} of {total}; "
+                   f"--offset {offset + len(records)} for more, --limit 0 for all", err=True)
+
+
+def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
+    from .views import guard_reading, local_time
+    table = Table(title=f"history of {rec.id}" if title else None, title_justify="left")
+    for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
+        fixed = col in ("seq", "at", "ms", "tokens")
+        names = min(20, max([len(str(r[col])) for r in rows] + [len(col)])) \
+            if col in ("source", "dest", "trigger") else None  # names whole; guards, errors fold
+        table.add_column(col, overflow="fold", no_wrap=fixed, min_width=names,
+                         justify="right" if col in ("seq", "ms", "tokens") else "left")
+    for r in rows:
+        guards = ", ".join(f"{label} {'✓' if ok else '✗'}"
+                           for label, ok in (guard_reading(str(g[0]), g[1]) for g in r["guards"]))
+        table.add_row(str(r["seq"]), local_time(r["at"]), r["source"], r["dest"], r["trigger"],
+                      guards, f"{r['duration_ms']:.1f}", str(r["tokens"]),
+                      r["error"] or r["reason"] or "")
+    return table
+
+
+@app.command()
+def history(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+            db: str = DB,
+            follow: bool = typer.Option(False, "--follow", "-f",
+                                        help="Keep printing new rows until the instance is final."),
+            interval: float = typer.Option(0.5, "--interval", min=0.05,
+                                           help="Seconds between polls with --follow."),
+            as_json: bool = typer.Option(False, "--json",
+                                         help="Print the rows as JSON (one line each with --follow).")) -> None:
+    """Show an instance's audit history (every transition, with guards and tokens)."""
+    store = _open(db)
+    rec = _find(store, instance_id)
+    rows = history_json(rec, store.history(rec.id))
+    if not follow:
+        if as_json:
+            _print_json(rows)
+        else:
+            out.print(_history_table(rec, rows))
+        return
+    _follow(store, rec, rows, as_json, interval)
+
+
+def _follow(store: Store, rec: Any, rows: list[dict[str, Any]], as_json: bool,
+            interval: float) -> None:
+    """Print ``rows`` and every row committed after them until the instance is final."""
+    import time as _time
+    seen = 0
+    try:
+        while True:
+            fresh = rows[seen:]
+            if fresh:
+                if as_json:
+                    for r in fresh:
+                        typer.echo(_safe(json.dumps(r, ensure_ascii=False)))
+                else:
+                    out.print(_history_table(rec, fresh, title=seen == 0))
+                seen = len(rows)
+            if rec.final:
+                out.print(f"{rec.id}: {rec.status} in state {rec.state}", highlight=False)
+                return
+            _time.sleep(interval)
+            rec = store.get(rec.id)
+            rows = history_json(rec, store.history(rec.id))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
+def outbox(db: str = DB,
+           instance: Optional[str] = typer.Option(None, "--instance",
+                                                  help="Only this instance's rows (id or prefix)."),
+           status: Optional[str] = typer.Option(None, "--status", help="Only 'pending' or 'done' rows."),
+           as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON.")) -> None:
+    """List side-effect deliveries (idempotency keys and their status)."""
+    if status is not None and status not in ("pending", "done"):
+        _fail(f"unknown outbox status {status!r}; one of: pending, done")
+    store = _open(db)
+    iid = _find(store, instance).id if instance else None
+    rows = [r for r in outbox_json(store.outbox(iid)) if status is None or r["status"] == status]
+    if as_json:
+        _print_json(rows)
+        return
+    from .views import when
+    table = Table(title="outbox", title_justify="left")
+    for col in ("instance", "state", "idempotency key", "status", "attempts", "updated"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["instance_id"], r["state"], r["key"], r["status"], str(r["attempts"]),
+                      when(r["updated_at"]))
+    out.print(table)

@@ -1,0 +1,199 @@
+"""``fsm stats``, ``fsm ui``, ``fsm prune`` and ``fsm check``: the operator's commands.
+
+Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported; each imports
+what it needs when it runs, so ``fsm --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from .cli import DB, _fail, _open, _print_json, app, out
+from .store.records import FINAL_STATUSES, STATUSES, InstanceFilter
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` as seconds; ``InvalidInput`` otherwise."""
+    from .errors import InvalidInput
+    match = _DURATION.match(text)
+    if match is None:
+        raise InvalidInput(f"cannot read duration {text!r}: use a number and one of s, m, h, "
+                           "d, w (e.g. 30d)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _triple(dist: Any, digits: int = 0) -> str:
+    """``p50/p95/max`` of a ``Dist``."""
+    if not dist.n:
+        return "-"
+    return "/".join(_fmt(v, digits) for v in (dist.p50, dist.p95, dist.max))
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k or '(none)'} {v}" for k, v in counts.items()) or "-"
+
+
+def _print_stats(stats: Any) -> None:
+    out.print(f"[bold]{stats.machine}[/bold]: {stats.instances} instance(s)", highlight=False)
+    lines = [("status", _counts(stats.by_status)), ("reason", _counts(stats.by_reason)),
+             ("fallback rate", _rate(stats.fallback_rate)), ("re-ask rate", _rate(stats.reask_rate)),
+             ("tokens/instance p50/p95/max", _triple(stats.tokens)),
+             ("wall s/instance p50/p95/max", _triple(stats.wall_s, 2))]
+    lines += [(f"{field} values", _counts(values)) for field, values in stats.sources.items()]
+    for key, value in lines:
+        out.print(f"  {key}: {value}", highlight=False, markup=False)
+    counts = Table(title=f"states of {stats.machine}", title_justify="left")
+    for col in ("state", "now", "entered", "steps", "retries", "fallbacks", "re-asks", "errors"):
+        counts.add_column(col, justify="left" if col == "state" else "right", overflow="fold")
+    for st in stats.states.values():
+        counts.add_row(st.state, *(str(v) for v in (st.now, st.entered, st.steps, st.retries,
+                                                      st.fallbacks, st.reasks, st.errors)))
+    out.print(counts)
+    spread = Table(title=f"per step of {stats.machine}", title_justify="left")
+    for col in ("state", "figure", "p50", "p95", "max", "mean"):
+        spread.add_column(col, justify="left" if col in ("state", "figure") else "right",
+                          overflow="fold")
+    for st in stats.states.values():
+        if not st.steps:
+            continue
+        for i, (name, dist, digits) in enumerate((("tokens", st.tokens, 0),
+                                                  ("action ms", st.action_ms, 1),
+                                                  ("wall s", st.wall_s, 2))):
+            spread.add_row(st.state if i == 0 else "", name,
+                           *(_fmt(v, digits) for v in (dist.p50, dist.p95, dist.max, dist.mean)),
+                           end_section=i == 2)
+    out.print(spread)
+
+
+@app.command()
+def stats(db: str = DB,
+          machine: Optional[str] = typer.Option(None, "--machine", "-m",
+                                                help="Only this machine's instances."),
+          status: Optional[list[str]] = typer.Option(None, "--status",
+                                                     help="Only instances in this status (repeatable)."),
+          as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON.")) -> None:
+    """Counts by status, state and reason; tokens and time per state (p50/p95/max);
+    fallback and re-ask rates; the values of context fields named *_source."""
+    from .stats import machine_stats
+    for s in status or ():
+        if s not in STATUSES:
+            _fail(f"unknown status {s!r}; one of: {', '.join(STATUSES)}")
+    store = _open(db)
+    where = InstanceFilter(machine=machine, statuses=tuple(status) if status else None)
+    figures = machine_stats(store, where)
+    if as_json:
+        _print_json({name: s.to_json() for name, s in figures.items()})
+        return
+    if not figures:
+        out.print("no instances" + (f" of machine {machine!r}" if machine else ""))
+        return
+    for s in figures.values():
+        _print_stats(s)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def ui(db: str = DB,
+       port: int = typer.Option(8765, "--port", min=0, max=65535,
+                                help="TCP port (0: any free port, printed)."),
+       host: str = typer.Option("127.0.0.1", "--host",
+                                help="Address to bind; anything but loopback needs --token."),
+       token: Optional[str] = typer.Option(None, "--token", envvar="FSM_UI_TOKEN",
+                                           help="Require this bearer token (or ?token=) on "
+                                                "every request (or FSM_UI_TOKEN).")) -> None:
+    """Serve a read-only web viewer of the database (instances, diagrams, statistics)."""
+    if not _loopback(host) and not token:
+        _fail(f"--host {host} exposes the viewer beyond this machine: give --token too")
+    if token is not None and len(token) < 8:
+        _fail("--token must be at least 8 characters")
+    try:
+        from .ui.server import serve
+    except ImportError as exc:
+        _fail(f"the viewer needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
+    serve(db, host=host, port=port, token=token)
+
+
+def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:
+    statuses = tuple(status) if status else tuple(sorted(FINAL_STATUSES))
+    for s in statuses:
+        if s not in FINAL_STATUSES:
+            _fail(f"prune deletes finished instances only: --status must be one of "
+                  f"{', '.join(sorted(FINAL_STATUSES))}, not {s!r}")
+    return InstanceFilter(statuses=statuses, updated_before=time.time() - parse_age(older_than))
+
+
+@app.command()
+def prune(db: str = DB,
+          older_than: str = typer.Option(..., "--older-than",
+                                         help="Finished (last updated) longer ago than this: 30d, 12h, 90m."),
+          status: Optional[list[str]] = typer.Option(None, "--status",
+                                                     help="Only this final status (repeatable; "
+                                                          "default: completed, failed, cancelled)."),
+          yes: bool = typer.Option(False, "--yes", help="Delete (without it: a dry run that "
+                                                        "only counts)."),
+          batch: int = typer.Option(500, "--batch", min=1, max=100_000,
+                                    help="Instances deleted per transaction."),
+          as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON.")) -> None:
+    """Delete old finished instances with their history, attempts and outbox rows."""
+    where = _prune_filter(older_than, status)
+    store = _open(db)
+    matching = store.count(where).get(None, 0)
+    deleted = 0
+    if yes:
+        while True:  # small transactions: running engines wait for at most one batch
+            ids = [r.id for r in store.query(where, descending=False, limit=batch)]
+            gone = store.delete(ids) if ids else 0
+            deleted += gone
+            if not gone:
+                break
+    if as_json:
+        _print_json({"matching": matching, "deleted": deleted, "dry_run": not yes})
+    elif yes:
+        out.print(f"deleted {deleted} instance(s) with their history, attempts and outbox rows")
+    else:
+        out.print(f"would delete {matching} instance(s) (dry run; add --yes to delete)")
+
+
+@app.command()
+def check(db: str = DB,
+          as_json: bool = typer.Option(False, "--json", help="Print the problems as JSON.")) -> None:
+    """Check the database: SQLite's integrity check and the store's invariants
+    (history seq without gaps, each instance's state equals its last history row's
+    destination, no rows of missing instances).  Exit 1 when a problem is found."""
+    problems = _open(db).check()
+    if as_json:
+        _print_json({"ok": not problems, "problems": problems})
+    elif problems:
+        for p in problems:
+            typer.echo(p)
+        typer.echo(f"{len(problems)} problem(s) found", err=True)
+    else:
+        out.print("ok: no problems found")
+    raise typer.Exit(1 if problems else 0)

@@ -1,0 +1,83 @@
+"""Overlays for :func:`~.model.build_graph`: one instance's path with per-state figures,
+or many instances' aggregate (``fsm diagram --instance/--stats`` and the viewer).
+
+Both return the plain overlay dict ``build_graph`` reads (see :mod:`.model`).
+Figures are short label lines: ``2 attempts``, ``1.2 s``, ``340 tok``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..store.records import AttemptRow, HistoryRow, InstanceRecord
+
+if TYPE_CHECKING:
+    from ..stats import MachineStats
+
+
+def seconds(value: float | None) -> str:
+    """``0.42 s``, ``12.3 s``, ``4.1 min``, ``2.0 h`` (``-`` for None)."""
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.2f} s"
+    if value < 120:
+        return f"{value:.1f} s"
+    return f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.1f} h"
+
+
+def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
+                     attempts: Sequence[AttemptRow] = ()) -> dict[str, Any]:
+    """One instance's path; each visited state gets its attempts (steps + failed
+    attempts), wall time in it (entering to leaving, or to now's last update for the
+    current state) and tokens (steps + failed attempts)."""
+    tries: dict[str, int] = defaultdict(int)
+    tokens: dict[str, int] = defaultdict(int)
+    wall: dict[str, float] = defaultdict(float)
+    entered = rec.created_at
+    for row in history:
+        tries[row.source] += 1
+        tokens[row.source] += row.tokens
+        wall[row.source] += max(0.0, row.at - entered)
+        entered = row.at
+    if not rec.final:
+        wall[rec.state] += max(0.0, rec.updated_at - entered)
+    for a in attempts:
+        tries[a.state] += 1
+        tokens[a.state] += a.tokens
+    figures = {}
+    for state in dict.fromkeys([*tries, *wall]):
+        lines = []
+        if tries.get(state):
+            lines.append(f"{tries[state]} attempt{'s' * (tries[state] != 1)}")
+        lines.append(seconds(wall.get(state, 0.0)))
+        if tokens.get(state):
+            lines.append(f"{tokens[state]} tok")
+        figures[state] = [" · ".join(lines)]
+    return {"instance_id": rec.id, "state": rec.state, "status": rec.status,
+            "history": [{"seq": h.seq, "source": h.source, "dest": h.dest, "trigger": h.trigger}
+                        for h in history],
+            "figures": figures}
+
+
+def aggregate_overlay(stats: "MachineStats") -> dict[str, Any]:
+    """Many instances of one machine: per state the instances in it now, mean wall time
+    and mean tokens per step; per edge how many times it was taken."""
+    figures = {}
+    for name, st in stats.states.items():
+        lines = [f"now {st.now}"] if st.now else []
+        if st.steps:
+            lines.append(f"mean {seconds(st.wall_s.mean)}")
+            if st.tokens.total:
+                lines.append(f"{st.tokens.mean:.0f} tok/step")
+        if lines:
+            figures[name] = [" · ".join(lines)]
+    starts = sum(st.entered for st in stats.states.values()) - sum(e.taken for e in stats.edges)
+    return {"instance_id": "", "title": f"{stats.instances} instance(s)",
+            "moves": [{"source": e.source, "dest": e.dest, "trigger": e.trigger,
+                       "count": e.taken} for e in stats.edges],
+            "starts": max(0, starts), "figures": figures}
+
+
+__all__ = ["instance_overlay", "aggregate_overlay", "seconds"]

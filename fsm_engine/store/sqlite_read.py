@@ -1,0 +1,144 @@
+"""The SQLite store's read side: filtered, sorted, paged queries and statistics rows in SQL.
+
+Everything here is plain SQL text plus its arguments, built from an
+:class:`~.records.InstanceFilter`; :class:`~.sqlite.SqliteStore` runs it.
+Each query is one statement (an autocommit read: in WAL mode it never blocks
+a writer and is never blocked by one).  ``machine`` and ``status`` filters
+use the ``(machine, status)`` index; the default order (creation) is the
+primary key, so a first page of the newest instances reads only that page.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import InvalidInput
+from .records import GROUPS, ORDERS, InstanceFilter
+
+_ORDER_COLUMNS = {"created": "key", "updated": "updated_at", "tokens": "tokens_used",
+                  "transitions": "loop_count"}
+assert set(_ORDER_COLUMNS) == set(ORDERS)
+_FIELD = re.compile(r"^context\.([A-Za-z_][A-Za-z0-9_]*)$")
+
+#: History rows as ``StepRow`` columns (JSON payloads reduced to three numbers), then the
+#: instance key (for keyset paging).
+STEPS_SQL = (
+    "SELECT i.id AS instance_id, i.machine, i.status, i.created_at, h.seq, h.source, h.dest, h.trigger,"
+    " h.kind, h.at, h.duration_ms, h.tokens, h.error, h.reason,"
+    " COALESCE(json_extract(h.detail, '$.attempt'), 1) AS attempt,"
+    " COALESCE(json_extract(h.detail, '$.reasks'), 0) AS reasks,"
+    " COALESCE(json_array_length(h.detail, '$.llm_calls'), 0) AS llm_calls, h.instance"
+    " FROM history h JOIN instances i ON i.key = h.instance"
+    " WHERE i.key IN (SELECT key FROM instances {where} ORDER BY key LIMIT ?)"
+    " ORDER BY h.instance, h.seq")
+
+
+def _like(text: str) -> str:
+    """``text`` as a LIKE pattern matching it anywhere (``%``, ``_``, ``\\`` taken literally)."""
+    return "%" + re.sub(r"([\\%_])", r"\\\1", text) + "%"
+
+
+def _any_of(column: str, values: tuple[str, ...], clauses: list[str], args: list[Any]) -> None:
+    if not values:
+        clauses.append("0")  # an empty choice matches nothing
+        return
+    clauses.append(f"{column} IN ({','.join('?' * len(values))})")
+    args.extend(values)
+
+
+def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[Any]]:
+    """``WHERE …`` (or ``""``) and its arguments for filter ``f``; with ``after_key`` a
+    leading ``key > ?`` is added for keyset paging (its argument comes first)."""
+    clauses: list[str] = ["key > ?"] if after_key else []
+    args: list[Any] = []
+    if f.machine is not None:
+        clauses.append("machine = ?")
+        args.append(f.machine)
+    for column, values in (("status", f.statuses), ("state", f.states), ("reason", f.reasons)):
+        if values is not None:
+            _any_of(column, values, clauses, args)
+    if f.text:
+        clauses.append("(id LIKE ? ESCAPE '\\' OR context LIKE ? ESCAPE '\\'"
+                       " OR last_error LIKE ? ESCAPE '\\')")
+        args.extend([_like(f.text)] * 3)
+    for column, op, value in (("created_at", ">=", f.created_after),
+                              ("created_at", "<", f.created_before),
+                              ("updated_at", ">=", f.updated_after),
+                              ("updated_at", "<", f.updated_before)):
+        if value is not None:
+            clauses.append(f"{column} {op} ?")
+            args.append(float(value))
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+
+def query_sql(select: str, f: InstanceFilter, order: str, descending: bool,
+              limit: int | None, offset: int) -> tuple[str, list[Any]]:
+    """``select`` + filter + ``ORDER BY`` + paging; ``InvalidInput`` for an unknown order."""
+    if order not in _ORDER_COLUMNS:
+        raise InvalidInput(f"unknown order {order!r}; one of: {', '.join(ORDERS)}")
+    where, args = where_sql(f)
+    way = "DESC" if descending else "ASC"
+    column = _ORDER_COLUMNS[order]
+    sql = f"{select}{where} ORDER BY {column} {way}" + (f", key {way}" if column != "key" else "")
+    if limit is not None or offset:
+        sql += " LIMIT ? OFFSET ?"
+        args += [-1 if limit is None else max(0, int(limit)), max(0, int(offset))]
+    return sql, args
+
+
+def count_sql(f: InstanceFilter, by: str | None) -> tuple[str, list[Any]]:
+    """``SELECT group, COUNT(*)`` for ``Store.count``; ``InvalidInput`` for an unknown ``by``."""
+    where, args = where_sql(f)
+    if by is None:
+        return f"SELECT NULL, COUNT(*) FROM instances{where}", args
+    if by in GROUPS:
+        column = by
+    else:
+        match = _FIELD.match(by)
+        if match is None:
+            raise InvalidInput(f"cannot count by {by!r}; one of: {', '.join(GROUPS)}, "
+                               "context.FIELD")
+        path = f"'$.{match.group(1)}'"
+        # strings as themselves; any other JSON value as its JSON text; missing: NULL
+        column = (f"CASE json_type(context, {path}) WHEN 'text' THEN context ->> {path}"
+                  f" ELSE context -> {path} END")
+    return f"SELECT {column} AS g, COUNT(*) FROM instances{where} GROUP BY g", args
+
+
+def steps_sql(f: InstanceFilter) -> tuple[str, list[Any]]:
+    """History rows of the next batch of matching instances after a key; the arguments
+    returned are the filter's: the caller puts the key before and the batch size after."""
+    where, args = where_sql(f, after_key=True)
+    return STEPS_SQL.format(where=where), args
+
+
+#: The invariants ``Store.check`` verifies besides ``PRAGMA integrity_check``.
+CHECKS = (
+    ("history seq gap", "SELECT i.id, i.seq, COUNT(h.seq), COALESCE(MAX(h.seq), 0),"
+     " COALESCE(MIN(h.seq), 1) FROM instances i LEFT JOIN history h ON h.instance = i.key"
+     " GROUP BY i.key HAVING COUNT(h.seq) != i.seq OR COALESCE(MAX(h.seq), 0) != i.seq"
+     " OR COALESCE(MIN(h.seq), 1) != 1"),
+    ("state mismatch", "SELECT i.id, i.state, h.dest FROM instances i JOIN history h"
+     " ON h.instance = i.key AND h.seq = (SELECT MAX(seq) FROM history WHERE instance = i.key)"
+     " WHERE h.dest != i.state"),
+    ("orphan history", "SELECT h.instance, COUNT(*) FROM history h LEFT JOIN instances i"
+     " ON i.key = h.instance WHERE i.key IS NULL GROUP BY h.instance"),
+    ("orphan attempts", "SELECT a.instance_id, COUNT(*) FROM attempts a LEFT JOIN instances i"
+     " ON i.id = a.instance_id WHERE i.id IS NULL GROUP BY a.instance_id"),
+    ("orphan outbox", "SELECT o.instance_id, COUNT(*) FROM outbox o LEFT JOIN instances i"
+     " ON i.id = o.instance_id WHERE i.id IS NULL GROUP BY o.instance_id"),
+)
+
+
+def describe(check: str, row: tuple[Any, ...]) -> str:
+    """One line for one invariant violation found by a ``CHECKS`` query."""
+    if check == "history seq gap":
+        iid, seq, n, top, low = row
+        return (f"instance {iid}: history seq not 1..{seq} without gaps "
+                f"({n} rows, seq {low}..{top})")
+    if check == "state mismatch":
+        return f"instance {row[0]}: state {row[1]!r} but its last history row went to {row[2]!r}"
+    if check == "orphan history":
+        return f"{row[1]} history row(s) of missing instance key {row[0]}"
+    return f"{row[1]} {check.split()[1]} row(s) of missing instance {row[0]}"

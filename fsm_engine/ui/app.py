@@ -1,0 +1,141 @@
+"""The viewer's ASGI app: Starlette routes rendering Jinja2 templates (autoescaped).
+
+Pages: ``/`` (instances: filters, sort, pages), ``/instances/{id}``,
+``/machines/{name}``; ``/static/…`` serves the stylesheet shipped in the
+package (no CDN, no JavaScript).  Every response carries a Content Security
+Policy without scripts, so even a value that slipped through escaping could
+not run.  With a token, every request needs ``Authorization: Bearer TOKEN``,
+``?token=TOKEN`` (which also sets an HttpOnly, SameSite=Strict cookie so the
+page's links work) or that cookie; anything else gets 401.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from ..errors import InstanceNotFound, InvalidInput, StoreError
+from ..store.base import Store
+from .data import ListQuery, Viewer
+
+HERE = Path(__file__).resolve().parent
+COOKIE = "fsm_ui_token"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self' data:; "
+                                "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def _templates() -> Jinja2Templates:
+    env = Environment(loader=FileSystemLoader(str(HERE / "templates")),
+                      autoescape=select_autoescape(default=True, default_for_string=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    return Jinja2Templates(env=env)
+
+
+class TokenGate:
+    """ASGI middleware: 401 unless the request carries the token (see the module doc)."""
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    def _ok(self, request: Request) -> tuple[bool, bool]:
+        """(allowed, came in the query string)."""
+        given = request.headers.get("authorization", "")
+        if given.lower().startswith("bearer ") and self._same(given[7:].strip()):
+            return True, False
+        if self._same(request.query_params.get("token", "")):
+            return True, True
+        return self._same(request.cookies.get(COOKIE, "")), False
+
+    def _same(self, value: str) -> bool:
+        return bool(value) and hmac.compare_digest(value.encode(), str(self.token).encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.token is None:
+            await self.app(scope, receive, send)
+            return
+        allowed, from_query = self._ok(Request(scope))
+        if not allowed:
+            response = PlainTextResponse("401: this viewer needs its token "
+                                         "(Authorization: Bearer …, or ?token=…)\n",
+                                         status_code=401, headers=SECURITY_HEADERS
+                                         | {"WWW-Authenticate": 'Bearer realm="fsm"'})
+            await response(scope, receive, send)
+            return
+        if not from_query:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cookie(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                cookie = (f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/")
+                message.setdefault("headers", []).append((b"set-cookie", cookie.encode()))
+            await send(message)
+        await self.app(scope, receive, send_with_cookie)
+
+
+def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3) -> Any:
+    """The viewer over ``store`` (open it read-only); ``token`` None: no token needed
+    (for loopback only — ``fsm ui`` enforces that); running pages reload every
+    ``refresh_s`` seconds."""
+    viewer = Viewer(store)
+    templates = _templates()
+
+    def page(name: str, request: Request, data: dict[str, Any], status: int = 200) -> Response:
+        data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines()}
+        response = templates.TemplateResponse(request, name, data, status_code=status)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    def guarded(fn: Callable[[Request], dict[str, Any]], name: str
+                ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:  # store reads block: run them off the event loop
+                data = await run_in_threadpool(fn, request)
+            except InstanceNotFound as exc:
+                return page("error.html", request, {"message": str(exc)}, 404)
+            except InvalidInput as exc:
+                return page("error.html", request, {"message": str(exc)}, 400)
+            except StoreError as exc:
+                return page("error.html", request, {"message": str(exc)}, 503)
+            return page(name, request, data)
+        return endpoint
+
+    def instances(request: Request) -> dict[str, Any]:
+        return viewer.instances(ListQuery.parse(request.query_params))
+
+    def instance(request: Request) -> dict[str, Any]:
+        return viewer.instance(request.path_params["instance_id"])
+
+    def machine(request: Request) -> dict[str, Any]:
+        return viewer.machine(request.path_params["name"],
+                              request.query_params.get("status", ""))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return page("error.html", request, {"message": "no such page"}, 404)
+
+    routes = [Route("/", guarded(instances, "instances.html")),
+              Route("/instances/{instance_id}", guarded(instance, "instance.html")),
+              Route("/machines/{name:path}", guarded(machine, "machine.html")),
+              Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
+    app = Starlette(routes=routes, exception_handlers={404: not_found})
+    return TokenGate(app, token)
+
+
+__all__ = ["create_app", "TokenGate", "HTMLResponse"]

@@ -1,0 +1,97 @@
+"""A small fleet of real instances for the statistics, viewer and browser tests.
+
+``build_fleet(db)`` runs, on one SQLite file, through the real engine and a
+scripted model:
+
+* 6 moderation instances on license texts, whose replies cycle through a valid
+  verdict, prose with no JSON (re-ask, then fallback), an HTTP 500 (retry) and a
+  reply holding ``<script>`` (the XSS probe: it lands in the context and history);
+* 2 router instances whose model always says "revise" (failed, ``loop_limit``);
+* 1 instance of a machine whose state names hold quotes and markup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conftest import MACHINES, license_files
+from fsm_engine import Engine, Machine, load_machine
+from fsm_engine.llm import Scripted
+
+XSS = "<script>window.__xss = 1; alert(1)</script>"
+QUOTED_STATE = 'say "hi" <b>&amp;</b>'
+QUOTED_MODULE = f'''
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+
+class C(BaseModel):
+    note: str = ""
+
+def speak(ctx: C) -> dict:
+    return {{"note": {XSS!r}}}
+
+machine = Machine(name="quoted", context=C, initial="start", max_transitions=5,
+                  states=[State("start"), State({QUOTED_STATE!r}, action=speak),
+                          State("done", final=True)],
+                  transitions=[Transition("go", "start", {QUOTED_STATE!r}),
+                               Transition("said", {QUOTED_STATE!r}, "done")])
+'''
+
+VERDICT = json.dumps({"decision": "approve", "categories": [], "summary": "fine"})
+MODERATION_REPLIES = [
+    {"text": VERDICT, "prompt_tokens": 50, "completion_tokens": 20},
+    {"text": "I think it is fine, no JSON here.", "prompt_tokens": 40, "completion_tokens": 30},
+    {"text": "", "error": "http500", "prompt_tokens": 3, "completion_tokens": 0},
+    {"text": XSS, "prompt_tokens": 30, "completion_tokens": 12},
+]
+
+
+@dataclass
+class Fleet:
+    """What ``build_fleet`` made: the database and the ids per machine."""
+
+    db: str
+    ids: dict[str, list[str]] = field(default_factory=dict)
+    quoted_module: str = ""
+
+
+async def _run(engine: Engine, ids: list[str]) -> None:
+    try:
+        await engine.run_many(ids)
+    finally:
+        await engine.aclose()
+
+
+def _machine(engine: Engine, path: Path) -> Machine:
+    machine, ref = load_machine(str(path))
+    engine.register(machine, ref)
+    return machine
+
+
+def build_fleet(db: str, tmp: Path) -> Fleet:
+    """Create and run the fleet on ``db`` (see the module docstring); notifications go to
+    ``tmp/notifications.jsonl`` (the caller sets ``FSM_NOTIFY_FILE``)."""
+    fleet = Fleet(db)
+    engine = Engine(db, llm=Scripted.from_replies(MODERATION_REPLIES), seed=3)
+    engine.concurrency = 1  # replies are served in a fixed order
+    inputs = [{"path": p} for p in license_files(6)]
+    fleet.ids["moderation"] = engine.start_many(_machine(engine, MACHINES / "moderation.py"),
+                                                inputs)
+    asyncio.run(_run(engine, fleet.ids["moderation"]))
+    engine = Engine(db, llm=Scripted.from_replies([{"text": "to_review", "prompt_tokens": 5,
+                                                    "completion_tokens": 1},
+                                                   {"text": "revise", "prompt_tokens": 5,
+                                                    "completion_tokens": 1}]), seed=3)
+    fleet.ids["router"] = engine.start_many(_machine(engine, MACHINES / "router.py"),
+                                            [{}, {"topic": "a limerick"}])
+    asyncio.run(_run(engine, fleet.ids["router"]))
+    module = tmp / "quoted.py"
+    module.write_text(QUOTED_MODULE)
+    fleet.quoted_module = str(module)
+    engine = Engine(db, seed=3)
+    fleet.ids["quoted"] = engine.start_many(_machine(engine, module), [{}])
+    asyncio.run(_run(engine, fleet.ids["quoted"]))
+    return fleet

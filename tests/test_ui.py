@@ -1,0 +1,196 @@
+"""The viewer's pages in-process (Starlette's test client over a read-only store): filters,
+sorting, paging, escaping, the token gate, error pages, and reads that never block a writer.
+The same pages in a real Chromium are in ``test_ui_browser.py``."""
+
+from __future__ import annotations
+
+import html
+import re
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+from fsm_engine import SqliteStore, StoreError  # noqa: E402
+from fsm_engine.ui import create_app  # noqa: E402
+from observe_fixtures import QUOTED_STATE, XSS, Fleet  # noqa: E402
+
+ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture(scope="module")
+def store(fleet: Fleet):
+    s = SqliteStore(fleet.db, readonly=True)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(store: SqliteStore) -> TestClient:
+    return TestClient(create_app(store))
+
+
+def row_ids(page: str) -> list[str]:
+    return re.findall(r'class="instance-row" data-id="([0-9a-f]+)"', page)
+
+
+def test_list_shows_every_instance_newest_first(client: TestClient, store: SqliteStore) -> None:
+    r = client.get("/")
+    assert r.status_code == 200
+    assert row_ids(r.text) == [rec.id for rec in reversed(store.list())]
+    assert 'id="total">9<' in r.text
+
+
+def test_list_filters(client: TestClient, fleet: Fleet, store: SqliteStore) -> None:
+    assert sorted(row_ids(client.get("/?machine=router").text)) == sorted(fleet.ids["router"])
+    assert sorted(row_ids(client.get("/?status=failed").text)) == sorted(fleet.ids["router"])
+    assert row_ids(client.get("/?machine=moderation&status=failed").text) == []
+    assert sorted(row_ids(client.get("/?reason=loop_limit").text)) == sorted(fleet.ids["router"])
+    assert row_ids(client.get("/?state=" + QUOTED_STATE).text) == []  # it ended in done
+    probed = [r.id for r in reversed(store.list()) if "WINDOW.__XSS" in str(r.context).upper()]
+    assert fleet.ids["quoted"][0] in probed and len(probed) > 1  # the machine and model replies
+    assert row_ids(client.get("/?q=window.__XSS").text) == probed  # case-insensitive
+    assert row_ids(client.get("/?q=" + fleet.ids["router"][0][:6]).text) == [fleet.ids["router"][0]]
+    assert "No instance matches" in client.get("/?machine=nope").text
+
+
+def test_list_sorts_and_pages(client: TestClient, store: SqliteStore) -> None:
+    by_tokens = sorted(store.list(), key=lambda r: (-r.tokens_used, -(r.key or 0)))
+    assert row_ids(client.get("/?sort=tokens").text) == [r.id for r in by_tokens]
+    asc = [r.id for r in store.list()]
+    assert row_ids(client.get("/?dir=asc&per=20").text) == asc
+    pages = [row_ids(client.get(f"/?dir=asc&per=20&page={p}").text) for p in (1, 2)]
+    assert pages == [asc, []]
+    first = client.get("/?per=20&sort=transitions").text
+    assert 'id="next"' not in first and "page 1 of 1" in first
+
+
+def test_bad_parameters_are_a_400_page_not_a_traceback(client: TestClient) -> None:
+    for url in ("/?status=bogus", "/?page=x"):
+        r = client.get(url)
+        assert r.status_code == 400 and "Traceback" not in r.text
+    assert client.get("/?sort=evil;drop").status_code == 200  # unknown sort: the default
+
+
+def test_instance_page_has_path_history_attempts_and_outbox(client: TestClient,
+                                                            store: SqliteStore) -> None:
+    rec = next(r for r in store.list(machine="moderation") if store.attempts(r.id))
+    page = client.get(f"/instances/{rec.id}").text
+    assert page.count('class="history-row') == len(store.history(rec.id))
+    assert "<svg" in page and "<!--" not in page and "<?xml" not in page
+    moves = Counter((h.source, h.trigger, h.dest) for h in store.history(rec.id))
+    labels = [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", page)]
+    for (_, trigger, _), n in moves.items():
+        assert any(t.startswith(trigger) and t.endswith(f"×{n}") for t in labels), (trigger, n)
+    assert 'id="attempts"' in page and "ServerError" in page
+    assert 'id="outbox"' in page and f"{rec.id}:notify:1" in page
+
+
+def test_unknown_instance_and_machine_are_404_and_400(client: TestClient) -> None:
+    assert client.get("/instances/deadbeef0000").status_code == 404
+    assert client.get("/machines/nope").status_code == 400
+    assert client.get("/no/such/page").status_code == 404
+
+
+def test_machine_page_counts_equal_the_store(client: TestClient, store: SqliteStore) -> None:
+    from fsm_engine.store import InstanceFilter
+    page = client.get("/machines/moderation").text
+    where = InstanceFilter(machine="moderation")
+    for status, n in store.count(where, "status").items():
+        assert re.search(rf'data-key="{status}">.*?<td class="num">{n}</td>', page)
+    for state, n in store.count(where, "state").items():
+        assert f'data-state="{state}" data-now="{n}"' in page
+    assert 'id="machine-total">6<' in page and "<svg" in page
+    assert "verdict_source" in page
+
+
+def test_model_text_and_state_names_are_escaped(client: TestClient, fleet: Fleet,
+                                                store: SqliteStore) -> None:
+    pages = [client.get(f"/instances/{fleet.ids['quoted'][0]}"),
+             client.get("/machines/quoted"), client.get("/?machine=quoted")]
+    pages += [client.get(f"/instances/{i}") for i in fleet.ids["moderation"]]
+    for r in pages:
+        assert r.status_code == 200
+        assert "<script" not in r.text.lower()
+        assert "script-src" not in r.headers["content-security-policy"]  # default-src 'none'
+        assert r.headers["x-content-type-options"] == "nosniff"
+    quoted = pages[0].text
+    assert html.escape(XSS, quote=False) in quoted or html.escape(XSS) in quoted
+    assert "<b>&amp;</b>" not in quoted  # the state name is text, never markup
+    assert html.escape('say "hi"', quote=True) in quoted or "say &#34;hi&#34;" in quoted
+
+
+def test_token_gate(store: SqliteStore) -> None:
+    gated = TestClient(create_app(store, token=TOKEN))
+    assert gated.get("/").status_code == 401
+    assert gated.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert gated.get("/static/style.css").status_code == 401
+    assert gated.get("/?token=wrong").status_code == 401
+    assert gated.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    browser = TestClient(create_app(store, token=TOKEN))
+    first = browser.get(f"/?token={TOKEN}")
+    assert first.status_code == 200 and "httponly" in first.headers["set-cookie"].lower()
+    assert browser.get("/machines/router").status_code == 200  # the cookie carries on
+
+
+def test_reads_never_block_a_writer_and_are_not_blocked(fleet: Fleet, client: TestClient) -> None:
+    writer = sqlite3.connect(fleet.db, isolation_level=None, timeout=0.1)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # an engine in the middle of a group commit
+        writer.execute("UPDATE instances SET updated_at = updated_at WHERE 0")
+        assert client.get("/").status_code == 200
+        assert client.get("/machines/moderation").status_code == 200
+        writer.execute("COMMIT")  # and the viewer held no lock that stops it
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("COMMIT")
+    finally:
+        writer.close()
+
+
+def test_read_only_store_refuses_writes(fleet: Fleet) -> None:
+    s = SqliteStore(fleet.db, readonly=True)
+    try:
+        with pytest.raises(StoreError):
+            s.delete(["x"])
+    finally:
+        s.close()
+
+
+def test_fsm_ui_refuses_an_exposed_host_without_token_and_a_missing_db(tmp_path) -> None:
+    cases = [(["ui", "--db", str(tmp_path / "none.db")], "no database"),
+             (["ui", "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")], "--token")]
+    for args, needle in cases:
+        proc = subprocess.run([*ENTRY, *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("fsm: error:") and needle in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet: Fleet) -> None:
+    from fsm_engine.store import InstanceRecord
+    db = str(tmp_path / "live.db")
+    writer = SqliteStore(db)
+    writer.create(InstanceRecord(id="live00000001", machine="router",
+                                 module=str(tmp_path / "gone.py"), fingerprint="x",
+                                 state="draft", status="running", context={}, input={},
+                                 max_transitions=5, token_budget=None, created_at=1.0,
+                                 updated_at=2.0))
+    reader = SqliteStore(db, readonly=True)
+    try:
+        live = TestClient(create_app(reader, refresh_s=7))
+        page = live.get("/instances/live00000001").text
+        assert '<meta http-equiv="refresh" content="7">' in page
+        assert "drawn from the recorded history only" in page  # the module is gone
+        assert 'http-equiv="refresh"' in live.get("/").text
+    finally:
+        reader.close()
+        writer.close()
+    done = TestClient(create_app(SqliteStore(fleet.db, readonly=True)))
+    assert 'http-equiv="refresh"' not in done.get(f"/instances/{fleet.ids['router'][0]}").text
+    assert 'http-equiv="refresh"' not in done.get("/").text
