@@ -38,6 +38,10 @@ from fsm_engine.sinks import deliver
 from fsm_engine.structured import parse_structured
 
 MAX_INFER = 2
+#: Room for the free answer, tokens.  Good verdicts of Qwen2.5-0.5B-Instruct on 8 license
+#: files measured 21–68 tokens (mean 32, Qwen tokenizer); fences and a longer summary from
+#: other models need more, and an answer cut at the limit is never repaired, only re-asked.
+VERDICT_TOKENS = 160
 READ_CHARS = 1_000_000  # collect reads at most this much; preprocess truncates further
 MAX_CHARS = int(os.environ.get("FSM_MAX_INPUT_CHARS", "2400"))
 
@@ -119,7 +123,7 @@ def _messages(ctx: Moderation) -> list[dict[str, str]]:
 
 async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
     """Ask the model for a verdict (raw text; validate parses it)."""
-    out = await step.llm.complete(_messages(ctx), max_tokens=100, temperature=0.0)
+    out = await step.llm.complete(_messages(ctx), max_tokens=VERDICT_TOKENS, temperature=0.0)
     return {"raw": out.text, "finish_reason": out.finish_reason,
             "infer_attempts": ctx.infer_attempts + 1}
 
