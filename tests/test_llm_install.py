@@ -36,3 +36,20 @@ def test_the_wheel_folder_is_keyed_by_the_flags(monkeypatch, tmp_path):
     assert first.parent == tmp_path / "fsm_engine" / "wheels"
     monkeypatch.setattr(install, "CMAKE_ARGS", install.CMAKE_ARGS + " -DGGML_AVX512=ON")
     assert install.wheel_dir() != first  # a wheel built the other way is never reused
+
+
+def test_a_same_version_wheel_built_elsewhere_is_replaced(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = install.wheel_dir()
+    folder.mkdir(parents=True)
+    wheel = folder / f"llama_cpp_python-{install.LLAMA_CPP_VERSION}-py3-none-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    calls = []
+    monkeypatch.setattr(install, "_pip", lambda *args, env=None: calls.append(args))
+    monkeypatch.setattr(install, "_installed_from", lambda: "file:///elsewhere/native.whl")
+    assert install.ensure_installed() == wheel
+    assert calls[0][:4] == ("install", "--disable-pip-version-check", "--force-reinstall", "--no-deps")
+    calls.clear()
+    monkeypatch.setattr(install, "_installed_from", lambda: wheel.resolve().as_uri())
+    install.ensure_installed()
+    assert [c for c in calls if "--force-reinstall" in c] == []  # ours already: kept

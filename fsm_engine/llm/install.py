@@ -13,8 +13,10 @@ portable instruction set (:data:`CMAKE_ARGS`: ``GGML_NATIVE=OFF``, AVX2 + FMA
 + F16C on x86-64, AMX off), with pip's cache off, into a wheel directory of
 its own keyed by the version and the flags (``$XDG_CACHE_HOME/fsm_engine/
 wheels/<key>``), then installs that wheel.  A second run with the same key
-installs the kept wheel in seconds.  Afterwards ``pip install -e '.[local]'``
-finds the pinned version already satisfied.
+installs the kept wheel in seconds.  A llama-cpp-python of the same version that
+did not come from that wheel (pip's native build) is replaced, not kept as
+"already satisfied".  Afterwards ``pip install -e '.[local]'`` finds the pinned
+version already satisfied.
 
 Exit status: 0 installed, 2 the build or install failed (one ``fsm: error:``
 line; pip's own output is above it).
@@ -87,8 +89,24 @@ def ensure_installed() -> Path:
         wheel = _kept_wheel(folder)
         if wheel is None:
             raise subprocess.CalledProcessError(1, "pip wheel", "no wheel was written")
+    if _installed_from() != wheel.resolve().as_uri():
+        # a llama-cpp-python of the same version built another way (pip's default native
+        # build) counts as "already satisfied": replace it, then add the [server] extra's deps
+        _pip("install", "--disable-pip-version-check", "--force-reinstall", "--no-deps", str(wheel))
     _pip("install", "--disable-pip-version-check", f"{wheel}[server]")
     return wheel
+
+
+def _installed_from() -> str | None:
+    """The URL the installed llama-cpp-python came from (pip's ``direct_url.json``), if any."""
+    import importlib.metadata
+    import json
+
+    try:
+        text = importlib.metadata.distribution("llama-cpp-python").read_text("direct_url.json")
+        return str(json.loads(text or "{}").get("url") or "") or None
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def main() -> int:
