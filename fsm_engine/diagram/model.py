@@ -133,6 +133,9 @@ def build_graph(export: Mapping[str, Any], overlay: Mapping[str, Any] | None = N
 def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
     """Compact policy notes for one exported state, e.g. ``("retry×3", "timeout 30s")``."""
     notes: list[str] = []
+    if state.get("llm"):
+        notes.append(f"model {state['llm']}" + (f", repair {state['repair_llm']}"
+                                                if state.get("repair_llm") else ""))
     retry = state.get("retry")
     if retry:
         attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None
