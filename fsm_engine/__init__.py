@@ -10,7 +10,7 @@ from .errors import (
     ActionError, BudgetExhausted, CircuitOpen, ClientError, DefinitionError, FingerprintMismatch,
     FsmError, InstanceFinished, InstanceNotFound, InvalidInput, MachineLoadError,
     NotAnFsmDatabase, ProviderError, ProviderTimeout, ProviderUnavailable, RateLimited,
-    ServerError, StaleWrite, StepTimeout, StoreError, StructuredOutputError,
+    ServerError, StaleWrite, StepRejected, StepTimeout, StoreError, StructuredOutputError,
 )
 from .policies import BreakerPolicy, RetryPolicy
 from .runtime import Engine, Step, load_machine
@@ -28,7 +28,8 @@ __all__ = [
     "Store", "SqliteStore", "open_store", "InstanceRecord", "HistoryRow",
     # errors
     "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
-    "InstanceNotFound", "StaleWrite", "FingerprintMismatch", "InvalidInput", "InstanceFinished",
+    "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "InvalidInput",
+    "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
     "ClientError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -55,7 +56,23 @@ def _safe(text: str) -> str:
 
 
 def _print_json(data: Any) -> None:
-    typer.echo(_safe(json.dumps(data, ensure_ascii=False, indent=2)))
+    """Strict JSON on stdout (a database written before values were checked may hold a
+    bare NaN: it is printed as the string ``"NaN"``, never as a non-standard token)."""
+    try:
+        text = json.dumps(data, ensure_ascii=False, indent=2, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(data), ensure_ascii=False, indent=2, allow_nan=False)
+    typer.echo(_safe(text))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value).replace("nan", "NaN").replace("inf", "Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _fail(msg: str) -> None:
@@ -231,8 +248,39 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     engine.concurrency = concurrency or _default_concurrency(engine)
     _preload(engine)
     engine.register(machine, ref)
-    ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
+    header = _header(machine.name, len(inputs), engine)  # a model it can't name: no instance
+    try:
+        ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
+    except InvalidInput as exc:
+        engine.close()
+        at = getattr(exc, "index", None)
+        raise InvalidInput(f"{_safe(input[at])}: {exc}" if at is not None else str(exc)) from None
+    if not quiet:
+        typer.echo(header, err=True)
     _finish(_drive(engine, ids, False, quiet), as_json, machine.tally)
+
+
+def _header(machine: str, count: int, engine: Engine) -> str:
+    """``fsm run``'s first line: the machine, how many instances, which model serves them
+    (per model name when states name several; an OpenAI-compatible server named no model
+    is asked for its only one)."""
+    from .runtime.models import DEFAULT
+    named = [(name, _describe(p)) for name, p in engine.models.by_name.items()]
+    llm = "; ".join(d if name == DEFAULT else f"{name} = {d}" for name, d in named) or "none"
+    return f"fsm: {machine}: {count} instance(s); llm: {llm}"
+
+
+def _describe(provider: Any) -> str:
+    inner = provider
+    while getattr(inner, "inner", None) is not None:  # a FaultInjector wraps the real one
+        inner = inner.inner
+    resolve = getattr(inner, "resolve_model_sync", None)
+    if resolve is not None:
+        resolve()
+    describe = getattr(inner, "describe", None)
+    text = describe() if callable(describe) else (
+        f"{getattr(inner, 'name', 'llm')} model {getattr(inner, 'model', '?')!r}")
+    return text + (" (with injected faults)" if getattr(provider, "rates", None) else "")
 
 
 def _default_concurrency(engine: Engine) -> int | None:

@@ -14,6 +14,7 @@ line that names the thing at fault.  Errors carry structured fields
     │   ├── NotAnFsmDatabase     the file is not SQLite, or not an fsm_engine database
     │   ├── InstanceNotFound     no instance with that id
     │   ├── StaleWrite           another writer moved the instance first (lease lost, cancelled)
+    │   ├── StepRejected         the store refused one step's values (nothing of its batch written)
     │   └── FingerprintMismatch  the instance was started from a different definition
     ├── InvalidInput             input or a context update fails the machine's context model
     ├── InstanceFinished         a step was asked of an instance in a final status
@@ -94,6 +95,20 @@ class StaleWrite(StoreError):
     """A commit lost a race: the instance changed under us (lease lost or cancelled)."""
 
 
+class StepRejected(StoreError):
+    """The store refused one step of a batch (a value it cannot encode, a constraint).
+
+    ``index`` is the step's position in the batch passed to ``Store.commit``;
+    nothing of that batch was written, so the caller may commit the others
+    again without it.  The runtime fails that step's instance with reason
+    ``store_rejected``; the rest of the batch commits.
+    """
+
+    def __init__(self, message: str, *, index: int, instance_id: str | None = None) -> None:
+        super().__init__(message, instance_id=instance_id)
+        self.index = index
+
+
 class FingerprintMismatch(StoreError):
     """An instance was started from a definition whose structure has since changed."""
 
@@ -126,14 +141,25 @@ class StepTimeout(FsmError):
 
 
 class BudgetExhausted(FsmError):
-    """An LLM call would exceed, or has exceeded, the instance's token budget."""
+    """An LLM call would exceed, or has exceeded, a token budget.
 
-    def __init__(self, used: int, budget: int, *, instance_id: str | None = None,
-                 state: str | None = None) -> None:
-        super().__init__(f"token budget exhausted: {used} of {budget} tokens used",
-                         instance_id=instance_id, state=state)
+    ``scope`` is ``"instance"`` (the instance's budget) or ``"state"`` (the
+    state's per-visit ``State.token_budget``); ``needed`` is the prompt's
+    counted tokens when the call was refused because the prompt alone does not
+    fit what is left (0: the budget was already spent).  No tokens were spent on
+    a refused call.
+    """
+
+    def __init__(self, used: int, budget: int, *, scope: str = "instance", needed: int = 0,
+                 instance_id: str | None = None, state: str | None = None) -> None:
+        which = "token budget" if scope == "instance" else "state token budget"
+        why = (f"the prompt needs ~{needed} tokens, {max(0, budget - used)} of {budget} left"
+               if needed else f"{used} of {budget} tokens used")
+        super().__init__(f"{which} exhausted: {why}", instance_id=instance_id, state=state)
         self.used = used
         self.budget = budget
+        self.scope = scope
+        self.needed = needed
 
 
 class CircuitOpen(FsmError):
@@ -213,7 +239,7 @@ class ClientError(ProviderError):
 
 __all__ = [
     "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
-    "InstanceNotFound", "StaleWrite", "FingerprintMismatch", "InvalidInput",
+    "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "InvalidInput",
     "InstanceFinished", "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen",
     "StructuredOutputError", "ProviderError", "ProviderUnavailable", "ProviderTimeout",
     "RateLimited", "ServerError", "ClientError",

@@ -17,10 +17,15 @@ Sources:
 
 from __future__ import annotations
 
+import errno
 import random
+import socket
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Literal
+from typing import Callable, Literal
 
 import tenacity
 
@@ -39,28 +44,189 @@ class Disposition(str, Enum):
     FAIL = "fail"          # bad input or programming error: fail at once
 
 
+RETRY, FAIL = Disposition.RETRY, Disposition.FAIL
+
+#: ``errno`` values of an ``OSError`` that mean the network, not the program, failed.
+NETWORK_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH", "EHOSTDOWN",
+    "ENETUNREACH", "ENETDOWN", "ENETRESET", "EPIPE", "EADDRNOTAVAIL", "ESHUTDOWN")
+    if hasattr(errno, name))
+#: ``socket.gaierror`` codes that are the caller's mistake, not a DNS failure.
+_BAD_LOOKUPS = frozenset(getattr(socket, name) for name in (
+    "EAI_BADFLAGS", "EAI_FAMILY", "EAI_SOCKTYPE", "EAI_SERVICE") if hasattr(socket, name))
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries (``status_code``, ``status``, ``code`` or its
+    ``response``'s), or None."""
+    for holder in (exc, getattr(exc, "response", None)):
+        for attr in ("status_code", "status", "code"):
+            value = getattr(holder, attr, None) if holder is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+                return value
+    return None
+
+
+def by_status(status: int | None) -> Disposition:
+    """408, 425, 429 and 5xx → ``RETRY``; any other status (other 4xx, 3xx) or none →
+    ``FAIL``."""
+    if status is None:
+        return FAIL
+    return RETRY if status in (408, 425, 429) or status >= 500 else FAIL
+
+
+def _status(exc: BaseException) -> Disposition:
+    return by_status(http_status(exc))
+
+
+def _errno(exc: BaseException) -> Disposition:
+    return RETRY if getattr(exc, "errno", None) in NETWORK_ERRNOS else FAIL
+
+
+def _lookup(exc: BaseException) -> Disposition:
+    return FAIL if getattr(exc, "errno", None) in _BAD_LOOKUPS else RETRY
+
+
+def _reason(exc: BaseException) -> Disposition:
+    """An error wrapping its cause in ``reason`` (urllib3's MaxRetryError, urllib's URLError)."""
+    reason = getattr(exc, "reason", None)
+    return classify(reason) if isinstance(reason, BaseException) else RETRY
+
+
+_Rule = Callable[[BaseException], Disposition]
+
+#: (top-level package, class name) → disposition or rule, matched along the exception's MRO,
+#: most specific class first.  Covers the HTTP clients actions call (requests, httpx,
+#: urllib3, aiohttp, the openai SDK, urllib, http.client) and the standard library's socket,
+#: SSL and OS errors; none of them is imported.
+RULES: dict[tuple[str, str], Disposition | _Rule] = {
+    # the standard library
+    ("builtins", "TimeoutError"): RETRY,
+    ("builtins", "ConnectionError"): RETRY,       # refused, reset, aborted, broken pipe
+    ("builtins", "OSError"): _errno,              # only network errnos are transient
+    ("socket", "gaierror"): _lookup,              # DNS
+    ("socket", "herror"): RETRY,
+    ("ssl", "SSLCertVerificationError"): FAIL,
+    ("ssl", "SSLEOFError"): RETRY,                # the peer cut the TLS stream
+    ("ssl", "SSLZeroReturnError"): RETRY,
+    ("ssl", "SSLError"): FAIL,
+    ("http", "IncompleteRead"): RETRY,
+    ("http", "RemoteDisconnected"): RETRY,
+    ("urllib", "HTTPError"): _status,
+    ("urllib", "URLError"): _reason,
+    # requests (its exceptions are OSErrors without an errno)
+    ("requests", "SSLError"): FAIL,
+    ("requests", "ConnectionError"): RETRY,       # also ConnectTimeout, ProxyError
+    ("requests", "Timeout"): RETRY,               # ReadTimeout
+    ("requests", "ChunkedEncodingError"): RETRY,
+    ("requests", "RetryError"): RETRY,            # urllib3 gave up on 5xx / 429
+    ("requests", "HTTPError"): _status,           # raise_for_status()
+    ("requests", "RequestException"): FAIL,       # invalid URL, schema, header, JSON ...
+    # httpx
+    ("httpx", "TimeoutException"): RETRY,         # connect / read / write / pool
+    ("httpx", "NetworkError"): RETRY,             # connect / read / write / close
+    ("httpx", "RemoteProtocolError"): RETRY,
+    ("httpx", "ProxyError"): RETRY,
+    ("httpx", "HTTPStatusError"): _status,        # raise_for_status()
+    ("httpx", "HTTPError"): FAIL,                 # unsupported protocol, decoding, redirects
+    # urllib3
+    ("urllib3", "SSLError"): FAIL,
+    ("urllib3", "MaxRetryError"): _reason,
+    ("urllib3", "TimeoutError"): RETRY,           # connect / read; NewConnectionError, DNS
+    ("urllib3", "ProtocolError"): RETRY,          # connection aborted mid-response
+    ("urllib3", "ProxyError"): RETRY,
+    ("urllib3", "IncompleteRead"): RETRY,
+    ("urllib3", "ResponseError"): RETRY,          # too many error responses
+    ("urllib3", "HTTPError"): FAIL,
+    # aiohttp
+    ("aiohttp", "ServerFingerprintMismatch"): FAIL,
+    ("aiohttp", "ClientSSLError"): FAIL,
+    ("aiohttp", "ClientConnectionError"): RETRY,  # connector, DNS, disconnects, timeouts
+    ("aiohttp", "ClientPayloadError"): RETRY,
+    ("aiohttp", "TooManyRedirects"): FAIL,
+    ("aiohttp", "ClientResponseError"): _status,  # raise_for_status()
+    ("aiohttp", "ClientError"): FAIL,
+    # the openai SDK called directly from an action
+    ("openai", "APITimeoutError"): RETRY,
+    ("openai", "APIConnectionError"): RETRY,
+    ("openai", "APIStatusError"): _status,
+    ("openai", "OpenAIError"): FAIL,
+}
+
+
 def classify(exc: BaseException) -> Disposition:
     """Decide how an action's exception is handled.
 
-    - network errors, provider timeouts, HTTP 429 and 5xx, step timeouts,
-      ``TimeoutError`` and ``ConnectionError`` → ``RETRY`` (other ``OSError``s,
-      e.g. a missing file, are not transient → ``FAIL``);
-    - ``StructuredOutputError`` (unparseable or invalid model output) → ``REASK``;
-    - ``CircuitOpen`` and ``BudgetExhausted`` → ``FALLBACK`` (retrying cannot help);
-    - HTTP 4xx other than 429, ``InvalidInput`` and everything else
-      (``TypeError``, ``KeyError`` ... programming errors) → ``FAIL``.
+    - fsm_engine's own errors: ``StructuredOutputError`` → ``REASK``;
+      ``CircuitOpen``, ``BudgetExhausted`` → ``FALLBACK``; ``InvalidInput`` and
+      ``ClientError`` → ``FAIL``; other ``ProviderError``s and ``StepTimeout`` → ``RETRY``;
+    - everything else by :data:`RULES` along the exception's class hierarchy:
+      network errors of requests / httpx / urllib3 / aiohttp / the openai SDK /
+      urllib, ``TimeoutError``, ``ConnectionError`` and any ``OSError`` with a
+      network ``errno`` (:data:`NETWORK_ERRNOS`), DNS failures → ``RETRY``; HTTP
+      status errors of those libraries by status (:func:`by_status`: 429 —
+      honouring ``Retry-After``, see :func:`retry_after` — 408 and 5xx retry,
+      other 4xx fail); TLS certificate errors, invalid URLs, other ``OSError``s
+      (a missing file) and every other exception (``TypeError``, ``KeyError`` ...
+      programming errors) → ``FAIL``.
     """
     if isinstance(exc, StructuredOutputError):
         return Disposition.REASK
     if isinstance(exc, (CircuitOpen, BudgetExhausted)):
         return Disposition.FALLBACK
     if isinstance(exc, ClientError) or isinstance(exc, InvalidInput):
-        return Disposition.FAIL
+        return FAIL
     if isinstance(exc, ProviderError):
-        return Disposition.RETRY if exc.retryable else Disposition.FAIL
-    if isinstance(exc, (StepTimeout, TimeoutError, ConnectionError)):
-        return Disposition.RETRY
-    return Disposition.FAIL
+        return RETRY if exc.retryable else FAIL
+    if isinstance(exc, StepTimeout):
+        return RETRY
+    for cls in type(exc).__mro__:
+        rule = RULES.get((cls.__module__.partition(".")[0], cls.__name__))
+        if rule is not None:
+            return rule if isinstance(rule, Disposition) else rule(exc)
+    return FAIL
+
+
+def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP-date,
+    RFC 9110 §10.2.3).  Returns None when neither header is present or parseable; never
+    negative."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = (headers.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The wait (seconds) an error asks for: its ``retry_after``, else the ``Retry-After``
+    header of its HTTP response (requests, httpx, urllib, aiohttp, openai), else None."""
+    hint = getattr(exc, "retry_after", None)
+    if isinstance(hint, (int, float)) and not isinstance(hint, bool):
+        return float(hint)
+    for holder in (getattr(exc, "response", None), exc):
+        headers = getattr(holder, "headers", None) if holder is not None else None
+        if headers is not None and hasattr(headers, "get"):
+            try:
+                wait = parse_retry_after(headers)
+            except Exception:  # noqa: BLE001 - an odd headers object: no hint
+                wait = None
+            if wait is not None:
+                return wait
+    return None
 
 
 class _Attempt:
@@ -164,4 +330,6 @@ class BreakerPolicy:
 BreakerState = Literal["closed", "open", "half_open"]
 
 
-__all__ = ["Disposition", "classify", "RetryPolicy", "NO_RETRY", "BreakerPolicy", "BreakerState"]
+__all__ = ["Disposition", "classify", "RULES", "NETWORK_ERRNOS", "by_status", "http_status",
+           "retry_after", "parse_retry_after", "RetryPolicy", "NO_RETRY", "BreakerPolicy",
+           "BreakerState"]

@@ -25,7 +25,7 @@ EXPECTED = {
     "Store", "SqliteStore", "open_store", "InstanceRecord", "HistoryRow",
     # errors
     "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
-    "InstanceNotFound", "StaleWrite", "FingerprintMismatch", "InvalidInput", "InstanceFinished",
+    "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "InvalidInput", "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
     "ClientError",

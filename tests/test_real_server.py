@@ -1,22 +1,73 @@
 """The reference machine through the OpenAI-compatible provider against a real
-``python -m llama_cpp.server`` on loopback, started and stopped by the fixture."""
+``python -m llama_cpp.server`` on loopback, started and stopped by the fixture.
+
+Three license files run at once against the single-threaded server (the provider's
+concurrency limit queues them, each request's timeout follows the state's), plus one
+instance whose budget cannot fit a prompt: every instance ends final, none by a
+timeout, each verdict's source matches the path its history took, and every model
+call names the model (read from the server's ``/v1/models``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from conftest import MACHINES, license_files
+from fsm_engine import Engine
 from fsm_engine.llm import OpenAICompatible
 from llm_fixtures import gemma_path, llama_server  # noqa: F401  (fixtures)
-from test_real_model import check_instance, run_three
+from test_real_model import check_instance
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
+MODERATION = str(MACHINES / "moderation.py")
+#: The transition out of which each verdict source comes.
+PATHS = {"model": ("validate", "valid"), "constrained": ("degraded-infer", "degraded"),
+         "rules": ("degraded-infer", "degraded")}
+
+
+def check_path(eng: Engine, rec) -> None:
+    """The verdict's source is the one the history's path produces."""
+    rows = eng.store.history(rec.id)
+    source = rec.context["verdict_source"]
+    into_output = [(h.source, h.trigger) for h in rows if h.dest == "output"]
+    if into_output == [("rule-verdict", "ruled")]:
+        assert source == "rules"
+    else:
+        assert into_output == [PATHS[source]], (source, into_output)
+    if source == "constrained":  # it came from a model call under the schema
+        row = next(h for h in rows if (h.source, h.trigger) == PATHS["constrained"])
+        assert row.detail.get("llm_calls")
+
 
 def test_moderation_through_openai_provider(db_path, notify_file, llama_server):  # noqa: F811
-    llm = OpenAICompatible(base_url=llama_server, model="gemma-3-270m", api_key="sk-test-secret")
-    eng, records = run_three(db_path, llm)
-    for rec in records:
+    llm = OpenAICompatible(base_url=llama_server, api_key="sk-test-secret")  # no model named
+    assert llm.concurrency == 1  # loopback: one request at a time
+    eng = Engine(db_path, llm=llm, seed=7)
+    files = license_files()[:3]
+    ids = [eng.start(MODERATION, {"path": p}) for p in files]
+    ids.append(eng.start(MODERATION, {"path": files[0]}, token_budget=1))
+
+    async def go() -> list:
+        try:
+            return await eng.run_many(ids)
+        finally:
+            await llm.aclose()
+    records = asyncio.run(go())
+    for rec in records[:3]:
         check_instance(eng, rec)
+    broke = records[3]
+    assert (broke.status, broke.tokens_used, broke.context["verdict_source"]) == (
+        "completed", 0, "rules")
+    for rec in records:
+        assert rec.status == "completed", (rec.reason, rec.last_error)
+        check_path(eng, rec)
+        errors = [a.error_class for a in eng.store.attempts(rec.id)]
+        errors += [h.reason for h in eng.store.history(rec.id) if h.reason]
+        assert "ProviderTimeout" not in errors and "timeout" not in errors, errors
+        calls = [c for h in eng.store.history(rec.id) for c in h.detail.get("llm_calls", [])]
+        assert llm.model and all(c["model"] == f"openai:{llm.model}" for c in calls)
     for suffix in ("", "-wal"):
         try:
             dump = open(db_path + suffix, "rb").read()

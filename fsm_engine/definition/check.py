@@ -7,7 +7,8 @@ python-statemachine's and Step Functions' validators: initial state exists;
 at least one final state; names unique and non-empty; transition ends exist;
 no transition leaves a final state; every state reachable from the initial
 one; every non-final state has a path to a final state; actions and guards
-resolve to callables taking 1 or 2 positional arguments; fallbacks and
+resolve to callables taking 1 or 2 positional arguments; guards are not
+``async`` (a coroutine is always truthy); fallbacks and
 policies valid; ``max_transitions`` ≥ 1, ``token_budget`` ≥ 0; the context is
 a pydantic model.
 """
@@ -59,6 +60,15 @@ def _accepts(fn: Callable[..., Any], counts: tuple[int, ...]) -> bool:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     return any(len(required) <= n <= len(positional) for n in counts)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """True for ``async def`` functions and async generators (also as callable objects or
+    ``functools.partial``): calling one returns an awaitable, always truthy."""
+    target = getattr(fn, "func", fn)  # functools.partial
+    call = getattr(type(target), "__call__", None) if not inspect.isroutine(target) else None
+    return any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+               for f in (target, call) if f is not None)
 
 
 def _graph(machine: Machine, names: list[str]) -> dict[str, set[str]]:
@@ -158,6 +168,9 @@ def _states(m: Machine, names: list[str], problems: list[str],
             problems.append(f"{where}: timeout must be > 0 seconds")
         if s.retry is not None:
             problems.extend(f"{where}: retry policy: {p}" for p in s.retry.problems())
+        if s.token_budget is not None and (not isinstance(s.token_budget, int)
+                                           or s.token_budget < 0):
+            problems.append(f"{where}: token_budget must be an int >= 0 tokens")
         if s.skippable and s.default_output is None:
             problems.append(f"{where}: skippable needs a default_output")
         for key in ("llm", "repair_llm"):
@@ -180,6 +193,9 @@ def _guards(m: Machine, problems: list[str], guards: dict[Ref, Callable[..., Any
                 problems.append(f"transition {_label(t)}: guard {name!r} does not resolve to a callable")
             elif not _accepts(fn, (1, 2)):
                 problems.append(f"transition {_label(t)}: guard {name!r} must take (ctx) or (ctx, run)")
+            elif _is_async(fn):
+                problems.append(f"transition {_label(t)}: guard {name!r} is async; guards are "
+                                "plain functions (pure and cheap: do the I/O in an action)")
             else:
                 guards[g] = fn
 

@@ -27,7 +27,7 @@ def _state_dict(s: "State") -> dict[str, Any]:
         "side_effect": s.side_effect, "skippable": s.skippable,
         "description": s.description,
     }
-    for key in ("llm", "repair_llm"):  # only when named: older machines keep their fingerprint
+    for key in ("llm", "repair_llm", "token_budget"):  # only when set: old fingerprints hold
         if getattr(s, key) is not None:
             out[key] = getattr(s, key)
     return out

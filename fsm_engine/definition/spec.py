@@ -11,8 +11,11 @@ a ``dict`` of context updates (top-level field → new value), or
 :func:`fire` ``(trigger, **updates)`` to choose a trigger.
 
 A *guard* is ``fn(ctx)`` or ``fn(ctx, run)`` returning ``bool``, where ``run``
-is a :class:`RunInfo`.  Guards must be pure: they are evaluated once per step,
-their results are recorded in the history.
+is a :class:`RunInfo`.  Guards must be pure and cheap: they are evaluated once
+per step, their results are recorded in the history.  An ``async def`` guard is
+a definition error (its coroutine would always be truthy); a guard returning
+anything but a ``bool`` (``numpy.bool_`` counts) fails the instance, its result
+recorded as ``"<type>: <repr>"`` among the history row's guards.
 
 Actions and guards may be given as callables or as names; names are resolved
 in the module that defines the machine, when the machine is checked.
@@ -59,6 +62,10 @@ class RunInfo:
     max_transitions: int
     tokens_used: int
     token_budget: int | None
+    #: Tokens spent in this visit of the state (failed attempts and re-asks included).
+    state_tokens_used: int = 0
+    #: The state's per-visit budget (``State.token_budget``), ``None`` when it has none.
+    state_token_budget: int | None = None
 
     @property
     def tokens_remaining(self) -> int | None:
@@ -66,6 +73,13 @@ class RunInfo:
         if self.token_budget is None:
             return None
         return max(0, self.token_budget - self.tokens_used)
+
+    @property
+    def state_tokens_remaining(self) -> int | None:
+        """Tokens left in this visit's state budget, ``None`` when the state has none."""
+        if self.state_token_budget is None:
+            return None
+        return max(0, self.state_token_budget - self.state_tokens_used)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +108,11 @@ class State:
             default provider.  ``None``: the default provider.
         repair_llm: the model that answers ``step.llm.structured``'s re-asks (a cheap
             format-fixing model); ``None``: the state's own model.
+        token_budget: tokens the state's model calls may spend per visit, failed
+            attempts and re-asks included (``None``: only the instance's budget
+            applies); checked before each call like the instance's budget, and an
+            exhausted one takes the state's ``budget_exhausted`` transition (else
+            its fallback).  Guards read what is left as ``run.state_tokens_remaining``.
     """
 
     name: str
@@ -110,6 +129,7 @@ class State:
     description: str = ""
     llm: str | None = None
     repair_llm: str | None = None
+    token_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

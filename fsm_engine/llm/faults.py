@@ -31,10 +31,11 @@ import json
 import random
 import threading
 from collections import Counter
+from typing import Any
 
 from fsm_engine.errors import (InvalidInput, ProviderError, ProviderTimeout, RateLimited,
                                ServerError)
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, accepts_timeout
 
 __all__ = ["FaultInjector", "parse_fault_spec", "FAULT_KINDS", "mangle_json"]
 
@@ -118,7 +119,7 @@ class FaultInjector(Provider):
         self.inner = inner
         self.rates = _check_rates(rates, rates)
         # its own breaker: injected faults say nothing about the real provider's health
-        self.name, self.model = f"faults+{inner.name}", inner.model
+        self.name = f"faults+{inner.name}"
         self.hang_s, self.timeout_s = hang_s, timeout_s
         self.retry_after, self.huge_bytes = retry_after, huge_bytes
         self._rng = random.Random(seed)
@@ -130,6 +131,11 @@ class FaultInjector(Provider):
 
     def __repr__(self) -> str:
         return f"FaultInjector({self.inner!r}, {self.rates!r})"
+
+    @property
+    def model(self) -> str:  # type: ignore[override]
+        """The wrapped provider's model (which it may learn only at its first call)."""
+        return self.inner.model
 
     @property
     def total_tokens(self) -> int:
@@ -155,7 +161,8 @@ class FaultInjector(Provider):
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
-                       stop: list[str] | None = None) -> Completion:
+                       stop: list[str] | None = None, timeout: float | None = None
+                       ) -> Completion:
         """Call ``inner`` unless the drawn fault prevents it, then apply the fault.
 
         Raises ProviderTimeout, RateLimited or ServerError for those faults and
@@ -170,9 +177,11 @@ class FaultInjector(Provider):
         if kind == "hang":
             await asyncio.sleep(self.hang_s)
         try:
+            timed = timeout is not None and accepts_timeout(self.inner)
+            extra = {"timeout": timeout} if timed else {}
             done = await self.inner.complete(messages, max_tokens=max_tokens,
                                              temperature=temperature,
-                                             json_schema=json_schema, stop=stop)
+                                             json_schema=json_schema, stop=stop, **extra)
         except ProviderError as exc:
             self._bill(exc.prompt_tokens, exc.completion_tokens)
             raise
@@ -194,6 +203,11 @@ class FaultInjector(Provider):
         if kind == "huge":
             return dataclasses.replace(done, text=_pad(text, self.huge_bytes))
         return done
+
+    def count_tokens(self, messages: list[Message]) -> Any:
+        """The wrapped provider's count (its tokenizer, or the estimate)."""
+        count = getattr(self.inner, "count_tokens", None)
+        return count(messages) if count is not None else super().count_tokens(messages)
 
     async def aclose(self) -> None:
         """Close the wrapped provider."""

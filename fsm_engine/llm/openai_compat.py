@@ -2,8 +2,24 @@
 
 Configuration comes from arguments, else the environment: ``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY`` (``"sk-no-key"`` when a base URL is set and no key is, as
-local servers need none) and ``FSM_MODEL``.  The SDK's own retries are off:
-the engine owns retries.  SDK exceptions map onto the error tree:
+local servers need none), ``FSM_MODEL``, ``FSM_HTTP_TIMEOUT`` and
+``FSM_LLM_CONCURRENCY``:
+
+- the model is required for the OpenAI API; against another server without
+  one, the server's ``/v1/models`` is asked and its model used when it lists
+  exactly one (``ClientError`` naming the choices otherwise);
+- each request's timeout is what is left of the calling step's timeout when it
+  has one (the engine passes ``timeout=``), else ``timeout`` (argument, else
+  ``FSM_HTTP_TIMEOUT``, else 600 s); time spent queueing counts;
+- at most ``concurrency`` requests are in flight per provider (argument, else
+  ``FSM_LLM_CONCURRENCY``, else 1 for a loopback server — llama.cpp's serves
+  one request at a time, so more would only queue inside it until they time out —
+  and 16 otherwise); the others wait their turn in order;
+- a reply without ``usage`` is counted with :meth:`count_tokens` (prompt) and
+  ``estimate_tokens`` (completion) and flagged ``usage_missing``.
+
+The SDK's own retries are off: the engine owns retries.  SDK exceptions map
+onto the error tree:
 
 =================================  ====================
 SDK exception                      fsm_engine error
@@ -30,49 +46,28 @@ the key in a header).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import ipaddress
 import logging
 import os
 import re
 import time
-from email.utils import parsedate_to_datetime
-from collections.abc import Mapping
+from urllib.parse import urlsplit
 from typing import Any
 
 from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
                                ProviderUnavailable, RateLimited, ServerError)
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, estimate_tokens
+from fsm_engine.policies import parse_retry_after
 
-__all__ = ["OpenAICompatible", "parse_retry_after"]
+__all__ = ["OpenAICompatible", "parse_retry_after", "is_loopback"]
 
 log = logging.getLogger(__name__)
-DEFAULT_MODEL = "gpt-4o-mini"
 NO_KEY = "sk-no-key"
+DEFAULT_TIMEOUT = 600.0  # seconds, the openai SDK's own default
+REMOTE_CONCURRENCY = 16
 JSON_MODES = ("auto", "json_schema", "json_object", "off")
-
-
-def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP-date).
-
-    Returns None when neither header is present or parseable; never negative.
-    """
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000.0)
-        except ValueError:
-            pass
-    value = (headers.get("retry-after") or "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
 
 
 def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
@@ -85,25 +80,55 @@ def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
+def _env_number(name: str, kind: type, minimum: float) -> Any:
+    """``$name`` as a ``kind`` >= ``minimum``, None when unset; InvalidInput when malformed."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise InvalidInput(f"{name}={raw!r}: expected a number >= {minimum:g}")
+    return value
+
+
+def is_loopback(base_url: str | None) -> bool:
+    """True when ``base_url`` names this machine (localhost, 127.0.0.0/8, ::1)."""
+    host = urlsplit(base_url or "").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class OpenAICompatible(Provider):
     """Chat completions over HTTP with the official ``openai`` SDK (``AsyncOpenAI``).
 
-    ``timeout`` is the per-request limit in seconds; ``json_mode`` is one of
-    :data:`JSON_MODES` (see the module docstring).  Raises ClientError at
-    construction when no API key can be found for the real OpenAI API, and
-    InvalidInput for an unknown ``json_mode``.
+    ``timeout`` is the default per-request limit in seconds, ``concurrency``
+    the most requests in flight, ``model`` the model id (see the module
+    docstring for each one's defaults); ``json_mode`` is one of
+    :data:`JSON_MODES`.  Raises ClientError at construction when no API key or
+    no model can be found for the real OpenAI API, and InvalidInput for an
+    unknown ``json_mode`` or a malformed environment variable.
     """
 
     name = "openai"
 
     def __init__(self, base_url: str | None = None, model: str | None = None,
-                 api_key: str | None = None, timeout: float = 60.0,
-                 json_mode: str | None = None) -> None:
+                 api_key: str | None = None, timeout: float | None = None,
+                 json_mode: str | None = None, concurrency: int | None = None) -> None:
         import openai  # a core dependency; imported here to keep package import light
 
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self.model = model or os.environ.get("FSM_MODEL") or DEFAULT_MODEL
-        self.timeout = timeout
+        self.model: str | None = model or os.environ.get("FSM_MODEL") or None
+        self.timeout = float(timeout or _env_number("FSM_HTTP_TIMEOUT", float, 0.001)
+                             or DEFAULT_TIMEOUT)
+        self.concurrency = int(concurrency or _env_number("FSM_LLM_CONCURRENCY", int, 1)
+                               or (1 if is_loopback(self.base_url) else REMOTE_CONCURRENCY))
         self.json_mode = json_mode or os.environ.get("FSM_JSON_MODE") or "auto"
         if self.json_mode not in JSON_MODES:
             raise InvalidInput(f"unknown json_mode {self.json_mode!r}; "
@@ -112,31 +137,103 @@ class OpenAICompatible(Provider):
         if not key:
             raise ClientError("no API key for the OpenAI API: set OPENAI_API_KEY "
                               "(or OPENAI_BASE_URL for a local server)")
+        if self.model is None and self.base_url is None:
+            raise ClientError("no model for the OpenAI API: set FSM_MODEL (e.g. gpt-4o-mini)")
         self._secret = key
         self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url,
-                                          timeout=timeout, max_retries=0)
+                                          timeout=self.timeout, max_retries=0)
+        self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def __repr__(self) -> str:
         return f"OpenAICompatible(base_url={self.base_url!r}, model={self.model!r})"
 
+    def describe(self) -> str:
+        """One line for a run's header: model, server, concurrency."""
+        model = repr(self.model) if self.model else "(the server's only model)"
+        return (f"openai-compatible model {model} at {self.base_url or 'api.openai.com'}, "
+                f"{self.concurrency} request(s) at a time")
+
     def _mask(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
 
+    def _semaphore(self) -> asyncio.Semaphore:
+        """The concurrency gate of the running event loop (one per loop: a Semaphore is
+        bound to the loop it first waits on)."""
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate[0] is not loop:
+            self._gate = (loop, asyncio.Semaphore(self.concurrency))
+        return self._gate[1]
+
+    async def resolve_model(self) -> str:
+        """The model id: the configured one, else the only one ``/v1/models`` lists.
+
+        Raises ClientError when the server lists none or several (naming them),
+        or a ProviderError when it cannot be asked.
+        """
+        if self.model:
+            return self.model
+        try:
+            listed = [m.id async for m in self._client.models.list()]
+        except Exception as exc:  # noqa: BLE001 - mapped like a completion's failure
+            raise self._map_error(exc, self.timeout) from None
+        if len(listed) != 1:
+            shown = ", ".join(sorted(listed)[:10]) or "none"
+            raise ClientError(f"{self.name} server at {self.base_url} lists {len(listed)} "
+                              f"models ({shown}): choose one with FSM_MODEL")
+        self.model = listed[0]
+        log.info("%s at %s: using its only model %r", self.name, self.base_url, self.model)
+        return self.model
+
+    def resolve_model_sync(self) -> str:
+        """``resolve_model`` without an event loop (for a command's header, before a run):
+        one ``GET /models`` through a short-lived client."""
+        if self.model:
+            return self.model
+        import httpx
+
+        url = f"{(self.base_url or '').rstrip('/')}/models"
+        try:
+            response = httpx.get(url, headers={"Authorization": f"Bearer {self._secret}"},
+                                 timeout=min(self.timeout, 30.0))
+            response.raise_for_status()
+            listed = [str(m.get("id")) for m in response.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise ProviderUnavailable(f"cannot list the models at {self.base_url}: "
+                                      f"{self._mask(str(exc))[:200]} (or set FSM_MODEL)") from None
+        if len(listed) != 1:
+            shown = ", ".join(sorted(listed)[:10]) or "none"
+            raise ClientError(f"{self.name} server at {self.base_url} lists {len(listed)} "
+                              f"models ({shown}): choose one with FSM_MODEL")
+        self.model = listed[0]
+        return self.model
+
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
-                       stop: list[str] | None = None) -> Completion:
+                       stop: list[str] | None = None, timeout: float | None = None
+                       ) -> Completion:
         """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
 
+        ``timeout`` (seconds, e.g. what is left of the step's timeout) bounds the
+        call including its wait for a free slot; None: the provider's ``timeout``.
         Raises ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
         or ClientError (see the module docstring).
         """
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages,
-                                  "max_tokens": max_tokens, "temperature": temperature}
-        if stop:
-            kwargs["stop"] = stop
-        if json_schema is not None and self.json_mode != "off":
-            kwargs["response_format"] = _response_format(json_schema, self.json_mode)
-        return self._completion(await self._create(kwargs, json_schema))
+        limit = self.timeout if timeout is None else max(0.001, float(timeout))
+        started = time.monotonic()
+        async with self._semaphore():
+            left = limit - (time.monotonic() - started)
+            if left <= 0:
+                raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
+                                      f"(concurrency {self.concurrency})")
+            kwargs: dict[str, Any] = {"model": await self.resolve_model(), "messages": messages,
+                                      "max_tokens": max_tokens, "temperature": temperature,
+                                      "timeout": left}
+            if stop:
+                kwargs["stop"] = stop
+            if json_schema is not None and self.json_mode != "off":
+                kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+            response = await self._create(kwargs, json_schema)
+        return await self._completion(response, messages)
 
     async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None) -> Any:
         """Send the request; auto mode resends once in llama.cpp form if json_schema is refused."""
@@ -144,7 +241,7 @@ class OpenAICompatible(Provider):
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every SDK failure is mapped below
             if not self._refused_json_schema(exc, kwargs):
-                raise self._map_error(exc) from None
+                raise self._map_error(exc, kwargs["timeout"]) from None
         self.json_mode = "json_object"
         log.info("%s at %s refused response_format json_schema; using json_object",
                  self.name, self.base_url)
@@ -152,7 +249,7 @@ class OpenAICompatible(Provider):
         try:
             return await self._client.chat.completions.create(**kwargs)
         except Exception as exc:  # noqa: BLE001
-            raise self._map_error(exc) from None
+            raise self._map_error(exc, kwargs["timeout"]) from None
 
     def _refused_json_schema(self, exc: Exception, kwargs: dict[str, Any]) -> bool:
         sent = (kwargs.get("response_format") or {}).get("type")
@@ -160,20 +257,25 @@ class OpenAICompatible(Provider):
         return (self.json_mode == "auto" and sent == "json_schema"
                 and status in (400, 422, 500) and "json_schema" in str(exc))
 
-    def _completion(self, response: Any) -> Completion:
+    async def _completion(self, response: Any, messages: list[Message]) -> Completion:
         usage = getattr(response, "usage", None)
-        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        completion = int(getattr(usage, "completion_tokens", 0) or 0)
-        if not getattr(response, "choices", None):
+        prompt = getattr(usage, "prompt_tokens", None)
+        completion = getattr(usage, "completion_tokens", None)
+        choices = getattr(response, "choices", None)
+        text = (choices[0].message.content or "") if choices else ""
+        missing = not isinstance(prompt, int) or not isinstance(completion, int)
+        if missing:  # never a silent 0: the prompt by the tokenizer, the reply estimated
+            counted = self.count_tokens(messages)
+            prompt = await counted if inspect.isawaitable(counted) else counted
+            completion = estimate_tokens(text)
+        if not choices:
             raise ServerError(f"{self.name} model {self.model!r} returned no choices",
-                              prompt_tokens=prompt, completion_tokens=completion)
-        choice = response.choices[0]
-        return Completion(text=choice.message.content or "", prompt_tokens=prompt,
-                          completion_tokens=completion,
-                          finish_reason=choice.finish_reason or "stop",
-                          model=response.model or self.model)
+                              prompt_tokens=int(prompt), completion_tokens=int(completion))
+        return Completion(text=text, prompt_tokens=int(prompt), completion_tokens=int(completion),
+                          finish_reason=choices[0].finish_reason or "stop",
+                          model=response.model or self.model or "?", usage_missing=missing)
 
-    def _map_error(self, exc: Exception) -> ProviderError:
+    def _map_error(self, exc: Exception, timeout: float) -> ProviderError:
         """Turn an SDK exception into the matching ProviderError, key masked."""
         import openai
 
@@ -182,7 +284,7 @@ class OpenAICompatible(Provider):
         status = getattr(exc, "status_code", None)
         log.debug("provider call failed: %s: %s", type(exc).__name__, detail)
         if isinstance(exc, openai.APITimeoutError) or status == 408:
-            return ProviderTimeout(f"{where} timed out after {self.timeout:g}s", status=status)
+            return ProviderTimeout(f"{where} timed out after {timeout:.3g}s", status=status)
         if isinstance(exc, openai.APIConnectionError):
             return ProviderUnavailable(f"{where} unreachable: {detail}")
         if isinstance(exc, openai.RateLimitError) or status == 429:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
+from ..errors import StepRejected
 from ..store.base import Store
 from ..store.records import StepCommit
 
@@ -49,7 +50,10 @@ class GroupCommitter:
     async def submit(self, step: StepCommit) -> bool:
         """Queue ``step``; return True once durably committed, False when stale.
 
-        Store errors propagate to every step of the failed batch.
+        A step the store refuses (``StepRejected``: a value it cannot encode,
+        a constraint) raises for that step alone; the rest of its batch is
+        committed without it.  Any other store error (disk full, I/O error,
+        database gone) reaches every step of the failed batch.
         """
         if not self._pending and self.solo():  # nothing to batch with: commit right here
             self.batches += 1
@@ -72,13 +76,26 @@ class GroupCommitter:
             del self._pending[: self.max_batch]
             try:
                 results = self.store.commit([s for s, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - handed to every waiter
-                for _, fut in batch:
+            except StepRejected as exc:  # that step alone: the others go again without it
+                if 0 <= exc.index < len(batch):
+                    _, fut = batch.pop(exc.index)
                     if not fut.done():
                         fut.set_exception(exc)
+                    self._pending[:0] = batch
+                    continue
+                self._fail(batch, exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a store failure: every waiter hears it
+                self._fail(batch, exc)
                 continue
             self.batches += 1
             self.steps += len(batch)
             for (_, fut), ok in zip(batch, results):
                 if not fut.done():
                     fut.set_result(ok)
+
+    @staticmethod
+    def _fail(batch: list[tuple[StepCommit, "asyncio.Future[bool]"]], exc: Exception) -> None:
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(exc)

@@ -19,6 +19,7 @@ import transitions
 
 from ..definition import Machine, RunInfo, check, fingerprint
 from ..definition.spec import RESERVED_TRIGGERS, State, as_refs, ref_name
+from ..errors import ActionError
 
 
 class Choice(NamedTuple):
@@ -40,12 +41,28 @@ def _arity(fn: Callable[..., Any]) -> int:
     return 2 if len(pos) >= 2 else 1
 
 
+class GuardResultError(ActionError):
+    """A guard returned something other than a bool (the driver fails the instance)."""
+
+
 def _recording(name: str, fn: Callable[..., Any]) -> Callable[..., bool]:
-    """Wrap a guard so each evaluation is appended to the step's guard log."""
+    """Wrap a guard so each evaluation is appended to the step's guard log.
+
+    A guard must return a ``bool`` (``numpy.bool_`` counts): anything else is
+    logged as ``[name, "<type>: <repr>"]`` and raises ``GuardResultError``, so
+    the instance fails naming the guard instead of taking a transition on the
+    truthiness of ``None``, a list or a coroutine.
+    """
     two = _arity(fn) == 2
 
     def guard(ctx: Any, run: RunInfo, log: list[list[Any]]) -> bool:
-        result = bool(fn(ctx, run) if two else fn(ctx))
+        result = fn(ctx, run) if two else fn(ctx)
+        if result is not True and result is not False:
+            if type(result).__name__ != "bool_":  # numpy.bool_
+                shown = f"{type(result).__name__}: {result!r}"[:200]
+                log.append([name, shown])
+                raise GuardResultError(f"guard {name!r} returned {shown}, not a bool")
+            result = bool(result)
         log.append([name, result])
         return result
     return guard
@@ -91,17 +108,18 @@ class CompiledMachine:
         return self._choosable.get(state, ())
 
     def choose(self, state: str, ctx: Any, run: tuple[Any, ...],
-               trigger: str | None = None) -> Choice | None:
+               trigger: str | None = None, log: list[list[Any]] | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
 
         With ``trigger`` only that trigger's transitions are candidates;
         without, every non-reserved trigger from ``state`` in declaration
         order.  ``run`` holds ``RunInfo``'s fields, for two-argument guards
         (built only when a guard is evaluated).  Returns ``None`` when no
-        guard set passes.  Guard exceptions propagate.
+        guard set passes.  Guard exceptions propagate (``log``, when given, collects
+        the guards evaluated up to then, for the history).
         """
         plan = self._plans.get(state, {})
-        log: list[list[Any]] = []
+        log = [] if log is None else log
         data = None
         for trig in (trigger,) if trigger else self.choosable(state):
             for dest, conditions in plan.get(trig, ()):

@@ -18,16 +18,16 @@ from pydantic import BaseModel, ValidationError
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
-    ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepTimeout,
-    StructuredOutputError,
+    ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepRejected,
+    StepTimeout, StructuredOutputError,
 )
-from ..policies import Disposition, classify
+from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, StepCommit
-from . import outcome
+from . import outcome, values
 from .models import Models
 from .commit import GroupCommitter
-from .compiled import CompiledMachine
+from .compiled import CompiledMachine, GuardResultError
 from .step import MeteredLLM, Step
 from .threads import ActionThreads
 
@@ -68,19 +68,23 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
     """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
 
     ``fields`` is the model's field names (computed once per machine by the caller).
-    Raises ``InvalidInput`` for unknown fields or values the model rejects.
+    Raises ``InvalidInput`` for unknown fields, values the model rejects or
+    values that would not come back from JSON as they went in (``values``).
     """
     known = fields if fields is not None else frozenset(model.model_fields)
     unknown = [k for k in update if k not in known]
     if unknown:
         raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
+    values.check_values(model, update)
     try:
         obj = model.model_validate({**data, **update})
     except ValidationError as exc:
         raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
                            f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
-    new = obj.model_dump(mode="json")
-    return obj, new, {k: new[k] for k in update}
+    new = values.dump(obj, update)
+    delta = {k: new[k] for k in update}
+    values.check_json(delta)
+    return obj, new, delta
 
 
 def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
@@ -157,10 +161,17 @@ class Driver:
 
     async def step_once(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """Run the current state's action once and record what follows."""
+        async def record(rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
+            try:
+                return await self.commit(rec, step)
+            except StepRejected as exc:  # the step's values, not the store: fail it alone
+                spent = max(0, step.record.tokens_used - rec.tokens_used)
+                return await self.commit(rec, outcome.failed(
+                    cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
         if self.tracer is not None:
             from ..telemetry import traced_step
-            return await traced_step(self.tracer, self._decide, self.commit, cm, rec)
-        return await self.commit(rec, await self._decide(cm, rec))
+            return await traced_step(self.tracer, self._decide, record, cm, rec)
+        return await record(rec, await self._decide(cm, rec))
 
     async def _decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
         """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
@@ -185,8 +196,12 @@ class Driver:
         left = None if rec.token_budget is None else rec.token_budget - rec.tokens_used
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
+        in_visit = self._visit_tokens(rec, state, visit)
         meter = MeteredLLM(provider, tokens_left=left, budget=rec.token_budget,
-                           breaker=self.models.breaker(provider), loop=asyncio.get_running_loop())
+                           breaker=self.models.breaker(provider), loop=asyncio.get_running_loop(),
+                           state_left=None if state.token_budget is None
+                           else state.token_budget - in_visit,
+                           state_budget=state.token_budget)
         if state.repair_llm is not None:
             repair = self.models.by_name.get(state.repair_llm)
             if repair is not None and repair is not provider:
@@ -200,7 +215,16 @@ class Driver:
                     idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
                     tokens_used=rec.tokens_used, token_budget=rec.token_budget,
-                    triggers=cm.choosable(state.name))
+                    triggers=cm.choosable(state.name), state_tokens_used=in_visit,
+                    state_token_budget=state.token_budget)
+
+    def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
+        """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
+        store only for states with a ``token_budget`` (and after a first attempt)."""
+        if state.token_budget is None or rec.attempt <= 1:
+            return 0
+        return sum(a.tokens for a in self.store.attempts(rec.id)
+                   if a.state == state.name and a.visit == visit)
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
                        state: State) -> StepCommit:
@@ -222,6 +246,11 @@ class Driver:
         except (Exception, asyncio.TimeoutError) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
+        if error is None and step is not None and step.notes:
+            try:
+                values.check_json(step.notes, "step.notes")
+            except InvalidInput as exc:  # named in the error, kept out of the history row
+                error, step.notes = exc, {}
         if error is None:
             try:
                 return self.advance(cm, rec, state, step, *_normalise(result), ms)
@@ -241,6 +270,8 @@ class Driver:
         if is_async and timeout is None:
             return await fn(*args)  # no task needed when nothing may cut it short
         loop = asyncio.get_running_loop()
+        if step is not None and timeout is not None:  # the model call's HTTP timeout follows
+            step.llm.deadline = loop.time() + timeout
         if is_async:
             fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
         elif timeout is None:
@@ -270,12 +301,16 @@ class Driver:
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)
         run = (rec.id, state.name, rec.loop_count, rec.max_transitions,
-               rec.tokens_used + tokens, rec.token_budget)
+               rec.tokens_used + tokens, rec.token_budget,
+               (step.state_tokens_used if step else 0) + tokens, state.token_budget)
+        evaluated: list[list[Any]] = []
         try:
-            choice = cm.choose(state.name, obj, run, trigger)
+            choice = cm.choose(state.name, obj, run, trigger, evaluated)
         except Exception as exc:  # a guard raised: fail this instance, not the whole batch
-            raise ActionError(f"a guard raised {_err(exc)}", instance_id=rec.id,
-                              state=state.name) from exc
+            why = str(exc) if isinstance(exc, GuardResultError) else f"a guard raised {_err(exc)}"
+            err = ActionError(why, instance_id=rec.id, state=state.name)
+            err.guards = evaluated  # type: ignore[attr-defined]  # recorded in the history
+            raise err from exc
         detail = _detail(rec, step)
         if choice is None:
             return outcome.failed(
@@ -295,8 +330,7 @@ class Driver:
         policy = state.retry
         now = self.clock()
         if disposition is Disposition.RETRY and policy and policy.should_retry(rec.attempt):
-            hint = getattr(exc, "retry_after", None)
-            delay = policy.delay(rec.attempt, retry_after=hint, rng=self.rng)
+            delay = policy.delay(rec.attempt, retry_after=retry_after(exc), rng=self.rng)
             return outcome.retry_later(rec, error=exc, tokens=_spent(step), next_at=now + delay,
                                        now=now)
         reason = _reason(exc, disposition is Disposition.RETRY)
@@ -315,5 +349,7 @@ class Driver:
         detail = _detail(rec, step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
-        return outcome.failed(cm, rec, reason, now, error=_err(exc), tokens=_spent(step),
+        fail = outcome.failed(cm, rec, reason, now, error=_err(exc), tokens=_spent(step),
                               duration_ms=ms, detail=detail)
+        fail.history[0].guards = getattr(exc, "guards", None) or []
+        return fail

@@ -21,13 +21,14 @@ from pydantic import BaseModel, ValidationError
 
 from ..definition import Machine
 from ..errors import (
-    DefinitionError, FingerprintMismatch, FsmError, InstanceFinished, InvalidInput, StaleWrite,
+    DefinitionError, FingerprintMismatch, FsmError, InstanceFinished, InstanceNotFound,
+    InvalidInput, StaleWrite,
 )
 from ..policies import BreakerPolicy
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import InstanceRecord, StepCommit, WorkerRow
-from . import outcome
+from . import outcome, values
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
@@ -46,14 +47,33 @@ OnStep = Callable[[InstanceRecord], None]
 
 
 def _validate_input(model: type[BaseModel], data: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
-    """The input as the context's JSON dict; ``InvalidInput`` when it does not fit."""
-    raw = data.model_dump() if isinstance(data, BaseModel) else dict(data or {})
+    """The input as the context's JSON dict; ``InvalidInput`` when it does not fit or holds
+    a value that would not come back from JSON as it went in (see ``runtime.values``)."""
+    raw = dict(data.__dict__) if isinstance(data, BaseModel) else dict(data or {})
     try:
-        return model.model_validate(raw).model_dump(mode="json")
+        values.check_values(model, raw)
+        obj = model.model_validate(raw)
+        ctx = values.dump(obj, raw)
+        values.check_json(ctx)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidInput(f"input does not fit {model.__name__}: {first['msg']} at "
                            f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"input does not fit {model.__name__}: {exc}") from None
+    return ctx
+
+
+def _for_instance(exc: FsmError, instance_id: str) -> FsmError:
+    """``exc`` naming ``instance_id``: a copy when it names another instance (one store
+    failure reaches every step of its batch as the same exception object)."""
+    if exc.instance_id in (None, instance_id):
+        exc.instance_id = instance_id
+        return exc
+    copy = type(exc).__new__(type(exc))
+    copy.args, copy.__dict__ = exc.args, dict(exc.__dict__, instance_id=instance_id)
+    copy.__cause__ = exc.__cause__
+    return copy
 
 
 def _lost_claim(instance_id: str) -> StaleWrite:
@@ -183,7 +203,8 @@ class Engine:
                    inputs: Iterable[BaseModel | dict[str, Any] | None], *,
                    token_budget: int | None = None, deadline_s: float | None = None,
                    ids: list[str] | None = None, enqueue: bool = False) -> list[str]:
-        """``start`` for many inputs in one transaction (all created, or none).
+        """``start`` for many inputs in one transaction (all created, or none); an
+        ``InvalidInput`` carries ``index``, the position of the input at fault.
 
         ``enqueue``: create them unowned, for any worker to claim (``fsm start``),
         instead of held by this engine.
@@ -194,7 +215,11 @@ class Engine:
             self._register()
         records = []
         for i, data in enumerate(inputs):
-            ctx = _validate_input(spec.context, data)
+            try:
+                ctx = _validate_input(spec.context, data)
+            except InvalidInput as exc:
+                exc.index = i  # type: ignore[attr-defined]  # which input (all or none start)
+                raise
             records.append(InstanceRecord(
                 id=ids[i] if ids else os.urandom(6).hex(), machine=spec.name,
                 module=self._modules[spec.name], fingerprint=cm.fingerprint,
@@ -271,7 +296,13 @@ class Engine:
         or ``FsmError`` when a live worker owns it.
         """
         cm, rec = await self._claim(instance_id)
-        rec = await self.driver.step_once(cm, rec)
+        try:
+            rec = await self.driver.step_once(cm, rec)
+        except StaleWrite:
+            raise
+        except Exception:  # a store failure or an unexpected error: don't keep the claim
+            self.ownership.release([instance_id])
+            raise
         if rec.owner == self.worker.id:
             release = outcome.clone(rec)
             release.owner = None
@@ -279,18 +310,25 @@ class Engine:
         return rec
 
     async def run(self, instance_id: str, on_step: OnStep | None = None) -> InstanceRecord:
-        """Step the instance until it is final or waiting; return the last record."""
+        """Step the instance until it is final or waiting; return the last record.
+
+        When another task of this engine is already running the instance, waits
+        for that run and returns its record (the instance is never stepped twice).
+        """
         if self.tracer is not None:
             from ..telemetry import traced_run
             return await traced_run(self.tracer, self._run, instance_id, on_step)
         return await self._run(instance_id, on_step)
 
     async def _run(self, instance_id: str, on_step: OnStep | None) -> InstanceRecord:
-        cm, rec = await self._claim(instance_id)
         task = asyncio.current_task()
-        if task is not None:
-            self._tasks[rec.id] = task  # type: ignore[assignment]
+        other = self._tasks.get(instance_id)
+        if other is not None and other is not task and not other.done():
+            return await asyncio.shield(other)
+        if task is not None:  # before the claim: resume() must see it as ours and busy
+            self._tasks[instance_id] = task  # type: ignore[assignment]
         try:
+            cm, rec = await self._claim(instance_id)
             while not rec.final and rec.status != "waiting":
                 rec = await self.driver.step_once(cm, rec)
                 if on_step:
@@ -303,12 +341,19 @@ class Engine:
             rec = self.store.get(instance_id)
             if rec.status != "cancelled" and rec.owner == self.worker.id:
                 raise  # cancelled from here, not by a cancel or a takeover
+        except (InstanceFinished, InstanceNotFound, FingerprintMismatch):
+            raise  # nothing was claimed
+        except Exception:  # a store failure or an unexpected error: don't keep the claim
+            self.ownership.release([instance_id])
+            raise
         finally:
-            self._tasks.pop(instance_id, None)
+            if self._tasks.get(instance_id) is task:
+                self._tasks.pop(instance_id, None)
         return rec
 
     def _runner(self, on_step: OnStep | None) -> Callable[[str], Any]:
-        """A coroutine factory running one instance under the concurrency gate."""
+        """A coroutine factory running one instance under the concurrency gate; every
+        instance gets an outcome, whatever another one raised."""
         gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
 
         async def one(iid: str) -> InstanceRecord | FsmError:
@@ -321,20 +366,28 @@ class Engine:
                 return self.store.get(iid)
             except FsmError as exc:
                 log.warning("instance %s stopped: %s", iid, exc)
-                exc.instance_id = exc.instance_id or iid
-                return exc
+                return _for_instance(exc, iid)
+            except Exception as exc:  # noqa: BLE001 - one instance's fault stays its own
+                log.error("instance %s stopped by an unexpected error", iid, exc_info=True)
+                err = FsmError(f"instance {iid} stopped: {type(exc).__name__}: {exc}",
+                               instance_id=iid)
+                err.__cause__ = exc
+                return err
         return one
 
     async def run_many(self, ids: Iterable[str], on_step: OnStep | None = None
                        ) -> list[InstanceRecord | FsmError]:
         """Run many instances concurrently; per instance, its final record or the
-        ``FsmError`` that stopped it (other exceptions propagate)."""
+        ``FsmError`` that stopped it (an unexpected exception is wrapped in an
+        ``FsmError`` whose ``__cause__`` it is): one entry per id, in order."""
         one = self._runner(on_step)
         return list(await asyncio.gather(*[asyncio.ensure_future(one(i)) for i in ids]))
 
     def resumable(self) -> list[InstanceRecord]:
-        """Non-final, non-waiting instances not held by a live worker."""
-        return self.ownership.resumable()
+        """Non-final, non-waiting instances not held by a live worker (nor being run by
+        one of this engine's own tasks)."""
+        busy = {iid for iid, task in self._tasks.items() if not task.done()}
+        return [r for r in self.ownership.resumable() if r.id not in busy]
 
     async def resume(self, on_step: OnStep | None = None, *, chunk: int = 500
                      ) -> list[InstanceRecord | FsmError]:
@@ -350,7 +403,7 @@ class Engine:
         """
         self._ensure_worker()
         mine = self.store.held(self.worker.id)  # e.g. started by this engine, not yet run
-        idle = [iid for iid in mine if iid not in self._tasks]
+        idle = [iid for iid in mine if iid not in self._tasks]  # those running stay ours
         if idle:
             self.store.release(self.worker.id, idle)
         one, tasks, parked = self._runner(on_step), [], []

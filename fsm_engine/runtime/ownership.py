@@ -56,6 +56,8 @@ class Ownership:
         self.registered = False
         self._view: tuple[float, dict[str, WorkerRow], set[str]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        #: Instances whose release failed (the store was unusable): retried by ``check``.
+        self.unreleased: set[str] = set()
 
     @property
     def id(self) -> str:
@@ -100,6 +102,8 @@ class Ownership:
         (released here), or ``None`` when another worker owns it now.
         """
         self.renew()
+        if self.unreleased:  # the store works again: give back what a failed run held
+            self.release(sorted(set(self.unreleased) - set(running)))
         held = self.store.held(self.id)
         lost: list[tuple[str, str | None]] = []
         cancelled = [iid for iid, status in held.items() if status == "cancelled"]
@@ -118,6 +122,18 @@ class Ownership:
                             iid, rec.owner)
                 lost.append((iid, None))
         return lost
+
+    def release(self, ids: Sequence[str]) -> None:
+        """Give up this worker's claim on ``ids`` (a run that broke off on a store failure
+        or an unexpected error), so any worker may claim them; when the store refuses,
+        the heartbeat retries."""
+        self.unreleased.update(ids)
+        try:
+            self.store.release(self.id, list(ids))
+        except FsmError as exc:
+            log.warning("cannot release %s yet: %s", ", ".join(ids), exc)
+            return
+        self.unreleased.difference_update(ids)
 
     def stop_heartbeat(self) -> None:
         """Cancel the heartbeat task."""

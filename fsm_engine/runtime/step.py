@@ -3,34 +3,48 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetExhausted, FsmError, ProviderError, StructuredOutputError
+from ..llm.base import accepts_timeout, estimate_prompt_tokens
 
 if TYPE_CHECKING:
     from ..llm.base import Completion, Provider
     from .breaker import Breaker
 
+log = logging.getLogger("fsm_engine")
+
 
 class MeteredLLM:
-    """A provider wrapper bound to one step: enforces the token budget, counts usage.
+    """A provider wrapper bound to one step: enforces the token budgets, counts usage.
 
     ``used`` is the tokens (prompt + completion) this step has been billed,
-    including calls that failed after the provider billed them.  A call is
-    refused with ``BudgetExhausted`` when the instance has no tokens left
-    before it starts; a call that starts within budget has its ``max_tokens``
-    cut to what is left, so only its prompt can overshoot (recorded, never
-    hidden).  When a circuit breaker is attached, an open breaker raises
+    including calls that failed after the provider billed them.  Two budgets
+    may apply: the instance's (``tokens_left`` of ``budget``) and the state's
+    per-visit one (``state_left`` of ``state_budget``).  Before a call its
+    prompt is counted (the provider's ``count_tokens``: its tokenizer, else the
+    conservative estimate of ``fsm_engine.llm.base``); a call whose prompt alone
+    does not fit what is left of either budget is refused with
+    ``BudgetExhausted`` and costs 0 tokens, and a call that starts has its
+    ``max_tokens`` cut to what is left after the prompt.  A reply billed above
+    what was left (the provider counted more than estimated) is kept and
+    recorded with ``budget_overrun`` in its ``llm_calls`` entry; the next call
+    is refused.  When a circuit breaker is attached, an open breaker raises
     ``CircuitOpen`` before any call is made.
     """
 
     def __init__(self, provider: "Provider | None", *, tokens_left: int | None,
                  budget: int | None, breaker: "Breaker | None" = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 state_left: int | None = None, state_budget: int | None = None) -> None:
         self.provider = provider
         self.tokens_left = tokens_left
         self.budget = budget
+        self.state_left = state_left
+        self.state_budget = state_budget
         self.breaker = breaker
         self.used = 0
         self.reasks = 0
@@ -40,6 +54,9 @@ class MeteredLLM:
         self.calls: list[dict[str, Any]] = []
         #: (provider, breaker) answering ``structured``'s re-asks; None: this one.
         self.repair: "tuple[Provider, Breaker | None] | None" = None
+        #: ``loop.time()`` when the step's timeout fires (set by the driver), passed to a
+        #: provider that takes ``timeout`` as the seconds left.
+        self.deadline: float | None = None
         self._loop = loop
         #: OpenTelemetry tracer and parent context (set by the driver when tracing is on).
         self.tracer: Any = None
@@ -47,10 +64,41 @@ class MeteredLLM:
         #: The instance's input, visible to providers as ``llm.base.CALLER_INPUT``.
         self.caller_input: dict[str, Any] | None = None
 
-    def _check_budget(self) -> None:
-        if self.tokens_left is not None and self.used >= self.tokens_left:
-            spent = (self.budget or 0) - self.tokens_left + self.used
-            raise BudgetExhausted(spent, self.budget or 0)
+    def _limits(self) -> list[tuple[str, int, int]]:
+        """(scope, tokens left before this step, budget) of each budget that applies."""
+        out = []
+        if self.tokens_left is not None:
+            out.append(("instance", self.tokens_left, self.budget or 0))
+        if self.state_left is not None:
+            out.append(("state", self.state_left, self.state_budget or 0))
+        return out
+
+    def _room(self, limits: list[tuple[str, int, int]], prompt: int) -> int | None:
+        """Completion tokens the budgets leave after a ``prompt``-token prompt (None: no
+        budget); raises ``BudgetExhausted`` when a budget is spent or the prompt won't fit."""
+        room = None
+        for scope, left, budget in limits:
+            free = left - self.used - prompt
+            if self.used >= left or free < 1:
+                raise BudgetExhausted(budget - left + self.used, budget, scope=scope,
+                                      needed=prompt if self.used < left else 0)
+            room = free if room is None else min(room, free)
+        return room
+
+    async def count_tokens(self, messages: list[dict[str, str]],
+                           provider: "Provider | None" = None) -> int:
+        """The prompt's tokens by the provider's ``count_tokens`` (sync or async; default:
+        this step's provider), else (or when that fails) the conservative estimate."""
+        count = getattr(provider or self.provider, "count_tokens", None)
+        if count is not None:
+            try:
+                n = count(messages)
+                n = await n if inspect.isawaitable(n) else n
+                if isinstance(n, int) and n >= 0:
+                    return n
+            except Exception as exc:  # noqa: BLE001 - a tokenizer failure must not fail the call
+                log.debug("count_tokens failed (%s); using the estimate", exc)
+        return estimate_prompt_tokens(messages)
 
     async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
         """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
@@ -61,10 +109,16 @@ class MeteredLLM:
                         messages: list[dict[str, str]], kwargs: dict[str, Any]) -> "Completion":
         if provider is None:
             raise FsmError("this engine has no LLM provider configured")
-        self._check_budget()
-        if self.tokens_left is not None:  # never ask for more completion than the budget holds
-            left = self.tokens_left - self.used
-            kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), left))
+        limits = self._limits()
+        prompt = 0
+        if limits:
+            self._room(limits, 0)  # spent already: refuse before counting
+            prompt = await self.count_tokens(messages, provider)
+            room = self._room(limits, prompt)
+            assert room is not None
+            kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), room))
+        if self.deadline is not None and "timeout" not in kwargs and accepts_timeout(provider):
+            kwargs["timeout"] = max(0.001, self.deadline - asyncio.get_running_loop().time())
         if breaker is not None:
             await breaker.before_call()
         try:
@@ -84,8 +138,13 @@ class MeteredLLM:
             if breaker is not None and exc.retryable:
                 await breaker.record(False)
             raise
-        self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None, provider,
-                   out.model)
+        call = self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None,
+                          provider, out.model)
+        if out.usage_missing:
+            call["usage_missing"] = True
+        over = max((self.used - left for _, left, _ in limits), default=0)
+        if over > 0:  # billed past what was left (calls start only within every budget)
+            call.update(budget_overrun=True, overrun_tokens=over, prompt_estimate=prompt)
         if breaker is not None:
             await breaker.record(True)
         return out
@@ -131,12 +190,14 @@ class MeteredLLM:
             return parsed
 
     def _bill(self, tokens: int, finish: str | None, error: str | None, provider: Any,
-              answered_by: str | None = None) -> None:
+              answered_by: str | None = None) -> dict[str, Any]:
         """Count a call's tokens; the history's ``llm_calls`` entry names the model."""
         self.used += tokens
         model = answered_by or getattr(provider, "model", None)
-        self.calls.append({"tokens": tokens, "finish_reason": finish, "error": error,
-                           "model": f"{getattr(provider, 'name', 'llm')}:{model}"})
+        call: dict[str, Any] = {"tokens": tokens, "finish_reason": finish, "error": error,
+                                "model": f"{getattr(provider, 'name', 'llm')}:{model}"}
+        self.calls.append(call)
+        return call
 
 
 @dataclass(slots=True)
@@ -157,7 +218,12 @@ class Step:
         llm: the metered model handle (``await step.llm.complete(...)``).
         loop_count / max_transitions: transitions made so far / the cap.
         tokens_used / token_budget: before this step (tokens).
-        notes: free-form JSON-able values the action wants in the history row.
+        state_tokens_used / state_token_budget: tokens spent in this visit of the state
+            before this attempt (failed attempts included) / the state's per-visit
+            budget (``None``: none).
+        notes: plain JSON values (dict, list, str, int, finite float, bool, None) the
+            action wants in the history row's ``detail``; anything else fails the step
+            with reason ``invalid_update``.
     """
 
     instance_id: str
@@ -173,6 +239,8 @@ class Step:
     triggers: tuple[str, ...] = ()
     outbox_attempt: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
+    state_tokens_used: int = 0
+    state_token_budget: int | None = None
 
     @property
     def tokens_remaining(self) -> int | None:
@@ -180,3 +248,11 @@ class Step:
         if self.token_budget is None:
             return None
         return max(0, self.token_budget - self.tokens_used - self.llm.used)
+
+    @property
+    def state_tokens_remaining(self) -> int | None:
+        """Tokens left in this visit's state budget including this step's calls so far
+        (``None``: the state has no budget)."""
+        if self.state_token_budget is None:
+            return None
+        return max(0, self.state_token_budget - self.state_tokens_used - self.llm.used)

@@ -18,28 +18,36 @@ from typing import Any
 
 import pydantic_core
 
-from .records import AttemptRow, BreakerRow, HistoryRow, InstanceRecord, WorkerRow
+from ..errors import StepRejected
+from .records import AttemptRow, BreakerRow, HistoryRow, InstanceRecord, StepCommit, WorkerRow
 
 #: Columns holding JSON (text) in every backend.
 JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
                           "result", "events", "queues"})
 
-_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+_ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True,
+                                 allow_nan=False).encode
 
 
 def dumps(value: Any) -> str:
-    """Compact UTF-8 JSON of a JSON value (``TypeError`` for a value JSON cannot hold).
+    """Compact, strict UTF-8 JSON of a JSON value.
 
     Encoded by pydantic-core's Rust serializer (about 8x ``json.dumps`` on a
     small dict); strings it cannot encode as UTF-8 (lone surrogates, e.g.
     from undecodable file names) are kept as ``\\u`` escapes by ``json``.
+    Raises ``TypeError`` for a value JSON cannot hold and ``ValueError`` for
+    NaN or ±Infinity (never written as the bare tokens SQLite's JSON1 and
+    PostgreSQL's ``jsonb`` reject).
     """
     if not value and isinstance(value, (dict, list)):
         return "{}" if isinstance(value, dict) else "[]"
     try:
-        return pydantic_core.to_json(value).decode()
+        text = pydantic_core.to_json(value)
     except pydantic_core.PydanticSerializationError:
         return _ENCODE_ASCII(value)
+    if b"NaN" in text or b"Infinity" in text:  # maybe a non-finite float: json raises for one
+        _ENCODE_ASCII(value)
+    return text.decode()
 
 
 def marks(sql: str) -> str:
@@ -137,3 +145,46 @@ def update_sql(cols: tuple[str, ...], by_key: bool) -> str:
     sets = "".join(f"{col}=?, " for col in cols)
     where = "key=? AND id=? AND version=?" if by_key else "id=? AND version=? RETURNING key"
     return f"UPDATE instances SET {sets}version=version+1 WHERE {where}"
+
+
+#: A step's values encoded for its statements: instance columns and values, history rows,
+#: attempt row, outbox update (``None`` where the step has none).
+Encoded = tuple[tuple[str, ...], builtins.list[Any], builtins.list[builtins.list[Any]],
+                "builtins.list[Any] | None", "tuple[str, float, str] | None"]
+UNENCODABLE = (TypeError, ValueError, OverflowError, RecursionError)
+
+
+def encode_step(index: int, step: StepCommit) -> Encoded:
+    """Every value ``step`` writes, encoded before any statement runs; ``StepRejected``
+    (with ``index``, the step's place in its batch) when one has no strict JSON form."""
+    try:
+        cols, values = changes(step.before, step.record)
+        history = [HISTORY.values(h) for h in step.history]
+        attempt = None if step.attempt is None else ATTEMPT.values(step.attempt)
+        outbox = None
+        if step.outbox_done is not None:
+            outbox = (dumps(step.outbox_done[1]), step.record.updated_at, step.outbox_done[0])
+    except UNENCODABLE as exc:
+        raise StepRejected(f"a step of instance {step.record.id} holds a value the store "
+                           f"cannot encode as strict JSON at {culprit(step)}: "
+                           f"{type(exc).__name__}: {exc}", index=index,
+                           instance_id=step.record.id) from None
+    return cols, values, history, attempt, outbox
+
+
+def culprit(step: StepCommit) -> str:
+    """Where in ``step`` the first unencodable value is (``history[0].detail.x`` …)."""
+    parts: builtins.list[tuple[str, Any]] = [("context", step.record.context),
+                                             ("visits", step.record.visits)]
+    parts += [(f"history[{i}].{col}", getattr(h, col)) for i, h in enumerate(step.history)
+              for col in ("guards", "delta", "detail")]
+    if step.outbox_done is not None:
+        parts.append(("outbox result", step.outbox_done[1]))
+    for where, value in parts:
+        items = value.items() if isinstance(value, dict) else enumerate(value or ())
+        for key, item in items:
+            try:
+                dumps(item)
+            except UNENCODABLE:
+                return f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]"
+    return "a column"

@@ -25,11 +25,11 @@ from typing import Any, Callable, Sequence, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
+from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from .claims import ClaimRequest, adopted, select, where
 from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
-    SELECT_INSTANCES, WORKER, Codec, changes, dumps, marks, update_sql,
+    SELECT_INSTANCES, WORKER, Codec, Encoded, changes, dumps, encode_step, marks, update_sql,
 )
 from .pg_schema import migrate
 from .records import (
@@ -198,10 +198,16 @@ class PostgresStore:
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
         if not steps:
             return []
+        encoded = [encode_step(i, step) for i, step in enumerate(steps)]  # refusals first
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[bool]:
-            applied = self._updates(conn, steps)
-            self._appends(conn, [s for s, ok in zip(steps, applied) if ok])
+            applied = self._updates(conn, steps, encoded)
+            done = [i for i, ok in enumerate(applied) if ok]
+            try:
+                with conn.transaction():  # a savepoint: a constraint is one step's fault
+                    self._appends(conn, [(steps[i], encoded[i]) for i in done])
+            except psycopg.IntegrityError as exc:
+                raise self._rejected(conn, steps, encoded, done, exc) from None
             return applied
         applied = self._run(go, txn=True)
         for step, ok in zip(steps, applied):
@@ -209,14 +215,29 @@ class PostgresStore:
                 step.record.version = step.expected_version + 1
         return applied
 
-    def _updates(self, conn: psycopg.Connection[Any],
-                 steps: Sequence[StepCommit]) -> builtins.list[bool]:
+    def _rejected(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
+                  encoded: Sequence[Encoded], done: Sequence[int],
+                  exc: psycopg.Error) -> StepRejected:
+        """The ``StepRejected`` naming the first applied step whose rows break a constraint
+        (each tried alone in a savepoint; the caller's transaction then rolls back)."""
+        for i in done:
+            try:
+                with conn.transaction():
+                    self._appends(conn, [(steps[i], encoded[i])])
+            except psycopg.IntegrityError:
+                break
+        else:
+            i = done[0]
+        return StepRejected(f"the store refused a step of instance {steps[i].record.id}: "
+                            f"{_why(exc)}", index=i, instance_id=steps[i].record.id)
+
+    def _updates(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
+                 encoded: Sequence[Encoded]) -> builtins.list[bool]:
         """Every step's compare-and-set UPDATE, in order, in one pipeline; True where applied
         (a later step of the same instance sees the earlier one's version)."""
         cursors = []
         with conn.pipeline():
-            for step in steps:
-                cols, values = changes(step.before, step.record)
+            for step, (cols, values, *_) in zip(steps, encoded):
                 rec = step.record
                 by_key = rec.key is not None
                 args = [*values, *((rec.key, rec.id) if by_key else (rec.id,)),
@@ -236,21 +257,21 @@ class PostgresStore:
             cur.close()
         return applied
 
-    def _appends(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit]) -> None:
+    def _appends(self, conn: psycopg.Connection[Any],
+                 steps: Sequence[tuple[StepCommit, Encoded]]) -> None:
         """History, attempt and outbox rows of the applied ``steps`` (batched)."""
         history, attempts, done = [], [], []
-        for step in steps:
-            for h in step.history:
-                row = HISTORY.values(h)
+        for step, (_, _, rows, attempt, outbox) in steps:
+            for h, encoded_row in zip(step.history, rows):
+                row = list(encoded_row)
                 row[0] = step.record.key
                 if len(row[DELTA]) > self.blob_threshold:
                     row[DELTA] = self._shrink(conn, h.delta)
                 history.append(row)
-            if step.attempt is not None:
-                attempts.append(ATTEMPT.values(step.attempt))
-            if step.outbox_done is not None:
-                key, result = step.outbox_done
-                done.append((dumps(result), step.record.updated_at, key))
+            if attempt is not None:
+                attempts.append(attempt)
+            if outbox is not None:
+                done.append(outbox)
         with conn.cursor() as cur:
             for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
                               (_SQL_OUTBOX_DONE, done)):

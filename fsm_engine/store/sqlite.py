@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from typing import Any, Iterator, Sequence
 
-from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
+from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from . import sqlite_read
 from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
@@ -32,7 +32,8 @@ from .codec import (
     ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
     INSERT_HISTORY as _INSERT_HISTORY, INSTANCE as _INSTANCE, JSON_COLUMNS,
     SELECT_HISTORY as _SELECT_HISTORY, SELECT_INSTANCES as _SELECT_INSTANCES, WORKER as _WORKER,
-    changes as _changes, dumps as _dumps, update_sql as _update_sql,
+    Encoded, changes as _changes, dumps as _dumps, encode_step as _encode,
+    update_sql as _update_sql,
 )
 from .claims import ClaimRequest, adopted, select, where
 from .schema import migrate, read_version, refuse_foreign
@@ -188,15 +189,21 @@ class SqliteStore:
         return [_decode(InstanceRecord, r) for r in self._read(sql + " ORDER BY key", args)]
 
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
+        encoded = [_encode(i, step) for i, step in enumerate(steps)]  # refusals before any write
         applied: builtins.list[bool] = []
         with self._write() as conn:
-            for step in steps:
-                applied.append(self._apply(conn, step))
+            for i, (step, enc) in enumerate(zip(steps, encoded)):
+                try:
+                    applied.append(self._apply(conn, step, enc))
+                except (sqlite3.IntegrityError, OverflowError) as exc:  # the step's, not the disk's
+                    raise StepRejected(f"the store refused a step of instance {step.record.id}: "
+                                       f"{type(exc).__name__}: {exc}", index=i,
+                                       instance_id=step.record.id) from None
         return applied
 
-    def _apply(self, conn: sqlite3.Connection, step: StepCommit) -> bool:
+    def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale."""
-        cols, values = _changes(step.before, step.record)
+        cols, values, history, attempt, outbox = enc
         key = step.record.key
         if key is not None:
             values += (key, step.record.id, step.expected_version)
@@ -209,18 +216,16 @@ class SqliteStore:
                 return False
             key = step.record.key = found[0][0]
         step.record.version = step.expected_version + 1
-        for h in step.history:
-            row = _HISTORY.values(h)
+        for h, row in zip(step.history, history):
             row[0] = key  # the instance's key in place of its id
             if len(row[_DELTA]) > self.blob_threshold:
                 row[_DELTA] = self._shrink(conn, h.delta)
             conn.execute(_INSERT_HISTORY, row)
-        if step.attempt is not None:
-            conn.execute(self._attempt_sql, _ATTEMPT.values(step.attempt))
-        if step.outbox_done is not None:
-            outbox_key, result = step.outbox_done
+        if attempt is not None:
+            conn.execute(self._attempt_sql, attempt)
+        if outbox is not None:
             conn.execute("UPDATE outbox SET status='done', result=?, updated_at=? WHERE key=?",
-                         (_dumps(result), step.record.updated_at, outbox_key))
+                         outbox)
         return True
 
     def _shrink(self, conn: sqlite3.Connection, delta: dict[str, Any]) -> str:

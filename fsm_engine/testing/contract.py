@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import pytest
 
-from ..errors import InstanceNotFound, StoreError
+from ..errors import InstanceNotFound, StepRejected, StoreError
 from ..store import (
     AttemptRow, BreakerRow, ClaimRequest, HistoryRow, InstanceRecord, StepCommit, Store,
     WorkerRow,
@@ -274,6 +274,34 @@ class StoreContract:
         assert (got.state, got.version) == ("b", 1)
         assert [h.dest for h in store.history("a")] == ["b"]
         assert store.attempts("a") == []
+
+    @pytest.mark.parametrize("bad", [float("nan"), float("inf"), b"\xff", object()],
+                             ids=["nan", "inf", "bytes", "object"])
+    def test_a_step_the_store_cannot_encode_is_rejected_by_index(self, store: Store,
+                                                                bad: object) -> None:
+        """``StepRejected`` names the step (``index``) and nothing of the batch is written,
+        so the others can be committed again without it (the group committer does)."""
+        store.create(record("a"), record("b"), record("c"))
+        steps = [StepCommit(moved(store.get(i), "x"), 0, history=[
+            hist(i, 1, "start", "x", detail={"v": bad if i == "b" else 1})]) for i in "abc"]
+        with pytest.raises(StepRejected) as err:
+            store.commit(steps)
+        assert (err.value.index, err.value.instance_id) == (1, "b")
+        assert "history[0].detail.v" in str(err.value)
+        assert [store.get(i).state for i in "abc"] == ["start"] * 3
+        assert store.commit([steps[0], steps[2]]) == [True, True]
+        assert [store.get(i).state for i in "abc"] == ["x", "start", "x"]
+
+    def test_a_constraint_violation_is_rejected_by_index(self, store: Store) -> None:
+        store.create(record("a"), record("b"))
+        assert store.commit([StepCommit(moved(store.get("a"), "b"), 0,
+                                        history=[hist("a", 1, "start", "b")])]) == [True]
+        fine = StepCommit(moved(store.get("b"), "x"), 0, history=[hist("b", 1, "start", "x")])
+        dup = StepCommit(moved(store.get("a"), "c"), 1, history=[hist("a", 1, "b", "c")])
+        with pytest.raises(StepRejected) as err:
+            store.commit([fine, dup])
+        assert err.value.index == 1 and store.get("b").state == "start"
+        assert store.commit([fine]) == [True]
 
     def test_history_is_ordered_by_seq(self, store: Store) -> None:
         store.create(record("a"))

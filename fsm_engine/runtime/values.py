@@ -1,0 +1,134 @@
+"""What an instance's context accepts: exactly the values that round-trip through JSON.
+
+The context is stored as strict JSON (RFC 8259: no ``NaN``/``Infinity``
+tokens, so SQLite's ``json_extract``/``json_valid`` and any JSON reader
+accept every stored row).  Start input and every action's update pass the
+same boundary, and a value that would come back different is refused with
+``InvalidInput`` naming its field path (``meta.items[2]``), never silently
+changed:
+
+- ``bytes``/``bytearray``/``memoryview`` anywhere: refused (encode them
+  yourself, e.g. base64 into a ``str`` field; pydantic would otherwise decode
+  them as UTF-8, or fail on the first non-UTF-8 byte);
+- ``float('nan')``, ``inf``, ``-inf``: refused;
+- callables, open files and other I/O objects, generators and iterators,
+  modules: refused (they have no JSON form; pydantic would drain a file as
+  an iterator);
+- in a field whose annotation admits anything (``Any``, ``object``,
+  ``dict[str, Any]`` …) only plain JSON is accepted: ``dict`` with ``str``
+  keys, ``list``, ``str``, ``int``, finite ``float``, ``bool``, ``None`` —
+  a tuple, set, datetime, non-string key or model object there would come
+  back as another type.  Typed fields (``datetime``, ``set[str]``, a nested
+  model …) keep pydantic's own, reversible JSON form.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any, Mapping
+
+from pydantic import BaseModel
+
+from ..errors import InvalidInput
+
+_PLAIN_SCALARS = (str, int, bool, type(None))
+_BYTES = (bytes, bytearray, memoryview)
+_OPAQUE = (io.IOBase, types.ModuleType, types.GeneratorType, types.CoroutineType,
+           types.AsyncGeneratorType, Iterator)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+
+
+def _what(value: Any) -> str:
+    return type(value).__name__
+
+
+def _refuse(path: str, why: str) -> InvalidInput:
+    return InvalidInput(f"{path or '(root)'}: {why}")
+
+
+def _scan(value: Any, path: str, plain: bool) -> None:
+    """Raise ``InvalidInput`` for the first value under ``value`` that JSON cannot hold
+    exactly (``plain``: only plain JSON types are allowed, as in an ``Any`` field)."""
+    cls = type(value)
+    if cls in _PLAIN_SCALARS:
+        return
+    if cls is float:
+        if not math.isfinite(value):
+            raise _refuse(path, f"{value!r} has no JSON form (NaN and ±Infinity are refused)")
+        return
+    if cls is dict or (isinstance(value, Mapping) and not plain):
+        for key, item in value.items():
+            if plain and type(key) is not str:
+                raise _refuse(path, f"key {key!r} is a {_what(key)}: in an untyped field "
+                              "only string keys come back as they went in")
+            _scan(item, _join(path, key), plain)
+        return
+    if cls is list or (isinstance(value, (list, tuple, set, frozenset)) and not plain):
+        for i, item in enumerate(value):
+            _scan(item, _join(path, i), plain)
+        return
+    if isinstance(value, _BYTES):
+        raise _refuse(path, f"{_what(value)} is not stored: encode it (e.g. base64) into a str")
+    if isinstance(value, _OPAQUE) or callable(value) and not isinstance(value, (type, BaseModel)):
+        raise _refuse(path, f"a {_what(value)} cannot be stored as JSON")
+    if plain:
+        raise _refuse(path, f"a {_what(value)} in an untyped field would come back as another "
+                      "type: store plain JSON (dict, list, str, int, float, bool, None) "
+                      "or declare the field's type")
+    if isinstance(value, BaseModel):
+        for name, item in value.__dict__.items():
+            _scan(item, _join(path, name), _loose(type(value)).__contains__(name))
+
+
+def _admits_any(annotation: Any) -> bool:
+    if annotation is Any or annotation is object:
+        return True
+    return any(_admits_any(arg) for arg in typing.get_args(annotation))
+
+
+@functools.lru_cache(maxsize=512)
+def _loose(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` whose annotation admits arbitrary values."""
+    return frozenset(name for name, info in model.model_fields.items()
+                     if _admits_any(info.annotation))
+
+
+def check_values(model: type[BaseModel], values: Mapping[str, Any], path: str = "") -> None:
+    """Refuse (``InvalidInput`` naming the field path) any value in ``values`` (field name →
+    raw value, before validation) that would not come back from JSON as it went in."""
+    loose = _loose(model)
+    for name, value in values.items():
+        if type(value) not in _PLAIN_SCALARS:
+            _scan(value, _join(path, name), name in loose)
+
+
+def check_json(data: Mapping[str, Any], path: str = "") -> None:
+    """Refuse non-finite floats in an already JSON-dumped mapping (pydantic keeps them)."""
+    for name, value in data.items():
+        if type(value) not in _PLAIN_SCALARS:
+            _scan(value, _join(path, name), True)
+
+
+def dump(obj: BaseModel, fields: Any = None) -> dict[str, Any]:
+    """``obj`` as its JSON dict; ``InvalidInput`` naming the field when pydantic cannot
+    serialise it (``fields``: the names to blame first, e.g. the update's keys)."""
+    try:
+        return obj.model_dump(mode="json")
+    except (ValueError, TypeError, UnicodeError) as exc:  # PydanticSerializationError: ValueError
+        for name in list(fields or ()) + list(type(obj).model_fields):
+            try:
+                obj.model_dump(mode="json", include={name})
+            except (ValueError, TypeError, UnicodeError):
+                raise _refuse(name, f"cannot be stored as JSON: {exc}") from None
+        raise InvalidInput(f"context cannot be stored as JSON: {exc}") from None
+
+
+__all__ = ["check_values", "check_json", "dump"]
