@@ -165,3 +165,38 @@ def test_token_count_matches_the_servers_prompt_tokens(gemma_path):  # noqa: F81
 
     counted, billed = asyncio.run(go())
     assert billed <= counted <= billed + 12  # conservative: never under the real prompt
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_frozen_child_is_killed_and_the_step_retried(gemma_path, tmp_path):  # noqa: F811
+    """SIGSTOP: the child answers nothing; the call times out, the child is found frozen,
+    killed and restarted, and the instance completes on a retry."""
+    provider = LocalLlama(model_path=gemma_path)
+    stopped: list[int] = []
+
+    def freeze_first_call() -> None:
+        if not stopped and provider.server is not None and provider.server.pid:
+            stopped.append(provider.server.pid)
+            asyncio.get_running_loop().call_later(0.3, os.kill, stopped[0], signal.SIGSTOP)
+
+    machine = _machine(freeze_first_call)
+    infer = machine.states[0]
+    from dataclasses import replace
+    machine = replace(machine, states=[replace(infer, timeout=6.0, retry=RetryPolicy(
+        max_attempts=5, initial_interval=0.2, jitter=0.0)), *machine.states[1:]])
+    engine = Engine(str(tmp_path / "fsm.db"), llm=provider, breaker=None)
+
+    async def go():
+        await provider.load()
+        iid = engine.start(machine, {"text": "a frozen lake"})
+        try:
+            return await engine.run(iid)
+        finally:
+            await engine.aclose()
+            await provider.aclose()
+
+    rec = asyncio.run(go())
+    assert rec.status == "completed" and rec.context["source"] == "model"
+    assert stopped and not _alive(stopped[0])  # the frozen child was killed
+    assert provider.server.restarts >= 1

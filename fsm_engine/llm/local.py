@@ -144,22 +144,30 @@ class LocalLlama(Provider):
 
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
-                       stop: list[str] | None = None) -> Completion:
+                       stop: list[str] | None = None, timeout: float | None = None
+                       ) -> Completion:
         """Generate a chat reply; ``json_schema`` constrains decoding with a llama.cpp grammar.
 
+        ``timeout`` (seconds, the step's time left; queueing behind other calls counts)
+        bounds the HTTP request, a little before the step itself gives up, so a child
+        that froze (answers nothing) is found, killed and restarted for the next call.
         Raises ClientError for a prompt that does not fit ``n_ctx``, a bad schema
         or a broken build; ServerError (retryable) when the child dies during the call.
         """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         client = await self._connect()
         assert self._gate is not None
         async with self._gate:
+            left = None if deadline is None else max(0.001, deadline - loop.time() - 0.05)
             try:
                 return await client.complete(messages, max_tokens=max_tokens,
                                              temperature=temperature, json_schema=json_schema,
-                                             stop=stop)
+                                             stop=stop, timeout=left)
             except ProviderError as exc:
                 assert self.server is not None
-                raise await self.server.explain(exc) from None
+                # shielded: when the step gives up meanwhile, killing a frozen child still happens
+                raise await asyncio.shield(self.server.explain(exc)) from None
 
     async def count_tokens(self, messages: list[Message]) -> int:
         """Tokens of the messages' text by the model's own tokenizer (the child's
