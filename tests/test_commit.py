@@ -113,3 +113,48 @@ def test_a_lone_instance_commits_inline(store: SqliteStore) -> None:
     assert asyncio.run(committer.submit(_step(rec))) is True
     assert wrapped.threads == [threading.main_thread().name]
     assert store.get(rec.id).state == "next"
+
+
+def _quick_machine():
+    from pydantic import BaseModel
+
+    from fsm_engine import Machine, State, Transition
+
+    class Ctx(BaseModel):
+        n: int = 0
+
+    async def bump(ctx: Ctx) -> dict:  # never suspends
+        return {"n": ctx.n + 1}
+
+    return Machine(name="quick", context=Ctx, initial="a",
+                   states=[State("a", action=bump), State("b", action=bump),
+                           State("c", action=bump), State("done", final=True)],
+                   transitions=[Transition("go", "a", "b"), Transition("go", "b", "c"),
+                                Transition("go", "c", "done")])
+
+
+@pytest.mark.parametrize("how", ["run_many", "resume"])
+def test_async_actions_that_never_suspend_are_group_committed(tmp_path: Path, how: str) -> None:
+    from fsm_engine import Engine
+
+    eng = Engine(str(tmp_path / "g.db"))
+    ids = eng.start_many(_quick_machine(), [{}] * 200)
+    if how == "resume":  # as after a crash: nobody holds them
+        eng.store.release(eng.worker.id, ids)
+    before = eng.committer.batches
+    records = asyncio.run(eng.run_many(ids) if how == "run_many" else eng.resume())
+    assert [r.state for r in records] == ["done"] * 200
+    steps = 200 * 3
+    batches = eng.committer.batches - before
+    assert batches <= steps / 20, f"{batches} transactions for {steps} steps"
+    eng.close()
+
+
+def test_a_lone_run_still_commits_inline(tmp_path: Path) -> None:
+    from fsm_engine import Engine
+
+    eng = Engine(str(tmp_path / "g.db"))
+    iid = eng.start(_quick_machine(), {})
+    asyncio.run(eng.run(iid))
+    assert eng.committer.batches == eng.committer.steps  # one transaction per step, no wait
+    eng.close()

@@ -15,7 +15,7 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Coroutine, Iterable
 
 from pydantic import BaseModel, ValidationError
 
@@ -136,7 +136,12 @@ class Engine:
         self._known: dict[str, InstanceRecord] = {}
         self._threads = ActionThreads(threads)
         self.models = Models(llm, self.store, breaker, clock)
-        self.committer = GroupCommitter(self.store, solo=lambda: len(self._tasks) <= 1)
+        #: instances handed to ``run_many``/``resume`` and not yet done: an action that never
+        #: suspends would otherwise run its instance to the end before the next one starts
+        #: (each commit "alone"), so these count as running for group commit from the start
+        self._scheduled = 0
+        self.committer = GroupCommitter(
+            self.store, solo=lambda: max(len(self._tasks), self._scheduled) <= 1)
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
         if isinstance(tracer, str):  # "env": as the OTEL_* variables say
@@ -356,7 +361,17 @@ class Engine:
         instance gets an outcome, whatever another one raised."""
         gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
 
-        async def one(iid: str) -> InstanceRecord | FsmError:
+        def one(iid: str) -> Coroutine[Any, Any, InstanceRecord | FsmError]:
+            self._scheduled += 1  # counted when scheduled, before it first runs
+            return counted(iid)
+
+        async def counted(iid: str) -> InstanceRecord | FsmError:
+            try:
+                return await guarded(iid)
+            finally:
+                self._scheduled -= 1
+
+        async def guarded(iid: str) -> InstanceRecord | FsmError:
             try:
                 if gate is None:
                     return await self.run(iid, on_step)
