@@ -184,7 +184,8 @@ def prune(db: str = DB,
 @app.command()
 def check(db: str = DB,
           as_json: bool = typer.Option(False, "--json", help="Print the problems as JSON.")) -> None:
-    """Check the database: SQLite's integrity check and the store's invariants
+    """Check the database: the backend's own checks (SQLite's integrity check; on
+    PostgreSQL invalid indexes, and amcheck when installed) and the store's invariants
     (history seq without gaps, each instance's state equals its last history row's
     destination, no rows of missing instances).  Exit 1 when a problem is found."""
     problems = _open(db).check()

@@ -46,7 +46,7 @@ def sqlite_path(url: str) -> str:
 
 
 def open_store(url: str | None = None, *, create: bool = True,
-               synchronous: str = "FULL") -> Store:
+               synchronous: str = "FULL", readonly: bool = False) -> Store:
     """Open the store named by ``url`` (see ``store_url``).
 
     ``postgresql://user:pass@host:port/db`` opens PostgreSQL (needs the
@@ -54,6 +54,10 @@ def open_store(url: str | None = None, *, create: bool = True,
     file (``synchronous`` applies to it).  ``create`` False refuses a database
     that does not exist yet (``StoreError``) instead of creating it; an older
     schema is migrated forward on open either way.
+
+    ``readonly`` (the viewer) opens an existing database for reading only: nothing
+    is written, not even a migration (an older schema is refused with a hint), and
+    ``create`` is ignored; on PostgreSQL every transaction is read-only.
 
     Raises ``StoreError`` (unreachable, refused, newer schema, missing) or
     ``NotAnFsmDatabase`` (someone else's database), each one line.
@@ -65,8 +69,10 @@ def open_store(url: str | None = None, *, create: bool = True,
         except ImportError:
             raise StoreError("a postgresql:// store needs psycopg: "
                              "pip install 'fsm_engine[postgres]'") from None
-        return PostgresStore(url, create=create)
+        return PostgresStore(url, create=create and not readonly, readonly=readonly)
     path = sqlite_path(url)
+    if readonly:
+        return SqliteStore(path, readonly=True)
     if not create and path != ":memory:" and (
             not os.path.exists(path) or (os.path.isfile(path) and not os.path.getsize(path))):
         raise StoreError(f"no database at {path} (run `fsm run` first, or pass --db)")

@@ -102,6 +102,20 @@ def _check_newer(found: int, where: str) -> None:
                          f"up to {FORMAT_VERSION}: upgrade fsm_engine")
 
 
+def require_current(conn: Any, where: str) -> None:
+    """Refuse (``StoreError``) a schema other than ``FORMAT_VERSION`` without changing
+    anything: a read-only opener cannot migrate (``NotAnFsmDatabase`` for a foreign one)."""
+    with conn.cursor() as cur:
+        found = version(cur, where)
+    _check_newer(found, where)
+    if found == 0:
+        raise StoreError(f"no fsm database at {where} (start an instance first, e.g. `fsm run`)")
+    if found != FORMAT_VERSION:
+        raise StoreError(f"{where} has schema version {found}, this fsm_engine reads "
+                         f"{FORMAT_VERSION} read-only: open it once with a writing command "
+                         "(e.g. `fsm resume`) to migrate it")
+
+
 def migrate(conn: Any, where: str, *, create: bool) -> None:
     """Bring the schema to ``FORMAT_VERSION`` in one transaction.
 

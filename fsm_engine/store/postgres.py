@@ -20,7 +20,7 @@ import json
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -31,10 +31,11 @@ from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
     SELECT_INSTANCES, WORKER, Codec, Encoded, changes, dumps, encode_step, marks, update_sql,
 )
-from .pg_schema import migrate
+from . import pg_read
+from .pg_schema import migrate, require_current
 from .records import (
-    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceRecord, OutboxRow, StepCommit,
-    WorkerRow,
+    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
+    OutboxRow, StepCommit, StepRow, WorkerRow,
 )
 
 T = TypeVar("T")
@@ -89,6 +90,9 @@ class PostgresStore:
             environment variables fill in what it leaves out).
         create: create the schema in an empty database (else ``StoreError``).
         connect_timeout: seconds to wait for the server when connecting.
+        readonly: every transaction is read-only (``default_transaction_read_only``; a
+            write fails with ``StoreError``) and the schema is never migrated: an older
+            one is refused with a hint (the viewer's mode).
 
     Raises:
         StoreError: unreachable server, failed authentication, a newer schema.
@@ -96,8 +100,10 @@ class PostgresStore:
     """
 
     def __init__(self, url: str, *, create: bool = True, connect_timeout: float = 5.0,
-                 blob_threshold: int = BLOB_THRESHOLD) -> None:
+                 blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self._dsn = url
+        self.readonly = readonly
+        self._session = pg_read.read_only(url) if readonly else {}
         self.url = redact(url)
         self.connect_timeout = connect_timeout
         self.blob_threshold = blob_threshold
@@ -105,7 +111,10 @@ class PostgresStore:
         self._listener: psycopg.Connection[Any] | None = None
         self._conn: psycopg.Connection[Any] | None = self._connect()
         try:
-            migrate(self._conn, self.url, create=create)
+            if readonly:
+                require_current(self._conn, self.url)
+            else:
+                migrate(self._conn, self.url, create=create)
         except psycopg.Error as exc:
             self._conn.close()
             raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
@@ -118,7 +127,7 @@ class PostgresStore:
         try:
             return psycopg.connect(self._dsn, autocommit=True,
                                    connect_timeout=max(1, int(self.connect_timeout)),
-                                   application_name="fsm_engine")
+                                   application_name="fsm_engine", **self._session)
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None
 
@@ -427,6 +436,24 @@ class PostgresStore:
         if ok:
             row.version = version
         return ok
+
+    # -- read side (SQL in ``pg_read``) ----------------------------------------------------
+    def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
+              limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
+        return self._run(lambda c: pg_read.query(c, where, order, descending, limit, offset))
+
+    def count(self, where: InstanceFilter, by: str | None = None) -> dict[str | None, int]:
+        return self._run(lambda c: pg_read.count(c, where, by))
+
+    def steps(self, where: InstanceFilter, *, batch: int = 5000) -> Iterator[StepRow]:
+        return pg_read.steps(lambda sql, args: self._run(lambda c: c.execute(sql, args).fetchall()),
+                             where, batch)
+
+    def delete(self, instance_ids: Sequence[str]) -> int:
+        return self._run(lambda c: pg_read.delete(c, instance_ids), txn=True)
+
+    def check(self) -> builtins.list[str]:
+        return self._run(pg_read.check)
 
     def close(self) -> None:
         with self._lock:
