@@ -22,6 +22,10 @@ from conftest import scripted  # noqa: E402
 from fsm_engine import Engine  # noqa: E402
 from seven_machine import SECRET, seven_steps  # noqa: E402
 
+#: The model's reply: not hex, so it cannot appear inside an instance id by chance.
+REPLY = "forty-two, said the model"
+
+
 @pytest.fixture
 def spans():
     exporter = InMemorySpanExporter()
@@ -45,7 +49,7 @@ def run_one(db: str, tracer, *replies: dict):
 
 def test_seven_steps_make_seven_step_spans_under_one_run_span(db_path, spans) -> None:
     tracer, exporter = spans
-    iid, rec = run_one(db_path, tracer, {"text": "42", "prompt_tokens": 11, "completion_tokens": 3})
+    iid, rec = run_one(db_path, tracer, {"text": REPLY, "prompt_tokens": 11, "completion_tokens": 3})
     assert rec.status == "completed"
     finished = exporter.get_finished_spans()
     [run] = [s for s in finished if s.name == "fsm.run"]
@@ -73,7 +77,7 @@ def test_seven_steps_make_seven_step_spans_under_one_run_span(db_path, spans) ->
     assert tuple(chat.attributes["gen_ai.response.finish_reasons"]) == ("stop",)
     text = json.dumps([dict(s.attributes) for s in finished] +
                       [[e.attributes for e in s.events] for s in finished], default=str)
-    assert SECRET not in text and "42" not in text  # neither prompt nor reply
+    assert SECRET not in text and REPLY not in text  # neither prompt nor reply
 
 
 def test_a_retried_step_has_its_own_span_with_the_error_class(db_path, spans) -> None:
