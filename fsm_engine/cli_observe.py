@@ -127,7 +127,10 @@ def ui(db: str = DB,
                                 help="Address to bind; anything but loopback needs --token."),
        token: Optional[str] = typer.Option(None, "--token", envvar="FSM_UI_TOKEN",
                                            help="Require this bearer token (or ?token=) on "
-                                                "every request (or FSM_UI_TOKEN).")) -> None:
+                                                "every request (or FSM_UI_TOKEN)."),
+       refresh: int = typer.Option(3, "--refresh", min=0,
+                                   help="Seconds between reloads of pages showing running "
+                                        "instances (0: never).")) -> None:
     """Serve a read-only web viewer of the database (instances, diagrams, statistics)."""
     if not _loopback(host) and not token:
         _fail(f"--host {host} exposes the viewer beyond this machine: give --token too")
@@ -137,7 +140,7 @@ def ui(db: str = DB,
         from .ui.server import serve
     except ImportError as exc:
         _fail(f"the viewer needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
-    serve(db, host=host, port=port, token=token)
+    serve(db, host=host, port=port, token=token, refresh_s=refresh)
 
 
 def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:

@@ -188,9 +188,13 @@ def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet
         assert '<meta http-equiv="refresh" content="7">' in page
         assert "drawn from the recorded history only" in page  # the module is gone
         assert 'http-equiv="refresh"' in live.get("/").text
+        never = TestClient(create_app(reader, refresh_s=0))  # fsm ui --refresh 0
+        assert 'http-equiv="refresh"' not in never.get("/instances/live00000001").text
+        assert 'http-equiv="refresh"' not in never.get("/").text
     finally:
         reader.close()
         writer.close()
     done = TestClient(create_app(SqliteStore(fleet.db, readonly=True)))
     assert 'http-equiv="refresh"' not in done.get(f"/instances/{fleet.ids['router'][0]}").text
     assert 'http-equiv="refresh"' not in done.get("/").text
+

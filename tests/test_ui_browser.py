@@ -51,8 +51,10 @@ def _need_browser() -> None:
 
 @pytest.fixture(scope="module")
 def server(fleet: Fleet) -> Iterator[str]:
-    """``fsm ui --port 0 --token …`` in a subprocess; yields its base URL."""
-    proc = subprocess.Popen([*ENTRY, "ui", "--db", fleet.db, "--port", "0", "--token", TOKEN],
+    """``fsm ui --port 0 --token … --refresh 0`` in a subprocess; yields its base URL (no
+    reload of running instances' pages races the form: the reload is tested in test_ui.py)."""
+    proc = subprocess.Popen([*ENTRY, "ui", "--db", fleet.db, "--port", "0", "--token", TOKEN,
+                             "--refresh", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""  # printed once it listens

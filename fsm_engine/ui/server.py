@@ -10,7 +10,8 @@ from .app import create_app
 
 
 def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
-          token: str | None = None) -> None:
+          token: str | None = None,
+          refresh_s: int = 3) -> None:
     """Open the store ``db`` names (a SQLite file or URL, or ``postgresql://…``; None:
     ``$FSM_DB``, else ``fsm.db``) read-only and serve the viewer until interrupted.
 
@@ -33,7 +34,7 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     shown = f"[{host}]" if ":" in host else host
     print(f"fsm ui: serving {store.url} read-only on http://{shown}:{bound}/"
           + (f"?token={token}" if token else "") + "  (Ctrl-C stops)", flush=True)
-    config = uvicorn.Config(create_app(store, token=token), log_level="warning",
+    config = uvicorn.Config(create_app(store, token=token, refresh_s=refresh_s), log_level="warning",
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     try:
