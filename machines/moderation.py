@@ -40,8 +40,9 @@ from fsm_engine.structured import parse_structured
 MAX_INFER = 2
 #: Room for the free answer, tokens.  Good verdicts of Qwen2.5-0.5B-Instruct on 8 license
 #: files measured 21–68 tokens (mean 32, Qwen tokenizer); fences and a longer summary from
-#: other models need more, and an answer cut at the limit is never repaired, only re-asked.
-VERDICT_TOKENS = 160
+#: other models need more (1.75x the longest seen); an answer cut at the limit is never
+#: repaired, only re-asked, and a model that echoes the prompt runs to the limit every time.
+VERDICT_TOKENS = 120
 READ_CHARS = 1_000_000  # collect reads at most this much; preprocess truncates further
 MAX_CHARS = int(os.environ.get("FSM_MAX_INPUT_CHARS", "2400"))
 
