@@ -14,7 +14,7 @@ from .errors import (
     ReviewRefused, ServerError, StaleWrite, StepRejected, StepTimeout, StoreError,
     StructuredOutputError,
 )
-from .policies import BreakerPolicy, RetryPolicy
+from .policies import BreakerPolicy, CachePolicy, RetryPolicy
 from .runtime import Engine, Step, load_machine
 from .store import HistoryRow, InstanceRecord, SqliteStore, Store, open_store
 
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     # definition
     "Machine", "State", "Transition", "fire", "Fire", "RunInfo", "FALLBACK", "BUDGET_EXHAUSTED",
-    "RetryPolicy", "BreakerPolicy", "load_machine", "Review",
+    "RetryPolicy", "BreakerPolicy", "load_machine", "Review", "CachePolicy",
     # runtime
     "Engine", "Step",
     # store

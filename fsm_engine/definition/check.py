@@ -176,6 +176,10 @@ def _states(m: Machine, names: list[str], problems: list[str],
             problems.append(f"{where}: skippable needs a default_output")
         if s.review is not None:
             problems.extend(_review_problems(m, s))
+        if s.cache is not None:
+            problems.extend(f"{where}: cache: {p}" for p in s.cache.problems())
+            if s.side_effect:
+                problems.append(f"{where}: a side-effect state cannot use a reply cache")
         for key in ("llm", "repair_llm"):
             value = getattr(s, key)
             if value is not None and not (isinstance(value, str) and _MODEL_NAME.fullmatch(value)):

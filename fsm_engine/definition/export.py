@@ -32,6 +32,8 @@ def _state_dict(s: "State") -> dict[str, Any]:
             out[key] = getattr(s, key)
     if s.review is not None:
         out["review"] = s.review.export()
+    if s.cache is not None:
+        out["cache"] = {"ttl_s": s.cache.ttl_s}
     return out
 
 

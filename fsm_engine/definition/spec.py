@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel
 
-from ..policies import RetryPolicy
+from ..policies import CachePolicy, RetryPolicy
 from .review import Review
 
 Ref = Callable[..., Any] | str
@@ -117,6 +117,8 @@ class State:
         review: a person decides here (``fsm_engine.definition.review.Review``): entering
             records a review item and the instance waits, holding no worker, for
             ``Engine.decide`` / ``fsm review decide`` (or the SLA timer).
+        cache: answer this state's model calls from stored replies
+            (``fsm_engine.policies.CachePolicy``); never on a side-effect state.
     """
 
     name: str
@@ -135,6 +137,7 @@ class State:
     repair_llm: str | None = None
     token_budget: int | None = None
     review: Review | None = None
+    cache: CachePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

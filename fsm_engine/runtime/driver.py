@@ -213,6 +213,9 @@ class Driver:
                 meter.repair = (repair, self.models.breaker(repair))
         meter.loops_left = rec.max_transitions - rec.loop_count
         meter.caller_input = rec.input
+        if state.cache is not None:
+            from .reply_cache import ReplyCache
+            meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)
         if self.tracer is not None:  # model calls become children of this step's span
             from ..telemetry import current_context
             meter.tracer, meter.trace_parent = self.tracer, current_context()

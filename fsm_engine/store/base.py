@@ -8,7 +8,8 @@ from typing import Iterator, Protocol, Sequence
 
 from .claims import ClaimRequest
 from .records import (
-    AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReviewItem,
+    AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow,
+    ReviewItem,
     StepCommit, StepRow, WorkerRow,
 )
 
@@ -66,6 +67,12 @@ class Store(Protocol):
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         """Outbox rows, oldest first."""
+
+    def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
+        """The stored reply under ``key`` written at or after ``not_before`` (epoch s)."""
+
+    def put_reply(self, row: ReplyRow) -> None:
+        """Store (or replace) the reply under ``row.key``."""
 
     def reviews(self, *, statuses: Sequence[str] | None = None, machine: str | None = None,
                 instance_id: str | None = None,

@@ -20,7 +20,8 @@ import pydantic_core
 
 from ..errors import StepRejected
 from .records import (
-    AttemptRow, BreakerRow, HistoryRow, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
+    AttemptRow, BreakerRow, HistoryRow, InstanceRecord, ReplyRow, ReviewItem, StepCommit,
+    WorkerRow,
 )
 
 #: Columns holding JSON (text) in every backend.
@@ -99,6 +100,11 @@ SELECT_HISTORY = ("SELECT i.id AS instance_id, "
                   + " FROM history h JOIN instances i ON i.key = h.instance WHERE i.id=?"
                   " ORDER BY h.seq")
 
+REPLY = Codec(ReplyRow)
+SELECT_REPLY = (f"SELECT {', '.join(REPLY.columns)} FROM replies WHERE key=? AND "
+                "created_at >= ?")
+PUT_REPLY = (REPLY.insert_sql("replies") + " ON CONFLICT (key) DO UPDATE SET "
+             + ", ".join(f"{c}=excluded.{c}" for c in REPLY.columns[1:]))
 REVIEW = Codec(ReviewItem)
 SELECT_REVIEWS = f"SELECT {', '.join(REVIEW.columns)} FROM review_items"
 #: Open a review item; a second open of the same (instance, state, visit) is a no-op.

@@ -73,9 +73,10 @@ def _v4(cur: Any) -> None:
 
 def _v5(cur: Any) -> None:
     """Format 5: the review queue (the same table as SQLite's) and fork lineage."""
-    from .schema import LINEAGE, REVIEW_INDEXES, REVIEW_TABLE
+    from .schema import LINEAGE, REPLIES, REVIEW_INDEXES, REVIEW_TABLE
     for sql in LINEAGE:
         cur.execute(sql)
+    cur.execute(REPLIES.format(real="DOUBLE PRECISION"))
     cur.execute(REVIEW_TABLE.format(real="DOUBLE PRECISION"))
     for sql in REVIEW_INDEXES:
         cur.execute(sql)

@@ -31,13 +31,14 @@ from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
     SELECT_INSTANCES, WORKER, Codec, Encoded, changes, dumps, encode_step, marks, update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
+    PUT_REPLY, REPLY, SELECT_REPLY,
     reviews_where,
 )
 from . import pg_read
 from .pg_schema import migrate, require_current
 from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
-    OutboxRow, ReviewItem, StepCommit, StepRow, WorkerRow,
+    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 
 T = TypeVar("T")
@@ -453,6 +454,14 @@ class PostgresStore:
 
     def delete_worker(self, worker_id: str) -> None:
         self._run(lambda conn: conn.execute("DELETE FROM workers WHERE id=%s", (worker_id,)))
+
+    # -- reply cache -------------------------------------------------------------------
+    def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
+        rows = self._rows(marks(SELECT_REPLY), (key, not_before))
+        return REPLY.decode(rows[0]) if rows else None
+
+    def put_reply(self, row: ReplyRow) -> None:
+        self._run(lambda conn: conn.execute(marks(PUT_REPLY), REPLY.values(row)))
 
     # -- review queue -------------------------------------------------------------------
     def reviews(self, *, statuses: Sequence[str] | None = None, machine: str | None = None,

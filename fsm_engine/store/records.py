@@ -217,6 +217,18 @@ class ReviewDecision:
 
 
 @dataclass(slots=True)
+class ReplyRow:
+    """A stored model reply (the reply cache), keyed by a hash of the call."""
+
+    key: str
+    provider: str
+    model: str
+    text: str
+    finish_reason: str
+    created_at: float
+
+
+@dataclass(slots=True)
 class StepCommit:
     """Everything one step writes, committed all-or-nothing.
 

@@ -121,6 +121,8 @@ REVIEW_TABLE = """CREATE TABLE review_items (
     status TEXT NOT NULL, due_at {real}, on_timeout TEXT, claimed_by TEXT,
     claimed_at {real}, decided_by TEXT, decided_at {real}, choice TEXT, note TEXT,
     edit TEXT)"""
+REPLIES = ("CREATE TABLE replies (key TEXT PRIMARY KEY, provider TEXT, model TEXT, text TEXT, "
+           "finish_reason TEXT, created_at {real})")
 LINEAGE = ("ALTER TABLE instances ADD COLUMN forked_from TEXT",
            "ALTER TABLE instances ADD COLUMN forked_at_seq INTEGER",
            "CREATE INDEX idx_instances_forked_from ON instances (forked_from)")
@@ -131,9 +133,10 @@ REVIEW_INDEXES = (
 
 def _v5(db: sqlite_utils.Database) -> None:
     """The review queue (one item per (instance, review state, visit)) and the lineage of
-    forked instances."""
+    forked instances, and the reply cache."""
     for sql in LINEAGE:
         db.execute(sql)
+    db.execute(REPLIES.format(real="REAL"))
     db.execute(REVIEW_TABLE.format(real="REAL"))
     for sql in REVIEW_INDEXES:
         db.execute(sql)

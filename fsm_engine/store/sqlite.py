@@ -26,7 +26,7 @@ from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreErro
 from . import sqlite_read
 from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
-    OutboxRow, ReviewItem, StepCommit, StepRow, WorkerRow,
+    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 from .codec import (
     ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
@@ -35,6 +35,7 @@ from .codec import (
     Encoded, changes as _changes, dumps as _dumps, encode_step as _encode,
     update_sql as _update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
+    PUT_REPLY, REPLY, SELECT_REPLY,
     reviews_where,
 )
 from .claims import ClaimRequest, adopted, select, where
@@ -297,6 +298,15 @@ class SqliteStore:
         if instance_id is not None:
             sql, args = sql + " WHERE instance_id=?", (instance_id,)
         return [_decode(OutboxRow, r) for r in self._read(sql + " ORDER BY rowid", args)]
+
+    # -- reply cache ---------------------------------------------------------------
+    def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
+        rows = self._read(SELECT_REPLY, (key, not_before))
+        return REPLY.decode(dict(rows[0])) if rows else None
+
+    def put_reply(self, row: ReplyRow) -> None:
+        with self._write() as conn:
+            conn.execute(PUT_REPLY, REPLY.values(row))
 
     # -- review queue ------------------------------------------------------------
     def reviews(self, *, statuses: Sequence[str] | None = None, machine: str | None = None,

@@ -132,3 +132,18 @@ class ForkContract:
         with pytest.raises(Exception):
             store.create(record("new"), record("dup"), history=[hist("new", 1, "start", "x")])
         assert [r.id for r in store.list()] == ["dup"]
+
+
+class ReplyContract:
+    """The reply cache: put, get within a time window, replace."""
+
+    def test_reply_put_get_and_window(self, store: Store) -> None:
+        from ..store import ReplyRow
+        row = ReplyRow("k" * 64, "scripted", "m1", "审核 ok", "stop", 1000.0)
+        assert store.get_reply(row.key, 0.0) is None
+        store.put_reply(row)
+        assert store.get_reply(row.key, 999.0) == row
+        assert store.get_reply(row.key, 1000.5) is None  # older than the window
+        newer = ReplyRow(row.key, "scripted", "m1", "again", "stop", 2000.0)
+        store.put_reply(newer)
+        assert store.get_reply(row.key, 1500.0) == newer
