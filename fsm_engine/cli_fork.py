@@ -87,3 +87,49 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
         engine.close()
     how = "reset in place" if in_place else f"forked from {orig.id}"
     typer.echo(f"{new}: {how}, in state {rec.state!r} ({rec.status})")
+
+
+@app.command()
+def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
+           module: Optional[str] = typer.Argument(None, help="Machine module to replay "
+                                                  "through (default: the instance's own)."),
+           db: Optional[str] = DB,
+           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")
+           ) -> None:
+    """Replay a stored instance through the current (or given) definition, in memory: no
+    writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
+    it diverges."""
+    from .runtime.compiled import compile_machine
+    from .runtime.loader import load_machine
+    from .runtime.replay import replay as run_replay
+    store = _open(db)
+    try:
+        rec = _find(store, instance_id)
+        history = store.history(rec.id)
+    finally:
+        store.close()
+    machine, _ = load_machine(module or rec.module)
+    report = run_replay(compile_machine(machine), rec, history)
+    if as_json:
+        from .cli import _print_json
+        _print_json(report.as_json())
+    else:
+        _print_replay(report)
+    raise typer.Exit(0 if report.identical else 1)
+
+
+def _print_replay(report: object) -> None:
+    from .runtime.replay import Replay
+    assert isinstance(report, Replay)
+    if report.identical:
+        typer.echo(f"{report.instance_id}: {report.steps} steps replay identically")
+        return
+    for m in report.missing_states:
+        typer.echo(f"seq {m['seq']}: state {m['state']!r} no longer exists")
+    for g in report.guards:
+        typer.echo(f"seq {g['seq']}: guards were {g['recorded']}, now {g['now']}")
+    d = report.divergence
+    if d is not None:
+        now = " -> ".join(d["now"]) if d["now"] else "nothing"
+        typer.echo(f"seq {d['seq']}: from {d['source']!r} recorded "
+                   f"{' -> '.join(d['recorded'])}, now {now} ({d['why']})")
