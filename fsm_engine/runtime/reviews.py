@@ -97,7 +97,7 @@ def decision(cm: CompiledMachine, rec: InstanceRecord, item: ReviewItem, choice:
     if commit.record.status == FAILED and commit.record.reason == "no_transition":
         raise _refuse(item, f"no transition on {choice!r} passed its guards")
     commit.before = rec
-    if not commit.record.final:
+    if commit.record.status != FAILED:  # the routed failure's reason is settled
         commit.record.reason = None
     row = commit.history[0]
     row.detail["review"] = {"item": item.id, "by": by, "note": note, "edit": edit}
