@@ -5,14 +5,16 @@ Python module, run instances with an :class:`Engine` (SQLite by default),
 draw it with ``fsm diagram``, audit every transition with ``fsm history``.
 """
 
+from .definition.review import Review
 from .definition import BUDGET_EXHAUSTED, FALLBACK, Fire, Machine, RunInfo, State, Transition, fire
 from .errors import (
     ActionError, BudgetExhausted, CircuitOpen, ClientError, DefinitionError, FingerprintMismatch,
     FsmError, InstanceFinished, InstanceNotFound, InvalidInput, MachineLoadError,
     NotAnFsmDatabase, ProviderError, ProviderTimeout, ProviderUnavailable, RateLimited,
-    ServerError, StaleWrite, StepRejected, StepTimeout, StoreError, StructuredOutputError,
+    ReviewRefused, ServerError, StaleWrite, StepRejected, StepTimeout, StoreError,
+    StructuredOutputError,
 )
-from .policies import BreakerPolicy, RetryPolicy
+from .policies import BreakerPolicy, CachePolicy, RetryPolicy
 from .runtime import Engine, Step, load_machine
 from .store import HistoryRow, InstanceRecord, SqliteStore, Store, open_store
 
@@ -21,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     # definition
     "Machine", "State", "Transition", "fire", "Fire", "RunInfo", "FALLBACK", "BUDGET_EXHAUSTED",
-    "RetryPolicy", "BreakerPolicy", "load_machine",
+    "RetryPolicy", "BreakerPolicy", "load_machine", "Review", "CachePolicy",
     # runtime
     "Engine", "Step",
     # store
@@ -32,5 +34,5 @@ __all__ = [
     "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
-    "ClientError",
+    "ClientError", "ReviewRefused",
 ]

@@ -62,6 +62,8 @@ def list_(db: str = DB,
           limit: int = typer.Option(100, "--limit", min=0, metavar="N", help="At most this many (0: all)."),
           offset: int = typer.Option(0, "--offset", min=0, metavar="N", help="Skip this many first (paging)."),
           wide: bool = typer.Option(False, "--wide", help="A table whatever the terminal's width."),
+          forks_of: Optional[str] = typer.Option(None, "--forks-of", metavar="ID",
+                                                 help="Only the forks of this instance."),
           as_json: bool = typer.Option(False, "--json", help="Print the records as JSON.")) -> None:
     """List instances (oldest first), with filters and paging."""
     from .store.records import ORDERS, InstanceFilter
@@ -73,11 +75,13 @@ def list_(db: str = DB,
     if sort not in ORDERS:
         _fail(f"unknown sort {sort!r}; one of: {', '.join(ORDERS)}")
     store = _open(db)
+    parent = _find(store, forks_of).id if forks_of else None
     statuses = sorted({x for s in wanted for x in (("pending", "running") if s == ORPHANED else (s,))})
     where = InstanceFilter(machine=machine, statuses=tuple(statuses) if wanted else None,
                            states=tuple(state) if state else None,
                            reasons=tuple(reason) if reason else None, text=text,
-                           created_after=_when_arg(since), created_before=_when_arg(until))
+                           created_after=_when_arg(since), created_before=_when_arg(until),
+                           forked_from=parent)
     live = _live(store)
     if ORPHANED in wanted:  # a derived status: narrowed here
         keep = set(wanted)

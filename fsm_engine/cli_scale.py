@@ -165,7 +165,7 @@ def worker(db: Optional[str] = DB,
     from .runtime.worker import Worker
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="fsm worker: %(levelname)s %(message)s")
-    engine = _engine(db, llm=llm, create=True)
+    engine = _engine(db, llm=[llm] if llm else None, create=True)
     engine.lease_seconds = engine.ownership.lease_seconds = lease
     names = None
     if machines:

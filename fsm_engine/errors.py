@@ -17,6 +17,8 @@ line that names the thing at fault.  Errors carry structured fields
     │   ├── StepRejected         the store refused one step's values (nothing of its batch written)
     │   └── FingerprintMismatch  the instance was started from a different definition
     ├── InvalidInput             input or a context update fails the machine's context model
+    │   └── ReviewRefused        a review answer is stale, second, someone else's, not
+    │                            offered, or its edit fails the ``editable`` model
     ├── InstanceFinished         a step was asked of an instance in a final status
     ├── ActionError              an action raised (wraps the original as ``__cause__``)
     ├── StepTimeout              an action ran past its state's timeout
@@ -115,6 +117,15 @@ class FingerprintMismatch(StoreError):
 
 class InvalidInput(FsmError):
     """Input or an action's update does not validate against the context model."""
+
+
+class ReviewRefused(InvalidInput):
+    """A review decision or claim was refused; nothing was written (``item_id`` names it)."""
+
+    def __init__(self, message: str, *, item_id: str | None = None,
+                 instance_id: str | None = None) -> None:
+        super().__init__(message, instance_id=instance_id)
+        self.item_id = item_id
 
 
 class InstanceFinished(FsmError):

@@ -333,3 +333,20 @@ BreakerState = Literal["closed", "open", "half_open"]
 __all__ = ["Disposition", "classify", "RULES", "NETWORK_ERRNOS", "by_status", "http_status",
            "retry_after", "parse_retry_after", "RetryPolicy", "NO_RETRY", "BreakerPolicy",
            "BreakerState"]
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """Answer a state's model calls from stored replies (``State(cache=CachePolicy(...))``).
+
+    A successful reply is stored keyed by SHA-256 of (provider, model, messages and call
+    parameters); a later call with the same key within ``ttl_s`` seconds is answered from
+    it with 0 tokens (``llm_calls`` entry ``cached: true``).  Keys hold no secrets (no
+    API key, URL or header goes into them).  Not allowed on side-effect states.
+    """
+
+    ttl_s: float = 3600.0
+
+    def problems(self) -> list[str]:
+        """What is wrong with the policy (empty when nothing is)."""
+        return [] if self.ttl_s > 0 else ["ttl_s must be > 0 seconds"]

@@ -20,6 +20,12 @@ init → collect → preprocess → infer → validate → output → notify →
   with one unnamed ``--llm`` (or none: the embedded model) both are that one.
   Each has its own circuit breaker, so an open breaker on the primary model
   sends instances to the fallback model, not back to the same one.
+- with ``FSM_REVIEW=1`` when an instance starts (or ``"review": true`` in a JSON input), a
+  ``review`` verdict, and a verdict the keyword rule gave because the model and the
+  constrained decoding both failed, go to ``human-review``: a person approves or rejects
+  with the machine's verdict shown as the proposal (``fsm review list/decide``); undecided
+  after ``FSM_REVIEW_SLA_S`` (default a day) it is rejected.  Without it every instance
+  completes automatically.
 - notify delivers the verdict once per instance (a side effect under an
   idempotency key: ``FSM_NOTIFY_URL`` webhook, else ``FSM_NOTIFY_FILE``).
 """
@@ -31,9 +37,9 @@ import re
 import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from fsm_engine import FsmError, Machine, RetryPolicy, State, Step, Transition
+from fsm_engine import FsmError, Machine, RetryPolicy, Review, State, Step, Transition
 from fsm_engine.sinks import deliver
 from fsm_engine.structured import parse_structured
 
@@ -70,6 +76,8 @@ class Moderation(BaseModel):
     verdict_source: str = ""
     result: dict[str, Any] | None = None
     delivery: dict[str, Any] | None = None
+    #: Send doubtful verdicts to a person (``FSM_REVIEW=1`` when the instance starts).
+    review: bool = Field(default_factory=lambda: os.environ.get("FSM_REVIEW") == "1")
 
 
 #: The schema used for constrained decoding: Verdict with bounded lengths, so the
@@ -226,6 +234,34 @@ def notify(ctx: Moderation, step: Step) -> dict[str, Any]:
     return {"delivery": deliver(payload, step.idempotency_key)}
 
 
+def doubtful(ctx: Moderation) -> bool:
+    """Guard: a person should decide (review asked for, and a ``review`` verdict or one the
+    keyword rule gave after the model and the constrained decoding both failed)."""
+    return ctx.review and ctx.verdict is not None and (
+        ctx.verdict.decision == "review" or ctx.verdict_source == "rules")
+
+
+def _human(ctx: Moderation, decision: str) -> dict[str, Any]:
+    proposal = ctx.verdict or Verdict(decision="review", categories=[], summary="")
+    verdict = proposal.model_copy(update={"decision": decision})
+    return {"verdict": verdict, "verdict_source": "human"}
+
+
+def human_approved(ctx: Moderation) -> dict[str, Any]:
+    """The reviewer approved: the verdict becomes ``approve`` (source ``human``)."""
+    return _human(ctx, "approve")
+
+
+def human_rejected(ctx: Moderation) -> dict[str, Any]:
+    """The reviewer rejected (or the SLA passed): the verdict becomes ``reject``."""
+    return _human(ctx, "reject")
+
+
+REVIEW = Review(prompt="Approve or reject this text? The machine's verdict is the proposal.",
+                show=["path", "verdict", "verdict_source", "text"],
+                choices=["approve", "reject"],
+                sla_s=float(os.environ.get("FSM_REVIEW_SLA_S", "86400")), on_timeout="reject")
+
 LLM_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, backoff_rate=2.0, max_interval=10.0)
 
 machine = Machine(
@@ -245,6 +281,9 @@ machine = Machine(
               llm="fallback"),
         State("rule-verdict", action=rule_infer),
         State("validate", action=validate),
+        State("human-review", review=REVIEW),
+        State("human-approved", action=human_approved),
+        State("human-rejected", action=human_rejected),
         State("output", action=output),
         State("notify", action=notify, side_effect=True, timeout=30.0,
               retry=RetryPolicy(max_attempts=5, initial_interval=0.5, max_interval=5.0)),
@@ -258,11 +297,18 @@ machine = Machine(
         Transition("prepared", "preprocess", "infer"),
         Transition("answered", "infer", "validate"),
         Transition("budget_exhausted", "infer", "degraded-infer"),
+        Transition("doubtful", "validate", "human-review", conditions=[verdict_ok, doubtful]),
         Transition("valid", "validate", "output", conditions=verdict_ok),
         Transition("reask", "validate", "infer", conditions=can_reask),
         Transition("give_up", "validate", "degraded-infer"),
+        Transition("doubtful", "degraded-infer", "human-review", conditions=doubtful),
         Transition("degraded", "degraded-infer", "output"),
+        Transition("doubtful", "rule-verdict", "human-review", conditions=doubtful),
         Transition("ruled", "rule-verdict", "output"),
+        Transition("approve", "human-review", "human-approved"),
+        Transition("reject", "human-review", "human-rejected"),
+        Transition("approved", "human-approved", "output"),
+        Transition("rejected", "human-rejected", "output"),
         Transition("publish", "output", "notify"),
         Transition("notified", "notify", "done"),
     ],

@@ -28,7 +28,7 @@ EXPECTED = {
     "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "InvalidInput", "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
-    "ClientError",
+    "ClientError", "Review", "ReviewRefused", "CachePolicy",
 }
 
 

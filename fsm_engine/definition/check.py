@@ -122,10 +122,11 @@ def _paths(m: Machine, names: list[str], problems: list[str]) -> None:
     if m.initial not in names:
         return
     edges = _graph(m, names)
-    reachable = _reach({m.initial}, edges)
-    implicit = m.failure_state  # the runtime moves unhandled failures there
+    # the runtime moves unhandled failures (and routed loop caps / open breakers) there
+    implicit = {m.failure_state, m.on_loop_limit, m.on_circuit_open} - {None}
+    reachable = _reach({m.initial} | (implicit & set(names)), edges)
     for n in names:
-        if n not in reachable and n != implicit:
+        if n not in reachable and n not in implicit:
             problems.append(f"state {n!r} is unreachable from initial state {m.initial!r}")
     reverse: dict[str, set[str]] = {n: set() for n in names}
     for src, dests in edges.items():
@@ -173,11 +174,39 @@ def _states(m: Machine, names: list[str], problems: list[str],
             problems.append(f"{where}: token_budget must be an int >= 0 tokens")
         if s.skippable and s.default_output is None:
             problems.append(f"{where}: skippable needs a default_output")
+        if s.review is not None:
+            problems.extend(_review_problems(m, s))
+        if s.cache is not None:
+            problems.extend(f"{where}: cache: {p}" for p in s.cache.problems())
+            if s.side_effect:
+                problems.append(f"{where}: a side-effect state cannot use a reply cache")
         for key in ("llm", "repair_llm"):
             value = getattr(s, key)
             if value is not None and not (isinstance(value, str) and _MODEL_NAME.fullmatch(value)):
                 problems.append(f"{where}: {key} must be a model name (letters, digits, "
                                 f"'_' or '-'), not {value!r}")
+
+
+def _review_problems(m: Machine, s: Any) -> list[str]:
+    where = f"state {s.name!r}"
+    out = []
+    if s.final or s.wait or s.action is not None:
+        out.append(f"{where}: a review state has no action and is neither final nor wait")
+    names = [st.name for st in m.states]
+    triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
+    fields = list(m.context.model_fields) if isinstance(m.context, type) else []
+    return out + s.review.problems(s.name, fields, triggers)
+
+
+def _routes(m: Machine, problems: list[str]) -> None:
+    """``on_loop_limit`` / ``on_circuit_open`` must name review states."""
+    for key in ("on_loop_limit", "on_circuit_open"):
+        name = getattr(m, key)
+        if name is None:
+            continue
+        state = next((s for s in m.states if s.name == name), None)
+        if state is None or state.review is None:
+            problems.append(f"{key} {name!r} is not a review state of the machine")
 
 
 _MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -216,6 +245,7 @@ def check(machine: Machine) -> Checked:
     guards: dict[Ref, Callable[..., Any]] = {}
     _states(machine, names, problems, actions)
     _guards(machine, problems, guards)
+    _routes(machine, problems)
     if problems:
         raise DefinitionError(machine.name or "?", problems)
     return Checked(machine, actions, guards)

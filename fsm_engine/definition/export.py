@@ -30,6 +30,10 @@ def _state_dict(s: "State") -> dict[str, Any]:
     for key in ("llm", "repair_llm", "token_budget"):  # only when set: old fingerprints hold
         if getattr(s, key) is not None:
             out[key] = getattr(s, key)
+    if s.review is not None:
+        out["review"] = s.review.export()
+    if s.cache is not None:
+        out["cache"] = {"ttl_s": s.cache.ttl_s}
     return out
 
 
@@ -46,11 +50,15 @@ def export_machine(machine: "Machine") -> dict[str, Any]:
          "unless": [ref_name(g) for g in as_refs(t.unless)]}
         for t in machine.all_transitions() for src in t.sources(names, machine.finals)
     ]
-    return {
+    out = {
         "name": machine.name, "initial": machine.initial,
         "max_transitions": machine.max_transitions, "token_budget": machine.token_budget,
         "states": [_state_dict(s) for s in machine.states], "transitions": transitions,
     }
+    for key in ("on_loop_limit", "on_circuit_open"):  # only when set: fingerprints stay
+        if getattr(machine, key) is not None:
+            out[key] = getattr(machine, key)
+    return out
 
 
 def fingerprint(machine: "Machine") -> str:

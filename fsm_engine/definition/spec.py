@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel
 
-from ..policies import RetryPolicy
+from ..policies import CachePolicy, RetryPolicy
+from .review import Review
 
 Ref = Callable[..., Any] | str
 
@@ -113,6 +114,11 @@ class State:
             applies); checked before each call like the instance's budget, and an
             exhausted one takes the state's ``budget_exhausted`` transition (else
             its fallback).  Guards read what is left as ``run.state_tokens_remaining``.
+        review: a person decides here (``fsm_engine.definition.review.Review``): entering
+            records a review item and the instance waits, holding no worker, for
+            ``Engine.decide`` / ``fsm review decide`` (or the SLA timer).
+        cache: answer this state's model calls from stored replies
+            (``fsm_engine.policies.CachePolicy``); never on a side-effect state.
     """
 
     name: str
@@ -130,6 +136,8 @@ class State:
     llm: str | None = None
     repair_llm: str | None = None
     token_budget: int | None = None
+    review: Review | None = None
+    cache: CachePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +195,11 @@ class Machine:
             globals of the module that created the machine.
         tally: context fields whose values are counted over the instances of a run
             (``fsm run`` prints the counts at its end, e.g. where verdicts came from).
+        on_loop_limit: a review state the instance goes to when it reaches
+            ``max_transitions`` instead of failing (``None``: fail with ``loop_limit``);
+            the reviewer's decision grants another ``max_transitions`` transitions.
+        on_circuit_open: a review state the instance goes to when its model's circuit
+            breaker is open and the state has no fallback (``None``: fail).
     """
 
     name: str
@@ -199,6 +212,8 @@ class Machine:
     description: str = ""
     namespace: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     tally: Sequence[str] = ()
+    on_loop_limit: str | None = None
+    on_circuit_open: str | None = None
 
     def __post_init__(self) -> None:
         if self.namespace is None:

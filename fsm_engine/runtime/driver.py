@@ -18,13 +18,13 @@ from pydantic import BaseModel, ValidationError
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
-    ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepRejected,
+    FsmError, ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepRejected,
     StepTimeout, StructuredOutputError,
 )
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, StepCommit
-from . import outcome, values
+from . import outcome, reviews, values
 from .models import Models
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -177,14 +177,19 @@ class Driver:
         """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
         state = cm.states[rec.state]
         now = self.clock()
-        if state.wait:
+        if state.review is not None:
+            if reviews.timer_due(rec, now):
+                step = reviews.timed_out(cm, rec, self.store, now, self.advance)
+            else:
+                step = outcome.awaiting_review(cm, rec, now)
+        elif state.wait:
             new = outcome.clone(rec)
             new.status, new.owner, new.updated_at = "waiting", None, now
             step = StepCommit(new, rec.version, before=rec)
         elif rec.deadline is not None and now >= rec.deadline:
             step = outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
         elif rec.loop_count >= rec.max_transitions:
-            step = outcome.failed(cm, rec, "loop_limit", now, kind="loop_limit")
+            step = outcome.loop_limited(cm, rec, now)
         else:
             if rec.next_attempt_at is not None and rec.next_attempt_at > now:
                 await asyncio.sleep(rec.next_attempt_at - now)
@@ -208,6 +213,9 @@ class Driver:
                 meter.repair = (repair, self.models.breaker(repair))
         meter.loops_left = rec.max_transitions - rec.loop_count
         meter.caller_input = rec.input
+        if state.cache is not None:
+            from .reply_cache import ReplyCache
+            meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)
         if self.tracer is not None:  # model calls become children of this step's span
             from ..telemetry import current_context
             meter.tracer, meter.trace_parent = self.tracer, current_context()
@@ -234,6 +242,9 @@ class Driver:
         step = (self._make_step(cm, rec, state)
                 if state.side_effect or (entry is not None and entry[1] == 2) else None)
         if step is not None and state.side_effect:
+            replayed = self._delivered_by_original(cm, rec, state, step)
+            if replayed is not None:
+                return replayed
             row = self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
                                           self.clock())
             step.outbox_attempt = row.attempts
@@ -257,6 +268,26 @@ class Driver:
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
         return self._on_error(cm, rec, state, step, error, ms)
+
+    def _delivered_by_original(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                               step: Step) -> StepCommit | None:
+        """For a fork at a side effect its original delivered: the original's recorded
+        outcome, taken again without running the action (``None``: run it)."""
+        if rec.forked_from is None:
+            return None
+        from .fork import delivered, recorded_outcome
+        try:
+            done = delivered(rec, state.name, step.visit, self.store.outbox(rec.forked_from))
+            row = done and recorded_outcome(self.store.history(rec.forked_from), state.name,
+                                            step.visit)
+        except FsmError:  # the original was pruned: deliver anew
+            return None
+        if not done or row is None:
+            return None
+        self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
+                                self.clock())
+        step.notes["delivered_by_original"] = done.key
+        return self.advance(cm, rec, state, step, row.trigger, row.delta, 0.0)
 
     async def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
                     rec: InstanceRecord, state: State, step: Step | None) -> Any:
@@ -349,6 +380,9 @@ class Driver:
         detail = _detail(rec, step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
+        if reason == "circuit_open" and cm.spec.on_circuit_open is not None:
+            return outcome.routed(cm, rec, cm.spec.on_circuit_open, reason, now, error=_err(exc),
+                                  tokens=_spent(step), duration_ms=ms, detail=detail)
         fail = outcome.failed(cm, rec, reason, now, error=_err(exc), tokens=_spent(step),
                               duration_ms=ms, detail=detail)
         fail.history[0].guards = getattr(exc, "guards", None) or []

@@ -27,8 +27,8 @@ from ..errors import (
 from ..policies import BreakerPolicy
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
-from ..store.records import InstanceRecord, StepCommit, WorkerRow
-from . import outcome, values
+from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
+from . import outcome, reviews as review_queue, values
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
@@ -334,7 +334,8 @@ class Engine:
             self._tasks[instance_id] = task  # type: ignore[assignment]
         try:
             cm, rec = await self._claim(instance_id)
-            while not rec.final and rec.status != "waiting":
+            while not rec.final and (rec.status != "waiting"
+                                     or review_queue.timer_due(rec, self.clock())):
                 rec = await self.driver.step_once(cm, rec)
                 if on_step:
                     on_step(rec)
@@ -479,6 +480,107 @@ class Engine:
         rec = await self.driver.commit(rec, self.driver.advance(
             cm, rec, cm.states[rec.state], None, trigger, update, 0.0))
         return rec if rec.final else await self.run(rec.id)
+
+    # -- fork (see ``fork.py``) -------------------------------------------------------
+    def fork(self, instance_id: str, *, from_seq: int | None = None,
+             from_state: str | None = None, from_failure: bool = False) -> str:
+        """Create a new instance from a prefix of ``instance_id``'s history (one
+        transaction: the record and its copied rows); return its id.  It is unowned and
+        runnable (``run``, ``resume`` or a worker steps it); side effects the original
+        delivered are not repeated.  Raises ``InvalidInput`` for a fork point that does
+        not exist or ends in a final state, ``FingerprintMismatch`` for a changed machine.
+        """
+        from .fork import fork_point, forked
+        orig = self.store.get(instance_id)
+        cm = self._compiled(orig)
+        history = self.store.history(orig.id)
+        n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
+        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock())
+        self.store.create(rec, history=rows)
+        return rec.id
+
+    def rerun(self, instance_id: str, state: str, *, in_place: bool = False) -> str:
+        """Run ``state`` again from just before its latest visit: as a fork (returns the new
+        id), or ``in_place`` on a completed or failed instance by appending a ``rerun`` row
+        that resets state and context (returns ``instance_id``; the history is never
+        rewritten, ``seq`` stays gap-free).  Raises ``InvalidInput`` (never visited, not
+        final), ``StaleWrite`` when the instance changed meanwhile.
+        """
+        if not in_place:
+            return self.fork(instance_id, from_state=state)
+        from .fork import fork_point
+        rec = self.store.get(instance_id)
+        if rec.status not in ("completed", "failed"):
+            raise InvalidInput(f"instance {rec.id} is {rec.status}: an in-place rerun needs a "
+                               "completed or failed instance (or rerun it as a fork)")
+        cm = self._compiled(rec)
+        history = self.store.history(rec.id)
+        n = fork_point(history, state=state)
+        context = dict(rec.input)
+        for row in history[:n]:
+            context.update(row.delta)
+        if not self.store.commit([outcome.reset(cm, rec, state, context, n, self.clock())])[0]:
+            raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
+                             instance_id=rec.id)
+        self._known.pop(rec.id, None)
+        return rec.id
+
+    def forks(self, instance_id: str) -> list[InstanceRecord]:
+        """The instances forked from ``instance_id``, oldest first."""
+        return [r for r in self.store.list(machine=self.store.get(instance_id).machine)
+                if r.forked_from == instance_id]
+
+    # -- the review queue (see ``reviews.py``) -------------------------------------------
+    def reviews(self, *, status: str | None = REVIEW_OPEN, machine: str | None = None,
+                instance_id: str | None = None) -> list[ReviewItem]:
+        """Review items, oldest first: open ones by default (``status=None``: all), of one
+        machine or instance."""
+        return self.store.reviews(statuses=None if status is None else [status],
+                                  machine=machine, instance_id=instance_id)
+
+    def review(self, item: ReviewItem | str) -> ReviewItem:
+        """The item as stored now (by id or unambiguous id prefix); ``ReviewRefused``."""
+        return review_queue.find(self.store, item.id if isinstance(item, ReviewItem) else item)
+
+    def claim_review(self, item: ReviewItem | str, by: str) -> ReviewItem:
+        """Make ``by`` the item's claimer (others' decisions are then refused).
+
+        Raises ``ReviewRefused`` when it is decided, stale or claimed by someone else.
+        """
+        found = self.review(item)
+        if found.status != REVIEW_OPEN:
+            raise review_queue.ReviewRefused(
+                f"review {found.id}: already decided: {found.choice} by {found.decided_by}",
+                item_id=found.id)
+        why = review_queue.stale(found, self.store.get(found.instance_id))
+        if why or not self.store.claim_review(found.id, by, self.clock()):
+            raise review_queue.ReviewRefused(
+                f"review {found.id}: {why or f'claimed by {self.review(found).claimed_by}'}",
+                item_id=found.id)
+        return self.review(found)
+
+    def decide(self, item: ReviewItem | str, choice: str, *, by: str,
+               update: dict[str, Any] | None = None, note: str | None = None) -> InstanceRecord:
+        """Record ``by``'s decision ``choice`` on the review item, with the edit ``update``
+        (context fields the review's ``editable`` model allows) and ``note``, in one
+        transaction; the instance then continues when a worker (``fsm worker``,
+        ``resume``, ``run``) steps it.  Returns the instance after the decision.
+
+        Raises ``ReviewRefused`` (nothing written) for a stale, second, unoffered,
+        claimed-by-another or invalid answer.
+        """
+        found = self.review(item)
+        rec = self.store.get(found.instance_id)
+        cm = self._compiled(rec)
+        commit = review_queue.decision(cm, rec, found, choice, by=by, now=self.clock(),
+                                       advance=self.driver.advance, update=update, note=note,
+                                       claimer=by)
+        if not self.store.commit([commit])[0]:
+            raise review_queue.ReviewRefused(
+                f"review {found.id}: the item or its instance changed meanwhile (decided, "
+                "claimed or moved on); nothing was written", item_id=found.id)
+        self._known.pop(rec.id, None)
+        return commit.record
 
     async def aclose(self) -> None:
         """Stop the heartbeat, deregister this worker and close the store."""

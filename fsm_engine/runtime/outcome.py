@@ -14,7 +14,7 @@ from typing import Any
 
 from ..store.records import (
     CANCELLED, COMPLETED, FAILED, RUNNING, WAITING, AttemptRow, HistoryRow, InstanceRecord,
-    StepCommit,
+    ReviewItem, StepCommit,
 )
 from .compiled import CompiledMachine
 
@@ -45,7 +45,7 @@ def _enter(cm: CompiledMachine, rec: InstanceRecord, dest: str) -> None:
     if spec.final:
         rec.status = FAILED if spec.failure else COMPLETED
         rec.owner = None
-    elif spec.wait:
+    elif spec.wait or spec.review is not None:
         rec.status, rec.owner = WAITING, None
     else:
         rec.status = RUNNING
@@ -65,6 +65,94 @@ def force_fail(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float
     rec.next_attempt_at = None
     rec.updated_at = now
     return row
+
+
+def review_id(instance_id: str, state: str, visit: int) -> str:
+    """The id of the review item of (instance, state, visit): 12 hex digits of SHA-256."""
+    import hashlib
+    key = f"{instance_id}\x00{state}\x00{visit}".encode()
+    return hashlib.sha256(key).hexdigest()[:12]
+
+
+def open_review(cm: CompiledMachine, rec: InstanceRecord, now: float) -> ReviewItem | None:
+    """The review item ``rec`` (in place) waits on when its state is a review state (its
+    SLA timer set as ``next_attempt_at``); ``None`` for any other state."""
+    review = cm.states[rec.state].review
+    if review is None:
+        return None
+    visit = rec.visits.get(rec.state, 1)
+    due = None if review.sla_s is None else now + review.sla_s
+    rec.next_attempt_at = due
+    show = {f: rec.context.get(f) for f in review.show}
+    return ReviewItem(id=review_id(rec.id, rec.state, visit), instance_id=rec.id,
+                      machine=rec.machine, state=rec.state, visit=visit, prompt=review.prompt,
+                      show=show, choices=list(review.choices),
+                      editable=list(review.editable_fields), created_at=now, due_at=due,
+                      on_timeout=review.on_timeout)
+
+
+def _routed(cm: CompiledMachine, rec: InstanceRecord, dest: str, reason: str, now: float,
+            error: str | None, kind: str) -> HistoryRow:
+    """Move ``rec`` (in place) to the review state ``dest`` instead of failing it."""
+    row = _row(rec, rec.state, dest, kind, now, kind=kind, error=error, reason=reason)
+    _enter(cm, rec, dest)
+    rec.reason, rec.updated_at = reason, now
+    rec.last_error = error or rec.last_error
+    return row
+
+
+def _loop_cap(cm: CompiledMachine, rec: InstanceRecord, now: float) -> HistoryRow | None:
+    """The row for ``rec`` (in place) reaching its loop cap: routed to the machine's
+    ``on_loop_limit`` review state, or failed; ``None`` when it already waits there."""
+    error = f"reached max_transitions={rec.max_transitions}"
+    route = cm.spec.on_loop_limit
+    if route is None:
+        return force_fail(cm, rec, "loop_limit", now, kind="loop_limit", error=error)
+    if rec.state == route:
+        return None
+    return _routed(cm, rec, route, "loop_limit", now, error, "loop_limit")
+
+
+def loop_limited(cm: CompiledMachine, rec: InstanceRecord, now: float) -> StepCommit:
+    """Record an instance found at its loop cap before a step (failed, or routed)."""
+    new = clone(rec)
+    row = _loop_cap(cm, new, now)
+    return StepCommit(new, rec.version, [row] if row else [], before=rec,
+                      review_open=open_review(cm, new, now))
+
+
+def routed(cm: CompiledMachine, rec: InstanceRecord, dest: str, reason: str, now: float, *,
+           error: str | None = None, tokens: int = 0, duration_ms: float = 0.0,
+           detail: dict[str, Any] | None = None) -> StepCommit:
+    """Record a failure sent to the review state ``dest`` (e.g. an open breaker)."""
+    new = clone(rec)
+    new.tokens_used += tokens
+    row = _routed(cm, new, dest, reason, now, error, "fail")
+    row.tokens, row.duration_ms, row.detail = tokens, duration_ms, detail or {}
+    return StepCommit(new, rec.version, [row], before=rec, review_open=open_review(cm, new, now))
+
+
+def awaiting_review(cm: CompiledMachine, rec: InstanceRecord, now: float) -> StepCommit:
+    """Wait in the review state ``rec`` stands in (its item opened if it was not)."""
+    new = clone(rec)
+    item = open_review(cm, new, now)
+    new.status, new.owner, new.updated_at = WAITING, None, now
+    return StepCommit(new, rec.version, before=rec, review_open=item)
+
+
+def reset(cm: CompiledMachine, rec: InstanceRecord, dest: str, context: dict[str, Any],
+          at_seq: int, now: float) -> StepCommit:
+    """Record a forced re-run in place: ``rec`` goes back to ``dest`` with the context it
+    had after history row ``at_seq``, as one appended history row (``kind: rerun``, its
+    delta setting back every field that changed since); nothing is rewritten."""
+    new = clone(rec)
+    delta = {k: v for k, v in context.items() if rec.context.get(k, object()) != v}
+    row = _row(new, rec.state, dest, "rerun", now, kind="rerun", delta=delta,
+               detail={"reset_to_seq": at_seq})
+    new.context = dict(context)
+    _enter(cm, new, dest)
+    new.reason, new.owner, new.updated_at = None, None, now
+    return StepCommit(new, rec.version, [row], before=rec, review_open=open_review(cm, new, now))
 
 
 def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: str,
@@ -94,9 +182,11 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
     if new.status == FAILED:
         new.reason = reason or trigger
     if not new.final and new.loop_count >= new.max_transitions:
-        rows.append(force_fail(cm, new, "loop_limit", now, kind="loop_limit",
-                               error=f"reached max_transitions={new.max_transitions}"))
-    return StepCommit(new, rec.version, rows, outbox_done=outbox_done, before=rec)
+        cap = _loop_cap(cm, new, now)
+        if cap is not None:
+            rows.append(cap)
+    return StepCommit(new, rec.version, rows, outbox_done=outbox_done, before=rec,
+                      review_open=open_review(cm, new, now))
 
 
 def failed(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float, *,

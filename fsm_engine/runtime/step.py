@@ -61,6 +61,8 @@ class MeteredLLM:
         #: OpenTelemetry tracer and parent context (set by the driver when tracing is on).
         self.tracer: Any = None
         self.trace_parent: Any = None
+        #: The state's reply cache (``runtime.reply_cache``), or None.
+        self.cache: Any = None
         #: The instance's input, visible to providers as ``llm.base.CALLER_INPUT``.
         self.caller_input: dict[str, Any] | None = None
 
@@ -109,6 +111,14 @@ class MeteredLLM:
                         messages: list[dict[str, str]], kwargs: dict[str, Any]) -> "Completion":
         if provider is None:
             raise FsmError("this engine has no LLM provider configured")
+        key = None
+        if self.cache is not None:
+            from .reply_cache import reply_key
+            key = reply_key(provider, messages, kwargs)
+            hit = self.cache.get(key)
+            if hit is not None:  # answered from the store: no tokens, no breaker, no call
+                self._bill(0, hit.finish_reason, None, provider, hit.model)["cached"] = True
+                return hit
         limits = self._limits()
         prompt = 0
         if limits:
@@ -147,6 +157,8 @@ class MeteredLLM:
             call.update(budget_overrun=True, overrun_tokens=over, prompt_estimate=prompt)
         if breaker is not None:
             await breaker.record(True)
+        if key is not None and self.cache is not None:
+            self.cache.put(key, provider, out)
         return out
 
     def complete_sync(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":

@@ -10,8 +10,9 @@ from .base import Store
 from .claims import ClaimRequest
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, StepCommit, StepRow,
-    WorkerRow,
+    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow, ReviewDecision,
+    ReviewItem,
+    StepCommit, StepRow, WorkerRow,
 )
 from .sqlite import SqliteStore
 
@@ -81,5 +82,6 @@ def open_store(url: str | None = None, *, create: bool = True,
 
 __all__ = ["Store", "SqliteStore", "open_store", "store_url", "is_postgres", "ClaimRequest",
            "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxRow", "WorkerRow", "BreakerRow",
-           "StepCommit", "InstanceFilter", "StepRow", "PENDING", "RUNNING", "WAITING",
+           "StepCommit", "InstanceFilter", "StepRow", "ReviewItem", "ReviewDecision", "ReplyRow",
+           "PENDING", "RUNNING", "WAITING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]

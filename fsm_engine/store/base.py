@@ -8,8 +8,9 @@ from typing import Iterator, Protocol, Sequence
 
 from .claims import ClaimRequest
 from .records import (
-    AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, StepCommit,
-    StepRow, WorkerRow,
+    AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow,
+    ReviewItem,
+    StepCommit, StepRow, WorkerRow,
 )
 
 
@@ -33,9 +34,11 @@ class Store(Protocol):
     #: no password).
     url: str
 
-    def create(self, *records: InstanceRecord) -> None:
+    def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         """Insert new instances in one transaction (all or none; a duplicate id fails all);
-        each record's ``key`` is set to its new integer key (increasing in creation order)."""
+        each record's ``key`` is set to its new integer key (increasing in creation order).
+        ``history`` rows (of these new instances, by ``instance_id``) are inserted in the
+        same transaction (a fork's copied history)."""
 
     def get(self, instance_id: str) -> InstanceRecord:
         """The instance; ``InstanceNotFound`` when absent."""
@@ -45,7 +48,12 @@ class Store(Protocol):
         """Instances, oldest first, optionally filtered by status, machine name, owner."""
 
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
-        """Apply each step whose ``expected_version`` matches; True where applied."""
+        """Apply each step whose ``expected_version`` matches; True where applied.
+
+        A step's ``review_open`` item is inserted with it (kept as it is when an item
+        with that id exists); a step with ``review_close`` applies only when that item
+        is still open and, for a claimer, unclaimed or claimed by it (item and step
+        both written, or neither)."""
 
     def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         """The instance's history ordered by ``seq``."""
@@ -59,6 +67,21 @@ class Store(Protocol):
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         """Outbox rows, oldest first."""
+
+    def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
+        """The stored reply under ``key`` written at or after ``not_before`` (epoch s)."""
+
+    def put_reply(self, row: ReplyRow) -> None:
+        """Store (or replace) the reply under ``row.key``."""
+
+    def reviews(self, *, statuses: Sequence[str] | None = None, machine: str | None = None,
+                instance_id: str | None = None,
+                id_prefix: str | None = None) -> builtins.list[ReviewItem]:
+        """Review items, oldest first, filtered by status, machine, instance, id prefix."""
+
+    def claim_review(self, item_id: str, by: str, now: float) -> bool:
+        """Compare-and-set: ``by`` claims the open item unless someone else holds it;
+        False (nothing written) when it is decided, missing or claimed by another."""
 
     def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
         """Make ``request.owner`` the owner of up to ``request.limit`` claimable instances

@@ -1,7 +1,7 @@
 """What a claim writes: the pure part of ``Store.claim`` shared by every backend.
 
 A worker claims an instance that is runnable (``pending`` or ``running``, due
-now) and not leased by anyone else: no owner, or an owner whose lease has
+now, or ``waiting`` with a timer that is due: a review's SLA) and not leased by anyone else: no owner, or an owner whose lease has
 expired or who is known dead.  Claiming makes the claimer the owner and, when
 the instance was taken over from a dead owner in the middle of a step (not
 asleep in a retry backoff), counts one recovery; the runtime fails an instance
@@ -66,15 +66,16 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     owners = ["i.owner IS NULL",
               "NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = i.owner AND "
               "COALESCE(w.lease_until, w.heartbeat_at + ?) >= ?)"]
-    args: list[object] = [req.due, req.lease_seconds, req.now]
+    args: list[object] = [req.due, req.now, req.lease_seconds, req.now]
     if req.own:
         owners.append("i.owner = ?")
         args.append(req.owner)
     if req.dead:
         owners.append(f"i.owner IN ({', '.join('?' * len(req.dead))})")
         args.extend(req.dead)
-    sql = ("i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
-           f"i.next_attempt_at <= ?) AND ({' OR '.join(owners)})")
+    sql = ("(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
+           "i.next_attempt_at <= ?) OR i.status = 'waiting' AND i.next_attempt_at <= ?) "
+           f"AND ({' OR '.join(owners)})")
     if req.machines is not None:
         sql += f" AND i.machine IN ({', '.join('?' * len(req.machines)) or 'NULL'})"
         args.extend(req.machines)

@@ -19,11 +19,14 @@ from typing import Any
 import pydantic_core
 
 from ..errors import StepRejected
-from .records import AttemptRow, BreakerRow, HistoryRow, InstanceRecord, StepCommit, WorkerRow
+from .records import (
+    AttemptRow, BreakerRow, HistoryRow, InstanceRecord, ReplyRow, ReviewItem, StepCommit,
+    WorkerRow,
+)
 
 #: Columns holding JSON (text) in every backend.
 JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
-                          "result", "events", "queues"})
+                          "result", "events", "queues", "show", "choices", "editable", "edit"})
 
 _ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True,
                                  allow_nan=False).encode
@@ -97,9 +100,52 @@ SELECT_HISTORY = ("SELECT i.id AS instance_id, "
                   + " FROM history h JOIN instances i ON i.key = h.instance WHERE i.id=?"
                   " ORDER BY h.seq")
 
-#: Instance columns fixed at creation: never rewritten by a step.
+REPLY = Codec(ReplyRow)
+SELECT_REPLY = (f"SELECT {', '.join(REPLY.columns)} FROM replies WHERE key=? AND "
+                "created_at >= ?")
+PUT_REPLY = (REPLY.insert_sql("replies") + " ON CONFLICT (key) DO UPDATE SET "
+             + ", ".join(f"{c}=excluded.{c}" for c in REPLY.columns[1:]))
+REVIEW = Codec(ReviewItem)
+SELECT_REVIEWS = f"SELECT {', '.join(REVIEW.columns)} FROM review_items"
+#: Open a review item; a second open of the same (instance, state, visit) is a no-op.
+INSERT_REVIEW = REVIEW.insert_sql("review_items") + " ON CONFLICT (id) DO NOTHING"
+#: Decide an open item (args: by, at, choice, note, edit, id, claimer, claimer): only while
+#: it is open and, for a claimer, unclaimed or claimed by that claimer.
+CLOSE_REVIEW = ("UPDATE review_items SET status='decided', decided_by=?, decided_at=?, "
+                "choice=?, note=?, edit=? WHERE id=? AND status='open' AND "
+                "(CAST(? AS TEXT) IS NULL OR claimed_by IS NULL OR claimed_by=?)")
+#: Claim an open item (args: by, at, id, by): unclaimed or already this claimer's.
+CLAIM_REVIEW = ("UPDATE review_items SET claimed_by=?, claimed_at=? WHERE id=? AND "
+                "status='open' AND (claimed_by IS NULL OR claimed_by=?)")
+
+
+def close_review_args(d: Any) -> builtins.list[Any]:
+    """``CLOSE_REVIEW``'s arguments for a ``ReviewDecision``."""
+    edit = None if d.edit is None else dumps(d.edit)
+    return [d.by, d.at, d.choice, d.note, edit, d.item_id, d.claimer, d.claimer]
+
+
+def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,
+                  id_prefix: str | None) -> tuple[str, builtins.list[Any]]:
+    """The WHERE clause (``?`` marks) and arguments of ``Store.reviews``."""
+    sql, args = " WHERE 1=1", []  # type: tuple[str, builtins.list[Any]]
+    if statuses:
+        sql += f" AND status IN ({', '.join('?' * len(statuses))})"
+        args.extend(statuses)
+    for col, value in (("machine", machine), ("instance_id", instance_id)):
+        if value is not None:
+            sql += f" AND {col}=?"
+            args.append(value)
+    if id_prefix is not None:
+        sql += " AND substr(id, 1, ?) = ?"
+        args += [len(id_prefix), id_prefix]
+    return sql + " ORDER BY created_at, id", args
+
+
+#: Instance columns fixed at creation: never rewritten by a step (``max_transitions`` is
+#: not: a reviewer's decision after a routed loop cap grants more).
 IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
-                       "max_transitions", "created_at"})
+                       "created_at", "forked_from", "forked_at_seq"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
 DICTS = ("context", "visits")

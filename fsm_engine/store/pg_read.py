@@ -81,9 +81,10 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
     leading ``key > %s`` is added for keyset paging (its argument comes first)."""
     clauses: list[str] = ["key > %s"] if after_key else []
     args: list[Any] = []
-    if f.machine is not None:
-        clauses.append("machine = %s")
-        args.append(f.machine)
+    for column, value in (("machine", f.machine), ("forked_from", f.forked_from)):
+        if value is not None:
+            clauses.append(f"{column} = %s")
+            args.append(value)
     for column, values in (("status", f.statuses), ("state", f.states), ("reason", f.reasons)):
         if values is not None:
             clauses.append(f"{column} = ANY(%s)")  # an empty choice matches nothing
@@ -167,6 +168,7 @@ def delete(conn: Any, instance_ids: Sequence[str]) -> int:
                     "(SELECT key FROM instances WHERE id = ANY(%s))", (ids,))
         cur.execute("DELETE FROM attempts WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM outbox WHERE instance_id = ANY(%s)", (ids,))
+        cur.execute("DELETE FROM review_items WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM instances WHERE id = ANY(%s)", (ids,))
         return cur.rowcount
 

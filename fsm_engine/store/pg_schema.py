@@ -71,7 +71,21 @@ def _v4(cur: Any) -> None:
     cur.execute("CREATE INDEX idx_instances_machine_status ON instances (machine, status)")
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4}
+def _v5(cur: Any) -> None:
+    """Format 5: the review queue (the same table as SQLite's) and fork lineage."""
+    from .schema import LINEAGE, REPLIES, REVIEW_INDEXES, REVIEW_TABLE
+    for sql in LINEAGE:
+        cur.execute(sql)
+    cur.execute(REPLIES.format(real="DOUBLE PRECISION"))
+    cur.execute(REVIEW_TABLE.format(real="DOUBLE PRECISION"))
+    for sql in REVIEW_INDEXES:
+        cur.execute(sql)
+    # waiting instances with a timer (a review's SLA) are claimable when it is due
+    cur.execute("CREATE INDEX idx_instances_timers ON instances (next_attempt_at) "
+                "WHERE status = 'waiting'")
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

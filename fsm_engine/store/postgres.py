@@ -30,12 +30,15 @@ from .claims import ClaimRequest, adopted, select, where
 from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
     SELECT_INSTANCES, WORKER, Codec, Encoded, changes, dumps, encode_step, marks, update_sql,
+    CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
+    PUT_REPLY, REPLY, SELECT_REPLY,
+    reviews_where,
 )
 from . import pg_read
 from .pg_schema import migrate, require_current
 from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
-    OutboxRow, StepCommit, StepRow, WorkerRow,
+    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 
 T = TypeVar("T")
@@ -62,6 +65,10 @@ _SQL_WORKERS = f"SELECT {', '.join(WORKER.columns)} FROM workers"
 _SQL_PUT_WORKER = (marks(WORKER.insert_sql("workers")) + " ON CONFLICT (id) DO UPDATE SET "
                    + ", ".join(f"{c}=excluded.{c}" for c in WORKER.columns[1:]))
 _SQL_BREAKER = f"SELECT {', '.join(BREAKER.columns)} FROM breakers WHERE name=%s"
+
+
+class _Undo(StoreError):
+    """Rolls back a savepoint (a decision whose item or instance moved on)."""
 
 
 def redact(url: str) -> str:
@@ -161,7 +168,7 @@ class PostgresStore:
         return self._run(go)
 
     # -- instances ------------------------------------------------------------------
-    def create(self, *records: InstanceRecord) -> None:
+    def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         if not records:
             return
         rows = []
@@ -178,6 +185,14 @@ class PostgresStore:
                     keys.append(cur.fetchone()[0])  # type: ignore[index]
                     if not cur.nextset():
                         break
+                by_id = {r.id: k for r, k in zip(records, keys)}
+                copied = []
+                for h in history:
+                    row = HISTORY.values(h)
+                    row[0] = by_id[h.instance_id]
+                    copied.append(row)
+                if copied:
+                    cur.executemany(_SQL_INSERT_HISTORY, copied)
                 cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
             return keys
         for rec, key in zip(records, self._run(go, txn=True)):
@@ -210,13 +225,21 @@ class PostgresStore:
         encoded = [encode_step(i, step) for i, step in enumerate(steps)]  # refusals first
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[bool]:
-            applied = self._updates(conn, steps, encoded)
-            done = [i for i, ok in enumerate(applied) if ok]
+            plain = [i for i, s in enumerate(steps) if s.review_close is None]
+            applied = [False] * len(steps)
+            if plain:
+                for i, ok in zip(plain, self._updates(conn, [steps[i] for i in plain],
+                                                      [encoded[i] for i in plain])):
+                    applied[i] = ok
+            done = [i for i in plain if applied[i]]
             try:
                 with conn.transaction():  # a savepoint: a constraint is one step's fault
                     self._appends(conn, [(steps[i], encoded[i]) for i in done])
             except psycopg.IntegrityError as exc:
                 raise self._rejected(conn, steps, encoded, done, exc) from None
+            for i, step in enumerate(steps):  # decisions: each alone, under a savepoint
+                if step.review_close is not None:
+                    applied[i] = self._decide(conn, step, encoded[i])
             return applied
         applied = self._run(go, txn=True)
         for step, ok in zip(steps, applied):
@@ -266,10 +289,23 @@ class PostgresStore:
             cur.close()
         return applied
 
+    def _decide(self, conn: psycopg.Connection[Any], step: StepCommit, enc: Encoded) -> bool:
+        """Close the step's review item and apply the step, both or neither."""
+        assert step.review_close is not None
+        try:
+            with conn.transaction():
+                cur = conn.execute(marks(CLOSE_REVIEW), close_review_args(step.review_close))
+                if cur.rowcount != 1 or not self._updates(conn, [step], [enc])[0]:
+                    raise _Undo("decision not applied")
+                self._appends(conn, [(step, enc)])
+        except _Undo:
+            return False
+        return True
+
     def _appends(self, conn: psycopg.Connection[Any],
                  steps: Sequence[tuple[StepCommit, Encoded]]) -> None:
         """History, attempt and outbox rows of the applied ``steps`` (batched)."""
-        history, attempts, done = [], [], []
+        history, attempts, done, opened = [], [], [], []  # type: ignore[var-annotated]
         for step, (_, _, rows, attempt, outbox) in steps:
             for h, encoded_row in zip(step.history, rows):
                 row = list(encoded_row)
@@ -281,9 +317,11 @@ class PostgresStore:
                 attempts.append(attempt)
             if outbox is not None:
                 done.append(outbox)
+            if step.review_open is not None:
+                opened.append(REVIEW.values(step.review_open))
         with conn.cursor() as cur:
             for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
-                              (_SQL_OUTBOX_DONE, done)):
+                              (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened)):
                 if rows:
                     cur.executemany(sql, rows)
 
@@ -416,6 +454,25 @@ class PostgresStore:
 
     def delete_worker(self, worker_id: str) -> None:
         self._run(lambda conn: conn.execute("DELETE FROM workers WHERE id=%s", (worker_id,)))
+
+    # -- reply cache -------------------------------------------------------------------
+    def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
+        rows = self._rows(marks(SELECT_REPLY), (key, not_before))
+        return REPLY.decode(rows[0]) if rows else None
+
+    def put_reply(self, row: ReplyRow) -> None:
+        self._run(lambda conn: conn.execute(marks(PUT_REPLY), REPLY.values(row)))
+
+    # -- review queue -------------------------------------------------------------------
+    def reviews(self, *, statuses: Sequence[str] | None = None, machine: str | None = None,
+                instance_id: str | None = None,
+                id_prefix: str | None = None) -> builtins.list[ReviewItem]:
+        sql, args = reviews_where(statuses, machine, instance_id, id_prefix)
+        return [REVIEW.decode(r) for r in self._rows(marks(SELECT_REVIEWS + sql), args)]
+
+    def claim_review(self, item_id: str, by: str, now: float) -> bool:
+        return self._run(lambda conn: conn.execute(
+            marks(CLAIM_REVIEW), (by, now, item_id, by)).rowcount == 1, txn=True)
 
     # -- circuit breakers -------------------------------------------------------------
     def get_breaker(self, name: str) -> BreakerRow:

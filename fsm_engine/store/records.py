@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 
 @dataclass(slots=True)
@@ -55,6 +55,10 @@ class InstanceRecord:
     version: int = 0
     #: The store's integer key (creation order), set by ``Store.create``; ``None`` before.
     key: int | None = None
+    #: Lineage of a fork: the instance it was forked from and how many of that one's
+    #: history rows it copied (``None``: not a fork).
+    forked_from: str | None = None
+    forked_at_seq: int | None = None
 
     @property
     def final(self) -> bool:
@@ -161,6 +165,69 @@ class BreakerRow:
     version: int = 0
 
 
+#: Review item statuses: ``open`` until a decision (a person's, or the SLA timer's).
+REVIEW_OPEN, REVIEW_DECIDED = "open", "decided"
+
+
+@dataclass(slots=True)
+class ReviewItem:
+    """A decision asked of a person: one per (instance, review state, visit).
+
+    ``id`` is derived from that key (``review_id``); ``show`` holds the shown
+    context fields' values when the item opened; ``choices`` the triggers offered;
+    ``editable`` the context fields an edit may set; ``due_at`` (epoch seconds) when
+    ``on_timeout`` is taken (``None``: no SLA).  A decision sets ``decided_*``,
+    ``choice``, ``note`` and ``edit`` (the context fields it changed).
+    """
+
+    id: str
+    instance_id: str
+    machine: str
+    state: str
+    visit: int
+    prompt: str
+    show: dict[str, Any]
+    choices: list[str]
+    editable: list[str]
+    created_at: float
+    status: str = REVIEW_OPEN
+    due_at: float | None = None
+    on_timeout: str | None = None
+    claimed_by: str | None = None
+    claimed_at: float | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+    choice: str | None = None
+    note: str | None = None
+    edit: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewDecision:
+    """What a step writes to close a review item (compare-and-set: the item must still be
+    open and, when ``claimer`` is set, unclaimed or claimed by ``claimer``)."""
+
+    item_id: str
+    by: str
+    at: float
+    choice: str
+    note: str | None = None
+    edit: dict[str, Any] | None = None
+    claimer: str | None = None
+
+
+@dataclass(slots=True)
+class ReplyRow:
+    """A stored model reply (the reply cache), keyed by a hash of the call."""
+
+    key: str
+    provider: str
+    model: str
+    text: str
+    finish_reason: str
+    created_at: float
+
+
 @dataclass(slots=True)
 class StepCommit:
     """Everything one step writes, committed all-or-nothing.
@@ -177,6 +244,10 @@ class StepCommit:
     attempt: AttemptRow | None = None
     outbox_done: tuple[str, dict[str, Any]] | None = None
     before: InstanceRecord | None = None
+    #: A review item the step opens (inserted unless one with its id exists).
+    review_open: ReviewItem | None = None
+    #: A review item the step decides; the step applies only if the item's CAS holds.
+    review_close: ReviewDecision | None = None
 
 
 # -- read-side queries (the viewer, ``fsm stats``, ``fsm list``) ------------------------------
@@ -206,6 +277,8 @@ class InstanceFilter:
     created_before: float | None = None
     updated_after: float | None = None
     updated_before: float | None = None
+    #: Only forks of this instance id.
+    forked_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,7 +114,35 @@ def _v4(db: sqlite_utils.Database) -> None:
     db.execute('CREATE INDEX "idx_outbox_instance_id" ON "outbox" ("instance_id")')
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4]
+#: The review queue (format 5), the same table in every backend.
+REVIEW_TABLE = """CREATE TABLE review_items (
+    id TEXT PRIMARY KEY, instance_id TEXT NOT NULL, machine TEXT, state TEXT, visit INTEGER,
+    prompt TEXT, show TEXT, choices TEXT, editable TEXT, created_at {real},
+    status TEXT NOT NULL, due_at {real}, on_timeout TEXT, claimed_by TEXT,
+    claimed_at {real}, decided_by TEXT, decided_at {real}, choice TEXT, note TEXT,
+    edit TEXT)"""
+REPLIES = ("CREATE TABLE replies (key TEXT PRIMARY KEY, provider TEXT, model TEXT, text TEXT, "
+           "finish_reason TEXT, created_at {real})")
+LINEAGE = ("ALTER TABLE instances ADD COLUMN forked_from TEXT",
+           "ALTER TABLE instances ADD COLUMN forked_at_seq INTEGER",
+           "CREATE INDEX idx_instances_forked_from ON instances (forked_from)")
+REVIEW_INDEXES = (
+    "CREATE INDEX idx_review_items_status ON review_items (status, machine, created_at)",
+    "CREATE INDEX idx_review_items_instance_id ON review_items (instance_id)")
+
+
+def _v5(db: sqlite_utils.Database) -> None:
+    """The review queue (one item per (instance, review state, visit)) and the lineage of
+    forked instances, and the reply cache."""
+    for sql in LINEAGE:
+        db.execute(sql)
+    db.execute(REPLIES.format(real="REAL"))
+    db.execute(REVIEW_TABLE.format(real="REAL"))
+    for sql in REVIEW_INDEXES:
+        db.execute(sql)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -26,7 +26,7 @@ from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreErro
 from . import sqlite_read
 from .records import (
     FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
-    OutboxRow, StepCommit, StepRow, WorkerRow,
+    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 from .codec import (
     ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
@@ -34,6 +34,9 @@ from .codec import (
     SELECT_HISTORY as _SELECT_HISTORY, SELECT_INSTANCES as _SELECT_INSTANCES, WORKER as _WORKER,
     Encoded, changes as _changes, dumps as _dumps, encode_step as _encode,
     update_sql as _update_sql,
+    CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
+    PUT_REPLY, REPLY, SELECT_REPLY,
+    reviews_where,
 )
 from .claims import ClaimRequest, adopted, select, where
 from .schema import migrate, read_version, refuse_foreign
@@ -155,7 +158,7 @@ class SqliteStore:
                 raise StoreError(f"database {self.path}: {exc}") from None
 
     # -- instances ----------------------------------------------------------
-    def create(self, *records: InstanceRecord) -> None:
+    def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         with self._write() as conn:  # the write lock is held: nobody else can take a key
             last = conn.execute("SELECT COALESCE(MAX(key), 0) FROM instances").fetchone()[0]
             keys = [r.key for r in records]
@@ -167,6 +170,11 @@ class SqliteStore:
                 for rec, key in zip(records, keys):  # nothing was stored: no key either
                     rec.key = key
                 raise
+            by_id = {r.id: r.key for r in records}
+            for h in history:
+                row = _HISTORY.values(h)
+                row[0] = by_id[h.instance_id]
+                conn.execute(_INSERT_HISTORY, row)
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read(_SELECT_INSTANCES + " WHERE id=?", (instance_id,))
@@ -202,7 +210,21 @@ class SqliteStore:
         return applied
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
-        """Write one step in the open transaction; False (nothing written) when stale."""
+        """Write one step in the open transaction; False (nothing written) when stale
+        (or when the review item it decides is no longer open to its claimer)."""
+        if step.review_close is None:
+            return self._apply_step(conn, step, enc)
+        conn.execute("SAVEPOINT review_close")
+        try:
+            ok = (conn.execute(CLOSE_REVIEW, close_review_args(step.review_close)).rowcount == 1
+                  and self._apply_step(conn, step, enc))
+            if not ok:
+                conn.execute("ROLLBACK TO review_close")
+        finally:
+            conn.execute("RELEASE review_close")
+        return ok
+
+    def _apply_step(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         cols, values, history, attempt, outbox = enc
         key = step.record.key
         if key is not None:
@@ -226,6 +248,8 @@ class SqliteStore:
         if outbox is not None:
             conn.execute("UPDATE outbox SET status='done', result=?, updated_at=? WHERE key=?",
                          outbox)
+        if step.review_open is not None:
+            conn.execute(INSERT_REVIEW, REVIEW.values(step.review_open))
         return True
 
     def _shrink(self, conn: sqlite3.Connection, delta: dict[str, Any]) -> str:
@@ -274,6 +298,26 @@ class SqliteStore:
         if instance_id is not None:
             sql, args = sql + " WHERE instance_id=?", (instance_id,)
         return [_decode(OutboxRow, r) for r in self._read(sql + " ORDER BY rowid", args)]
+
+    # -- reply cache ---------------------------------------------------------------
+    def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
+        rows = self._read(SELECT_REPLY, (key, not_before))
+        return REPLY.decode(dict(rows[0])) if rows else None
+
+    def put_reply(self, row: ReplyRow) -> None:
+        with self._write() as conn:
+            conn.execute(PUT_REPLY, REPLY.values(row))
+
+    # -- review queue ------------------------------------------------------------
+    def reviews(self, *, statuses: Sequence[str] | None = None, machine: str | None = None,
+                instance_id: str | None = None,
+                id_prefix: str | None = None) -> builtins.list[ReviewItem]:
+        sql, args = reviews_where(statuses, machine, instance_id, id_prefix)
+        return [REVIEW.decode(dict(r)) for r in self._read(SELECT_REVIEWS + sql, args)]
+
+    def claim_review(self, item_id: str, by: str, now: float) -> bool:
+        with self._write() as conn:
+            return conn.execute(CLAIM_REVIEW, (by, now, item_id, by)).rowcount == 1
 
     # -- leases ---------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
@@ -383,6 +427,7 @@ class SqliteStore:
                              f" WHERE id IN ({marks}))", chunk)
                 conn.execute(f"DELETE FROM attempts WHERE instance_id IN ({marks})", chunk)
                 conn.execute(f"DELETE FROM outbox WHERE instance_id IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM review_items WHERE instance_id IN ({marks})", chunk)
                 deleted += conn.execute(f"DELETE FROM instances WHERE id IN ({marks})",
                                         chunk).rowcount
         return deleted

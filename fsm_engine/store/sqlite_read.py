@@ -52,9 +52,10 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
     leading ``key > ?`` is added for keyset paging (its argument comes first)."""
     clauses: list[str] = ["key > ?"] if after_key else []
     args: list[Any] = []
-    if f.machine is not None:
-        clauses.append("machine = ?")
-        args.append(f.machine)
+    for column, value in (("machine", f.machine), ("forked_from", f.forked_from)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
     for column, values in (("status", f.statuses), ("state", f.states), ("reason", f.reasons)):
         if values is not None:
             _any_of(column, values, clauses, args)

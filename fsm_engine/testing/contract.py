@@ -181,7 +181,10 @@ class ReadSideContract:
         assert any("instance d" in p and "'elsewhere'" in p and "'done'" in p for p in problems)
 
 
-class StoreContract(ReadSideContract):
+from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
+
+
+class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a

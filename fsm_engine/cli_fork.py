@@ -1,0 +1,135 @@
+"""``fsm fork``: new instances from a prefix of another's history (one or in bulk).
+
+Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .cli import DB, _fail, _find, _open, app
+from .runtime import Engine
+from .store.records import InstanceFilter
+
+
+@app.command()
+def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or a prefix); "
+                                                     "omit with --status for a bulk fork."),
+         db: Optional[str] = DB,
+         from_seq: Optional[int] = typer.Option(None, "--from-seq", min=0,
+                                                help="Copy history rows 1..N."),
+         from_state: Optional[str] = typer.Option(None, "--from-state",
+                                                  help="Before the latest visit of this state "
+                                                       "is left."),
+         from_failure: bool = typer.Option(False, "--from-failure",
+                                           help="Just before the last failure."),
+         status: Optional[str] = typer.Option(None, "--status", help="Bulk: instances in this "
+                                              "status (each from its last failure)."),
+         reason: Optional[str] = typer.Option(None, "--reason", help="Bulk: with this reason."),
+         machine: Optional[str] = typer.Option(None, "--machine", help="Bulk: of this machine."),
+         yes: bool = typer.Option(False, "--yes", help="Bulk: fork them (default: a dry run)."),
+         ) -> None:
+    """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
+    new id.  Side effects the original delivered are not repeated."""
+    engine = Engine(_open(db))
+    try:
+        if instance_id is None:
+            if status is None:
+                _fail("give an instance id, or --status (with --reason/--machine) to fork many")
+            _bulk(engine, status, reason, machine, yes)
+            return
+        if status or reason:
+            _fail("--status/--reason select many instances: give no id with them")
+        orig = _find(engine.store, instance_id)
+        new = engine.fork(orig.id, from_seq=from_seq, from_state=from_state,
+                          from_failure=from_failure)
+        rec = engine.store.get(new)
+        typer.echo(f"{new}: forked from {orig.id} at seq {rec.forked_at_seq}, "
+                   f"in state {rec.state!r}")
+    finally:
+        engine.close()
+
+
+def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
+          yes: bool) -> None:
+    if status != "failed":
+        _fail("a bulk fork takes --status failed (each is forked from its last failure)")
+    where = InstanceFilter(machine=machine, statuses=(status,),
+                           reasons=(reason,) if reason else None)
+    matches = engine.store.query(where, order="created", descending=False, limit=None)
+    if not yes:
+        for rec in matches:
+            typer.echo(f"would fork {rec.id} ({rec.machine}, {rec.state}, {rec.reason or '-'})")
+        typer.echo(f"{len(matches)} instance(s) match; --yes forks them")
+        return
+    for rec in matches:
+        new = engine.fork(rec.id, from_failure=status == "failed")
+        typer.echo(f"{new}: forked from {rec.id}")
+
+
+@app.command()
+def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
+          state: str = typer.Option(..., "--state", help="The state to run again."),
+          in_place: bool = typer.Option(False, "--in-place",
+                                        help="Reset this instance (appending to its history) "
+                                             "instead of forking it."),
+          db: Optional[str] = DB) -> None:
+    """Force a state to run again (after its prompt or parameters changed): from just before
+    its latest visit, as a fork by default; the instance is then runnable (`fsm resume`)."""
+    engine = Engine(_open(db))
+    try:
+        orig = _find(engine.store, instance_id)
+        new = engine.rerun(orig.id, state, in_place=in_place)
+        rec = engine.store.get(new)
+    finally:
+        engine.close()
+    how = "reset in place" if in_place else f"forked from {orig.id}"
+    typer.echo(f"{new}: {how}, in state {rec.state!r} ({rec.status})")
+
+
+@app.command()
+def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
+           module: Optional[str] = typer.Argument(None, help="Machine module to replay "
+                                                  "through (default: the instance's own)."),
+           db: Optional[str] = DB,
+           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")
+           ) -> None:
+    """Replay a stored instance through the current (or given) definition, in memory: no
+    writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
+    it diverges."""
+    from .runtime.compiled import compile_machine
+    from .runtime.loader import load_machine
+    from .runtime.replay import replay as run_replay
+    store = _open(db)
+    try:
+        rec = _find(store, instance_id)
+        history = store.history(rec.id)
+    finally:
+        store.close()
+    machine, _ = load_machine(module or rec.module)
+    report = run_replay(compile_machine(machine), rec, history)
+    if as_json:
+        from .cli import _print_json
+        _print_json(report.as_json())
+    else:
+        _print_replay(report)
+    raise typer.Exit(0 if report.identical else 1)
+
+
+def _print_replay(report: object) -> None:
+    from .runtime.replay import Replay
+    assert isinstance(report, Replay)
+    if report.identical:
+        typer.echo(f"{report.instance_id}: {report.steps} steps replay identically")
+        return
+    for m in report.missing_states:
+        typer.echo(f"seq {m['seq']}: state {m['state']!r} no longer exists")
+    for g in report.guards:
+        typer.echo(f"seq {g['seq']}: guards were {g['recorded']}, now {g['now']}")
+    d = report.divergence
+    if d is not None:
+        now = " -> ".join(d["now"]) if d["now"] else "nothing"
+        typer.echo(f"seq {d['seq']}: from {d['source']!r} recorded "
+                   f"{' -> '.join(d['recorded'])}, now {now} ({d['why']})")

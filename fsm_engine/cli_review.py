@@ -1,0 +1,147 @@
+"""``fsm review list|show|claim|decide``: the review queue from the terminal.
+
+Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.  A refused
+answer (stale, second, claimed by another, not offered, an invalid edit) is one
+line ``fsm: error: …`` and exit 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from .cli import DB, _open, _print_json, _safe, app, out
+from .errors import InvalidInput
+from .runtime import Engine
+from .views import when
+
+review_app = typer.Typer(no_args_is_help=True, help="The human review queue.")
+app.add_typer(review_app, name="review")
+
+
+def _engine(db: str | None) -> Engine:
+    return Engine(_open(db), llm=None)
+
+
+def _value(text: str) -> Any:
+    """A ``--set`` value: JSON when it parses (``3``, ``true``, ``"x"``, ``[…]``), else text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _update(sets: list[str], edit: str | None) -> dict[str, Any]:
+    update: dict[str, Any] = {}
+    if edit is not None:
+        try:
+            with open(edit, encoding="utf-8") as fh:
+                update = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"cannot read edit file {edit}: {exc}") from None
+        if not isinstance(update, dict):
+            raise InvalidInput(f"edit file {edit} must hold a JSON object")
+    for item in sets:
+        field, eq, value = item.partition("=")
+        if not eq or not field:
+            raise InvalidInput(f"--set wants FIELD=VALUE, not {item!r}")
+        update[field] = _value(value)
+    return update
+
+
+@review_app.command("list")
+def list_(db: Optional[str] = DB,
+          machine: Optional[str] = typer.Option(None, "--machine", help="Only this machine."),
+          status: str = typer.Option("open", "--status", help="open, decided or all."),
+          as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Review items across instances, oldest first (open ones by default)."""
+    engine = _engine(db)
+    try:
+        items = engine.reviews(status=None if status == "all" else status, machine=machine)
+    finally:
+        engine.close()
+    if as_json:
+        _print_json([asdict(i) for i in items])
+        return
+    if not items:
+        out.print("no review items")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("item", "instance"):
+        table.add_column(col, no_wrap=True, min_width=12)
+    for col in ("state", "status", "by", "due"):
+        table.add_column(col)
+    for i in items:
+        table.add_row(i.id, i.instance_id, _safe(i.state), i.status,
+                      i.decided_by or i.claimed_by or "-", when(i.due_at) if i.due_at else "-")
+    out.print(table)
+
+
+@review_app.command()
+def show(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix works)."),
+         db: Optional[str] = DB,
+         as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """One review item: its prompt, the fields shown, the choices and any decision."""
+    engine = _engine(db)
+    try:
+        found = engine.review(item)
+    finally:
+        engine.close()
+    if as_json:
+        _print_json(asdict(found))
+        return
+    lines = [f"item      {found.id} ({found.status})",
+             f"instance  {found.instance_id}  state {found.state!r} visit {found.visit}",
+             f"prompt    {found.prompt}", f"choices   {', '.join(found.choices)}",
+             f"editable  {', '.join(found.editable) or '-'}"]
+    if found.due_at:
+        lines.append(f"due       {when(found.due_at)} (then {found.on_timeout})")
+    if found.claimed_by:
+        lines.append(f"claimed   by {found.claimed_by} {when(found.claimed_at)}")
+    for key, value in found.show.items():
+        lines.append(f"  {key}: {json.dumps(value, ensure_ascii=False)}")
+    if found.decided_by:
+        lines.append(f"decided   {found.choice} by {found.decided_by} {when(found.decided_at)}"
+                     + (f": {found.note}" if found.note else ""))
+    for line in lines:
+        typer.echo(_safe(line))
+
+
+@review_app.command()
+def claim(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix works)."),
+          by: str = typer.Option(..., "--as", help="Who claims it."),
+          db: Optional[str] = DB) -> None:
+    """Claim an item: decisions by anyone else are refused until it is decided."""
+    engine = _engine(db)
+    try:
+        found = engine.claim_review(item, by)
+    finally:
+        engine.close()
+    typer.echo(f"review {found.id} claimed by {found.claimed_by}")
+
+
+@review_app.command()
+def decide(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix works)."),
+           choice: str = typer.Argument(..., help="One of the item's choices."),
+           by: Optional[str] = typer.Option(None, "--as", help="Who decides (default: $USER)."),
+           sets: list[str] = typer.Option([], "--set", help="Edit: FIELD=VALUE (JSON or text)."),
+           edit: Optional[str] = typer.Option(None, "--edit", help="Edit: a JSON object file."),
+           note: Optional[str] = typer.Option(None, "--note", help="Why (kept in the history)."),
+           db: Optional[str] = DB) -> None:
+    """Decide an item; the instance continues with the next worker step (`fsm resume`,
+    `fsm worker`)."""
+    import os
+    update = _update(sets, edit)
+    who = by or os.environ.get("USER") or "operator"
+    engine = _engine(db)
+    try:
+        found = engine.review(item)
+        rec = engine.decide(found, choice, by=who, update=update, note=note)
+    finally:
+        engine.close()
+    typer.echo(_safe(f"review {found.id}: {choice} by {who}; instance {rec.id} is {rec.status} "
+                     f"in state {rec.state!r}"))

@@ -1,0 +1,97 @@
+"""Fork: a new instance that starts from a prefix of another's history (pure, no I/O).
+
+The fork copies the original's history rows 1..N (the same rows under the new id)
+and the instance as it stood after row N, rebuilt from those rows: the input with
+deltas 1..N applied, the state row N entered, visits, transitions counted, tokens
+billed by those rows and by the failed attempts made before row N.  Its lineage
+(``forked_from``, ``forked_at_seq``) is stored with it.  Side effects the original
+delivered are not repeated: the driver replays the original's recorded outcome for
+a side-effect visit the original completed (``delivered``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Sequence
+
+from ..errors import InvalidInput
+from ..store.records import (
+    PENDING, RUNNING, AttemptRow, HistoryRow, InstanceRecord, OutboxRow,
+)
+from .compiled import CompiledMachine
+
+#: History kinds that count against ``max_transitions`` (runtime-forced moves do not).
+_COUNTED = frozenset({"transition", "fallback", "skip", "review"})
+
+
+def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
+               state: str | None = None, failure: bool = False) -> int:
+    """How many rows a fork copies: ``seq`` itself; before the latest visit of ``state``
+    is left (the row that entered it); or before the last failure (the row that failed).
+    ``InvalidInput`` when there is no such point."""
+    if seq is not None:
+        if not 0 <= seq <= len(history):
+            raise InvalidInput(f"--from-seq {seq} is outside 0..{len(history)}")
+        return seq
+    if state is not None:
+        entered = [h.seq for h in history if h.dest == state and h.kind != "cancel"]
+        if not entered:
+            raise InvalidInput(f"the instance never entered state {state!r}")
+        return entered[-1]
+    if failure:
+        failed = [h.seq for h in history if h.kind in ("fail", "loop_limit") or h.error]
+        if not failed:
+            raise InvalidInput("the instance has no failure to fork from")
+        return failed[-1] - 1
+    raise InvalidInput("say where to fork from: --from-seq, --from-state or --from-failure")
+
+
+def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryRow],
+           attempts: Sequence[AttemptRow], n: int, now: float,
+           new_id: str | None = None) -> tuple[InstanceRecord, list[HistoryRow]]:
+    """The fork of ``orig`` after its first ``n`` history rows, and its copied rows."""
+    rows = [replace(h, instance_id="") for h in history[:n]]
+    context, visits = dict(orig.input), {cm.spec.initial: 1}
+    state, loops, tokens = cm.spec.initial, 0, 0
+    for h in rows:
+        context.update(h.delta)
+        state = h.dest
+        if h.dest != h.source or h.kind in _COUNTED:
+            visits[h.dest] = visits.get(h.dest, 0) + 1
+        loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in _COUNTED else 0
+        tokens += h.tokens
+    if cm.states.get(state) is None:
+        raise InvalidInput(f"state {state!r} no longer exists in machine {cm.name!r}")
+    if cm.states[state].final:
+        raise InvalidInput(f"row {n} ends in final state {state!r}: nothing to run; fork "
+                           "from an earlier row")
+    until = rows[-1].at if rows else orig.created_at
+    tokens += sum(a.tokens for a in attempts if a.at <= until)
+    iid = new_id or os.urandom(6).hex()
+    for h in rows:
+        h.instance_id = iid
+    rec = InstanceRecord(
+        id=iid, machine=orig.machine, module=orig.module, fingerprint=cm.fingerprint,
+        state=state, status=RUNNING if n else PENDING, context=context, input=dict(orig.input),
+        max_transitions=orig.max_transitions, token_budget=orig.token_budget,
+        created_at=now, updated_at=now, seq=n, loop_count=loops, tokens_used=tokens,
+        visits=visits, forked_from=orig.id, forked_at_seq=n)
+    return rec, rows
+
+
+def delivered(rec: InstanceRecord, state: str, visit: int,
+              outbox: Sequence[OutboxRow]) -> OutboxRow | None:
+    """The original's completed delivery of ``state``'s ``visit``, when ``rec`` is a fork
+    that reached a side effect its original already delivered (``outbox``: the
+    original's rows)."""
+    if rec.forked_from is None:
+        return None
+    return next((o for o in outbox if o.state == state and o.visit == visit
+                 and o.status == "done"), None)
+
+
+def recorded_outcome(history: Sequence[HistoryRow], state: str, visit: int) -> HistoryRow | None:
+    """The original's history row that ended ``state``'s ``visit`` (its trigger and delta)."""
+    ends = [h for h in history if h.source == state and h.kind in _COUNTED]
+    return ends[visit - 1] if len(ends) >= visit else None

@@ -1,0 +1,55 @@
+"""The reply cache of model calls (``State(cache=CachePolicy(ttl_s=…))``), in the store.
+
+A call's key is SHA-256 of its provider name, model, messages and parameters
+(``max_tokens``, ``temperature``, ``json_schema`` …; a per-call ``timeout`` is
+left out); nothing else (no API key, base URL or header) goes into it.  Only
+successful replies that were not cut at ``max_tokens`` are stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..store.records import ReplyRow
+
+if TYPE_CHECKING:
+    from ..llm.base import Completion
+    from ..store.base import Store
+
+#: Call parameters that do not change the answer (left out of the key).
+_NOT_IN_KEY = frozenset({"timeout"})
+
+
+def reply_key(provider: Any, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
+    """The cache key of a call (64 hex digits)."""
+    doc = {"provider": getattr(provider, "name", "llm"), "model": getattr(provider, "model", None),
+           "messages": messages,
+           "params": {k: v for k, v in params.items() if k not in _NOT_IN_KEY}}
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ReplyCache:
+    """Reads and writes one state's cached replies (``ttl_s`` seconds old at most)."""
+
+    def __init__(self, store: "Store", ttl_s: float, clock: Callable[[], float]) -> None:
+        self.store, self.ttl_s, self.clock = store, ttl_s, clock
+
+    def get(self, key: str) -> "Completion | None":
+        """The cached answer under ``key`` (0 tokens billed), or None."""
+        from ..llm.base import Completion
+        row = self.store.get_reply(key, self.clock() - self.ttl_s)
+        if row is None:
+            return None
+        return Completion(text=row.text, prompt_tokens=0, completion_tokens=0,
+                          finish_reason=row.finish_reason, model=row.model)
+
+    def put(self, key: str, provider: Any, out: "Completion") -> None:
+        """Store a successful answer (not one cut at ``max_tokens``)."""
+        if out.finish_reason == "length":
+            return
+        self.store.put_reply(ReplyRow(key=key, provider=getattr(provider, "name", "llm"),
+                                      model=out.model, text=out.text,
+                                      finish_reason=out.finish_reason, created_at=self.clock()))
