@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cli import DB, _engine, _fail, _find, _input_for, _open, app, out
+from .cli import DB, _fail, _find, _input_for, _open, app, out
 from .store import Store
 from .store.records import COMPLETED, WAITING
 from .views import instance_json
@@ -165,8 +165,15 @@ def worker(db: Optional[str] = DB,
     from .runtime.worker import Worker
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="fsm worker: %(levelname)s %(message)s")
-    engine = _engine(db, llm=llm, create=True)
-    engine.lease_seconds = engine.ownership.lease_seconds = lease
+    from .llm import provider_from_spec
+    from .runtime import Engine
+    store = _open(db, create=True)  # first: a bad store URL is the error to report
+    try:
+        provider = provider_from_spec(llm)
+    except BaseException:
+        store.close()
+        raise
+    engine = Engine(store, llm=provider, lease_seconds=lease)
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
