@@ -113,6 +113,8 @@ class Ownership:
     def _renewals(self, loop: asyncio.AbstractEventLoop, stop: threading.Event,
                   on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
         while not stop.wait(self.lease_seconds / 3):
+            if loop.is_closed() or not loop.is_running():
+                return  # the loop ended (e.g. asyncio.run returned): nothing left to keep
             if time.monotonic() - self._tick > self.lease_seconds:
                 log.warning("worker %s: event loop unresponsive, not renewing its lease", self.id)
                 continue

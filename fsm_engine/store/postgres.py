@@ -300,18 +300,10 @@ class PostgresStore:
             if outbox is not None:
                 done.append(outbox)
         with conn.cursor() as cur:
-            for step in steps:
-                for h in step.history:
-                    row = HISTORY.values(h)
-                    row[0] = step.record.key
-                    if len(row[DELTA]) > self.blob_threshold:
-                        row[DELTA] = self._shrink(conn, h.delta)
-                    cur.execute(_SQL_INSERT_HISTORY, row)
-                if step.attempt is not None:
-                    cur.execute(_SQL_INSERT_ATTEMPT, ATTEMPT.values(step.attempt))
-                if step.outbox_done is not None:
-                    key, result = step.outbox_done
-                    cur.execute(_SQL_OUTBOX_DONE, (dumps(result), step.record.updated_at, key))
+            for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
+                              (_SQL_OUTBOX_DONE, done)):
+                if rows:
+                    cur.executemany(sql, rows)
 
     def _shrink(self, conn: psycopg.Connection[Any], delta: dict[str, Any]) -> str:
         out: dict[str, Any] = {}
