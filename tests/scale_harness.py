@@ -139,6 +139,11 @@ def completed(store: Any) -> int:
     return len(store.list(statuses=["completed"]))
 
 
+def final(store: Any) -> int:
+    """Instances in a final status (``check_books`` then says whether all completed)."""
+    return len(store.list(statuses=["completed", "failed", "cancelled"]))
+
+
 AUDIT = """
 CREATE TABLE audit_history (instance BIGINT, seq INTEGER, app TEXT,
     at DOUBLE PRECISION DEFAULT extract(epoch FROM clock_timestamp()));
@@ -181,7 +186,8 @@ def check_books(store: Any, ids: list[str], sink: Sink) -> dict[str, int]:
     """Every instance completed along the reference path, each step recorded once with
     no gap, one outbox row done per instance, the sink holding each key; returns counts."""
     records = {r.id: r for r in store.list()}
-    assert {records[i].status for i in ids} == {"completed"}
+    statuses = {(records[i].status, records[i].reason) for i in ids}
+    assert statuses == {("completed", None)}, statuses
     for iid in ids:
         rows = store.history(iid)
         assert [h.seq for h in rows] == list(range(1, len(PATH) + 1)), iid
