@@ -1,9 +1,9 @@
 """``fsm worker`` / ``start`` / ``wait`` / ``workers``: running work on many processes and hosts.
 
 A thin layer over ``runtime.worker.Worker`` and the store, registered on the
-``fsm`` app by ``cli.py``.  ``wait`` exits 0 when every instance ended
-``completed``, 1 when one ended failed or cancelled (or is waiting for an
-event), 3 when ``--timeout`` passed first, 2 for a user error.
+``fsm`` app by ``cli.py``.  ``wait`` exits as ``fsm run`` does: 0 when every
+instance completed, 1 when one failed or was cancelled, 3 when one is not final
+(waiting for an event) or ``--timeout`` passed first; 2 for a user error.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cli import DB, _engine, _fail, _find, _input_for, _open, app, out
+from .cli import DB, _fail, _find, _input_for, _open, app, out
 from .store import Store
-from .store.records import COMPLETED, WAITING
+from .store.records import WAITING
 from .views import instance_json
 
 #: ``fsm wait`` exit status when its timeout passed before every instance was final.
@@ -64,17 +64,17 @@ def follow(store: Store, ids: list[str], *, timeout: float | None, quiet: bool,
 
 
 def _exit_for(records: list[Any], settled: bool, as_json: bool) -> None:
+    from .cli import _print_json, exit_code
     if as_json:
-        from .cli import _print_json
         _print_json([instance_json(r) for r in records])
     else:
-        from .cli import _summary
-        out.print(_summary(records))
+        from .cli_tables import print_records
+        print_records(out, records)
     if not settled:
         typer.echo(f"fsm: timed out with {sum(1 for r in records if not _settled(r))} "
                    "instance(s) still running", err=True)
         raise typer.Exit(EXIT_TIMEOUT)
-    raise typer.Exit(0 if all(r.status == COMPLETED for r in records) else 1)
+    raise typer.Exit(exit_code(records))
 
 
 def _live_workers(store: Store) -> int:
@@ -154,7 +154,7 @@ def worker(db: Optional[str] = DB,
                                            help="Most instances stepping at once here."),
            machines: list[str] = typer.Option([], "--machines", "-m",
                                               help="Only run these machine modules (loaded now)."),
-           llm: Optional[str] = typer.Option(None, "--llm", help="As for `fsm run`."),
+           llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
            lease: float = typer.Option(5.0, "--lease", min=0.3,
                                        help="Lease seconds (renewed every third of it)."),
            grace: float = typer.Option(10.0, "--grace", min=0.0,
@@ -165,8 +165,15 @@ def worker(db: Optional[str] = DB,
     from .runtime.worker import Worker
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="fsm worker: %(levelname)s %(message)s")
-    engine = _engine(db, llm=[llm] if llm else None, create=True)
-    engine.lease_seconds = engine.ownership.lease_seconds = lease
+    from .llm.select import providers_from_specs
+    from .runtime import Engine
+    store = _open(db, create=True)  # first: a bad store URL is the error to report
+    try:
+        provider = providers_from_specs(llm)
+    except BaseException:
+        store.close()
+        raise
+    engine = Engine(store, llm=provider, lease_seconds=lease)
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]

@@ -40,13 +40,14 @@ def run(coro: Any) -> Any:
 
 
 @pytest.fixture
-def engines(db_path: str):
-    """``engines(llm=..., **kw)`` opens an Engine on the test's database; all closed at the end."""
+def engines(store_url: str):
+    """``engines(llm=..., **kw)`` opens an Engine on the test's store (each test runs once on
+    SQLite and once on PostgreSQL: ``store_url``); all closed at the end."""
     opened: list[Engine] = []
 
     def make(llm: Any = None, **kw: Any) -> Engine:
         kw.setdefault("seed", 7)
-        eng = Engine(db_path, llm=llm, **kw)
+        eng = Engine(store_url, llm=llm, **kw)
         opened.append(eng)
         return eng
     yield make
@@ -604,9 +605,9 @@ BREAKER_CHILD = """
 import asyncio, sys
 from fsm_engine import BreakerPolicy, CircuitOpen
 from fsm_engine.runtime.breaker import Breaker
-from fsm_engine.store import SqliteStore
+from fsm_engine.store import open_store
 db, mode = sys.argv[1], sys.argv[2]
-br = Breaker(SqliteStore(db), "scripted:m", BreakerPolicy(**{policy}))
+br = Breaker(open_store(db), "scripted:m", BreakerPolicy(**{policy}))
 if mode == "fail":
     while br.state() != "open":
         asyncio.run(br.record(False))
@@ -646,11 +647,11 @@ def _probe_together(db: str, policy: dict) -> list[str]:
     return sorted(answers)
 
 
-def test_breaker_is_shared_between_processes(engines, db_path):
+def test_breaker_is_shared_between_processes(engines, store_url):
     policy = {"failure_rate": 0.5, "min_calls": 3, "window": 60.0, "cooldown": 1.0}
     eng = engines(llm=Scripted.from_replies([{"text": "never"}], model="m"),
                   breaker=BreakerPolicy(**policy))
-    out, _ = _child(db_path, "fail", policy).communicate(timeout=20)
+    out, _ = _child(store_url, "fail", policy).communicate(timeout=20)
     assert out.split() == ["open"]
     br = Breaker(eng.store, "scripted:m", BreakerPolicy(**policy))
     assert br.state() == "open"
@@ -661,7 +662,7 @@ def test_breaker_is_shared_between_processes(engines, db_path):
     assert eng.llm.calls == 0
     opened = eng.store.get_breaker("scripted:m").opened_at
     time.sleep(max(0.0, opened + policy["cooldown"] + 0.05 - time.time()))
-    assert _probe_together(db_path, policy) == ["probe", "refused"]
+    assert _probe_together(store_url, policy) == ["probe", "refused"]
     assert br.state() == "closed"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -23,7 +24,7 @@ from ..errors import FsmError, StoreError
 from ..store import RUNNING, Store
 from ..store.claims import ClaimRequest, adopted
 from ..store.records import InstanceRecord, StepCommit, WorkerRow
-from .workers import live_ids, new_worker
+from .workers import live_ids, new_worker, pid_alive
 
 log = logging.getLogger("fsm_engine")
 
@@ -58,6 +59,13 @@ class Ownership:
         self._heartbeat: asyncio.Task[None] | None = None
         #: Instances whose release failed (the store was unusable): retried by ``check``.
         self.unreleased: set[str] = set()
+        self._stop: threading.Event | None = None
+        self._tick = time.monotonic()
+        #: Give back instances held here that no local task has run for two heartbeats
+        #: (a long-running worker sets it; an engine that starts instances and runs them
+        #: later must not).
+        self.release_idle = False
+        self._idle: set[str] = set()
 
     @property
     def id(self) -> str:
@@ -78,22 +86,50 @@ class Ownership:
             self.renew()
 
     def start_heartbeat(self, on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
-        """Register and keep renewing from a task on the running loop (idempotent)."""
-        self.register()
-        if self._heartbeat is None or self._heartbeat.done():
-            loop = asyncio.get_running_loop()
-            self._heartbeat = loop.create_task(self._beat(on_lost, running))
+        """Register and keep renewing (idempotent; call from the running loop).
 
-    async def _beat(self, on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
+        The lease is renewed from a thread of its own, so a busy or CPU-starved
+        event loop does not lose it; but only while the loop itself still runs: a
+        task on the loop ticks every third of the lease, and a loop silent for a
+        whole lease (stuck in a blocking call) stops the renewals, so its
+        instances go to other workers rather than to a zombie.
+        """
+        self.register()
+        if self._heartbeat is not None and not self._heartbeat.done():
+            return
+        loop = asyncio.get_running_loop()
+        self._tick = time.monotonic()
+        self._heartbeat = loop.create_task(self._ticks())
+        self._stop = threading.Event()
+        thread = threading.Thread(target=self._renewals, name="fsm-heartbeat", daemon=True,
+                                  args=(loop, self._stop, on_lost, running))
+        thread.start()
+
+    async def _ticks(self) -> None:
         while True:
+            self._tick = time.monotonic()
             await asyncio.sleep(self.lease_seconds / 3)
-            try:  # off the loop: over a network a store call may take a while
-                lost = await asyncio.to_thread(self.check, list(running()))
+
+    def _renewals(self, loop: asyncio.AbstractEventLoop, stop: threading.Event,
+                  on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
+        while not stop.wait(self.lease_seconds / 3):
+            if loop.is_closed() or not loop.is_running():
+                return  # the loop ended (e.g. asyncio.run returned): nothing left to keep
+            if time.monotonic() - self._tick > self.lease_seconds:
+                log.warning("worker %s: event loop unresponsive, not renewing its lease", self.id)
+                continue
+            try:
+                lost = self.check(list(running()))
             except StoreError as exc:
                 log.warning("heartbeat of %s failed (retrying): %s", self.id, exc)
                 continue
+            except Exception:  # noqa: BLE001 - the store is gone (closed): stop beating
+                return
             for iid, status in lost:
-                on_lost(iid, status)
+                try:
+                    loop.call_soon_threadsafe(on_lost, iid, status)
+                except RuntimeError:  # the loop has closed
+                    return
 
     def check(self, running: Sequence[str]) -> list[tuple[str, str | None]]:
         """Renew, then compare what runs here with what the store says we hold.
@@ -110,6 +146,15 @@ class Ownership:
         if cancelled:
             self.store.release(self.id, cancelled)  # seen: drop them from the next check
             lost.extend((iid, "cancelled") for iid in cancelled)
+        if self.release_idle:
+            idle = {iid for iid, status in held.items()
+                    if status != "cancelled" and iid not in set(running)}
+            stale = sorted(idle & self._idle)  # idle at the last check too
+            if stale:
+                log.warning("worker %s gives back %d instance(s) no task ran", self.id,
+                            len(stale))
+                self.store.release(self.id, stale)
+            self._idle = idle - set(stale)
         for iid in running:
             if iid in held:
                 continue
@@ -136,7 +181,9 @@ class Ownership:
         self.unreleased.difference_update(ids)
 
     def stop_heartbeat(self) -> None:
-        """Cancel the heartbeat task."""
+        """Stop the heartbeat (task and thread)."""
+        if self._stop is not None:
+            self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             self._heartbeat = None
@@ -157,9 +204,11 @@ class Ownership:
         return self._view[1], self._view[2]
 
     def dead(self, now: float) -> list[str]:
-        """Registered workers known dead (lease over, or a gone pid on this host)."""
-        workers, live = self.view(now)
-        return [wid for wid in workers if wid not in live]
+        """Registered workers of this host whose process is gone: their leases count as
+        expired at once.  (An expired lease the store judges itself, from fresh rows:
+        this view may be half a second old.)"""
+        workers, _ = self.view(now)
+        return [w.id for w in workers.values() if not pid_alive(w)]
 
     # -- taking instances -----------------------------------------------------------------
     def claim(self, limit: int, *, due_by: float | None = None,
@@ -178,6 +227,7 @@ class Ownership:
         """
         now = self.clock()
         if rec.owner is not None and rec.owner != self.id:
+            self._view = None  # judged on fresh rows: a cached lease may have been renewed
             workers, live = self.view(now)
             if rec.owner in live:
                 raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from typing import Any, Sequence
 
-from ..errors import FsmError, StoreError
+from ..errors import FsmError, StaleWrite, StoreError
 from ..store.records import InstanceRecord
 from .engine import Engine
 
@@ -74,6 +74,7 @@ class Worker:
         self._stopping, self._wake = asyncio.Event(), asyncio.Event()
         backoff = 0.05
         await self._call(self.engine.ownership.register)
+        self.engine.ownership.release_idle = True  # held here but run by no task: give back
         self.engine._ensure_worker()
         while not self._stopping.is_set():
             try:
@@ -132,11 +133,17 @@ class Worker:
             done = await engine.run(rec.id)
             if done.final:
                 self.completed += 1
+        except StaleWrite:
+            pass  # taken over or cancelled meanwhile: its new owner goes on
         except StoreError as exc:
             log.warning("instance %s: store error, giving it back: %s", rec.id, exc)
             self._orphans.add(rec.id)
         except FsmError as exc:
             log.warning("instance %s stopped: %s", rec.id, exc)
+        except Exception as exc:  # noqa: BLE001 - never keep an instance nobody runs
+            log.exception("instance %s: unexpected %s, giving it back", rec.id,
+                          type(exc).__name__)
+            self._orphans.add(rec.id)
 
     async def _park(self, rec: InstanceRecord, exc: FsmError) -> None:
         """Leave an instance this worker cannot run, saying why (``fsm list``/``show``)."""

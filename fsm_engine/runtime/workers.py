@@ -39,6 +39,14 @@ def new_worker(now: float | None = None) -> WorkerRow:
                      started_at=now, heartbeat_at=now)
 
 
+def pid_alive(worker: WorkerRow) -> bool:
+    """False only when ``worker`` ran on this host and its process is gone (or its pid
+    now belongs to another process); True for another host's worker."""
+    if worker.host != socket.gethostname():
+        return True
+    return bool(worker.pid_start) and pid_start(worker.pid) == worker.pid_start
+
+
 def is_alive(worker: WorkerRow, now: float, lease_seconds: float) -> bool:
     """True while ``worker`` may still be running its instances: its lease
     (``lease_until``, else ``heartbeat_at + lease_seconds``) holds and, on this

@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import os
 import threading
 import time
 import urllib.parse
@@ -116,6 +117,10 @@ class PostgresStore:
         self.blob_threshold = blob_threshold
         self._lock = threading.RLock()
         self._listener: psycopg.Connection[Any] | None = None
+        #: The heartbeat's own connection (``put_worker``, ``held``): a lease is renewed
+        #: even while the main connection is busy with a group commit.
+        self._side: psycopg.Connection[Any] | None = None
+        self._side_lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = self._connect()
         try:
             if readonly:
@@ -134,7 +139,7 @@ class PostgresStore:
         try:
             return psycopg.connect(self._dsn, autocommit=True,
                                    connect_timeout=max(1, int(self.connect_timeout)),
-                                   application_name="fsm_engine", **self._session)
+                                   application_name=f"fsm_engine:{os.getpid()}", **self._session)
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None
 
@@ -157,6 +162,19 @@ class PostgresStore:
                     return fn(conn)
                 with conn.transaction():
                     return fn(conn)
+            except psycopg.Error as exc:
+                raise StoreError(f"database {self.url}: {_why(exc)}") from None
+
+    def _on_side(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``fn`` on the heartbeat connection (reconnected when lost)."""
+        with self._side_lock:
+            if self._side is None or self._side.closed or self._side.broken:
+                if self._side is not None:
+                    self._side.close()
+                self._side = None
+                self._side = self._connect()
+            try:
+                return fn(self._side)
             except psycopg.Error as exc:
                 raise StoreError(f"database {self.url}: {_why(exc)}") from None
 
@@ -355,16 +373,20 @@ class PostgresStore:
     def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
                      now: float) -> OutboxRow:
         def go(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            with conn.cursor(row_factory=dict_row) as cur:
+            with conn.cursor(row_factory=dict_row) as cur:  # one statement, one round trip
                 cur.execute(
                     "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, "
                     "created_at, updated_at) VALUES (%s,%s,%s,%s,'pending',1,%s,%s) "
                     "ON CONFLICT (key) DO UPDATE SET attempts = outbox.attempts + 1, "
-                    "updated_at = excluded.updated_at WHERE outbox.status = 'pending'",
+                    "updated_at = excluded.updated_at WHERE outbox.status = 'pending' "
+                    f"RETURNING {', '.join(OUTBOX.columns)}",
                     (key, instance_id, state, visit, now, now))
-                cur.execute(_SQL_OUTBOX + " WHERE key=%s", (key,))
-                return cur.fetchone()  # type: ignore[return-value]
-        return OUTBOX.decode(self._run(go, txn=True))
+                row = cur.fetchone()
+                if row is None:  # already done: nothing changed
+                    cur.execute(_SQL_OUTBOX + " WHERE key=%s", (key,))
+                    row = cur.fetchone()
+                return row  # type: ignore[return-value]
+        return OUTBOX.decode(self._run(go))
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         sql, args = _SQL_OUTBOX, ()  # type: tuple[str, tuple[str, ...]]
@@ -400,8 +422,10 @@ class PostgresStore:
         return self._run(go, txn=True)
 
     def held(self, owner: str) -> dict[str, str]:
-        rows = self._rows("SELECT id, status FROM instances WHERE owner=%s", (owner,))
-        return {r["id"]: r["status"] for r in rows}
+        def go(conn: psycopg.Connection[Any]) -> dict[str, str]:
+            cur = conn.execute("SELECT id, status FROM instances WHERE owner=%s", (owner,))
+            return {r[0]: r[1] for r in cur.fetchall()}
+        return self._on_side(go)
 
     def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
         if ids is not None and not ids:
@@ -442,7 +466,7 @@ class PostgresStore:
 
     # -- workers ------------------------------------------------------------------------
     def put_worker(self, worker: WorkerRow) -> None:
-        self._run(lambda conn: conn.execute(_SQL_PUT_WORKER, WORKER.values(worker)))
+        self._on_side(lambda conn: conn.execute(_SQL_PUT_WORKER, WORKER.values(worker)))
 
     def workers(self) -> builtins.list[WorkerRow]:
         out = []
@@ -513,11 +537,11 @@ class PostgresStore:
         return self._run(pg_read.check)
 
     def close(self) -> None:
-        with self._lock:
-            for conn in (self._conn, self._listener):
+        with self._lock, self._side_lock:
+            for conn in (self._conn, self._listener, self._side):
                 if conn is not None:
                     conn.close()
-            self._conn = self._listener = None
+            self._conn = self._listener = self._side = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r}, format={FORMAT_VERSION})"

@@ -1,0 +1,201 @@
+"""Real `fsm worker` processes on one store, a loopback HTTP sink and an audit trail.
+
+Used by ``tests/test_scale_out.py`` (small counts) and ``bench/scale_out.py`` (the
+issue's counts).  The reference machine (``machines/moderation.py``) runs with a
+scripted model answering after ``delay_s`` and notifies the sink, which records
+every POST with its ``Idempotency-Key``.  On PostgreSQL, triggers (installed by
+``install_audit``) log every history insert and every change of owner with the
+server's clock and the writing process (``application_name`` carries its pid).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+FSM = str(Path(sys.executable).with_name("fsm"))
+MODERATION = "machines/moderation.py"
+#: The reference machine's path for a good verdict, as (source, dest) pairs.
+PATH = [("init", "collect"), ("collect", "preprocess"), ("preprocess", "infer"),
+        ("infer", "validate"), ("validate", "output"), ("output", "notify"), ("notify", "done")]
+VERDICT = '{"decision": "approve", "categories": [], "summary": "fine"}'
+
+
+class Sink:
+    """A webhook receiver on 127.0.0.1: every POST's idempotency key, in arrival order."""
+
+    def __init__(self) -> None:
+        keys: list[str] = []
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                with lock:
+                    keys.append(self.headers.get("Idempotency-Key", ""))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+        self.keys = keys
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def script(folder: Path, delay_s: float) -> Path:
+    """A scripted-model file answering a valid verdict after ``delay_s`` seconds."""
+    path = folder / "script.jsonl"
+    path.write_text(json.dumps({"text": VERDICT, "prompt_tokens": 50, "completion_tokens": 20,
+                                "delay_s": delay_s}) + "\n")
+    return path
+
+
+def inputs(n: int) -> list[dict[str, str]]:
+    """``n`` moderation inputs over the license texts every Debian machine has."""
+    files = sorted(f for f in glob.glob("/usr/share/common-licenses/*") if os.path.isfile(f))
+    return [{"path": files[i % len(files)]} for i in range(n)]
+
+
+def enqueue(url: str, n: int) -> list[str]:
+    """Create ``n`` unowned instances of the reference machine; their ids."""
+    from fsm_engine import Engine
+    engine = Engine(url)
+    try:
+        return engine.start_many(MODERATION, inputs(n), enqueue=True)
+    finally:
+        engine.close()
+
+
+class Fleet:
+    """``fsm worker`` processes on one store (each logs to its own file)."""
+
+    def __init__(self, url: str, folder: Path, sink: Sink, *, lease: float = 1.0,
+                 concurrency: int = 50, delay_s: float = 0.05, poll: float = 0.2) -> None:
+        self.url, self.folder = url, folder
+        self.argv = [FSM, "worker", "--db", url, "--llm", f"scripted:{script(folder, delay_s)}",
+                     "--lease", str(lease), "--concurrency", str(concurrency), "--poll", str(poll),
+                     "--grace", "10"]
+        self.env = dict(os.environ, FSM_NOTIFY_URL=sink.url, FSM_MACHINES_ROOT=str(ROOT),
+                        PYTHONUNBUFFERED="1")
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, n: int = 1) -> None:
+        for _ in range(n):
+            log = open(self.folder / f"worker{len(self.procs)}.log", "wb")
+            self.procs.append(subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log,
+                                               stderr=subprocess.STDOUT))
+
+    def log(self, i: int) -> str:
+        return (self.folder / f"worker{i}.log").read_text(errors="replace")
+
+    def stop(self, timeout: float = 30.0) -> list[int | None]:
+        """SIGTERM every live worker; their exit codes (None: had to be killed)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=timeout))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                codes.append(None)
+        return codes
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.1) -> None:
+    """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout``."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def completed(store: Any) -> int:
+    return len(store.list(statuses=["completed"]))
+
+
+def final(store: Any) -> int:
+    """Instances in a final status (``check_books`` then says whether all completed)."""
+    return len(store.list(statuses=["completed", "failed", "cancelled"]))
+
+
+AUDIT = """
+CREATE TABLE audit_history (instance BIGINT, seq INTEGER, app TEXT,
+    at DOUBLE PRECISION DEFAULT extract(epoch FROM clock_timestamp()));
+CREATE FUNCTION audit_history() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    INSERT INTO audit_history(instance, seq, app)
+    VALUES (NEW.instance, NEW.seq, current_setting('application_name'));
+    RETURN NEW; END $$;
+CREATE TRIGGER audit_history AFTER INSERT ON history
+    FOR EACH ROW EXECUTE FUNCTION audit_history();
+CREATE TABLE audit_owner (instance BIGINT, old_owner TEXT, new_owner TEXT,
+    old_lease DOUBLE PRECISION, app TEXT,
+    at DOUBLE PRECISION DEFAULT extract(epoch FROM clock_timestamp()));
+CREATE FUNCTION audit_owner() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    INSERT INTO audit_owner(instance, old_owner, new_owner, old_lease, app)
+    VALUES (OLD.key, OLD.owner, NEW.owner,
+            (SELECT lease_until FROM workers WHERE id = OLD.owner),
+            current_setting('application_name'));
+    RETURN NEW; END $$;
+CREATE TRIGGER audit_owner AFTER UPDATE ON instances FOR EACH ROW
+    WHEN (NEW.owner IS NOT NULL AND OLD.owner IS DISTINCT FROM NEW.owner)
+    EXECUTE FUNCTION audit_owner();
+"""
+
+
+def install_audit(url: str) -> None:
+    """Create the audit tables and triggers in the store's schema (PostgreSQL)."""
+    import psycopg
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(AUDIT)
+
+
+def audit(url: str, table: str) -> list[dict[str, Any]]:
+    import psycopg
+    from psycopg.rows import dict_row
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.cursor(row_factory=dict_row).execute(f"SELECT * FROM {table}").fetchall()
+
+
+def check_books(store: Any, ids: list[str], sink: Sink) -> dict[str, int]:
+    """Every instance completed along the reference path, each step recorded once with
+    no gap, one outbox row done per instance, the sink holding each key; returns counts."""
+    records = {r.id: r for r in store.list()}
+    statuses = {(records[i].status, records[i].reason) for i in ids}
+    assert statuses == {("completed", None)}, statuses
+    for iid in ids:
+        rows = store.history(iid)
+        assert [h.seq for h in rows] == list(range(1, len(PATH) + 1)), iid
+        assert [(h.source, h.dest) for h in rows] == PATH, iid
+    box = store.outbox()
+    assert sorted(b.instance_id for b in box) == sorted(ids)  # one key per instance
+    assert {b.status for b in box} == {"done"}
+    keys = {b.key for b in box}
+    assert set(sink.keys) == keys  # every key delivered, and nothing else
+    return {"deliveries": len(sink.keys), "repeats": len(sink.keys) - len(keys),
+            "outbox_attempts": sum(b.attempts for b in box)}
