@@ -14,7 +14,9 @@ from .errors import (
     ReviewRefused, ServerError, StaleWrite, StepRejected, StepTimeout, StoreError,
     StructuredOutputError,
 )
-from .policies import BreakerPolicy, CachePolicy, RetryPolicy
+from .definition.dag import Node, dag
+from .definition.fanout import Branch, Map, Parallel, merge_outputs
+from .policies import BreakerPolicy, CachePolicy, Completion, RetryPolicy
 from .runtime import Engine, Step, load_machine
 from .store import HistoryRow, InstanceRecord, SqliteStore, Store, open_store
 
@@ -24,6 +26,8 @@ __all__ = [
     # definition
     "Machine", "State", "Transition", "fire", "Fire", "RunInfo", "FALLBACK", "BUDGET_EXHAUSTED",
     "RetryPolicy", "BreakerPolicy", "load_machine", "Review", "CachePolicy",
+    # fan-out and DAGs
+    "Parallel", "Map", "Branch", "Completion", "merge_outputs", "Node", "dag",
     # runtime
     "Engine", "Step",
     # store

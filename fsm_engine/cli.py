@@ -100,6 +100,8 @@ def _find(store: Store, instance_id: str) -> Any:
         return store.get(instance_id)
     except InstanceNotFound:
         matches = [r for r in store.list() if r.id.startswith(instance_id)] if instance_id else []
+        ids = {r.id for r in matches}  # a parent's prefix also starts its children's ids
+        matches = [r for r in matches if r.parent_id not in ids]
         if len(matches) == 1:
             return matches[0]
         if matches:
@@ -338,6 +340,11 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     store = _open(db)
     rec = _find(store, instance_id)
     data = instance_json(rec) | {"attempts": [asdict(a) for a in store.attempts(rec.id)]}
+    kids = store.children(rec.id)
+    if kids:
+        data["children"] = [{"id": k.id, "branch": k.branch, "machine": k.machine,
+                             "state": k.state, "status": k.status, "reason": k.reason,
+                             "tokens_used": k.tokens_used} for k in kids]
     if as_json:
         _print_json(data)
         return

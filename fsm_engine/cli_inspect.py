@@ -64,6 +64,10 @@ def list_(db: str = DB,
           wide: bool = typer.Option(False, "--wide", help="A table whatever the terminal's width."),
           forks_of: Optional[str] = typer.Option(None, "--forks-of", metavar="ID",
                                                  help="Only the forks of this instance."),
+          family: Optional[str] = typer.Option(None, "--family", metavar="ID",
+                                               help="Only this instance and its fan-out children."),
+          children: bool = typer.Option(False, "--children",
+                                        help="Also fan-out children (default: top-level only)."),
           as_json: bool = typer.Option(False, "--json", help="Print the records as JSON.")) -> None:
     """List instances (oldest first), with filters and paging."""
     from .store.records import ORDERS, InstanceFilter
@@ -81,7 +85,9 @@ def list_(db: str = DB,
                            states=tuple(state) if state else None,
                            reasons=tuple(reason) if reason else None, text=text,
                            created_after=_when_arg(since), created_before=_when_arg(until),
-                           forked_from=parent)
+                           forked_from=parent,
+                           top_level=not (children or family),
+                           family=_find(store, family).id if family else None)
     live = _live(store)
     if ORPHANED in wanted:  # a derived status: narrowed here
         keep = set(wanted)
@@ -100,6 +106,17 @@ def list_(db: str = DB,
     if len(records) < total:
         typer.echo(f"showing {offset + 1}–{offset + len(records)} of {total}; "
                    f"--offset {offset + len(records)} for more, --limit 0 for all", err=True)
+
+
+def children_table(kids: list[Any]) -> Table:
+    """The fan-out children of an instance: branch, state, status, reason, tokens."""
+    table = Table(title=f"children ({len(kids)})", title_justify="left")
+    for col in ("id", "branch", "machine", "state", "status", "reason", "tokens"):
+        table.add_column(col, overflow="fold", justify="right" if col == "tokens" else "left")
+    for k in kids:
+        table.add_row(k.id, k.branch or "", k.machine, k.state, k.status, k.reason or "",
+                      str(k.tokens_used))
+    return table
 
 
 def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
@@ -138,6 +155,9 @@ def history(instance_id: str = typer.Argument(..., help="Instance id (or an unam
             _print_json(rows)
         else:
             out.print(_history_table(rec, rows))
+            kids = store.children(rec.id)
+            if kids:
+                out.print(children_table(kids))
         return
     _follow(store, rec, rows, as_json, interval)
 

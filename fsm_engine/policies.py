@@ -329,10 +329,77 @@ class BreakerPolicy:
 
 BreakerState = Literal["closed", "open", "half_open"]
 
+#: Completion policy modes (AWS Lambda durable functions' ``CompletionConfig`` names).
+COMPLETION_MODES = ("all_successful", "all_completed", "first_successful", "min_successful",
+                    "tolerated_failures", "tolerated_failure_ratio")
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """When a fan-out's join is decided, and whether it succeeded.
+
+    ``mode`` (default ``all_successful``) is implied by the number given:
+    ``Completion(min_successful=3)``, ``Completion(tolerated_failures=2)``,
+    ``Completion(tolerated_failure_ratio=0.2)``.  A skipped branch counts as a
+    success.  The modes, with ``n`` branches, ``s`` succeeded, ``f`` failed and
+    ``p = n - s - f`` still running:
+
+    - ``all_successful``: fails at the first failure; succeeds when ``s == n`` (also ``n == 0``);
+    - ``all_completed``: succeeds once ``p == 0``, whatever failed;
+    - ``first_successful``: succeeds at the first success; fails when ``p == 0`` and ``s == 0``;
+    - ``min_successful=N``: succeeds once ``s >= N``; fails once ``s + p < N``;
+    - ``tolerated_failures=N``: fails once ``f > N``; else succeeds once ``p == 0``;
+    - ``tolerated_failure_ratio=r``: fails once ``f > r * n``; else succeeds once ``p == 0``.
+
+    Once decided, branches still running are cancelled.
+    """
+
+    mode: str = "all_successful"
+    min_successful: int | None = None
+    tolerated_failures: int | None = None
+    tolerated_failure_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_successful", "tolerated_failures", "tolerated_failure_ratio"):
+            if getattr(self, name) is not None and self.mode == "all_successful":
+                object.__setattr__(self, "mode", name)
+
+    def problems(self) -> list[str]:
+        """The reasons this policy is invalid (empty when valid)."""
+        if self.mode not in COMPLETION_MODES:
+            return [f"completion mode {self.mode!r} is not one of {', '.join(COMPLETION_MODES)}"]
+        value = getattr(self, self.mode, None) if self.mode in COMPLETION_MODES[3:] else 0
+        if value is None:
+            return [f"completion {self.mode} needs a value"]
+        if self.mode == "tolerated_failure_ratio" and not 0.0 <= float(value) <= 1.0:
+            return ["tolerated_failure_ratio must be within [0, 1]"]
+        if self.mode in ("min_successful", "tolerated_failures") and int(value) < 0:
+            return [f"{self.mode} must be >= 0"]
+        return []
+
+    def decide(self, total: int, succeeded: int, failed: int) -> bool | None:
+        """True (joined), False (branch failed) or None (not decided yet)."""
+        pending = total - succeeded - failed
+        mode = self.mode
+        if mode == "all_successful":
+            return False if failed else (True if pending == 0 else None)
+        if mode == "all_completed":
+            return True if pending == 0 else None
+        if mode == "first_successful":
+            return True if succeeded else (False if pending == 0 else None)
+        if mode == "min_successful":
+            need = int(self.min_successful or 0)
+            return True if succeeded >= need else (False if succeeded + pending < need else None)
+        limit = (self.tolerated_failures if mode == "tolerated_failures"
+                 else float(self.tolerated_failure_ratio or 0.0) * total)
+        if failed > (limit or 0):
+            return False
+        return True if pending == 0 else None
+
 
 __all__ = ["Disposition", "classify", "RULES", "NETWORK_ERRNOS", "by_status", "http_status",
            "retry_after", "parse_retry_after", "RetryPolicy", "NO_RETRY", "BreakerPolicy",
-           "BreakerState"]
+           "BreakerState", "Completion", "COMPLETION_MODES"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ EXPECTED = {
     # definition
     "Machine", "State", "Transition", "fire", "Fire", "RunInfo", "FALLBACK", "BUDGET_EXHAUSTED",
     "RetryPolicy", "BreakerPolicy", "load_machine",
+    # fan-out and DAGs
+    "Parallel", "Map", "Branch", "Completion", "merge_outputs", "Node", "dag",
     # runtime
     "Engine", "Step",
     # store

@@ -114,7 +114,10 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
-            "idx_instances_machine_status", "idx_outbox_instance_id"} <= names
+            "idx_instances_machine_status", "idx_outbox_instance_id",
+            "idx_instances_parent_id"} <= names
+    # format 5: families (an old instance is top-level: no parent, no branch)
+    assert (a.parent_id, a.branch) == (None, None)
     # format 3: workers carry their lease's expiry and their queues
     assert [r[1] for r in _sql(path, "PRAGMA table_info(workers)")][-2:] == ["lease_until", "queues"]
 

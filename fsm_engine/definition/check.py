@@ -246,6 +246,10 @@ def check(machine: Machine) -> Checked:
     _states(machine, names, problems, actions)
     _guards(machine, problems, guards)
     _routes(machine, problems)
+    for s in machine.states:
+        if s.fan_out is not None:
+            from .fanout import problems as fan_out_problems
+            problems.extend(fan_out_problems(machine, s))
     if problems:
         raise DefinitionError(machine.name or "?", problems)
     return Checked(machine, actions, guards)

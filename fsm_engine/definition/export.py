@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .spec import Machine, State
 
 
-def _state_dict(s: "State") -> dict[str, Any]:
+def _state_dict(machine: "Machine", s: "State") -> dict[str, Any]:
     out = {
         "name": s.name, "final": s.final, "failure": s.failure, "wait": s.wait,
         "action": ref_name(s.action), "timeout": s.timeout,
@@ -34,7 +34,27 @@ def _state_dict(s: "State") -> dict[str, Any]:
         out["review"] = s.review.export()
     if s.cache is not None:
         out["cache"] = {"ttl_s": s.cache.ttl_s}
+    if s.fan_out is not None:
+        out["fan_out"] = _fan_out_dict(machine, s)
     return out
+
+
+def _fan_out_dict(machine: "Machine", s: "State") -> dict[str, Any]:
+    """A fan-out state's shape: kind, items, policy, and each branch machine's export."""
+    from .fanout import Map, completion_of, plans
+    fo = s.fan_out
+    assert fo is not None
+    policy = completion_of(fo)
+    return {
+        "kind": "map" if isinstance(fo, Map) else "parallel",
+        "items": fo.items if isinstance(fo, Map) else None,
+        "into": fo.into, "reducer": ref_name(fo.reducer),
+        "completion": {k: v for k, v in asdict(policy).items() if v is not None},
+        "max_concurrency": fo.max_concurrency,
+        "branches": [{"name": p.name, "wrapped": p.wrapped, "skippable": p.spec.skippable,
+                      "machine": export_machine(p.machine)}
+                     for p in plans(machine, s.name, fo)],
+    }
 
 
 def export_machine(machine: "Machine") -> dict[str, Any]:
@@ -53,7 +73,7 @@ def export_machine(machine: "Machine") -> dict[str, Any]:
     out = {
         "name": machine.name, "initial": machine.initial,
         "max_transitions": machine.max_transitions, "token_budget": machine.token_budget,
-        "states": [_state_dict(s) for s in machine.states], "transitions": transitions,
+        "states": [_state_dict(machine, s) for s in machine.states], "transitions": transitions,
     }
     for key in ("on_loop_limit", "on_circuit_open"):  # only when set: fingerprints stay
         if getattr(machine, key) is not None:

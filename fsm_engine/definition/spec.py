@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel
 
 from ..policies import CachePolicy, RetryPolicy
 from .review import Review
+
+if TYPE_CHECKING:
+    from .fanout import FanOut
 
 Ref = Callable[..., Any] | str
 
@@ -119,6 +122,9 @@ class State:
             ``Engine.decide`` / ``fsm review decide`` (or the SLA timer).
         cache: answer this state's model calls from stored replies
             (``fsm_engine.policies.CachePolicy``); never on a side-effect state.
+        fan_out: a ``Parallel`` or ``Map`` (``fsm_engine.definition.fanout``): entering
+            the state starts one child instance per branch; the state then takes
+            ``joined`` or ``branch_failed`` under the completion policy (no action).
     """
 
     name: str
@@ -138,6 +144,7 @@ class State:
     token_budget: int | None = None
     review: Review | None = None
     cache: CachePolicy | None = None
+    fan_out: "FanOut | None" = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,11 @@ def to_dot(graph: Graph) -> str:
     ids = node_ids(graph)
     overlay = graph.overlay_id is not None
     for node in graph.nodes:
-        dot.node(ids[node.name], label=_node_label(node, overlay), **_node_attrs(node, overlay))
+        if node.branches:
+            _cluster(dot, ids[node.name], node, overlay)
+        else:
+            dot.node(ids[node.name], label=_node_label(node, overlay),
+                     **_node_attrs(node, overlay))
     initial = graph.initial or _first_initial(graph)
     if initial in ids:
         dot.node(_START, label="", shape="point", style="invis", width="0.1")
@@ -76,6 +80,27 @@ def to_dot(graph: Graph) -> str:
         dot.edge(ids[edge.source], ids[edge.dest], label=_edge_label(edge, overlay),
                  **_edge_attrs(edge, overlay))
     return dot.source
+
+
+def _cluster(dot: graphviz.Digraph, sid: str, node: Node, overlay: bool) -> None:
+    """A fan-out state as a cluster: the state itself, then each branch machine inside."""
+    with dot.subgraph(name=f"cluster_{sid}") as outer:
+        outer.attr(label="", style="rounded,dashed", color=_BLUE)
+        outer.node(sid, label=_node_label(node, overlay), **_node_attrs(node, overlay))
+        for i, (label, sub) in enumerate(node.branches):
+            sub_ids = {name: f"{sid}_b{i}_{n}" for name, n in
+                       ((nd.name, j) for j, nd in enumerate(sub.nodes))}
+            with outer.subgraph(name=f"cluster_{sid}_b{i}") as inner:
+                inner.attr(label=_lines([f"branch {label}"]), style="rounded", color=_GREY)
+                for nd in sub.nodes:
+                    inner.node(sub_ids[nd.name], label=_node_label(nd, False),
+                               **_node_attrs(nd, False))
+                for e in sub.edges:
+                    inner.edge(sub_ids[e.source], sub_ids[e.dest], label=_edge_label(e, False),
+                               **_edge_attrs(e, False))
+            if sub.initial in sub_ids:
+                outer.edge(sid, sub_ids[sub.initial], style="dotted", arrowhead="none",
+                           color=_GREY)
 
 
 def render(graph: Graph, path: str) -> None:

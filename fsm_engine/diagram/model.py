@@ -51,6 +51,8 @@ class Node:
     current: bool = False
     notes: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
+    #: A fan-out state's branch machines: (branch label, its graph), drawn inside its cluster.
+    branches: tuple[tuple[str, "Graph"], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,14 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
     if state.get("llm"):
         notes.append(f"model {state['llm']}" + (f", repair {state['repair_llm']}"
                                                 if state.get("repair_llm") else ""))
+    fan = state.get("fan_out")
+    if fan:
+        mode = fan["completion"].get("mode", "all_successful")
+        notes.append(f"map over {fan['items']}" if fan["kind"] == "map"
+                     else f"parallel ×{len(fan['branches'])}")
+        notes.append(mode + "".join(f" {v}" for k, v in fan["completion"].items() if k != "mode"))
+        if fan.get("max_concurrency"):
+            notes.append(f"≤{fan['max_concurrency']} at once")
     retry = state.get("retry")
     if retry:
         attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None
@@ -216,7 +226,8 @@ def _nodes(export: Mapping[str, Any], initial: str, overlay: Mapping[str, Any] |
     figures = (overlay.get("figures") or {}) if overlay is not None else {}
     nodes = [Node(s["name"], node_kind(s, initial), visits[s["name"]],
                   s["name"] == current, state_notes(s),
-                  tuple(map(str, figures.get(s["name"], ())))) for s in export["states"]]
+                  tuple(map(str, figures.get(s["name"], ()))), _branches(s))
+             for s in export["states"]]
     known = {n.name for n in nodes}
     extra = [str(row[end]) for row in history for end in ("source", "dest")]
     for name in dict.fromkeys(extra + ([current] if current else [])):
@@ -224,6 +235,14 @@ def _nodes(export: Mapping[str, Any], initial: str, overlay: Mapping[str, Any] |
             nodes.append(Node(name, "normal", visits[name], name == current,
                               ("not in definition",), tuple(map(str, figures.get(name, ())))))
     return nodes
+
+
+def _branches(state: Mapping[str, Any]) -> tuple[tuple[str, "Graph"], ...]:
+    """A fan-out state's branch machines as graphs (a ``Map``'s one machine: ``each item``)."""
+    fan = state.get("fan_out")
+    if not fan:
+        return ()
+    return tuple((b["name"] or "each item", build_graph(b["machine"])) for b in fan["branches"])
 
 
 def _moves(overlay: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:

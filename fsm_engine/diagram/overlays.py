@@ -55,6 +55,13 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
         if tokens.get(state):
             lines.append(f"{tokens[state]} tok")
         figures[state] = [" · ".join(lines)]
+    for row in history:  # a fan-out's join: how its branches ended
+        counts = row.detail.get("branches") if row.kind == "join" else None
+        if counts:
+            figures.setdefault(row.source, []).append(
+                f"{counts.get('succeeded', 0)} succeeded · {counts.get('failed', 0)} failed · "
+                f"{counts.get('skipped', 0)} skipped" + (f" · {counts['running']} cancelled"
+                                                         if counts.get("running") else ""))
     return {"instance_id": rec.id, "state": rec.state, "status": rec.status,
             "history": [{"seq": h.seq, "source": h.source, "dest": h.dest, "trigger": h.trigger}
                         for h in history],

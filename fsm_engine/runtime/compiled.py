@@ -68,6 +68,32 @@ def _recording(name: str, fn: Callable[..., Any]) -> Callable[..., bool]:
     return guard
 
 
+class FanOutPlan(NamedTuple):
+    """A compiled fan-out state: its spec, policy and branch machines (compiled)."""
+
+    state: str
+    spec: Any                      # definition.fanout.Parallel | Map
+    completion: Any                # policies.Completion
+    branches: tuple[Any, ...]      # definition.fanout.BranchPlan, one per branch
+    machines: tuple["CompiledMachine", ...]
+
+    @property
+    def is_map(self) -> bool:
+        """True for a ``Map`` (one branch machine, run once per item)."""
+        return hasattr(self.spec, "items")
+
+
+def _fan_outs(machine: Machine) -> dict[str, FanOutPlan]:
+    from ..definition.fanout import completion_of, plans
+    out = {}
+    for s in machine.states:
+        if s.fan_out is not None:
+            branches = tuple(plans(machine, s.name, s.fan_out))
+            out[s.name] = FanOutPlan(s.name, s.fan_out, completion_of(s.fan_out), branches,
+                                     tuple(compile_machine(b.machine) for b in branches))
+    return out
+
+
 class CompiledMachine:
     """A definition ready to step: immutable, shared by every instance of the machine."""
 
@@ -95,9 +121,19 @@ class CompiledMachine:
         self._choosable = {s: tuple(t for t in trigs if t not in RESERVED_TRIGGERS)
                            for s, trigs in self.triggers.items()}
         self.fields = frozenset(machine.context.model_fields)
+        #: Fan-out states by name (see ``fsm_engine.runtime.fanout``).
+        self.fan_outs = _fan_outs(machine)
         self._plans = {s: {trig: [(t.dest, t.conditions) for t in
                                self._tm.events[trig].transitions.get(s, [])]
                            for trig in self.triggers[s]} for s in self.states}
+
+    def family(self) -> list["CompiledMachine"]:
+        """This machine and every branch machine of its fan-outs, nested ones too."""
+        out = [self]
+        for plan in self.fan_outs.values():
+            for cm in plan.machines:
+                out += cm.family()
+        return out
 
     def has_trigger(self, state: str, trigger: str) -> bool:
         """True when ``trigger`` is declared from ``state``."""

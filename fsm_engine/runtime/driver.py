@@ -24,7 +24,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, StepCommit
-from . import outcome, reviews, values
+from . import fanout, outcome, reviews, values
 from .models import Models
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -151,6 +151,7 @@ class Driver:
 
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
         """Commit ``step``; return the new record, or raise ``StaleWrite`` when we lost the race."""
+        fanout.propagate(self.store, step, self.clock())
         if not await self.committer.submit(step):
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
@@ -168,10 +169,24 @@ class Driver:
                 spent = max(0, step.record.tokens_used - rec.tokens_used)
                 return await self.commit(rec, outcome.failed(
                     cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
+        if rec.state in cm.fan_outs:  # no action to trace: start, wait or join
+            return await self._fan_out_step(cm, rec)
         if self.tracer is not None:
             from ..telemetry import traced_step
             return await traced_step(self.tracer, self._decide, record, cm, rec)
         return await record(rec, await self._decide(cm, rec))
+
+    async def _fan_out_step(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
+        """A step in a fan-out state, read again while a child moves on under it (its
+        commit is fenced on the children it read)."""
+        while True:
+            step = await self._decide(cm, rec)
+            fanout.propagate(self.store, step, self.clock())
+            if await self.committer.submit(step):
+                return step.record
+            if self.store.get(rec.id).version != rec.version:  # the parent itself moved
+                raise StaleWrite(f"instance {rec.id} changed under this worker",
+                                 instance_id=rec.id, state=rec.state)
 
     async def _decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
         """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
@@ -190,6 +205,8 @@ class Driver:
             step = outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
         elif rec.loop_count >= rec.max_transitions:
             step = outcome.loop_limited(cm, rec, now)
+        elif state.fan_out is not None:
+            step = fanout.step(cm, self.store, rec, now)
         else:
             if rec.next_attempt_at is not None and rec.next_attempt_at > now:
                 await asyncio.sleep(rec.next_attempt_at - now)
@@ -199,6 +216,9 @@ class Driver:
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
         left = None if rec.token_budget is None else rec.token_budget - rec.tokens_used
+        if left is not None and rec.parent_id is not None:  # the family shares one budget
+            family = fanout.family_left(self.store, rec)
+            left = left if family is None else min(left, family)
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
         in_visit = self._visit_tokens(rec, state, visit)
@@ -348,11 +368,12 @@ class Driver:
                 cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms,
                 error=f"no transition from {state.name!r} passed its guards", detail=detail)
         done = (step.idempotency_key, {"visit": step.visit}) if step and state.side_effect else None
-        return outcome.transition(
+        commit = outcome.transition(
             cm, rec, trigger=choice.trigger, dest=choice.dest, now=self.clock(),
             context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
             tokens=tokens, duration_ms=ms, error=error, reason=reason,
             detail=detail, outbox_done=done, extra_loops=step.llm.reasks if step else 0)
+        return fanout.enter(cm, commit, self.clock()) if cm.fan_outs else commit
 
     def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                   step: Step | None, exc: BaseException, ms: float) -> StepCommit:

@@ -29,6 +29,8 @@ from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
 from . import outcome, reviews as review_queue, values
+from . import fanout
+from ..definition.fanout import CHILDREN
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
@@ -79,6 +81,11 @@ def _for_instance(exc: FsmError, instance_id: str) -> FsmError:
 def _lost_claim(instance_id: str) -> StaleWrite:
     return StaleWrite(f"instance {instance_id} was claimed by another worker first",
                       instance_id=instance_id)
+
+
+def _no_branch(rec: InstanceRecord) -> CompiledMachine:
+    raise DefinitionError(rec.machine, [f"module {rec.module} defines no branch machine "
+                                        f"{rec.machine!r} (instance {rec.id})"])
 
 
 async def _done(value: Any) -> Any:
@@ -134,6 +141,10 @@ class Engine:
         self._modules: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[InstanceRecord]] = {}
         self._known: dict[str, InstanceRecord] = {}
+        #: Children this engine runs for parents waiting in ``run`` (id -> task).
+        self._kids: dict[str, asyncio.Future[Any]] = {}
+        #: Parents a ``run`` here continues (their children's ends must not start another).
+        self._parents: set[str] = set()
         self._threads = ActionThreads(threads)
         self.models = Models(llm, self.store, breaker, clock)
         #: instances handed to ``run_many``/``resume`` and not yet done: an action that never
@@ -167,9 +178,11 @@ class Engine:
         cm = compile_machine(machine)
         if module is None and self._machines.get(machine.name) is cm:
             return cm  # already registered (start_many calls this for every batch)
-        self.models.check(cm.states)
-        self._machines[machine.name] = cm
-        self._modules[machine.name] = module or _module_ref(machine)
+        ref = module or _module_ref(machine)
+        for member in cm.family():  # branch machines load from the parent's module
+            self.models.check(member.states)
+            self._machines[member.name] = member
+            self._modules[member.name] = ref
         return cm
 
     def load(self, ref: str) -> CompiledMachine:
@@ -181,6 +194,8 @@ class Engine:
         cm = self._machines.get(rec.machine)
         if cm is None:
             cm = self.load(rec.module)
+            if cm.name != rec.machine:  # a branch machine: registered with its parent
+                cm = self._machines.get(rec.machine) or _no_branch(rec)
         if cm.fingerprint != rec.fingerprint:
             raise FingerprintMismatch(
                 f"instance {rec.id} was started from another version of machine "
@@ -314,28 +329,48 @@ class Engine:
             rec = await self.driver.commit(rec, StepCommit(release, rec.version, before=rec))
         return rec
 
-    async def run(self, instance_id: str, on_step: OnStep | None = None) -> InstanceRecord:
+    async def run(self, instance_id: str, on_step: OnStep | None = None, *,
+                  family: bool = True) -> InstanceRecord:
         """Step the instance until it is final or waiting; return the last record.
 
         When another task of this engine is already running the instance, waits
         for that run and returns its record (the instance is never stepped twice).
+        In a fan-out state (waiting, reason ``children``) ``family`` runs the children here
+        too and continues the parent once they have joined; ``family=False`` (a worker)
+        returns the waiting parent: its children and its join are claimed like any work.
         """
         if self.tracer is not None:
             from ..telemetry import traced_run
-            return await traced_run(self.tracer, self._run, instance_id, on_step)
-        return await self._run(instance_id, on_step)
+            return await traced_run(self.tracer, self._run, instance_id, on_step, family)
+        return await self._run(instance_id, on_step, family)
 
-    async def _run(self, instance_id: str, on_step: OnStep | None) -> InstanceRecord:
+    async def _run(self, instance_id: str, on_step: OnStep | None,
+                   family: bool = True) -> InstanceRecord:
         task = asyncio.current_task()
         other = self._tasks.get(instance_id)
         if other is not None and other is not task and not other.done():
             return await asyncio.shield(other)
         if task is not None:  # before the claim: resume() must see it as ours and busy
             self._tasks[instance_id] = task  # type: ignore[assignment]
+        fan = False
         try:
             cm, rec = await self._claim(instance_id)
-            while not rec.final and (rec.status != "waiting"
-                                     or review_queue.timer_due(rec, self.clock())):
+            fan = bool(cm.fan_outs) and instance_id not in self._parents
+            if fan:  # this run continues the family
+                self._parents.add(instance_id)
+            while not rec.final:
+                if rec.status == "waiting" and not review_queue.timer_due(rec, self.clock()):
+                    if not (family and rec.reason == CHILDREN):
+                        break
+                    if self._tasks.get(instance_id) is task:  # held by nobody while it waits
+                        self._tasks.pop(instance_id, None)
+                    rec = await self._family(rec, on_step)
+                    if rec.final or rec.status == "waiting":
+                        break
+                    if task is not None:
+                        self._tasks[instance_id] = task  # type: ignore[assignment]
+                    cm, rec = await self._claim(instance_id)
+                    continue
                 rec = await self.driver.step_once(cm, rec)
                 if on_step:
                     on_step(rec)
@@ -355,12 +390,64 @@ class Engine:
         finally:
             if self._tasks.get(instance_id) is task:
                 self._tasks.pop(instance_id, None)
+            if fan:
+                self._parents.discard(instance_id)
         return rec
 
-    def _runner(self, on_step: OnStep | None) -> Callable[[str], Any]:
-        """A coroutine factory running one instance under the concurrency gate; every
-        instance gets an outcome, whatever another one raised."""
-        gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
+    async def _family(self, parent: InstanceRecord, on_step: OnStep | None) -> InstanceRecord:
+        """Run ``parent``'s current children here until it is woken (or ends); return it.
+
+        Children another live worker holds are left to it (polled every
+        ``lease_seconds / 3``); children of children run the same way.  Once the family
+        has joined (or the parent ended), children still running here are stopped (the
+        join or the cancellation already ended them in the store).
+        """
+        poll = max(0.05, self.lease_seconds / 3)
+        one = self._runner(on_step, gate=False)
+        mine = fanout.prefix(parent)
+        while True:
+            rec = self.store.get(parent.id)
+            if rec.final or rec.status != "waiting" or rec.reason != CHILDREN:
+                break
+            for kid in self.store.children(parent.id):
+                if kid.id.startswith(mine) and not kid.final and kid.id not in self._kids \
+                        and kid.id not in self._tasks and kid.id not in self._known \
+                        and self.ownership.can_take(kid):
+                    self._kids[kid.id] = fut = asyncio.ensure_future(one(kid.id))
+                    fut.add_done_callback(lambda _f, k=kid.id: self._kids.pop(k, None))
+            busy = [f for k, f in self._kids.items() if k.startswith(mine)]
+            if busy:
+                await asyncio.wait(busy, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(poll)
+        if rec.final or rec.reason != CHILDREN:
+            for kid_id, fut in list(self._kids.items()):
+                if kid_id.startswith(mine):
+                    fut.cancel()
+        return rec
+
+    async def _continue_parent(self, rec: Any, on_step: OnStep | None) -> None:
+        """``rec`` ended and woke its parent, which no ``run`` here is continuing (e.g. a
+        ``resume`` adopted the children but not their waiting parent): continue it here."""
+        while isinstance(rec, InstanceRecord) and rec.final and rec.parent_id is not None \
+                and rec.parent_id not in self._parents:
+            parent = self.store.get(rec.parent_id)
+            if parent.final or parent.status == "waiting" or parent.id in self._tasks \
+                    or not self.ownership.can_take(parent):
+                return
+            try:
+                rec = await self.run(parent.id, on_step)
+            except (StaleWrite, InstanceFinished):
+                return
+            except FsmError as exc:
+                log.warning("instance %s stopped: %s", parent.id, exc)
+                return
+
+    def _runner(self, on_step: OnStep | None, gate: bool = True) -> Callable[[str], Any]:
+        """A coroutine factory running one instance under the concurrency gate (``gate``
+        False: ungated, a family's children); every instance gets an outcome, whatever
+        another one raised; a child that ends may continue its parent here."""
+        limit = asyncio.Semaphore(self.concurrency) if self.concurrency and gate else None
 
         def one(iid: str) -> Coroutine[Any, Any, InstanceRecord | FsmError]:
             self._scheduled += 1  # counted when scheduled, before it first runs
@@ -374,10 +461,13 @@ class Engine:
 
         async def guarded(iid: str) -> InstanceRecord | FsmError:
             try:
-                if gate is None:
-                    return await self.run(iid, on_step)
-                async with gate:
-                    return await self.run(iid, on_step)
+                if limit is None:
+                    rec = await self.run(iid, on_step)
+                else:
+                    async with limit:
+                        rec = await self.run(iid, on_step)
+                await self._continue_parent(rec, on_step)
+                return rec
             except InstanceFinished:  # e.g. cancelled while it waited for its turn
                 return self.store.get(iid)
             except FsmError as exc:
@@ -463,7 +553,8 @@ class Engine:
             if rec.final:
                 raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                        instance_id=rec.id)
-            step = outcome.cancelled(rec, self.clock(), reason)
+            step = fanout.propagate(self.store, outcome.cancelled(rec, self.clock(), reason),
+                                    self.clock())
             if self.store.commit([step])[0]:
                 task = self._tasks.get(instance_id)
                 if task is not None and not task.done():

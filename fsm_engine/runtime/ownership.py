@@ -238,6 +238,12 @@ class Ownership:
             new = adopted(rec, self.id, now, None)
         return StepCommit(new, rec.version, before=rec)
 
+    def can_take(self, rec: InstanceRecord) -> bool:
+        """True when ``rec`` is unowned, owned here, or owned by a worker known dead."""
+        if rec.owner is None or rec.owner == self.id:
+            return True
+        return rec.owner not in self.view(self.clock())[1]
+
     def crash_looping(self, rec: InstanceRecord) -> bool:
         """True when ``rec`` was adopted more than ``max_recoveries`` times without progress."""
         return rec.status == RUNNING and rec.recoveries > self.max_recoveries

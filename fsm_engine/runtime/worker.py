@@ -130,7 +130,7 @@ class Worker:
             return
         engine._known[rec.id] = rec
         try:
-            done = await engine.run(rec.id)
+            done = await engine.run(rec.id, family=False)
             if done.final:
                 self.completed += 1
         except StaleWrite:

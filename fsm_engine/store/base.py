@@ -53,7 +53,14 @@ class Store(Protocol):
         A step's ``review_open`` item is inserted with it (kept as it is when an item
         with that id exists); a step with ``review_close`` applies only when that item
         is still open and, for a claimer, unclaimed or claimed by it (item and step
-        both written, or neither)."""
+        both written, or neither).
+        A compound step (``StepCommit.compound``) applies with everything it carries —
+        ``create``, ``fence``, ``also``, ``wake`` — or not at all (a duplicate id, a
+        fenced instance that moved on, an ``also`` step that is stale: False)."""
+
+    def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
+        """The instances ``parent_id``'s fan-outs created, in creation order (``[]`` for
+        none, also for an unknown id)."""
 
     def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         """The instance's history ordered by ``seq``."""

@@ -145,7 +145,8 @@ def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,
 #: Instance columns fixed at creation: never rewritten by a step (``max_transitions`` is
 #: not: a reviewer's decision after a routed loop cap grants more).
 IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
-                       "created_at", "forked_from", "forked_at_seq"})
+                       "created_at", "forked_from", "forked_at_seq",
+                       "parent_id", "branch"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
 DICTS = ("context", "visits")

@@ -89,6 +89,11 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
         if values is not None:
             clauses.append(f"{column} = ANY(%s)")  # an empty choice matches nothing
             args.append(list(values))
+    if f.top_level:
+        clauses.append("parent_id IS NULL")
+    if f.family is not None:
+        clauses.append("(id = %s OR id LIKE %s)")
+        args.extend([f.family, re.sub(r"([\\%_])", r"\\\1", f.family) + ".%"])
     if f.text:
         clauses.append("(id ILIKE %s OR context ILIKE %s OR last_error ILIKE %s)")
         args.extend([_like(f.text)] * 3)

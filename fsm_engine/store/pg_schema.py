@@ -85,7 +85,14 @@ def _v5(cur: Any) -> None:
                 "WHERE status = 'waiting'")
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5}
+def _v6(cur: Any) -> None:
+    """Format 6: families (``parent_id``, ``branch``; children found by parent)."""
+    cur.execute("ALTER TABLE instances ADD COLUMN parent_id TEXT")
+    cur.execute("ALTER TABLE instances ADD COLUMN branch TEXT")
+    cur.execute("CREATE INDEX idx_instances_parent_id ON instances (parent_id)")
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -58,6 +58,8 @@ _KEY = INSTANCE.columns.index("key")
 _NEW_COLUMNS = [c for c in INSTANCE.columns if c != "key"]  # ``key`` comes from the identity
 _SQL_INSERT_INSTANCE = (f"INSERT INTO instances({', '.join(_NEW_COLUMNS)}) VALUES "
                         f"({', '.join(['%s'] * len(_NEW_COLUMNS))}) RETURNING key")
+_SQL_WAKE = ("UPDATE instances SET status='running', updated_at=%s, version=version+1 "
+             "WHERE id=%s AND status='waiting' AND reason='children'")
 _SQL_OUTBOX_DONE = "UPDATE outbox SET status='done', result=%s, updated_at=%s WHERE key=%s"
 _SQL_OUTBOX = f"SELECT {', '.join(OUTBOX.columns)} FROM outbox"
 _SQL_ATTEMPTS = (f"SELECT {', '.join(ATTEMPT.columns)} FROM attempts WHERE instance_id=%s "
@@ -196,13 +198,8 @@ class PostgresStore:
             rows.append(row)
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
+            keys = self._keys(conn, rows)
             with conn.cursor() as cur:
-                cur.executemany(_SQL_INSERT_INSTANCE, rows, returning=True)
-                keys = []
-                while True:
-                    keys.append(cur.fetchone()[0])  # type: ignore[index]
-                    if not cur.nextset():
-                        break
                 by_id = {r.id: k for r, k in zip(records, keys)}
                 copied = []
                 for h in history:
@@ -214,6 +211,28 @@ class PostgresStore:
                 cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
             return keys
         for rec, key in zip(records, self._run(go, txn=True)):
+            rec.key = key
+
+    @staticmethod
+    def _keys(conn: psycopg.Connection[Any], rows: builtins.list[builtins.list[Any]]
+              ) -> builtins.list[int]:
+        """Insert instance rows (without ``key``); their new keys, in order."""
+        with conn.cursor() as cur:
+            cur.executemany(_SQL_INSERT_INSTANCE, rows, returning=True)
+            keys = []
+            while True:
+                keys.append(cur.fetchone()[0])  # type: ignore[index]
+                if not cur.nextset():
+                    break
+        return keys
+
+    def _insert(self, conn: psycopg.Connection[Any], records: Sequence[InstanceRecord]) -> None:
+        rows = []
+        for rec in records:
+            row = INSTANCE.values(rec)
+            del row[_KEY]
+            rows.append(row)
+        for rec, key in zip(records, self._keys(conn, rows)):
             rec.key = key
 
     def get(self, instance_id: str) -> InstanceRecord:
@@ -243,7 +262,8 @@ class PostgresStore:
         encoded = [encode_step(i, step) for i, step in enumerate(steps)]  # refusals first
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[bool]:
-            plain = [i for i, s in enumerate(steps) if s.review_close is None]
+            plain = [i for i, s in enumerate(steps)
+                     if s.review_close is None and not s.compound]
             applied = [False] * len(steps)
             if plain:
                 for i, ok in zip(plain, self._updates(conn, [steps[i] for i in plain],
@@ -258,11 +278,21 @@ class PostgresStore:
             for i, step in enumerate(steps):  # decisions: each alone, under a savepoint
                 if step.review_close is not None:
                     applied[i] = self._decide(conn, step, encoded[i])
+            for i, st in enumerate(steps):  # families: each alone, under a savepoint
+                if st.compound and st.review_close is None:
+                    applied[i] = self._compound(conn, st, encoded[i])
             return applied
-        applied = self._run(go, txn=True)
+        keys = [(s.record, s.record.key) for s in steps]
+        try:
+            applied = self._run(go, txn=True)
+        except BaseException:
+            for rec, key in keys:
+                rec.key = key
+            raise
         for step, ok in zip(steps, applied):
             if ok:
-                step.record.version = step.expected_version + 1
+                for s in [step, *step.also]:
+                    s.record.version = s.expected_version + 1
         return applied
 
     def _rejected(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
@@ -280,6 +310,44 @@ class PostgresStore:
             i = done[0]
         return StepRejected(f"the store refused a step of instance {steps[i].record.id}: "
                             f"{_why(exc)}", index=i, instance_id=steps[i].record.id)
+
+    def _compound(self, conn: psycopg.Connection[Any], step: StepCommit,
+                  enc: Encoded) -> bool:
+        """A step with what it carries, in a savepoint: all of it applies, or none.  Fenced
+        rows are locked (``FOR UPDATE``) so none moves on before this transaction ends."""
+        class _Stale(Exception):
+            pass
+        created = [(r, r.key) for r in step.create]
+        try:
+            with conn.transaction():
+                with conn.cursor() as cur:
+                    for instance_id, version in step.fence:
+                        cur.execute("SELECT version FROM instances WHERE id=%s FOR UPDATE",
+                                    (instance_id,))
+                        row = cur.fetchone()
+                        if row is None or row[0] != version:
+                            raise _Stale
+                group = [(step, enc), *((s, encode_step(0, s)) for s in step.also)]
+                if not all(self._updates(conn, [g[0] for g in group], [g[1] for g in group])):
+                    raise _Stale
+                self._appends(conn, group)
+                if step.create:
+                    self._insert(conn, step.create)
+                with conn.cursor() as cur:
+                    if step.wake:
+                        cur.execute(_SQL_WAKE, (step.record.updated_at, step.wake))
+                    if step.create or step.wake:
+                        cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+        except (_Stale, psycopg.errors.UniqueViolation):
+            for rec, key in created:
+                rec.key = key
+            return False
+        return True
+
+    def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
+        rows = self._rows(marks(SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key"),
+                          (parent_id,))
+        return [INSTANCE.decode(r) for r in rows]
 
     def _updates(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
                  encoded: Sequence[Encoded]) -> builtins.list[bool]:

@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 
 @dataclass(slots=True)
@@ -59,6 +59,11 @@ class InstanceRecord:
     #: history rows it copied (``None``: not a fork).
     forked_from: str | None = None
     forked_at_seq: int | None = None
+    #: The instance whose fan-out state created this one (``None``: a top-level instance).
+    parent_id: str | None = None
+    #: This child's branch in its parent's fan-out (a ``Parallel`` branch name, or a ``Map``
+    #: item's index as text); ``None`` for a top-level instance.
+    branch: str | None = None
 
     @property
     def final(self) -> bool:
@@ -248,6 +253,23 @@ class StepCommit:
     review_open: ReviewItem | None = None
     #: A review item the step decides; the step applies only if the item's CAS holds.
     review_close: ReviewDecision | None = None
+    #: New instances inserted with this step (a fan-out's children; a duplicate id makes
+    #: the whole step not apply).
+    create: list[InstanceRecord] = field(default_factory=list)
+    #: ``(instance id, version)`` of other instances this step read: it applies only when
+    #: each is still at that version (a join reading its children's final states).
+    fence: list[tuple[str, int]] = field(default_factory=list)
+    #: Steps of other instances applied with this one, all or none (a join cancelling the
+    #: children still running).
+    also: list["StepCommit"] = field(default_factory=list)
+    #: An instance to wake: if it is ``waiting`` with reason ``children`` it becomes
+    #: ``running`` (claimable), version bumped (a child telling its parent it finished).
+    wake: str | None = None
+
+    @property
+    def compound(self) -> bool:
+        """True when the step writes more than its own instance (applied in a savepoint)."""
+        return bool(self.create or self.fence or self.also or self.wake)
 
 
 # -- read-side queries (the viewer, ``fsm stats``, ``fsm list``) ------------------------------
@@ -279,6 +301,10 @@ class InstanceFilter:
     updated_before: float | None = None
     #: Only forks of this instance id.
     forked_from: str | None = None
+    #: Only instances no fan-out created (``parent_id`` is NULL).
+    top_level: bool = False
+    #: Only this instance and its descendants (children's ids extend their parent's id).
+    family: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

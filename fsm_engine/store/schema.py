@@ -142,7 +142,15 @@ def _v5(db: sqlite_utils.Database) -> None:
         db.execute(sql)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5]
+def _v6(db: sqlite_utils.Database) -> None:
+    """Families: an instance created by a fan-out state records its parent and branch, and
+    its parent finds its children by index."""
+    db.execute("ALTER TABLE instances ADD COLUMN parent_id TEXT")
+    db.execute("ALTER TABLE instances ADD COLUMN branch TEXT")
+    db.execute('CREATE INDEX "idx_instances_parent_id" ON "instances" ("parent_id")')
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

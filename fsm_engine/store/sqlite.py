@@ -43,6 +43,10 @@ from .schema import migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
 
+#: ``StepCommit.wake``: a parent waiting for its children becomes claimable.
+_WAKE = ("UPDATE instances SET status='running', updated_at=?, version=version+1 "
+         "WHERE id=? AND status='waiting' AND reason='children'")
+
 #: History delta values whose JSON is longer than this (characters) are stored
 #: once in ``blobs`` by SHA-256 and referenced as ``{"$blob": hash}``.
 BLOB_THRESHOLD = 64 * 1024
@@ -160,12 +164,9 @@ class SqliteStore:
     # -- instances ----------------------------------------------------------
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         with self._write() as conn:  # the write lock is held: nobody else can take a key
-            last = conn.execute("SELECT COALESCE(MAX(key), 0) FROM instances").fetchone()[0]
             keys = [r.key for r in records]
-            for i, rec in enumerate(records, start=last + 1):
-                rec.key = i
             try:
-                conn.executemany(self._insert_instance_sql, map(_INSTANCE.values, records))
+                self._insert(conn, records)
             except BaseException:
                 for rec, key in zip(records, keys):  # nothing was stored: no key either
                     rec.key = key
@@ -202,12 +203,58 @@ class SqliteStore:
         with self._write() as conn:
             for i, (step, enc) in enumerate(zip(steps, encoded)):
                 try:
-                    applied.append(self._apply(conn, step, enc))
+                    applied.append(self._compound(conn, step, enc) if step.compound
+                                   else self._apply(conn, step, enc))
                 except (sqlite3.IntegrityError, OverflowError) as exc:  # the step's, not the disk's
                     raise StepRejected(f"the store refused a step of instance {step.record.id}: "
                                        f"{type(exc).__name__}: {exc}", index=i,
                                        instance_id=step.record.id) from None
         return applied
+
+    def _compound(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
+        """A step with what it carries, in a savepoint: all of it applies, or none."""
+        conn.execute("SAVEPOINT step")
+        saved = [(s.record, s.record.version, s.record.key) for s in [step, *step.also]]
+        saved += [(r, r.version, r.key) for r in step.create]
+        try:
+            ok = self._fenced(conn, step.fence) and self._apply(conn, step, enc) and all(
+                self._apply(conn, s, _encode(0, s)) for s in step.also)
+            if ok and step.create:
+                self._insert(conn, step.create)
+            if ok and step.wake:
+                conn.execute(_WAKE, (step.record.updated_at, step.wake))
+        except sqlite3.IntegrityError:
+            ok = False
+        if ok:
+            conn.execute("RELEASE step")
+            return True
+        conn.execute("ROLLBACK TO step")
+        conn.execute("RELEASE step")
+        for rec, version, key in saved:  # nothing was written: the records say so too
+            rec.version, rec.key = version, key
+        return False
+
+    @staticmethod
+    def _fenced(conn: sqlite3.Connection, fence: Sequence[tuple[str, int]]) -> bool:
+        want = dict(fence)
+        ids = builtins.list(want)
+        for i in range(0, len(ids), 500):  # one query per 500 instances read
+            chunk = ids[i:i + 500]
+            rows = conn.execute(f"SELECT id, version FROM instances WHERE id IN "
+                                f"({','.join('?' * len(chunk))})", chunk).fetchall()
+            if len(rows) != len(chunk) or any(want[r[0]] != r[1] for r in rows):
+                return False
+        return True
+
+    def _insert(self, conn: sqlite3.Connection, records: Sequence[InstanceRecord]) -> None:
+        last = conn.execute("SELECT COALESCE(MAX(key), 0) FROM instances").fetchone()[0]
+        for i, rec in enumerate(records, start=last + 1):
+            rec.key = i
+        conn.executemany(self._insert_instance_sql, map(_INSTANCE.values, records))
+
+    def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
+        rows = self._read(_SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key", (parent_id,))
+        return [_decode(InstanceRecord, r) for r in rows]
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale

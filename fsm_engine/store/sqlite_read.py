@@ -59,6 +59,11 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
     for column, values in (("status", f.statuses), ("state", f.states), ("reason", f.reasons)):
         if values is not None:
             _any_of(column, values, clauses, args)
+    if f.top_level:
+        clauses.append("parent_id IS NULL")
+    if f.family is not None:
+        clauses.append("(id = ? OR id LIKE ? ESCAPE '\\')")
+        args.extend([f.family, re.sub(r"([\\%_])", r"\\\1", f.family) + ".%"])
     if f.text:
         clauses.append("(id LIKE ? ESCAPE '\\' OR context LIKE ? ESCAPE '\\'"
                        " OR last_error LIKE ? ESCAPE '\\')")

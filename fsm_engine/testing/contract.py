@@ -627,3 +627,84 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
         assert sorted(every) == [f"i{n:03}" for n in range(120)]  # each exactly once
         owners = {r.id: r.owner for r in store.list()}
         assert all(owners[i] == name for name, ids in taken.items() for i in ids)
+
+    # -- families (fan-out children, joins) -----------------------------------------------
+    def test_children_are_created_with_their_parents_move(self, store: Store) -> None:
+        store.create(record("p"))
+        parent = store.get("p")
+        kids = [replace(record(f"p.1.{n}"), parent_id="p", branch=str(n)) for n in range(3)]
+        new = moved(parent, "fan", status="waiting", reason="children")
+        assert store.commit([StepCommit(new, parent.version, [hist("p", 1, "start", "fan")],
+                                        create=kids, before=parent)]) == [True]
+        assert all(k.key is not None for k in kids)
+        got = store.children("p")
+        assert [(c.id, c.parent_id, c.branch) for c in got] == \
+            [("p.1.0", "p", "0"), ("p.1.1", "p", "1"), ("p.1.2", "p", "2")]
+        assert store.get("p").status == "waiting" and [h.seq for h in store.history("p")] == [1]
+        assert store.children("p.1.0") == [] and store.children("nobody") == []
+
+    def test_a_stale_parent_creates_no_children(self, store: Store) -> None:
+        store.create(record("p"))
+        parent = store.get("p")
+        store.commit([StepCommit(moved(parent, "other"), parent.version)])
+        kids = [replace(record("p.1.0"), parent_id="p", branch="0")]
+        assert store.commit([StepCommit(moved(parent, "fan"), parent.version,
+                                        create=kids)]) == [False]
+        assert store.children("p") == [] and kids[0].key is None
+        with pytest.raises(InstanceNotFound):
+            store.get("p.1.0")
+
+    def test_a_duplicate_child_undoes_the_parents_move(self, store: Store) -> None:
+        store.create(record("p"), replace(record("p.1.0"), parent_id="p", branch="0"))
+        parent = store.get("p")
+        kids = [replace(record(f"p.1.{n}"), parent_id="p", branch=str(n)) for n in range(2)]
+        ok = store.commit([StepCommit(moved(parent, "fan"), parent.version,
+                                      [hist("p", 1, "start", "fan")], create=kids)])
+        assert ok == [False]
+        assert store.get("p").state == "start" and store.get("p").version == 0
+        assert store.history("p") == [] and [c.id for c in store.children("p")] == ["p.1.0"]
+
+    def test_fence_and_also_apply_with_the_step_or_not_at_all(self, store: Store) -> None:
+        store.create(record("p", status="waiting"), replace(record("p.1.0"), parent_id="p"),
+                     replace(record("p.1.1"), parent_id="p"))
+        parent, done, busy = store.get("p"), store.get("p.1.0"), store.get("p.1.1")
+        cancel = StepCommit(moved(busy, "start", status="cancelled"), busy.version)
+        join = StepCommit(moved(parent, "next"), parent.version, fence=[("p.1.0", done.version)],
+                          also=[cancel])
+        store.commit([StepCommit(moved(done, "end", status="completed"), done.version)])
+        assert store.commit([join]) == [False]  # the fenced child moved on after it was read
+        assert store.get("p").state == "start" and store.get("p.1.1").status == "pending"
+        done = store.get("p.1.0")
+        cancel = StepCommit(moved(busy, "start", status="cancelled"), busy.version)
+        join = StepCommit(moved(parent, "next"), parent.version, fence=[("p.1.0", done.version)],
+                          also=[cancel], history=[hist("p", 1, "start", "next")])
+        assert store.commit([join]) == [True]
+        assert (store.get("p").state, store.get("p.1.1").status) == ("next", "cancelled")
+        assert cancel.record.version == busy.version + 1
+        assert store.get("p.1.0").version == done.version  # read, not written
+
+    def test_a_stale_also_step_undoes_the_whole_step(self, store: Store) -> None:
+        store.create(record("p"), replace(record("p.1.0"), parent_id="p"))
+        parent, kid = store.get("p"), store.get("p.1.0")
+        store.commit([StepCommit(moved(kid, "x"), kid.version)])
+        step = StepCommit(moved(parent, "next"), parent.version,
+                          also=[StepCommit(moved(kid, "y"), kid.version)])
+        assert store.commit([step]) == [False]
+        assert store.get("p").state == "start" and store.get("p.1.0").state == "x"
+
+    def test_wake_makes_a_parent_waiting_for_children_claimable(self, store: Store) -> None:
+        store.create(record("p"), replace(record("p.1.0", status="running"), parent_id="p"))
+        parent = store.get("p")
+        store.commit([StepCommit(replace(parent, status="waiting", reason="children"),
+                                 parent.version)])
+        assert store.claim(ClaimRequest("w", now=1.0, limit=5, machines=["none"])) == []
+        kid = store.get("p.1.0")
+        before = store.get("p").version
+        assert store.commit([StepCommit(moved(kid, "end", status="completed"), kid.version,
+                                        wake="p")]) == [True]
+        woke = store.get("p")
+        assert (woke.status, woke.version) == ("running", before + 1)
+        assert store.commit([StepCommit(store.get("p.1.0"), store.get("p.1.0").version,
+                                        wake="p")]) == [True]
+        assert store.get("p").version == before + 1  # waking a running parent changes nothing
+        assert [r.id for r in store.claim(ClaimRequest("w", now=1.0))] == ["p"]

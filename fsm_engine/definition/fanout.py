@@ -1,0 +1,223 @@
+"""Fan-out states: ``Parallel`` (named branches) and ``Map`` (one branch per list item).
+
+A state declared with ``fan_out=Parallel(...)`` or ``fan_out=Map(...)`` has no
+action of its own.  Entering it creates one *child instance* per branch, in
+the same transaction as the move (each child an ordinary instance of its
+branch machine: own row, history, retries, timeouts, fallback, loop cap); the
+parent waits (status ``waiting``, reason ``children``) holding no worker slot.
+When the ``completion`` policy is decided the parent takes ``joined`` or
+``branch_failed`` (both declared as ordinary transitions from the state) with
+the branches' outputs merged into its context by the ``reducer``.
+
+A branch is a :class:`~fsm_engine.definition.spec.Machine`, or a single action
+(``fn(ctx)`` / ``fn(ctx, step)`` on the *parent's* context) wrapped as a
+one-state machine, optionally as a :class:`Branch` with its own retry,
+timeout, fallback action and skip default.  A branch's *output* is its final
+context (a machine) or the context fields the action changed (an action).
+
+Outputs reach the reducer as a dict keyed by branch name (``Parallel``) or a
+list in item order (``Map``), ``None`` for a branch that failed or was
+cancelled; a skippable branch that failed contributes its ``default_output``.
+With ``into="field"`` the reducer's value (default: the outputs themselves) is
+stored in that context field; without, the reducer returns a dict of context
+updates (``merge_outputs`` merges action outputs, as a DAG layer does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..policies import Completion, RetryPolicy
+
+if TYPE_CHECKING:
+    from .spec import Machine, Ref
+
+#: Transitions a fan-out state takes when its completion policy is decided.
+JOINED, BRANCH_FAILED = "joined", "branch_failed"
+#: The reason a parent waits with, while its children run.
+CHILDREN = "children"
+
+Reducer = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch: a machine, or an action wrapped as a one-state machine.
+
+    Args:
+        run: the branch machine, or an action (callable or name) on the parent's context.
+        skippable: when the branch fails, count it as skipped and use ``default_output``.
+        default_output: the output of a skipped branch (required with ``skippable``).
+        retry / timeout: the wrapped action's retry policy and timeout (seconds).
+        fallback: an action run when the wrapped action fails for good (retries
+            exhausted, timeout, open breaker, budget).
+        llm: the model name the wrapped action calls (``State.llm``).
+        input: ``fn(parent_ctx) -> dict``, the child's input (default: the parent
+            context's fields the branch context declares; an action gets the whole
+            parent context).
+    """
+
+    run: "Machine | Ref"
+    skippable: bool = False
+    default_output: Mapping[str, Any] | None = None
+    retry: RetryPolicy | None = None
+    timeout: float | None = None
+    fallback: "Ref | None" = None
+    llm: str | None = None
+    input: Callable[[Any], Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Named branches, all started at once (``max_concurrency``: at most that many running).
+
+    ``branches`` maps branch names to a machine, an action, or a :class:`Branch`.
+    See the module docstring for ``into``, ``reducer`` and ``completion``.
+    """
+
+    branches: Mapping[str, "Machine | Ref | Branch"]
+    into: str | None = None
+    reducer: Reducer | None = None
+    completion: Completion | str = "all_successful"
+    max_concurrency: int | None = None
+
+    def normalised(self) -> dict[str, Branch]:
+        """Every branch as a ``Branch``, in declaration order."""
+        return {name: b if isinstance(b, Branch) else Branch(b)
+                for name, b in self.branches.items()}
+
+
+@dataclass(frozen=True)
+class Map:
+    """One branch per item of the context's list field ``items``, each running ``machine``.
+
+    Args:
+        items: the parent context field holding the list.
+        machine: the branch machine (or an action, or a ``Branch``) run for every item.
+        item_field: the child input is ``{item_field: item}`` (default: the item
+            itself, which must then be an object fitting the branch context).
+        input: ``fn(parent_ctx, item) -> dict``, the child input (overrides ``item_field``).
+        max_concurrency: most children running at once (``None``: all); the rest are
+            created as running ones finish.
+        into / reducer / completion: see the module docstring.
+    """
+
+    items: str
+    machine: "Machine | Ref | Branch"
+    item_field: str | None = None
+    input: Callable[[Any, Any], Mapping[str, Any]] | None = None
+    into: str | None = None
+    reducer: Reducer | None = None
+    completion: Completion | str = "all_successful"
+    max_concurrency: int | None = None
+
+    def branch(self) -> Branch:
+        """The branch every item runs, as a ``Branch``."""
+        return self.machine if isinstance(self.machine, Branch) else Branch(self.machine)
+
+
+FanOut = Parallel | Map
+
+
+def completion_of(fan_out: FanOut) -> Completion:
+    """The fan-out's completion policy as a ``Completion`` value."""
+    c = fan_out.completion
+    return c if isinstance(c, Completion) else Completion(c)
+
+
+def merge_outputs(outputs: Mapping[str, Any] | list[Any]) -> dict[str, Any]:
+    """A reducer merging dict outputs (branch order; later branches win a clash) into one
+    dict of context updates; ``None`` outputs (failed branches) are left out."""
+    values = outputs.values() if isinstance(outputs, Mapping) else outputs
+    merged: dict[str, Any] = {}
+    for out in values:
+        if out:
+            merged.update(out)
+    return merged
+
+
+@dataclass(frozen=True)
+class BranchPlan:
+    """How one branch runs: set by the compiler (``runtime.compiled``)."""
+
+    name: str
+    machine: "Machine"
+    wrapped: bool
+    spec: Branch = field(repr=False)
+
+
+def wrap_action(parent: "Machine", state: str, name: str, branch: Branch) -> "Machine":
+    """A single action as a one-state branch machine on the parent's context model
+    (its retry, timeout and fallback action from ``branch``)."""
+    from .spec import Machine, State, Transition
+    label = f"{parent.name}.{state}" + (f".{name}" if name else "")
+    states = [State("run", action=branch.run, retry=branch.retry,  # type: ignore[arg-type]
+                    timeout=branch.timeout, llm=branch.llm,
+                    fallback="fallback" if branch.fallback is not None else None)]
+    transitions = [Transition("done", "run", "done")]
+    if branch.fallback is not None:
+        states.append(State("fallback", action=branch.fallback, llm=branch.llm))
+        transitions.append(Transition("done", "fallback", "done"))
+    states += [State("done", final=True), State("failed", final=True, failure=True)]
+    return Machine(name=label, context=parent.context, initial="run", states=states,
+                   transitions=transitions, max_transitions=10, namespace=parent.namespace)
+
+
+def plans(parent: "Machine", state: str, fan_out: FanOut) -> list[BranchPlan]:
+    """The branches of ``fan_out`` (a ``Map`` has one, run once per item)."""
+    from .spec import Machine
+    named = (fan_out.normalised() if isinstance(fan_out, Parallel)
+             else {"": fan_out.branch()})
+    out = []
+    for name, b in named.items():
+        if isinstance(b.run, Machine):
+            out.append(BranchPlan(name, b.run, False, b))
+        else:
+            out.append(BranchPlan(name, wrap_action(parent, state, name, b), True, b))
+    return out
+
+
+def problems(parent: "Machine", state: Any) -> list[str]:
+    """What is wrong with ``state``'s fan-out (each problem names the state and branch)."""
+    from .check import check
+    from ..errors import DefinitionError
+    fo, where = state.fan_out, f"state {state.name!r}"
+    out: list[str] = []
+    if not isinstance(fo, (Parallel, Map)):
+        return [f"{where}: fan_out must be a Parallel or a Map"]
+    if state.action is not None or state.wait or state.final:
+        out.append(f"{where}: a fan-out state has no action, is not a wait state, not final")
+    if not any(t.trigger == JOINED and state.name in t.sources([state.name])
+               for t in parent.transitions):
+        out.append(f"{where}: a fan-out state needs a {JOINED!r} transition")
+    fields = parent.context.model_fields if isinstance(parent.context, type) else {}
+    if isinstance(fo, Map) and fo.items not in fields:
+        out.append(f"{where}: items field {fo.items!r} is not a context field")
+    if fo.into is not None and fo.into not in fields:
+        out.append(f"{where}: into field {fo.into!r} is not a context field")
+    if fo.into is None and fo.reducer is None:
+        out.append(f"{where}: name an `into` context field or a reducer returning updates")
+    if fo.reducer is not None and not callable(fo.reducer):
+        out.append(f"{where}: reducer must be callable")
+    if fo.max_concurrency is not None and fo.max_concurrency < 1:
+        out.append(f"{where}: max_concurrency must be >= 1")
+    out += [f"{where}: {p}" for p in completion_of(fo).problems()]
+    if isinstance(fo, Parallel):
+        if not fo.branches:
+            out.append(f"{where}: a Parallel needs at least one branch")
+        out += [f"{where}: branch names must be non-empty strings"
+                for n in fo.branches if not (isinstance(n, str) and n)][:1]
+    for plan in plans(parent, state.name, fo):
+        label = f"{where}: branch {plan.name!r}" if plan.name else f"{where}: map branch"
+        if plan.spec.skippable and plan.spec.default_output is None:
+            out.append(f"{label}: skippable needs a default_output")
+        if isinstance(fo, Map) and fo.item_field is not None and \
+                fo.item_field not in plan.machine.context.model_fields:
+            out.append(f"{label}: item_field {fo.item_field!r} is not a field of "
+                       f"{plan.machine.context.__name__}")
+        try:
+            check(plan.machine)
+        except DefinitionError as exc:
+            out += [f"{label} (machine {plan.machine.name!r}): {p}" for p in exc.problems]
+    return out

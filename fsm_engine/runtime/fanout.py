@@ -1,0 +1,315 @@
+"""Fan-out states at run time: start children, top them up, wait, join (commit builders).
+
+A parent entering a fan-out state gets its first children in the same commit
+(``StepCommit.create``), and waits (status ``waiting``, reason ``children``,
+no owner).  Children are ordinary instances, claimable by any worker; the
+commit that makes one final wakes its parent (``StepCommit.wake``).  The
+woken parent reads its children: undecided, it creates more (``max_concurrency``)
+and waits again, its commit fenced on the versions of the children still
+running (a child finishing meanwhile makes it stale: the parent reads again);
+decided, it joins in one commit fenced on every child it read, cancelling the
+ones still running (``StepCommit.also``), adding the family's tokens to its own.
+
+Children of one fan-out have ids ``{parent id}.{parent seq}.{index}``: unique
+per fan-out, in branch/item order, and a second start of the same fan-out is a
+duplicate id, so a family is never started twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+from ..definition.fanout import BRANCH_FAILED, CHILDREN, JOINED
+from ..definition.spec import BUDGET_EXHAUSTED
+from ..errors import InvalidInput
+from ..store.base import Store
+from ..store.records import (
+    COMPLETED, PENDING, RUNNING, WAITING, InstanceRecord, StepCommit,
+)
+from . import outcome
+from .compiled import CompiledMachine, FanOutPlan
+
+#: (branch name, index, compiled branch machine, branch plan, validated input)
+Work = tuple[str, int, CompiledMachine, Any, dict[str, Any]]
+
+
+def prefix(rec: InstanceRecord) -> str:
+    """The id prefix of the children of ``rec``'s current fan-out."""
+    return f"{rec.id}.{rec.seq}."
+
+
+def siblings_prefix(child: InstanceRecord) -> str:
+    """The id prefix shared by ``child`` and its siblings."""
+    return child.id.rsplit(".", 1)[0] + "."
+
+
+def _fit(cm: CompiledMachine, data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{what} is {type(data).__name__}, not an object fitting "
+                           f"{cm.spec.context.__name__}")
+    try:
+        return cm.spec.context.model_validate(data).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(f"{what} does not fit {cm.spec.context.__name__}: {first['msg']} at "
+                           f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+
+
+def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord) -> list[Work]:
+    """Every branch of ``rec``'s fan-out with its validated input; ``InvalidInput`` naming the
+    first item or branch whose input does not fit (then nothing is started)."""
+    ctx = cm.spec.context.model_validate(rec.context)
+    out: list[Work] = []
+    if plan.is_map:
+        spec, bp, child = plan.spec, plan.branches[0], plan.machines[0]
+        items = rec.context.get(spec.items)
+        if not isinstance(items, list):
+            raise InvalidInput(f"items field {spec.items!r} is not a list")
+        for i, item in enumerate(items):
+            if spec.input is not None:
+                data: Any = dict(spec.input(ctx, item))
+            elif spec.item_field is not None:
+                data = {**rec.context, spec.item_field: item} if bp.wrapped else \
+                    {spec.item_field: item}
+            else:
+                data = item
+            out.append((str(i), i, child, bp, _fit(child, data, f"item {i} of {spec.items!r}")))
+        return out
+    for i, (bp, child) in enumerate(zip(plan.branches, plan.machines)):
+        if bp.spec.input is not None:
+            data = dict(bp.spec.input(ctx))
+        elif bp.wrapped:
+            data = dict(rec.context)
+        else:
+            data = {k: v for k, v in rec.context.items() if k in child.fields}
+        out.append((bp.name, i, child, bp, _fit(child, data, f"the input of branch {bp.name!r}")))
+    return out
+
+
+def _child(rec: InstanceRecord, w: Work, now: float) -> InstanceRecord:
+    name, index, child, _, data = w
+    own = child.spec.token_budget
+    family = None if rec.token_budget is None else max(0, rec.token_budget - rec.tokens_used)
+    budget = min((b for b in (own, family) if b is not None), default=None)
+    return InstanceRecord(
+        id=f"{prefix(rec)}{index}", machine=child.name, module=rec.module,
+        fingerprint=child.fingerprint, state=child.spec.initial, status=PENDING, context=data,
+        input=dict(data), max_transitions=child.spec.max_transitions, token_budget=budget,
+        created_at=now, updated_at=now, visits={child.spec.initial: 1}, deadline=rec.deadline,
+        parent_id=rec.id, branch=name)
+
+
+def _limit(plan: FanOutPlan) -> int:
+    return plan.spec.max_concurrency or 1 << 30
+
+
+def _start(cm: CompiledMachine, plan: FanOutPlan, new: InstanceRecord, now: float,
+           step: StepCommit) -> StepCommit:
+    """Put the first children of ``new``'s fan-out into ``step`` (or fail ``new`` when an
+    input does not fit: recorded, nothing started)."""
+    try:
+        todo = work(cm, plan, new)
+    except InvalidInput as exc:
+        step.history.append(outcome.force_fail(cm, new, "invalid_item", now, error=str(exc)))
+        return step
+    step.create = [_child(new, w, now) for w in todo[:_limit(plan)]]
+    new.reason = CHILDREN
+    new.status, new.owner = (WAITING, None) if step.create else (RUNNING, new.owner)
+    if step.history:
+        step.history[-1].detail["fan_out"] = {"branches": len(todo)}
+    return step
+
+
+def enter(cm: CompiledMachine, step: StepCommit, now: float) -> StepCommit:
+    """``step`` moves its instance into a fan-out state: start the family in it too."""
+    new = step.record
+    plan = cm.fan_outs.get(new.state)
+    if plan is None or new.final:
+        return step
+    return _start(cm, plan, new, now, step)
+
+
+class Tally:
+    """The children of one fan-out, as the completion policy counts them."""
+
+    def __init__(self, plan: FanOutPlan, kids: Sequence[InstanceRecord]) -> None:
+        self.kids = list(kids)
+        self.succeeded = self.failed = self.skipped = 0
+        for kid in self.kids:
+            if not kid.final:
+                continue
+            if kid.status == COMPLETED:
+                self.succeeded += 1
+            elif self._plan(plan, kid).spec.skippable:
+                self.skipped += 1
+            else:
+                self.failed += 1
+
+    @staticmethod
+    def _plan(plan: FanOutPlan, kid: InstanceRecord) -> Any:
+        return plan.branches[0 if plan.is_map else int(kid.id.rsplit(".", 1)[1])]
+
+    @property
+    def running(self) -> list[InstanceRecord]:
+        """Children not final yet."""
+        return [k for k in self.kids if not k.final]
+
+    def counts(self) -> dict[str, int]:
+        """Branch counts for the history and the diagram overlay."""
+        return {"succeeded": self.succeeded, "failed": self.failed, "skipped": self.skipped,
+                "running": len(self.running)}
+
+
+def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float) -> StepCommit:
+    """The commit of one step of ``rec`` in its fan-out state: start, top up and wait, or join."""
+    plan = cm.fan_outs[rec.state]
+    if rec.reason != CHILDREN:  # entered without a transition (initial state, ``send``)
+        new = outcome.clone(rec)
+        new.updated_at = now
+        return _start(cm, plan, new, now, StepCommit(new, rec.version, before=rec))
+    kids = [k for k in store.children(rec.id) if k.id.startswith(prefix(rec))]
+    try:
+        todo = work(cm, plan, rec)
+    except InvalidInput as exc:  # the context cannot change while waiting: defensive
+        return outcome.failed(cm, rec, "invalid_item", now, error=str(exc))
+    tally = Tally(plan, kids)
+    decided = plan.completion.decide(len(todo), tally.succeeded + tally.skipped, tally.failed)
+    if decided is None:
+        return _wait(plan, rec, tally, todo, now)
+    return join(cm, plan, rec, tally, decided, now)
+
+
+def _wait(plan: FanOutPlan, rec: InstanceRecord, tally: Tally, todo: list[Work],
+          now: float) -> StepCommit:
+    new = outcome.clone(rec)
+    room = max(0, _limit(plan) - len(tally.running))
+    more = [_child(rec, w, now) for w in todo[len(tally.kids):len(tally.kids) + room]]
+    new.status, new.owner, new.updated_at = WAITING, None, now
+    return StepCommit(new, rec.version, create=more, before=rec,
+                      fence=[(k.id, k.version) for k in tally.running])
+
+
+def output(plan: FanOutPlan, kid: InstanceRecord) -> Any:
+    """What a finished child contributes: a skipped one its default, a failed one ``None``."""
+    bp = Tally._plan(plan, kid)
+    if kid.status != COMPLETED:
+        return dict(bp.spec.default_output) if bp.spec.skippable else None
+    if bp.wrapped:  # an action's output: the fields it changed
+        return {k: v for k, v in kid.context.items() if kid.input.get(k) != v}
+    return dict(kid.context)
+
+
+def _outputs(plan: FanOutPlan, kids: list[InstanceRecord], total: int) -> Any:
+    if plan.is_map:
+        values: list[Any] = [None] * total
+        for kid in kids:
+            values[int(kid.id.rsplit(".", 1)[1])] = output(plan, kid) if kid.final else None
+        return values
+    return {bp.name: None for bp in plan.branches} | {
+        kid.branch or "": output(plan, kid) for kid in kids if kid.final}
+
+
+def _update(plan: FanOutPlan, outputs: Any) -> dict[str, Any]:
+    """The reducer's context updates; ``ValueError`` with the reason when it fails."""
+    spec = plan.spec
+    try:
+        value = spec.reducer(outputs) if spec.reducer is not None else outputs
+    except Exception as exc:  # noqa: BLE001 - user code: recorded as the reason
+        raise ValueError(f"the reducer raised {type(exc).__name__}: {exc}") from exc
+    if spec.into is not None:
+        return {spec.into: value}
+    if not isinstance(value, dict):
+        raise ValueError(f"the reducer returned {type(value).__name__}, not a dict of updates")
+    return value
+
+
+def join(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, tally: Tally,
+         decided: bool, now: float) -> StepCommit:
+    """The join: take ``joined``/``branch_failed`` with the reduced outputs, the children's
+    tokens, their cancellation when still running; fenced on every child read."""
+    tokens = sum(k.tokens_used for k in tally.kids)
+    base = outcome.clone(rec)
+    base.reason = None
+    detail = {"branches": tally.counts(), "children_tokens": tokens}
+    step = _decide_join(cm, plan, base, tally, decided, now, tokens, detail)
+    step.expected_version, step.before = rec.version, rec
+    step.fence = [(k.id, k.version) for k in tally.kids if k.final]
+    step.also = [outcome.cancelled(k, now, reason="join") for k in tally.running]
+    return step
+
+
+def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, tally: Tally,
+                 decided: bool, now: float, tokens: int, detail: dict[str, Any]) -> StepCommit:
+    from .driver import apply_update
+    state = base.state
+    fail = dict(tokens=tokens, detail=detail)
+    if decided:
+        total = len(work_total(plan, base))
+        try:
+            update = _update(plan, _outputs(plan, tally.kids, total))
+            _, ctx, delta = apply_update(cm.spec.context, base.context, update, cm.fields)
+        except ValueError as exc:
+            return outcome.failed(cm, base, "reducer_error", now, error=str(exc), **fail)
+        except InvalidInput as exc:
+            return outcome.failed(cm, base, "invalid_join_output", now,
+                                  error=f"the joined outputs do not fit: {exc}", **fail)
+        return outcome.transition(cm, base, trigger=JOINED, dest=_dest(cm, state, JOINED),
+                                  now=now, context=ctx, delta=delta, kind="join",
+                                  tokens=tokens, detail=detail)
+    trigger = BRANCH_FAILED
+    if base.token_budget is not None and cm.has_trigger(state, BUDGET_EXHAUSTED) and any(
+            k.reason == "token_budget" for k in tally.kids if k.final and k.status != COMPLETED):
+        trigger = BUDGET_EXHAUSTED  # the family's budget stopped a branch
+    why = f"{tally.failed} of {len(tally.kids)} started branches failed"
+    if not cm.has_trigger(state, trigger):
+        return outcome.failed(cm, base, "branch_failed", now, error=why, **fail)
+    return outcome.transition(cm, base, trigger=trigger, dest=_dest(cm, state, trigger),
+                              now=now, kind="join", tokens=tokens, error=why,
+                              reason="token_budget" if trigger == BUDGET_EXHAUSTED
+                              else BRANCH_FAILED, detail=detail)
+
+
+def work_total(plan: FanOutPlan, rec: InstanceRecord) -> list[Any]:
+    """The items (``Map``) or branches (``Parallel``) of ``rec``'s fan-out."""
+    if plan.is_map:
+        items = rec.context.get(plan.spec.items)
+        return items if isinstance(items, list) else []
+    return list(plan.branches)
+
+
+def _dest(cm: CompiledMachine, state: str, trigger: str) -> str:
+    """Where ``trigger`` leads from ``state`` (the first declared: joins have no guards)."""
+    return next(t.dest for t in cm.spec.all_transitions()
+                if t.trigger == trigger and state in t.sources([state]))
+
+
+def propagate(store: Store, step: StepCommit, now: float) -> StepCommit:
+    """Family effects of an ordinary commit: a child that ends wakes its parent; a parent
+    that ends while its children run (cancelled, deadline, loop cap) cancels them with it."""
+    new, before = step.record, step.before
+    if not new.final or (before is not None and before.final):
+        return step
+    if new.parent_id is not None and step.wake is None:
+        step.wake = new.parent_id
+    was_waiting = before.reason == CHILDREN if before is not None else new.reason == CHILDREN
+    if was_waiting and not step.fence and not step.also:
+        prior = before or new
+        step.also = [outcome.cancelled(k, now, reason="parent_" + (new.reason or "ended"))
+                     for k in store.children(new.id)
+                     if k.id.startswith(prefix(prior)) and not k.final]
+    return step
+
+
+def family_left(store: Store, rec: InstanceRecord) -> int | None:
+    """Tokens the family of child ``rec`` may still spend (``None``: no family budget)."""
+    if rec.parent_id is None:
+        return None
+    parent = store.get(rec.parent_id)
+    if parent.token_budget is None:
+        return None
+    mine = siblings_prefix(rec)
+    spent = parent.tokens_used + sum(k.tokens_used for k in store.children(parent.id)
+                                     if k.id.startswith(mine))
+    return parent.token_budget - spent
