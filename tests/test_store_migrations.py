@@ -110,7 +110,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("5",)]
+        [(str(FORMAT_VERSION),)] == [("6",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
