@@ -156,3 +156,19 @@ def test_fsm_run_prints_where_the_verdicts_came_from(tmp_path, capsys, monkeypat
         main()
     assert code.value.code == 0
     assert "verdict_source: 3 model" in capsys.readouterr().out
+
+
+def test_a_store_fault_in_the_breaker_never_fails_the_call(db_path, monkeypatch):
+    """The database restarting under a step: the breaker's shared row cannot be read or
+    written, and the model call goes ahead (only the step's own commit needs the store)."""
+    from fsm_engine.errors import StoreError
+
+    eng = Engine(db_path, llm=Scripted.from_replies([{"text": "fine"}], model="m"))
+    iid = eng.start(two_model_machine(), {})
+
+    def down(*args, **kwargs):
+        raise StoreError("database postgresql://…: server closed the connection unexpectedly")
+    monkeypatch.setattr(eng.store, "get_breaker", down)
+    monkeypatch.setattr(eng.store, "put_breaker", down)
+    rec = asyncio.run(eng.run(iid))
+    assert (rec.status, rec.context["answer"]) == ("completed", "fine")

@@ -8,13 +8,17 @@ Thresholds come from :class:`fsm_engine.policies.BreakerPolicy`.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
-from ..errors import CircuitOpen
+from ..errors import CircuitOpen, StoreError
 from ..policies import BreakerPolicy
 from ..store.base import Store
 from ..store.records import BreakerRow
+
+
+log = logging.getLogger("fsm_engine")
 
 
 class Breaker:
@@ -32,8 +36,16 @@ class Breaker:
         row.events = [e for e in row.events if now - e[0] <= self.policy.window]
 
     async def before_call(self) -> None:
-        """Return when a call may go ahead; raise ``CircuitOpen`` when it may not."""
-        self.check()
+        """Return when a call may go ahead; raise ``CircuitOpen`` when it may not.
+
+        When the store cannot be read (``StoreError``: the database restarting, a dropped
+        connection) the call goes ahead: the breaker is advice shared through the store,
+        and the model does not depend on the database (the step's own commit does, and
+        the runtime retries that)."""
+        try:
+            self.check()
+        except StoreError as exc:
+            log.warning("breaker %s unreadable, letting the call through: %s", self.name, exc)
 
     def check(self) -> None:
         """Synchronous ``before_call``; raises ``CircuitOpen`` (seconds to next probe in ``retry_in``)."""
@@ -51,7 +63,14 @@ class Breaker:
                 return  # this caller is the probe
 
     async def record(self, ok: bool) -> None:
-        """Record a call's outcome (``ok`` False only for retryable provider failures)."""
+        """Record a call's outcome (``ok`` False only for retryable provider failures); an
+        outcome the store cannot take (``StoreError``) is dropped, never the call's result."""
+        try:
+            self._record(ok)
+        except StoreError as exc:
+            log.warning("breaker %s: outcome not recorded: %s", self.name, exc)
+
+    def _record(self, ok: bool) -> None:
         while True:
             row, now = self.store.get_breaker(self.name), self.clock()
             expected = row.version

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..errors import StoreError
 from ..store.records import ReplyRow
+
+log = logging.getLogger("fsm_engine")
 
 if TYPE_CHECKING:
     from ..llm.base import Completion
@@ -40,7 +44,11 @@ class ReplyCache:
     def get(self, key: str) -> "Completion | None":
         """The cached answer under ``key`` (0 tokens billed), or None."""
         from ..llm.base import Completion
-        row = self.store.get_reply(key, self.clock() - self.ttl_s)
+        try:
+            row = self.store.get_reply(key, self.clock() - self.ttl_s)
+        except StoreError as exc:  # the cache is an optimisation: a store fault is a miss
+            log.warning("reply cache unreadable, calling the model: %s", exc)
+            return None
         if row is None:
             return None
         return Completion(text=row.text, prompt_tokens=0, completion_tokens=0,
@@ -50,6 +58,10 @@ class ReplyCache:
         """Store a successful answer (not one cut at ``max_tokens``)."""
         if out.finish_reason == "length":
             return
-        self.store.put_reply(ReplyRow(key=key, provider=getattr(provider, "name", "llm"),
-                                      model=out.model, text=out.text,
-                                      finish_reason=out.finish_reason, created_at=self.clock()))
+        try:
+            self.store.put_reply(ReplyRow(key=key, provider=getattr(provider, "name", "llm"),
+                                          model=out.model, text=out.text,
+                                          finish_reason=out.finish_reason,
+                                          created_at=self.clock()))
+        except StoreError as exc:  # never lose the model's answer over a cache write
+            log.warning("reply cache write dropped: %s", exc)
