@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from ..errors import InvalidInput
 from .codec import INSTANCE, SELECT_INSTANCES
 from .records import GROUPS, ORDERS, InstanceFilter, InstanceRecord, StepRow
-from .sqlite_read import CHECKS, describe
+from .sqlite_read import CHECKS, describe, escape_like, like_anywhere
 
 _ORDER_COLUMNS = {"created": "key", "updated": "updated_at", "tokens": "tokens_used",
                   "transitions": "loop_count"}
@@ -71,11 +71,6 @@ def read_only(dsn: str) -> dict[str, str]:
     return {"options": (given + " -c default_transaction_read_only=on").strip()}
 
 
-def _like(text: str) -> str:
-    """``text`` as an ILIKE pattern matching it anywhere (``%``, ``_``, ``\\`` literal)."""
-    return "%" + re.sub(r"([\\%_])", r"\\\1", text) + "%"
-
-
 def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[Any]]:
     """`` WHERE …`` (or ``""``) and its arguments for filter ``f``; with ``after_key`` a
     leading ``key > %s`` is added for keyset paging (its argument comes first)."""
@@ -93,10 +88,10 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
         clauses.append("parent_id IS NULL")
     if f.family is not None:
         clauses.append("(id = %s OR id LIKE %s)")
-        args.extend([f.family, re.sub(r"([\\%_])", r"\\\1", f.family) + ".%"])
+        args.extend([f.family, escape_like(f.family) + ".%"])
     if f.text:
         clauses.append("(id ILIKE %s OR context ILIKE %s OR last_error ILIKE %s)")
-        args.extend([_like(f.text)] * 3)
+        args.extend([like_anywhere(f.text)] * 3)
     for column, op, value in (("created_at", ">=", f.created_after),
                               ("created_at", "<", f.created_before),
                               ("updated_at", ">=", f.updated_after),

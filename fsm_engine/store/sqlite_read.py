@@ -34,9 +34,14 @@ STEPS_SQL = (
     " ORDER BY h.instance, h.seq")
 
 
-def _like(text: str) -> str:
-    """``text`` as a LIKE pattern matching it anywhere (``%``, ``_``, ``\\`` taken literally)."""
-    return "%" + re.sub(r"([\\%_])", r"\\\1", text) + "%"
+def escape_like(text: str) -> str:
+    """``text`` with LIKE's ``%``, ``_`` and ``\\`` escaped by ``\\`` (both backends)."""
+    return re.sub(r"([\\%_])", r"\\\1", text)
+
+
+def like_anywhere(text: str) -> str:
+    """``text`` as a LIKE / ILIKE pattern matching it anywhere, taken literally."""
+    return "%" + escape_like(text) + "%"
 
 
 def _any_of(column: str, values: tuple[str, ...], clauses: list[str], args: list[Any]) -> None:
@@ -63,11 +68,11 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
         clauses.append("parent_id IS NULL")
     if f.family is not None:
         clauses.append("(id = ? OR id LIKE ? ESCAPE '\\')")
-        args.extend([f.family, re.sub(r"([\\%_])", r"\\\1", f.family) + ".%"])
+        args.extend([f.family, escape_like(f.family) + ".%"])
     if f.text:
         clauses.append("(id LIKE ? ESCAPE '\\' OR context LIKE ? ESCAPE '\\'"
                        " OR last_error LIKE ? ESCAPE '\\')")
-        args.extend([_like(f.text)] * 3)
+        args.extend([like_anywhere(f.text)] * 3)
     for column, op, value in (("created_at", ">=", f.created_after),
                               ("created_at", "<", f.created_before),
                               ("updated_at", ">=", f.updated_after),
