@@ -110,7 +110,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("6",)]
+        [(str(FORMAT_VERSION),)] == [("7",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -118,6 +118,8 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
             "idx_instances_parent_id"} <= names
     # format 5: families (an old instance is top-level: no parent, no branch)
     assert (a.parent_id, a.branch) == (None, None)
+    # format 7: everything stored before machine versions was written under version 1
+    assert a.machine_version == 1 and {h.machine_version for h in rows} == {1}
     # format 3: workers carry their lease's expiry and their queues
     assert [r[1] for r in _sql(path, "PRAGMA table_info(workers)")][-2:] == ["lease_until", "queues"]
 

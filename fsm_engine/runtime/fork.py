@@ -6,7 +6,9 @@ deltas 1..N applied, the state row N entered, visits, transitions counted, token
 billed by those rows and by the failed attempts made before row N.  Its lineage
 (``forked_from``, ``forked_at_seq``) is stored with it.  Side effects the original
 delivered are not repeated: the driver replays the original's recorded outcome for
-a side-effect visit the original completed (``delivered``).
+a side-effect visit the original completed (``delivered``).  The fork keeps the
+machine version (and fingerprint) of the rows it copied: a fork of rows written
+under an older version is upcast when it first steps, like any stored instance.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
             visits[h.dest] = visits.get(h.dest, 0) + 1
         loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in _COUNTED else 0
         tokens += h.tokens
-    if cm.states.get(state) is None:
+    now_named = state if state in cm.states else cm.spec.renamed_states.get(state, state)
+    if cm.states.get(now_named) is None:
         raise InvalidInput(f"state {state!r} no longer exists in machine {cm.name!r}")
-    if cm.states[state].final:
+    if cm.states[now_named].final:
         raise InvalidInput(f"row {n} ends in final state {state!r}: nothing to run; fork "
                            "from an earlier row")
     until = rows[-1].at if rows else orig.created_at
@@ -72,11 +75,13 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
     for h in rows:
         h.instance_id = iid
     rec = InstanceRecord(
-        id=iid, machine=orig.machine, module=orig.module, fingerprint=cm.fingerprint,
+        id=iid, machine=orig.machine, module=orig.module, fingerprint=orig.fingerprint,
         state=state, status=RUNNING if n else PENDING, context=context, input=dict(orig.input),
         max_transitions=orig.max_transitions, token_budget=orig.token_budget,
         created_at=now, updated_at=now, seq=n, loop_count=loops, tokens_used=tokens,
-        visits=visits, forked_from=orig.id, forked_at_seq=n)
+        visits=visits, forked_from=orig.id, forked_at_seq=n,
+        machine_version=(rows[-1] if rows else history[0]).machine_version if history
+        else orig.machine_version)  # the input is in the shape of the first row's version
     return rec, rows
 
 

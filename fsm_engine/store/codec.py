@@ -143,8 +143,9 @@ def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,
 
 
 #: Instance columns fixed at creation: never rewritten by a step (``max_transitions`` is
-#: not: a reviewer's decision after a routed loop cap grants more).
-IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
+#: not: a reviewer's decision after a routed loop cap grants more; nor ``fingerprint``:
+#: a migration moves it with ``machine_version``).
+IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "input",
                        "created_at", "forked_from", "forked_at_seq",
                        "parent_id", "branch"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the

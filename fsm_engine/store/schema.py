@@ -150,7 +150,18 @@ def _v6(db: sqlite_utils.Database) -> None:
     db.execute('CREATE INDEX "idx_instances_parent_id" ON "instances" ("parent_id")')
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]
+#: Format 7: the machine version an instance and each history row were written under.
+MACHINE_VERSION = ("ALTER TABLE instances ADD COLUMN machine_version INTEGER NOT NULL DEFAULT 1",
+                   "ALTER TABLE history ADD COLUMN machine_version INTEGER NOT NULL DEFAULT 1")
+
+
+def _v7(db: sqlite_utils.Database) -> None:
+    """Machine versions: rows written before format 7 were all written under version 1."""
+    for sql in MACHINE_VERSION:
+        db.execute(sql)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 
