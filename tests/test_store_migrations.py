@@ -159,3 +159,25 @@ def test_fresh_database_has_the_current_shape(tmp_path: Path) -> None:
     assert "WITHOUT ROWID" in ddl and "PRIMARY KEY (instance, seq)" in ddl
     [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='instances'")
     assert "key INTEGER PRIMARY KEY" in ddl and "id TEXT NOT NULL UNIQUE" in ddl
+
+
+def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine import open_store
+    from fsm_engine.testing.contract import hist, moved, record
+    url = pg_cluster.database()
+    store = open_store(url)
+    store.create(record("a"))
+    store.commit([StepCommit(moved(store.get("a"), "b"), 0, history=[hist("a", 1, "start", "b")])])
+    store.close()
+    schema = url.rsplit("%3D", 1)[1]  # back to format 6: the columns format 7 added dropped
+    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
+                   f"ALTER TABLE {schema}.history DROP COLUMN machine_version; "
+                   f"UPDATE {schema}.fsm_meta SET value = '6'")
+    store = open_store(url)
+    try:
+        rec = store.get("a")
+        assert (rec.state, rec.seq, rec.machine_version) == ("b", 1, 1)
+        assert [h.machine_version for h in store.history("a")] == [1]
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta") == [(str(FORMAT_VERSION),)]
