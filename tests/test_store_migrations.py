@@ -120,6 +120,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert (a.parent_id, a.branch) == (None, None)
     # format 7: everything stored before machine versions was written under version 1
     assert a.machine_version == 1 and {h.machine_version for h in rows} == {1}
+    assert a.fork_options == {}
     # format 3: workers carry their lease's expiry and their queues
     assert [r[1] for r in _sql(path, "PRAGMA table_info(workers)")][-2:] == ["lease_until", "queues"]
 
@@ -172,11 +173,12 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
     schema = url.rsplit("%3D", 1)[1]  # back to format 6: the columns format 7 added dropped
     pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.history DROP COLUMN machine_version; "
+                   f"ALTER TABLE {schema}.instances DROP COLUMN fork_options; "
                    f"UPDATE {schema}.fsm_meta SET value = '6'")
     store = open_store(url)
     try:
         rec = store.get("a")
-        assert (rec.state, rec.seq, rec.machine_version) == ("b", 1, 1)
+        assert (rec.state, rec.seq, rec.machine_version, rec.fork_options) == ("b", 1, 1, {})
         assert [h.machine_version for h in store.history("a")] == [1]
     finally:
         store.close()

@@ -24,7 +24,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, StepCommit
-from . import fanout, migration, outcome, reviews, values
+from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -254,11 +254,15 @@ class Driver:
         if state.cache is not None:
             from .reply_cache import ReplyCache
             meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)
+        if rec.forked_from is not None and rec.fork_options.get("reuse_llm") \
+                and not state.side_effect:
+            from .reply_cache import RecordedReplies
+            meter.recorded = RecordedReplies(self.store, rec.forked_from)
         if self.tracer is not None:  # model calls become children of this step's span
             from ..telemetry import current_context
             meter.tracer, meter.trace_parent = self.tracer, current_context()
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
-                    idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
+                    idempotency_key=fork.outbox_key(rec, state.name, visit), llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
                     tokens_used=rec.tokens_used, token_budget=rec.token_budget,
                     triggers=cm.choosable(state.name), state_tokens_used=in_visit,

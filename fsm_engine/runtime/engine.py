@@ -592,19 +592,29 @@ class Engine:
 
     # -- fork (see ``fork.py``) -------------------------------------------------------
     def fork(self, instance_id: str, *, from_seq: int | None = None,
-             from_state: str | None = None, from_failure: bool = False) -> str:
+             from_state: str | None = None, from_failure: bool = False,
+             reuse_llm: bool = False, redeliver: bool = False) -> str:
         """Create a new instance from a prefix of ``instance_id``'s history (one
         transaction: the record and its copied rows); return its id.  It is unowned and
-        runnable (``run``, ``resume`` or a worker steps it); side effects the original
-        delivered are not repeated.  Raises ``InvalidInput`` for a fork point that does
-        not exist or ends in a final state, ``FingerprintMismatch`` for a changed machine.
+        runnable (``run``, ``resume`` or a worker steps it).
+
+        ``reuse_llm``: its model calls whose prompt (provider, model, messages and
+        parameters) is byte-identical to one the original made are answered with the
+        original's recorded reply (0 tokens, ``replayed`` in the history); others call
+        the model (the default, ``reuse_llm=False``, calls it for all).  ``redeliver``:
+        side effects the original delivered run again (under the fork's own key,
+        ``original>fork:state:visit``); by default they are not repeated.  Raises
+        ``InvalidInput`` for a fork point that does not exist or ends in a final state,
+        ``FingerprintMismatch`` for a changed machine (an older version is upcast
+        when the fork runs).
         """
         from .fork import fork_point, forked
         orig = self.store.get(instance_id)
         cm = self._compiled(orig)
         history = self.store.history(orig.id)
         n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
-        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock())
+        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
+                           reuse_llm=reuse_llm, redeliver=redeliver)
         self.store.create(rec, history=rows)
         return rec.id
 

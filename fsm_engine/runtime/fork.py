@@ -51,8 +51,10 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
 
 def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryRow],
            attempts: Sequence[AttemptRow], n: int, now: float,
-           new_id: str | None = None) -> tuple[InstanceRecord, list[HistoryRow]]:
-    """The fork of ``orig`` after its first ``n`` history rows, and its copied rows."""
+           new_id: str | None = None, *, reuse_llm: bool = False,
+           redeliver: bool = False) -> tuple[InstanceRecord, list[HistoryRow]]:
+    """The fork of ``orig`` after its first ``n`` history rows, and its copied rows
+    (``reuse_llm`` / ``redeliver``: its ``fork_options``)."""
     rows = [replace(h, instance_id="") for h in history[:n]]
     context, visits = dict(orig.input), {cm.spec.initial: 1}
     state, loops, tokens = cm.spec.initial, 0, 0
@@ -81,16 +83,26 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
         created_at=now, updated_at=now, seq=n, loop_count=loops, tokens_used=tokens,
         visits=visits, forked_from=orig.id, forked_at_seq=n,
         machine_version=(rows[-1] if rows else history[0]).machine_version if history
-        else orig.machine_version)  # the input is in the shape of the first row's version
+        else orig.machine_version,  # the input is in the shape of the first row's version
+        fork_options={k: True for k, on in (("reuse_llm", reuse_llm),
+                                            ("redeliver", redeliver)) if on})
     return rec, rows
+
+
+def outbox_key(rec: InstanceRecord, state: str, visit: int) -> str:
+    """The idempotency key of ``rec``'s side effect in ``state``'s ``visit``:
+    ``instance:state:visit``, for a fork ``original>fork:state:visit`` (its lineage)."""
+    if rec.forked_from is None:
+        return f"{rec.id}:{state}:{visit}"
+    return f"{rec.forked_from}>{rec.id}:{state}:{visit}"
 
 
 def delivered(rec: InstanceRecord, state: str, visit: int,
               outbox: Sequence[OutboxRow]) -> OutboxRow | None:
     """The original's completed delivery of ``state``'s ``visit``, when ``rec`` is a fork
     that reached a side effect its original already delivered (``outbox``: the
-    original's rows)."""
-    if rec.forked_from is None:
+    original's rows); ``None`` too for a fork asked to ``redeliver``."""
+    if rec.forked_from is None or rec.fork_options.get("redeliver"):
         return None
     return next((o for o in outbox if o.state == state and o.visit == visit
                  and o.status == "done"), None)

@@ -67,6 +67,10 @@ class InstanceRecord:
     #: The ``Machine.version`` the instance was last written under (with ``fingerprint``);
     #: an older one is upcast when the instance next steps (``runtime.migration``).
     machine_version: int = 1
+    #: How a fork runs (set at creation, ``{}`` for any other instance): ``reuse_llm``
+    #: (answer model calls from the original's recorded replies where the prompt is
+    #: byte-identical), ``redeliver`` (deliver side effects the original delivered again).
+    fork_options: dict[str, bool] = field(default_factory=dict)
 
     @property
     def final(self) -> bool:
