@@ -290,3 +290,24 @@ def test_a_kill_between_the_lazy_upcast_and_its_step_leaves_it_unmigrated(
             "transition", "migration", "transition"]
     finally:
         engine.close()
+
+
+def test_an_upcast_attaches_only_to_a_step_built_from_it(db_path: str, module: Path) -> None:
+    from fsm_engine.runtime import migration, outcome
+    mm.write(module, mm.V1)
+    iid, = _v1_instances(db_path, str(module), ["two words"], steps=1)
+    mm.write(module, mm.V2)
+    engine = Engine(db_path)
+    try:
+        stored = engine.store.get(iid)
+        cm = engine.definition(stored)
+        up = migration.plan(cm, stored, 2e9)
+        assert up is not None and up.record.version == stored.version
+        assert not migration.attach(outcome.marked(stored, "x", "y", 2e9), up)  # not derived
+        step = outcome.marked(up.record, "x", "y", 2e9)
+        assert migration.attach(step, up) and step.history == [up.row] and step.before is stored
+        assert not migration.attach(step, up)  # once
+        assert engine.store.commit([step]) == [True]
+        assert engine.store.get(iid).machine_version == 2 and engine.store.check() == []
+    finally:
+        engine.close()

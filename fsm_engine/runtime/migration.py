@@ -188,7 +188,10 @@ def attach(step: StepCommit, up: Upcast) -> bool:
         return False
     if step.history and step.history[0] is up.row:
         return False
-    if step.history and step.history[0].seq != up.row.seq + 1:
+    first = step.history[0].seq if step.history else step.record.seq + 1
+    derived = (step.record.machine_version, step.record.fingerprint) == (
+        up.record.machine_version, up.record.fingerprint)
+    if not derived or first != up.row.seq + 1:  # built from the stored record, not the upcast
         return False
     step.before = up.before
     step.history[:0] = [up.row]
