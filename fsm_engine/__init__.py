@@ -10,7 +10,7 @@ from .definition import BUDGET_EXHAUSTED, FALLBACK, Fire, Machine, RunInfo, Stat
 from .errors import (
     ActionError, BudgetExhausted, CircuitOpen, ClientError, DefinitionError, FingerprintMismatch,
     FsmError, InstanceFinished, InstanceNotFound, InvalidInput, MachineLoadError,
-    NotAnFsmDatabase, ProviderError, ProviderTimeout, ProviderUnavailable, RateLimited,
+    NeedsMigration, NotAnFsmDatabase, VersionTooNew, ProviderError, ProviderTimeout, ProviderUnavailable, RateLimited,
     ReviewRefused, ServerError, StaleWrite, StepRejected, StepTimeout, StoreError,
     StructuredOutputError,
 )
@@ -38,5 +38,5 @@ __all__ = [
     "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
-    "ClientError", "ReviewRefused",
+    "ClientError", "ReviewRefused", "VersionTooNew", "NeedsMigration",
 ]

@@ -419,7 +419,7 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
 
 
 from . import cli_scale  # noqa: E402,F401 - registers worker, start, wait, workers
-from . import cli_fork, cli_inspect, cli_observe, cli_review  # noqa: E402,F401  (register list, history, outbox,
+from . import cli_fork, cli_inspect, cli_migrate, cli_observe, cli_review  # noqa: E402,F401  (register list, history, outbox,
 #                                         stats, ui, prune, check)
 
 

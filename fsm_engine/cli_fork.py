@@ -30,21 +30,28 @@ def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or
          reason: Optional[str] = typer.Option(None, "--reason", help="Bulk: with this reason."),
          machine: Optional[str] = typer.Option(None, "--machine", help="Bulk: of this machine."),
          yes: bool = typer.Option(False, "--yes", help="Bulk: fork them (default: a dry run)."),
+         reuse_llm: bool = typer.Option(False, "--reuse-llm/--fresh",
+                                        help="Answer model calls whose prompt is byte-identical "
+                                             "to one of the original's with its recorded reply "
+                                             "(0 tokens), or call the model again (default)."),
+         redeliver: bool = typer.Option(False, "--redeliver",
+                                        help="Deliver again the side effects the original "
+                                             "delivered (under the fork's own key)."),
          ) -> None:
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
-    new id.  Side effects the original delivered are not repeated."""
+    new id.  Side effects the original delivered are not repeated unless --redeliver."""
     engine = Engine(_open(db))
     try:
         if instance_id is None:
             if status is None:
                 _fail("give an instance id, or --status (with --reason/--machine) to fork many")
-            _bulk(engine, status, reason, machine, yes)
+            _bulk(engine, status, reason, machine, yes, reuse_llm=reuse_llm, redeliver=redeliver)
             return
         if status or reason:
             _fail("--status/--reason select many instances: give no id with them")
         orig = _find(engine.store, instance_id)
         new = engine.fork(orig.id, from_seq=from_seq, from_state=from_state,
-                          from_failure=from_failure)
+                          from_failure=from_failure, reuse_llm=reuse_llm, redeliver=redeliver)
         rec = engine.store.get(new)
         typer.echo(f"{new}: forked from {orig.id} at seq {rec.forked_at_seq}, "
                    f"in state {rec.state!r}")
@@ -53,7 +60,7 @@ def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or
 
 
 def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
-          yes: bool) -> None:
+          yes: bool, **options: bool) -> None:
     if status != "failed":
         _fail("a bulk fork takes --status failed (each is forked from its last failure)")
     where = InstanceFilter(machine=machine, statuses=(status,),
@@ -65,7 +72,7 @@ def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
         typer.echo(f"{len(matches)} instance(s) match; --yes forks them")
         return
     for rec in matches:
-        new = engine.fork(rec.id, from_failure=status == "failed")
+        new = engine.fork(rec.id, from_failure=status == "failed", **options)
         typer.echo(f"{new}: forked from {rec.id}")
 
 

@@ -16,6 +16,8 @@ line that names the thing at fault.  Errors carry structured fields
     │   ├── StaleWrite           another writer moved the instance first (lease lost, cancelled)
     │   ├── StepRejected         the store refused one step's values (nothing of its batch written)
     │   └── FingerprintMismatch  the instance was started from a different definition
+    │       ├── VersionTooNew    it was stored by a newer machine version than the code's
+    │       └── NeedsMigration   it cannot be upcast to the code's version (``cause``)
     ├── InvalidInput             input or a context update fails the machine's context model
     │   └── ReviewRefused        a review answer is stale, second, someone else's, not
     │                            offered, or its edit fails the ``editable`` model
@@ -112,7 +114,33 @@ class StepRejected(StoreError):
 
 
 class FingerprintMismatch(StoreError):
-    """An instance was started from a definition whose structure has since changed."""
+    """An instance was started from a definition whose structure has since changed.
+
+    Raised as such when the machine's ``version`` is the one stored but its
+    fingerprint is not (bump ``version`` to migrate the instance).
+    """
+
+
+class VersionTooNew(FingerprintMismatch):
+    """The instance was written under machine version ``stored``, newer than the code's
+    ``code``: it is left as it is (a worker running the newer code takes it)."""
+
+    def __init__(self, message: str, *, stored: int, code: int,
+                 instance_id: str | None = None) -> None:
+        super().__init__(message, instance_id=instance_id)
+        self.stored = stored
+        self.code = code
+
+
+class NeedsMigration(FingerprintMismatch):
+    """The instance cannot be upcast to the code's machine version: its state is gone and
+    not mapped, an upcaster raised, or the result fails the context model (``cause``).
+    Its row is left as it is, with reason ``needs_migration``."""
+
+    def __init__(self, message: str, *, cause: str, instance_id: str | None = None,
+                 state: str | None = None) -> None:
+        super().__init__(message, instance_id=instance_id, state=state)
+        self.cause = cause
 
 
 class InvalidInput(FsmError):
@@ -250,7 +278,8 @@ class ClientError(ProviderError):
 
 __all__ = [
     "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
-    "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "InvalidInput",
+    "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "VersionTooNew",
+    "NeedsMigration", "InvalidInput",
     "InstanceFinished", "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen",
     "StructuredOutputError", "ProviderError", "ProviderUnavailable", "ProviderTimeout",
     "RateLimited", "ServerError", "ClientError",

@@ -30,7 +30,7 @@ EXPECTED = {
     "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "InvalidInput", "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
-    "ClientError", "Review", "ReviewRefused", "CachePolicy",
+    "ClientError", "Review", "ReviewRefused", "CachePolicy", "VersionTooNew", "NeedsMigration",
 }
 
 

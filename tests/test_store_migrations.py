@@ -110,7 +110,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("6",)]
+        [(str(FORMAT_VERSION),)] == [("7",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -118,6 +118,9 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
             "idx_instances_parent_id"} <= names
     # format 5: families (an old instance is top-level: no parent, no branch)
     assert (a.parent_id, a.branch) == (None, None)
+    # format 7: everything stored before machine versions was written under version 1
+    assert a.machine_version == 1 and {h.machine_version for h in rows} == {1}
+    assert a.fork_options == {}
     # format 3: workers carry their lease's expiry and their queues
     assert [r[1] for r in _sql(path, "PRAGMA table_info(workers)")][-2:] == ["lease_until", "queues"]
 
@@ -157,3 +160,26 @@ def test_fresh_database_has_the_current_shape(tmp_path: Path) -> None:
     assert "WITHOUT ROWID" in ddl and "PRIMARY KEY (instance, seq)" in ddl
     [(ddl,)] = _sql(path, "SELECT sql FROM sqlite_master WHERE name='instances'")
     assert "key INTEGER PRIMARY KEY" in ddl and "id TEXT NOT NULL UNIQUE" in ddl
+
+
+def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine import open_store
+    from fsm_engine.testing.contract import hist, moved, record
+    url = pg_cluster.database()
+    store = open_store(url)
+    store.create(record("a"))
+    store.commit([StepCommit(moved(store.get("a"), "b"), 0, history=[hist("a", 1, "start", "b")])])
+    store.close()
+    schema = url.rsplit("%3D", 1)[1]  # back to format 6: the columns format 7 added dropped
+    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
+                   f"ALTER TABLE {schema}.history DROP COLUMN machine_version; "
+                   f"ALTER TABLE {schema}.instances DROP COLUMN fork_options; "
+                   f"UPDATE {schema}.fsm_meta SET value = '6'")
+    store = open_store(url)
+    try:
+        rec = store.get("a")
+        assert (rec.state, rec.seq, rec.machine_version, rec.fork_options) == ("b", 1, 1, {})
+        assert [h.machine_version for h in store.history("a")] == [1]
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta") == [(str(FORMAT_VERSION),)]

@@ -10,7 +10,9 @@ one; every non-final state has a path to a final state; actions and guards
 resolve to callables taking 1 or 2 positional arguments; guards are not
 ``async`` (a coroutine is always truthy); fallbacks and
 policies valid; ``max_transitions`` ≥ 1, ``token_budget`` ≥ 0; the context is
-a pydantic model.
+a pydantic model; ``version`` ≥ 1 with ``migrations`` covering 2..version
+(functions of one argument, or None) and ``renamed_states`` naming declared
+states.
 """
 
 from __future__ import annotations
@@ -198,6 +200,36 @@ def _review_problems(m: Machine, s: Any) -> list[str]:
     return out + s.review.problems(s.name, fields, triggers)
 
 
+def _versions(m: Machine, names: list[str], problems: list[str]) -> None:
+    """``version``, ``migrations`` and ``renamed_states`` fit together (see ``Machine``)."""
+    v = m.version
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        problems.append(f"version must be an int >= 1, not {v!r}")
+        return
+    keys = set(m.migrations)
+    wanted = set(range(2, v + 1))
+    for k in sorted(keys - wanted, key=repr):
+        problems.append(f"migrations[{k!r}]: not a version in 2..{v} (version={v})")
+    if keys & wanted and wanted - keys:
+        problems.append("migrations must cover every version 2.." f"{v}: missing "
+                        + ", ".join(map(str, sorted(wanted - keys)))
+                        + " (None for a version whose context did not change)")
+    for k in sorted(keys & wanted):
+        fn = m.migrations[k]
+        if fn is not None and not (callable(fn) and _accepts(fn, (1,))):
+            problems.append(f"migrations[{k}]: must be a function of one argument "
+                            "(the context dict), or None")
+        elif fn is not None and _is_async(fn):
+            problems.append(f"migrations[{k}]: is async; an upcaster is a pure function")
+    for old, new in m.renamed_states.items():
+        if new not in names:
+            problems.append(f"renamed_states[{old!r}]: target {new!r} is not a declared state")
+        if old in names:
+            problems.append(f"renamed_states[{old!r}]: {old!r} is still a declared state")
+    if (keys or m.renamed_states) and v == 1:
+        problems.append("migrations and renamed_states need version >= 2")
+
+
 def _routes(m: Machine, problems: list[str]) -> None:
     """``on_loop_limit`` / ``on_circuit_open`` must name review states."""
     for key in ("on_loop_limit", "on_circuit_open"):
@@ -246,6 +278,7 @@ def check(machine: Machine) -> Checked:
     _states(machine, names, problems, actions)
     _guards(machine, problems, guards)
     _routes(machine, problems)
+    _versions(machine, names, problems)
     for s in machine.states:
         if s.fan_out is not None:
             from .fanout import problems as fan_out_problems

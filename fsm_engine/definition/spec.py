@@ -207,6 +207,18 @@ class Machine:
             the reviewer's decision grants another ``max_transitions`` transitions.
         on_circuit_open: a review state the instance goes to when its model's circuit
             breaker is open and the state has no fallback (``None``: fail).
+        version: the machine's version (an int >= 1), stored with every instance and
+            history row.  Bump it whenever the structure (states, transitions, the
+            context model) changes: an instance stored under an older version is upcast
+            when it next steps (``fsm_engine.runtime.migration``); one stored under the
+            same version with another fingerprint is refused (``FingerprintMismatch``).
+        migrations: ``{k: upcaster}`` for every version ``k`` in ``2..version``: a pure
+            function of the context as a JSON dict (the version ``k - 1`` shape)
+            returning the version ``k`` dict; ``None`` for a version whose context did
+            not change (only states renamed or added).  The result is validated by
+            ``context``.
+        renamed_states: ``{old name: new name}`` for states renamed since an older
+            version; a stored instance standing in ``old`` continues in ``new``.
     """
 
     name: str
@@ -221,6 +233,10 @@ class Machine:
     tally: Sequence[str] = ()
     on_loop_limit: str | None = None
     on_circuit_open: str | None = None
+    version: int = 1
+    migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]] | None] = field(
+        default_factory=dict, compare=False, repr=False)
+    renamed_states: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.namespace is None:

@@ -24,7 +24,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, StepCommit
-from . import fanout, outcome, reviews, values
+from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -148,13 +148,30 @@ class Driver:
         self.clock = clock
         self.rng = rng
         self.threads = threads
+        #: Upcasts of instances loaded to step (id -> ``migration.Upcast``), written with
+        #: their next commit (``attach``).
+        self.upcasts: dict[str, migration.Upcast] = {}
+
+    def attach(self, step: StepCommit) -> StepCommit:
+        """``step`` carrying its instance's pending upcast, if it continues from it."""
+        up = self.upcasts.get(step.record.id)
+        if up is not None:
+            migration.attach(step, up)
+        return step
+
+    def _settled(self, step: StepCommit) -> None:
+        up = self.upcasts.get(step.record.id)
+        if up is not None and step.history and step.history[0] is up.row:
+            del self.upcasts[step.record.id]
 
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
-        """Commit ``step``; return the new record, or raise ``StaleWrite`` when we lost the race."""
-        fanout.propagate(self.store, step, self.clock())
+        """Commit ``step`` (with the instance's pending upcast); return the new record, or
+        raise ``StaleWrite`` when we lost the race."""
+        fanout.propagate(self.store, self.attach(step), self.clock())
         if not await self.committer.submit(step):
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
+        self._settled(step)
         return step.record
 
     #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
@@ -181,8 +198,9 @@ class Driver:
         commit is fenced on the children it read)."""
         while True:
             step = await self._decide(cm, rec)
-            fanout.propagate(self.store, step, self.clock())
+            fanout.propagate(self.store, self.attach(step), self.clock())
             if await self.committer.submit(step):
+                self._settled(step)
                 return step.record
             if self.store.get(rec.id).version != rec.version:  # the parent itself moved
                 raise StaleWrite(f"instance {rec.id} changed under this worker",
@@ -236,11 +254,15 @@ class Driver:
         if state.cache is not None:
             from .reply_cache import ReplyCache
             meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)
+        if rec.forked_from is not None and rec.fork_options.get("reuse_llm") \
+                and not state.side_effect:
+            from .reply_cache import RecordedReplies
+            meter.recorded = RecordedReplies(self.store, rec.forked_from)
         if self.tracer is not None:  # model calls become children of this step's span
             from ..telemetry import current_context
             meter.tracer, meter.trace_parent = self.tracer, current_context()
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
-                    idempotency_key=f"{rec.id}:{state.name}:{visit}", llm=meter,
+                    idempotency_key=fork.outbox_key(rec, state.name, visit), llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
                     tokens_used=rec.tokens_used, token_budget=rec.token_budget,
                     triggers=cm.choosable(state.name), state_tokens_used=in_visit,

@@ -22,13 +22,13 @@ from pydantic import BaseModel, ValidationError
 from ..definition import Machine
 from ..errors import (
     DefinitionError, FingerprintMismatch, FsmError, InstanceFinished, InstanceNotFound,
-    InvalidInput, StaleWrite,
+    InvalidInput, NeedsMigration, StaleWrite,
 )
 from ..policies import BreakerPolicy
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
-from . import outcome, reviews as review_queue, values
+from . import migration, outcome, reviews as review_queue, values
 from . import fanout
 from ..definition.fanout import CHILDREN
 from .commit import GroupCommitter
@@ -190,18 +190,33 @@ class Engine:
         machine, canonical = load_machine(ref)
         return self.register(machine, canonical)
 
-    def _compiled(self, rec: InstanceRecord) -> CompiledMachine:
+    def definition(self, rec: InstanceRecord) -> CompiledMachine:
+        """The compiled machine ``rec`` names (loaded from its module when not registered),
+        whatever version it has; ``DefinitionError`` when it cannot be had."""
         cm = self._machines.get(rec.machine)
         if cm is None:
             cm = self.load(rec.module)
             if cm.name != rec.machine:  # a branch machine: registered with its parent
                 cm = self._machines.get(rec.machine) or _no_branch(rec)
-        if cm.fingerprint != rec.fingerprint:
-            raise FingerprintMismatch(
-                f"instance {rec.id} was started from another version of machine "
-                f"{rec.machine!r} (fingerprint {rec.fingerprint}, now {cm.fingerprint})",
-                instance_id=rec.id)
         return cm
+
+    def _compiled(self, rec: InstanceRecord) -> CompiledMachine:
+        """``rec``'s machine, when it can run ``rec`` (at once, or after an upcast: see
+        ``migration``); else ``VersionTooNew``, ``FingerprintMismatch`` or
+        ``NeedsMigration``."""
+        cm = self.definition(rec)
+        migration.plan(cm, rec, self.clock())
+        return cm
+
+    def _upcast(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
+        """``rec`` upcast to ``cm``'s version, in memory: the driver writes the upcast with
+        the instance's next commit (one transaction).  ``rec`` itself when current."""
+        self.driver.upcasts.pop(rec.id, None)
+        up = migration.plan(cm, rec, self.clock())
+        if up is None:
+            return rec
+        self.driver.upcasts[rec.id] = up
+        return up.record
 
     # -- creating ---------------------------------------------------------------
     def start(self, machine: Machine | str, input: BaseModel | dict[str, Any] | None = None, *,
@@ -248,7 +263,7 @@ class Engine:
                 token_budget=spec.token_budget if token_budget is None else token_budget,
                 created_at=now, updated_at=now, visits={spec.initial: 1},
                 deadline=None if deadline_s is None else now + deadline_s,
-                owner=None if enqueue else self.worker.id))
+                owner=None if enqueue else self.worker.id, machine_version=spec.version))
         self.store.create(*records)
         if not enqueue and len(self._known) + len(records) <= _KNOWN_MAX:  # run() needn't read them back
             self._known.update((r.id, r) for r in records)
@@ -275,7 +290,9 @@ class Engine:
 
     def _parking(self, rec: InstanceRecord, exc: FsmError) -> StepCommit | None:
         """The commit leaving ``rec`` alone when its machine cannot be had here."""
-        if isinstance(exc, FingerprintMismatch):
+        if isinstance(exc, NeedsMigration):
+            reason = migration.NEEDS_MIGRATION
+        elif isinstance(exc, FingerprintMismatch):
             reason = FINGERPRINT_MISMATCH
         elif isinstance(exc, DefinitionError):
             reason = MACHINE_UNAVAILABLE
@@ -291,12 +308,12 @@ class Engine:
                                    instance_id=rec.id, state=rec.state)
         cm = self._compiled(rec)
         self._ensure_worker()
-        if rec.owner == self.worker.id:
-            return cm, await self._checked(cm, rec)  # started (or already claimed) here
+        if rec.owner == self.worker.id:  # started (or already claimed) here
+            return cm, self._upcast(cm, await self._checked(cm, rec))
         step = self.ownership.adoption(rec)
         if not await self.committer.submit(step):
             raise _lost_claim(rec.id)
-        return cm, await self._checked(cm, step.record)
+        return cm, self._upcast(cm, await self._checked(cm, step.record))
 
     async def _checked(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """``rec`` once held here: failed when crash-looping, its parked reason cleared."""
@@ -304,7 +321,7 @@ class Engine:
             now = self.clock()
             return await self.driver.commit(rec, outcome.failed(
                 cm, rec, "crash_loop", now, error=f"{rec.recoveries} recoveries without progress"))
-        if rec.reason in (MACHINE_UNAVAILABLE, FINGERPRINT_MISMATCH):
+        if rec.reason in (MACHINE_UNAVAILABLE, FINGERPRINT_MISMATCH, migration.NEEDS_MIGRATION):
             return await self.driver.commit(rec, outcome.unparked(rec))
         return rec
 
@@ -568,25 +585,36 @@ class Engine:
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
         cm = self._compiled(rec)
         self._ensure_worker()
+        rec = self._upcast(cm, rec)
         rec = await self.driver.commit(rec, self.driver.advance(
             cm, rec, cm.states[rec.state], None, trigger, update, 0.0))
         return rec if rec.final else await self.run(rec.id)
 
     # -- fork (see ``fork.py``) -------------------------------------------------------
     def fork(self, instance_id: str, *, from_seq: int | None = None,
-             from_state: str | None = None, from_failure: bool = False) -> str:
+             from_state: str | None = None, from_failure: bool = False,
+             reuse_llm: bool = False, redeliver: bool = False) -> str:
         """Create a new instance from a prefix of ``instance_id``'s history (one
         transaction: the record and its copied rows); return its id.  It is unowned and
-        runnable (``run``, ``resume`` or a worker steps it); side effects the original
-        delivered are not repeated.  Raises ``InvalidInput`` for a fork point that does
-        not exist or ends in a final state, ``FingerprintMismatch`` for a changed machine.
+        runnable (``run``, ``resume`` or a worker steps it).
+
+        ``reuse_llm``: its model calls whose prompt (provider, model, messages and
+        parameters) is byte-identical to one the original made are answered with the
+        original's recorded reply (0 tokens, ``replayed`` in the history); others call
+        the model (the default, ``reuse_llm=False``, calls it for all).  ``redeliver``:
+        side effects the original delivered run again (under the fork's own key,
+        ``original>fork:state:visit``); by default they are not repeated.  Raises
+        ``InvalidInput`` for a fork point that does not exist or ends in a final state,
+        ``FingerprintMismatch`` for a changed machine (an older version is upcast
+        when the fork runs).
         """
         from .fork import fork_point, forked
         orig = self.store.get(instance_id)
         cm = self._compiled(orig)
         history = self.store.history(orig.id)
         n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
-        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock())
+        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
+                           reuse_llm=reuse_llm, redeliver=redeliver)
         self.store.create(rec, history=rows)
         return rec.id
 
@@ -610,7 +638,9 @@ class Engine:
         context = dict(rec.input)
         for row in history[:n]:
             context.update(row.delta)
-        if not self.store.commit([outcome.reset(cm, rec, state, context, n, self.clock())])[0]:
+        rec = self._upcast(cm, rec)
+        reset = outcome.reset(cm, rec, state, context, n, self.clock())
+        if not self.store.commit([self.driver.attach(reset)])[0]:
             raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
                              instance_id=rec.id)
         self._known.pop(rec.id, None)
@@ -663,10 +693,11 @@ class Engine:
         found = self.review(item)
         rec = self.store.get(found.instance_id)
         cm = self._compiled(rec)
+        rec = self._upcast(cm, rec)
         commit = review_queue.decision(cm, rec, found, choice, by=by, now=self.clock(),
                                        advance=self.driver.advance, update=update, note=note,
                                        claimer=by)
-        if not self.store.commit([commit])[0]:
+        if not self.store.commit([self.driver.attach(commit)])[0]:
             raise review_queue.ReviewRefused(
                 f"review {found.id}: the item or its instance changed meanwhile (decided, "
                 "claimed or moved on); nothing was written", item_id=found.id)

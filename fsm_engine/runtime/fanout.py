@@ -98,7 +98,7 @@ def _child(rec: InstanceRecord, w: Work, now: float) -> InstanceRecord:
         fingerprint=child.fingerprint, state=child.spec.initial, status=PENDING, context=data,
         input=dict(data), max_transitions=child.spec.max_transitions, token_budget=budget,
         created_at=now, updated_at=now, visits={child.spec.initial: 1}, deadline=rec.deadline,
-        parent_id=rec.id, branch=name)
+        parent_id=rec.id, branch=name, machine_version=child.spec.version)
 
 
 def _limit(plan: FanOutPlan) -> int:

@@ -6,7 +6,9 @@ deltas 1..N applied, the state row N entered, visits, transitions counted, token
 billed by those rows and by the failed attempts made before row N.  Its lineage
 (``forked_from``, ``forked_at_seq``) is stored with it.  Side effects the original
 delivered are not repeated: the driver replays the original's recorded outcome for
-a side-effect visit the original completed (``delivered``).
+a side-effect visit the original completed (``delivered``).  The fork keeps the
+machine version (and fingerprint) of the rows it copied: a fork of rows written
+under an older version is upcast when it first steps, like any stored instance.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
 
 def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryRow],
            attempts: Sequence[AttemptRow], n: int, now: float,
-           new_id: str | None = None) -> tuple[InstanceRecord, list[HistoryRow]]:
-    """The fork of ``orig`` after its first ``n`` history rows, and its copied rows."""
+           new_id: str | None = None, *, reuse_llm: bool = False,
+           redeliver: bool = False) -> tuple[InstanceRecord, list[HistoryRow]]:
+    """The fork of ``orig`` after its first ``n`` history rows, and its copied rows
+    (``reuse_llm`` / ``redeliver``: its ``fork_options``)."""
     rows = [replace(h, instance_id="") for h in history[:n]]
     context, visits = dict(orig.input), {cm.spec.initial: 1}
     state, loops, tokens = cm.spec.initial, 0, 0
@@ -61,9 +65,10 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
             visits[h.dest] = visits.get(h.dest, 0) + 1
         loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in _COUNTED else 0
         tokens += h.tokens
-    if cm.states.get(state) is None:
+    now_named = state if state in cm.states else cm.spec.renamed_states.get(state, state)
+    if cm.states.get(now_named) is None:
         raise InvalidInput(f"state {state!r} no longer exists in machine {cm.name!r}")
-    if cm.states[state].final:
+    if cm.states[now_named].final:
         raise InvalidInput(f"row {n} ends in final state {state!r}: nothing to run; fork "
                            "from an earlier row")
     until = rows[-1].at if rows else orig.created_at
@@ -72,20 +77,32 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
     for h in rows:
         h.instance_id = iid
     rec = InstanceRecord(
-        id=iid, machine=orig.machine, module=orig.module, fingerprint=cm.fingerprint,
+        id=iid, machine=orig.machine, module=orig.module, fingerprint=orig.fingerprint,
         state=state, status=RUNNING if n else PENDING, context=context, input=dict(orig.input),
         max_transitions=orig.max_transitions, token_budget=orig.token_budget,
         created_at=now, updated_at=now, seq=n, loop_count=loops, tokens_used=tokens,
-        visits=visits, forked_from=orig.id, forked_at_seq=n)
+        visits=visits, forked_from=orig.id, forked_at_seq=n,
+        machine_version=(rows[-1] if rows else history[0]).machine_version if history
+        else orig.machine_version,  # the input is in the shape of the first row's version
+        fork_options={k: True for k, on in (("reuse_llm", reuse_llm),
+                                            ("redeliver", redeliver)) if on})
     return rec, rows
+
+
+def outbox_key(rec: InstanceRecord, state: str, visit: int) -> str:
+    """The idempotency key of ``rec``'s side effect in ``state``'s ``visit``:
+    ``instance:state:visit``, for a fork ``original>fork:state:visit`` (its lineage)."""
+    if rec.forked_from is None:
+        return f"{rec.id}:{state}:{visit}"
+    return f"{rec.forked_from}>{rec.id}:{state}:{visit}"
 
 
 def delivered(rec: InstanceRecord, state: str, visit: int,
               outbox: Sequence[OutboxRow]) -> OutboxRow | None:
     """The original's completed delivery of ``state``'s ``visit``, when ``rec`` is a fork
     that reached a side effect its original already delivered (``outbox``: the
-    original's rows)."""
-    if rec.forked_from is None:
+    original's rows); ``None`` too for a fork asked to ``redeliver``."""
+    if rec.forked_from is None or rec.fork_options.get("redeliver"):
         return None
     return next((o for o in outbox if o.state == state and o.visit == visit
                  and o.status == "done"), None)

@@ -34,7 +34,7 @@ def _row(rec: InstanceRecord, source: str, dest: str, trigger: str, now: float,
          **fields: Any) -> HistoryRow:
     rec.seq += 1
     return HistoryRow(instance_id=rec.id, seq=rec.seq, source=source, dest=dest,
-                      trigger=trigger, at=now, **fields)
+                      trigger=trigger, at=now, machine_version=rec.machine_version, **fields)
 
 
 def _enter(cm: CompiledMachine, rec: InstanceRecord, dest: str) -> None:
@@ -250,4 +250,12 @@ def unparked(rec: InstanceRecord) -> StepCommit:
     """Clear a ``parked`` reason once a worker that can run ``rec`` holds it."""
     new = clone(rec)
     new.reason = None
+    return StepCommit(new, rec.version, before=rec)
+
+
+def marked(rec: InstanceRecord, reason: str, error: str, now: float) -> StepCommit:
+    """Say why ``rec`` cannot go on (e.g. ``needs_migration`` and its cause) without moving
+    it: only its reason and last error change (no history row, owner kept)."""
+    new = clone(rec)
+    new.reason, new.last_error, new.updated_at = reason, error, now
     return StepCommit(new, rec.version, before=rec)

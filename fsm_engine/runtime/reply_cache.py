@@ -4,6 +4,11 @@ A call's key is SHA-256 of its provider name, model, messages and parameters
 (``max_tokens``, ``temperature``, ``json_schema`` …; a per-call ``timeout`` is
 left out); nothing else (no API key, base URL or header) goes into it.  Only
 successful replies that were not cut at ``max_tokens`` are stored.
+
+Every successful call also records its key and reply text in its history row's
+``llm_calls`` entry (``key``, ``reply``), in the step's own commit: no extra
+write.  A fork made with ``reuse_llm`` reads them back from its original's
+history (``RecordedReplies``), whatever cache policy the state had.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import StoreError
+from ..errors import FsmError, StoreError
 from ..store.records import ReplyRow
 
 log = logging.getLogger("fsm_engine")
@@ -65,3 +70,37 @@ class ReplyCache:
                                           created_at=self.clock()))
         except StoreError as exc:  # never lose the model's answer over a cache write
             log.warning("reply cache write dropped: %s", exc)
+
+
+class RecordedReplies:
+    """The replies recorded in one instance's history (``llm_calls`` entries with a
+    ``key`` and a ``reply``), by key; read once, on the first lookup."""
+
+    def __init__(self, store: "Store", instance_id: str) -> None:
+        self.store, self.instance_id = store, instance_id
+        self._by_key: "dict[str, Completion] | None" = None
+
+    def _load(self) -> "dict[str, Completion]":
+        from ..llm.base import Completion
+        found: dict[str, Completion] = {}
+        try:
+            rows = self.store.history(self.instance_id)
+        except FsmError as exc:  # the original was pruned (or unreadable): call the model
+            log.warning("recorded replies of %s unreadable, calling the model: %s",
+                        self.instance_id, exc)
+            return found
+        for row in rows:
+            for call in row.detail.get("llm_calls", ()):
+                key, text = call.get("key"), call.get("reply")
+                if key and isinstance(text, str) and call.get("error") is None:
+                    model = str(call.get("model") or "").partition(":")[2]
+                    found.setdefault(key, Completion(
+                        text=text, prompt_tokens=0, completion_tokens=0,
+                        finish_reason=call.get("finish_reason") or "stop", model=model))
+        return found
+
+    def get(self, key: str) -> "Completion | None":
+        """The original's reply to the call with this key (0 tokens), or None."""
+        if self._by_key is None:
+            self._by_key = self._load()
+        return self._by_key.get(key)

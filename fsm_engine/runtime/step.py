@@ -63,6 +63,8 @@ class MeteredLLM:
         self.trace_parent: Any = None
         #: The state's reply cache (``runtime.reply_cache``), or None.
         self.cache: Any = None
+        #: A fork's original's recorded replies (``fsm fork --reuse-llm``), or None.
+        self.recorded: Any = None
         #: The instance's input, visible to providers as ``llm.base.CALLER_INPUT``.
         self.caller_input: dict[str, Any] | None = None
 
@@ -111,13 +113,13 @@ class MeteredLLM:
                         messages: list[dict[str, str]], kwargs: dict[str, Any]) -> "Completion":
         if provider is None:
             raise FsmError("this engine has no LLM provider configured")
-        key = None
-        if self.cache is not None:
-            from .reply_cache import reply_key
-            key = reply_key(provider, messages, kwargs)
-            hit = self.cache.get(key)
+        from .reply_cache import reply_key
+        key = reply_key(provider, messages, kwargs)  # recorded with the reply: a fork finds it
+        for source, mark in ((self.recorded, "replayed"), (self.cache, "cached")):
+            hit = None if source is None else source.get(key)
             if hit is not None:  # answered from the store: no tokens, no breaker, no call
-                self._bill(0, hit.finish_reason, None, provider, hit.model)["cached"] = True
+                call = self._bill(0, hit.finish_reason, None, provider, hit.model)
+                call.update({mark: True, "key": key, "reply": hit.text})
                 return hit
         limits = self._limits()
         prompt = 0
@@ -150,6 +152,7 @@ class MeteredLLM:
             raise
         call = self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None,
                           provider, out.model)
+        call["key"], call["reply"] = key, out.text
         if out.usage_missing:
             call["usage_missing"] = True
         over = max((self.used - left for _, left, _ in limits), default=0)
@@ -157,7 +160,7 @@ class MeteredLLM:
             call.update(budget_overrun=True, overrun_tokens=over, prompt_estimate=prompt)
         if breaker is not None:
             await breaker.record(True)
-        if key is not None and self.cache is not None:
+        if self.cache is not None:
             self.cache.put(key, provider, out)
         return out
 

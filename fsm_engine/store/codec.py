@@ -26,7 +26,8 @@ from .records import (
 
 #: Columns holding JSON (text) in every backend.
 JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
-                          "result", "events", "queues", "show", "choices", "editable", "edit"})
+                          "result", "events", "queues", "show", "choices", "editable", "edit",
+                          "fork_options"})
 
 _ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True,
                                  allow_nan=False).encode
@@ -143,10 +144,11 @@ def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,
 
 
 #: Instance columns fixed at creation: never rewritten by a step (``max_transitions`` is
-#: not: a reviewer's decision after a routed loop cap grants more).
-IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "fingerprint", "input",
+#: not: a reviewer's decision after a routed loop cap grants more; nor ``fingerprint``:
+#: a migration moves it with ``machine_version``).
+IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "input",
                        "created_at", "forked_from", "forked_at_seq",
-                       "parent_id", "branch"})
+                       "parent_id", "branch", "fork_options"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
 DICTS = ("context", "visits")

@@ -92,7 +92,14 @@ def _v6(cur: Any) -> None:
     cur.execute("CREATE INDEX idx_instances_parent_id ON instances (parent_id)")
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6}
+def _v7(cur: Any) -> None:
+    """Format 7: the machine version of each instance and history row (see ``schema._v7``)."""
+    from .schema import MACHINE_VERSION
+    for sql in MACHINE_VERSION:
+        cur.execute(sql)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 
 
 @dataclass(slots=True)
@@ -64,6 +64,13 @@ class InstanceRecord:
     #: This child's branch in its parent's fan-out (a ``Parallel`` branch name, or a ``Map``
     #: item's index as text); ``None`` for a top-level instance.
     branch: str | None = None
+    #: The ``Machine.version`` the instance was last written under (with ``fingerprint``);
+    #: an older one is upcast when the instance next steps (``runtime.migration``).
+    machine_version: int = 1
+    #: How a fork runs (set at creation, ``{}`` for any other instance): ``reuse_llm``
+    #: (answer model calls from the original's recorded replies where the prompt is
+    #: byte-identical), ``redeliver`` (deliver side effects the original delivered again).
+    fork_options: dict[str, bool] = field(default_factory=dict)
 
     @property
     def final(self) -> bool:
@@ -81,7 +88,10 @@ class HistoryRow:
     """One transition of one instance; ``seq`` runs 1, 2, 3 … with no gaps.
 
     ``kind`` is ``transition`` (a declared transition), ``fallback``,
-    ``skip``, or a runtime-forced move: ``fail``, ``cancel``, ``loop_limit``.
+    ``skip``, or a runtime-forced move: ``fail``, ``cancel``, ``loop_limit``,
+    ``migration`` (an upcast to a newer machine version: ``detail`` holds
+    ``from_version``, ``to_version``, ``renamed`` and ``removed``).
+    ``machine_version`` is the machine version the row was written under.
     ``guards`` lists ``[name, result]`` for each guard evaluated, in order;
     ``delta`` holds the context fields the step changed (the context after
     step *n* is the input with deltas 1..n applied).
@@ -101,6 +111,7 @@ class HistoryRow:
     reason: str | None = None
     delta: dict[str, Any] = field(default_factory=dict)
     detail: dict[str, Any] = field(default_factory=dict)
+    machine_version: int = 1
 
 
 @dataclass(slots=True)

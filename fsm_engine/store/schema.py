@@ -150,7 +150,21 @@ def _v6(db: sqlite_utils.Database) -> None:
     db.execute('CREATE INDEX "idx_instances_parent_id" ON "instances" ("parent_id")')
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]
+#: Format 7: the machine version an instance and each history row were written under, and
+#: how a fork runs (``reuse_llm``, ``redeliver``: a JSON object).
+MACHINE_VERSION = ("ALTER TABLE instances ADD COLUMN machine_version INTEGER NOT NULL DEFAULT 1",
+                   "ALTER TABLE history ADD COLUMN machine_version INTEGER NOT NULL DEFAULT 1",
+                   "ALTER TABLE instances ADD COLUMN fork_options TEXT NOT NULL DEFAULT '{}'")
+
+
+def _v7(db: sqlite_utils.Database) -> None:
+    """Machine versions (rows written before format 7 were all written under version 1) and
+    fork options."""
+    for sql in MACHINE_VERSION:
+        db.execute(sql)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -437,6 +437,25 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
         store.commit([StepCommit(moved(store.get("a"), "x"), 0, history=[row])])
         assert store.history("a") == [row]
 
+    def test_a_migration_moves_version_and_fingerprint_with_its_row(self, store: Store) -> None:
+        store.create(record("a"))
+        old = store.get("a")
+        assert old.machine_version == 1
+        store.commit([StepCommit(moved(old, "b"), 0, history=[hist("a", 1, "start", "b")])])
+        v1 = store.get("a")
+        up = replace(moved(v1, "c"), machine_version=2, fingerprint="fedcba9876543210",
+                     context={"n": 0, "s": "x", "lang": "en"})
+        row = hist("a", 2, "b", "c", kind="migration", machine_version=2,
+                   delta={"lang": "en"}, detail={"from_version": 1, "to_version": 2})
+        stale = StepCommit(replace(up), v1.version - 1, history=[row], before=v1)
+        assert store.commit([stale]) == [False] and store.get("a") == v1
+        assert store.commit([StepCommit(up, v1.version, history=[row], before=v1)]) == [True]
+        got = store.get("a")
+        assert (got.machine_version, got.fingerprint, got.state, got.context["lang"]) == (
+            2, "fedcba9876543210", "c", "en")
+        assert [h.machine_version for h in store.history("a")] == [1, 2]
+        assert store.history("a")[1] == row
+
     # -- outbox ------------------------------------------------------------------------
     def test_outbox_begin_inserts_then_counts_attempts(self, store: Store) -> None:
         store.create(record("a"))
