@@ -207,9 +207,8 @@ def test_cancelling_the_parent_cancels_every_running_child(engine_factory) -> No
     async def go() -> tuple:
         iid = engine.start(pm.fan, {"words": ["slow", "slow", "a"]})
         task = asyncio.ensure_future(engine.run(iid))
-        while [k.status for k in engine.store.children(iid)] != \
-                ["running", "running", "completed"]:
-            await asyncio.sleep(0.02)
+        while [k.final for k in engine.store.children(iid)] != [False, False, True]:
+            await asyncio.sleep(0.02)  # (children run here are created owned: no claim)
         other.cancel(iid)  # as `fsm cancel` would, from another process
         return iid, await asyncio.wait_for(task, 10)
     iid, rec = asyncio.run(go())

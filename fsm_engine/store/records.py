@@ -7,7 +7,7 @@ Times are UNIX epoch seconds (float); token counts are integers; ``context``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Status values. ``pending``: created, never stepped; ``running``: owned by a
 #: worker or between steps; ``waiting``: needs an external trigger.
@@ -81,6 +81,28 @@ class InstanceRecord:
     def tokens_remaining(self) -> int | None:
         """Tokens left (``None``: no budget)."""
         return None if self.token_budget is None else max(0, self.token_budget - self.tokens_used)
+
+
+class ChildState(NamedTuple):
+    """What a fan-out's join counts of one child (and who runs it), read without its JSON columns
+    (``Store.child_states``): cheap enough to read on every wake of a large family."""
+
+    id: str
+    version: int
+    status: str
+    reason: str | None
+    branch: str | None
+    tokens_used: int
+    owner: str | None
+
+    @property
+    def final(self) -> bool:
+        """True when the status is completed, failed or cancelled."""
+        return self.status in FINAL_STATUSES
+
+
+#: The columns of ``ChildState``, in order (both backends select them).
+CHILD_STATE_COLUMNS = ", ".join(ChildState._fields)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from . import sqlite_read
 from .records import (
-    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
+    CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
+    InstanceFilter, InstanceRecord,
     OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 from .codec import (
@@ -255,6 +256,11 @@ class SqliteStore:
     def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
         rows = self._read(_SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key", (parent_id,))
         return [_decode(InstanceRecord, r) for r in rows]
+
+    def child_states(self, parent_id: str) -> builtins.list[ChildState]:
+        rows = self._read(f"SELECT {CHILD_STATE_COLUMNS} FROM instances WHERE parent_id=? "
+                          "ORDER BY key", (parent_id,), tuples=True)
+        return [ChildState(*r) for r in rows]
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale
