@@ -29,7 +29,9 @@ from ..errors import (
 from ..policies import BreakerPolicy
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
-from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
+from ..store.records import (
+    REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
+)
 from . import migration, outcome, reviews as review_queue, values
 from . import fanout
 from ..definition.fanout import CHILDREN
@@ -395,7 +397,7 @@ class Engine:
                         break
                     if self._tasks.get(instance_id) is task:  # held by nobody while it waits
                         self._tasks.pop(instance_id, None)
-                    rec = await self._family(rec, on_step)
+                    rec = await self._family(cm, rec, on_step)
                     if rec.final or rec.status == "waiting":
                         break
                     if task is not None:
@@ -426,8 +428,10 @@ class Engine:
                 self._hosts.discard(instance_id)
         return rec
 
-    async def _family(self, parent: InstanceRecord, on_step: OnStep | None) -> InstanceRecord:
-        """Run ``parent``'s current children here until it is woken (or ends); return it.
+    async def _family(self, cm: CompiledMachine, parent: InstanceRecord,
+                      on_step: OnStep | None) -> InstanceRecord:
+        """Run ``parent``'s current children here until it has a step to take (its join or
+        a top-up: ``fanout.needs_step``; other wakes are skipped) or ends; return it.
 
         Children another live worker holds are left to it (polled every
         ``lease_seconds / 3``); children of children run the same way.  Once the family
@@ -442,9 +446,13 @@ class Engine:
             while True:
                 ended.clear()  # before the read: a child ending after it sets it again
                 rec = self.store.get(parent.id)
-                if rec.final or rec.status != "waiting" or rec.reason != CHILDREN:
+                if rec.final or rec.status not in ("waiting", "running") \
+                        or rec.reason != CHILDREN:
                     break
-                self._spawn(rec, one)
+                states = self.store.child_states(parent.id)
+                if rec.status == "running" and fanout.needs_step(cm, rec, states):
+                    break  # woken with something to do
+                self._spawn(rec, states, one)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(ended.wait(), poll)
         finally:
@@ -457,11 +465,12 @@ class Engine:
                 del self._born[kid_id]
         return rec
 
-    def _spawn(self, parent: InstanceRecord, one: Callable[[str], Any]) -> None:
+    def _spawn(self, parent: InstanceRecord, states: Iterable[ChildState],
+               one: Callable[[str], Any]) -> None:
         """Start here each child of ``parent``'s fan-out not yet running here that no live
         worker holds; a child's end (local) sets ``parent``'s event in ``_ended``."""
         mine = fanout.prefix(parent)
-        for kid in self.store.child_states(parent.id):
+        for kid in states:
             if kid.id.startswith(mine) and not kid.final and kid.id not in self._kids \
                     and kid.id not in self._tasks and kid.id not in self._known \
                     and self.ownership.can_take(kid):

@@ -201,6 +201,20 @@ def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
     return join(cm, plan, rec, tally, decided, now)
 
 
+def needs_step(cm: CompiledMachine, rec: InstanceRecord, states: Sequence[ChildState]) -> bool:
+    """True when a step of ``rec`` (woken in its fan-out state) would do more than wait
+    again: the policy is decided, or a slot is free for an item not started yet.  An
+    engine running the family skips the other wakes (no claim, no commit)."""
+    plan = cm.fan_outs.get(rec.state)
+    if plan is None or rec.reason != CHILDREN:
+        return True
+    total = len(work_total(plan, rec))
+    tally = Tally(plan, [k for k in states if k.id.startswith(prefix(rec))])
+    if plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed) is not None:
+        return True
+    return len(tally.kids) < total and len(tally.running) < _limit(plan)
+
+
 def _wait(rec: InstanceRecord, tally: Tally, todo: list[Work], now: float,
           owner: str | None) -> StepCommit:
     new = outcome.clone(rec)
