@@ -54,6 +54,7 @@ class Store(Protocol):
         with that id exists); a step with ``review_close`` applies only when that item
         is still open and, for a claimer, unclaimed or claimed by it (item and step
         both written, or neither).
+        A step's ``wake`` is written in its transaction when the step applies.
         A compound step (``StepCommit.compound``) applies with everything it carries —
         ``create``, ``fence``, ``also``, ``wake`` — or not at all (a duplicate id, a
         fenced instance that moved on, an ``also`` step that is stale: False)."""

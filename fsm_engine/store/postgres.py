@@ -271,6 +271,11 @@ class PostgresStore:
                                                       [encoded[i] for i in plain])):
                     applied[i] = ok
             done = [i for i in plain if applied[i]]
+            wakes = [(steps[i].record.updated_at, steps[i].wake) for i in done if steps[i].wake]
+            if wakes:  # children that ended tell their parents, in the same transaction
+                with conn.cursor() as cur:
+                    cur.executemany(_SQL_WAKE, wakes)
+                    cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
             try:
                 with conn.transaction():  # a savepoint: a constraint is one step's fault
                     self._appends(conn, [(steps[i], encoded[i]) for i in done])

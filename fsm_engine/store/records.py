@@ -301,8 +301,9 @@ class StepCommit:
 
     @property
     def compound(self) -> bool:
-        """True when the step writes more than its own instance (applied in a savepoint)."""
-        return bool(self.create or self.fence or self.also or self.wake)
+        """True when the step writes other instances' rows that can make it not apply
+        (applied in a savepoint); a ``wake`` alone cannot fail, so it rides the plain path."""
+        return bool(self.create or self.fence or self.also)
 
 
 # -- read-side queries (the viewer, ``fsm stats``, ``fsm list``) ------------------------------

@@ -205,7 +205,7 @@ class SqliteStore:
             for i, (step, enc) in enumerate(zip(steps, encoded)):
                 try:
                     applied.append(self._compound(conn, step, enc) if step.compound
-                                   else self._apply(conn, step, enc))
+                                   else self._apply(conn, step, enc) and self._wake(conn, step))
                 except (sqlite3.IntegrityError, OverflowError) as exc:  # the step's, not the disk's
                     raise StepRejected(f"the store refused a step of instance {step.record.id}: "
                                        f"{type(exc).__name__}: {exc}", index=i,
@@ -222,8 +222,8 @@ class SqliteStore:
                 self._apply(conn, s, _encode(0, s)) for s in step.also)
             if ok and step.create:
                 self._insert(conn, step.create)
-            if ok and step.wake:
-                conn.execute(_WAKE, (step.record.updated_at, step.wake))
+            if ok:
+                self._wake(conn, step)
         except sqlite3.IntegrityError:
             ok = False
         if ok:
@@ -234,6 +234,12 @@ class SqliteStore:
         for rec, version, key in saved:  # nothing was written: the records say so too
             rec.version, rec.key = version, key
         return False
+
+    @staticmethod
+    def _wake(conn: sqlite3.Connection, step: StepCommit) -> bool:
+        if step.wake:
+            conn.execute(_WAKE, (step.record.updated_at, step.wake))
+        return True
 
     @staticmethod
     def _fenced(conn: sqlite3.Connection, fence: Sequence[tuple[str, int]]) -> bool:
