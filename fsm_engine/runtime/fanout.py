@@ -47,10 +47,6 @@ def prefix(rec: InstanceRecord) -> str:
     return f"{rec.id}.{rec.seq}."
 
 
-def siblings_prefix(child: InstanceRecord) -> str:
-    """The id prefix shared by ``child`` and its siblings."""
-    return child.id.rsplit(".", 1)[0] + "."
-
 
 def _fit(cm: CompiledMachine, data: Any, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
@@ -198,7 +194,7 @@ def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
         except InvalidInput as exc:  # the context cannot change while waiting: defensive
             return outcome.failed(cm, rec, "invalid_item", now, error=str(exc))
         return _wait(rec, tally, todo, now, owner)
-    return join(cm, plan, rec, tally, decided, now)
+    return join(cm, store, plan, rec, tally, decided, now)
 
 
 def needs_step(cm: CompiledMachine, rec: InstanceRecord, states: Sequence[ChildState]) -> bool:
@@ -258,19 +254,44 @@ def _update(plan: FanOutPlan, outputs: Any) -> dict[str, Any]:
     return value
 
 
-def join(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, tally: Tally,
-         decided: bool, now: float) -> StepCommit:
+def join(cm: CompiledMachine, store: Store, plan: FanOutPlan, rec: InstanceRecord,
+         tally: Tally, decided: bool, now: float) -> StepCommit:
     """The join: take ``joined``/``branch_failed`` with the reduced outputs, the children's
     tokens, their cancellation when still running; fenced on every child read."""
-    tokens = sum(k.tokens_used for k in tally.kids)
+    also, tokens = cancel_running(store, tally.kids, now, "join")
     base = outcome.clone(rec)
     base.reason = None
     detail = {"branches": tally.counts(), "children_tokens": tokens}
     step = _decide_join(cm, plan, base, tally, decided, now, tokens, detail)
     step.expected_version, step.before = rec.version, rec
     step.fence = [(k.id, k.version) for k in tally.kids if k.final]
-    step.also = [outcome.cancelled(k, now, reason="join") for k in tally.running]
+    step.also = also
     return step
+
+
+def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
+                   reason: str) -> tuple[list[StepCommit], int]:
+    """The steps cancelling the ``kids`` still running — with, for one waiting on its own
+    children, theirs (at every depth, their tokens added to it) — and the tokens the
+    ``kids`` spent, descendants included: what their parent adds to its own."""
+    steps: list[StepCommit] = []
+    spent = 0
+    for kid in kids:
+        if kid.final:
+            spent += kid.tokens_used
+            continue
+        step = outcome.cancelled(kid, now, reason=reason)
+        if kid.reason == CHILDREN:  # its own family goes with it
+            mine = prefix(kid)
+            sub, sub_spent = cancel_running(
+                store, [k for k in store.children(kid.id) if k.id.startswith(mine)], now, reason)
+            step.record.tokens_used += sub_spent
+            step.history[-1].tokens += sub_spent
+            step.history[-1].detail["children_tokens"] = sub_spent
+            steps.extend(sub)
+        steps.append(step)
+        spent += step.record.tokens_used
+    return steps, spent
 
 
 def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, tally: Tally,
@@ -328,21 +349,40 @@ def propagate(store: Store, step: StepCommit, now: float) -> StepCommit:
         step.wake = new.parent_id
     was_waiting = before.reason == CHILDREN if before is not None else new.reason == CHILDREN
     if was_waiting and not step.fence and not step.also:
-        prior = before or new
-        step.also = [outcome.cancelled(k, now, reason="parent_" + (new.reason or "ended"))
-                     for k in store.children(new.id)
-                     if k.id.startswith(prefix(prior)) and not k.final]
+        mine = prefix(before or new)
+        step.also, spent = cancel_running(
+            store, [k for k in store.children(new.id) if k.id.startswith(mine)], now,
+            "parent_" + (new.reason or "ended"))
+        new.tokens_used += spent  # the family's tokens, as a join would have added them
+        if step.history:
+            step.history[-1].tokens += spent
+            step.history[-1].detail["children_tokens"] = spent
     return step
 
 
 def family_left(store: Store, rec: InstanceRecord) -> int | None:
-    """Tokens the family of child ``rec`` may still spend (``None``: no family budget)."""
-    if rec.parent_id is None:
-        return None
-    parent = store.get(rec.parent_id)
-    if parent.token_budget is None:
-        return None
-    mine = siblings_prefix(rec)
-    spent = parent.tokens_used + sum(k.tokens_used for k in store.children(parent.id)
-                                     if k.id.startswith(mine))
-    return parent.token_budget - spent
+    """Tokens child ``rec`` may still spend for its ancestors: the least, over every
+    ancestor with a ``token_budget``, of that budget minus what its whole family has spent
+    (``spent``); ``None`` when no ancestor has a budget."""
+    left: int | None = None
+    node = rec
+    while node.parent_id is not None:
+        node = store.get(node.parent_id)
+        if node.token_budget is not None:
+            mine = node.token_budget - spent(store, node)
+            left = mine if left is None else min(left, mine)
+    return left
+
+
+def spent(store: Store, rec: InstanceRecord) -> int:
+    """Tokens ``rec`` and its descendants spent so far: its ``tokens_used`` (which holds the
+    families it joined) plus, while it waits on a fan-out, its children's (recursively)."""
+    total = rec.tokens_used
+    if rec.final or rec.reason != CHILDREN:
+        return total
+    mine = prefix(rec)
+    for kid in store.child_states(rec.id):
+        if kid.id.startswith(mine):
+            waiting = not kid.final and kid.reason == CHILDREN
+            total += spent(store, store.get(kid.id)) if waiting else kid.tokens_used
+    return total

@@ -349,7 +349,10 @@ class StepRow:
     creation is when its first state was entered);
     ``attempt`` is the attempt the row's step ended on (``detail.attempt``,
     else 1); ``reasks`` the structured-output re-asks in it (``detail.reasks``);
-    ``llm_calls`` the model calls it made (``len(detail.llm_calls)``).
+    ``llm_calls`` the model calls it made (``len(detail.llm_calls)``); ``tokens`` the
+    tokens of the calls made in this step: a join's (or a parent's end's) row carries its
+    children's tokens, which ``tokens`` leaves out (``detail.children_tokens``: they are
+    counted in the children's own rows).
     """
 
     instance_id: str
