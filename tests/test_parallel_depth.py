@@ -114,3 +114,38 @@ def test_cancelling_the_top_cancels_the_grandchildren_and_counts_their_tokens(
     slow = [r for r in family if r.context.get("word") == "slow"]
     assert [(r.status, r.reason) for r in slow] == [("cancelled", "parent_cancelled")] * 2
     assert rec.tokens_used == sum(_billed(engine.store, r) for r in family) == 4 * 30
+
+
+def test_fsm_stats_counts_each_token_once_where_the_call_was_made(tmp_path) -> None:
+    """The top's ``tokens_used`` holds the whole family's, but ``fsm stats --json`` counts
+    each call's tokens in the rows of the instance that made it (a join row's
+    ``children_tokens`` left out): per machine and per state, equal to a count of the model
+    calls recorded in every instance's history, and in all equal to the top's spend."""
+    import json
+    from collections import Counter
+
+    from typer.testing import CliRunner
+
+    from fsm_engine import Engine
+    from fsm_engine.cli import app
+    db = str(tmp_path / "fsm.db")
+    engine = Engine(db, llm=Scripted.from_replies([CALL], model="m"))
+    iid, rec = _run(engine, pm.deep_both, [["llm0", "llm1"], ["llm2", "x"]],
+                    token_budget=10_000)
+    assert rec.status == "completed"
+    per_machine: Counter = Counter()
+    per_state: Counter = Counter()
+    for r in _family(engine.store, iid):
+        for h in engine.store.history(r.id):
+            calls = sum(c["tokens"] for c in h.detail.get("llm_calls", []))
+            per_machine[r.machine] += calls
+            per_state[(r.machine, h.source)] += calls
+    engine.close()
+    result = CliRunner().invoke(app, ["stats", "--db", db, "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
+    assert {m: f["tokens"]["total"] for m, f in figures.items()} == dict(per_machine)
+    assert {(m, s): st["tokens"]["total"] for m, f in figures.items()
+            for s, st in f["states"].items() if st["steps"]} == dict(per_state)
+    assert figures["deep_both"]["states"]["map"]["tokens"]["total"] == 0  # the join row
+    assert sum(per_machine.values()) == rec.tokens_used == 6 * 30

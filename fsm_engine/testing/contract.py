@@ -155,6 +155,15 @@ class ReadSideContract:
         assert rows[4].kind == "fallback" and rows[4].dest == "failed"
         assert list(store.steps(InstanceFilter(statuses=("pending",)))) == []
 
+    def test_steps_leave_a_joins_children_tokens_out(self, store: Store) -> None:
+        store.create(record("p"))
+        parent = store.get("p")
+        join = hist("p", 1, "start", "done", kind="join", tokens=95,
+                    detail={"children_tokens": 90, "branches": {"succeeded": 3}})
+        store.commit([StepCommit(moved(parent, "done", tokens=95), parent.version, [join])])
+        assert [r.tokens for r in store.steps(InstanceFilter(machine="m"))] == [5]
+        assert store.history("p")[0].tokens == 95 and store.get("p").tokens_used == 95
+
     def test_delete_removes_every_row_of_the_instances_only(self, store: Store) -> None:
         fleet(store)
         assert store.delete(["a", "b", "zz", "a"]) == 2
