@@ -292,3 +292,36 @@ def test_dag_runs_independent_nodes_in_parallel_then_the_dependent_one(engine_fa
     assert rec.context["suggestion"] == "layout of shot.png / (none)"
     assert sorted((k.branch, k.status) for k in _kids(engine, iid)) == \
         [("analyze_copy", "failed"), ("analyze_ui", "completed")]
+
+
+def test_cancelling_the_parent_stops_children_running_on_workers(engine_factory) -> None:
+    """The children run on two workers; the parent is cancelled from elsewhere: the same
+    commit cancels every child, and each worker stops its running ones at its next
+    heartbeat (every ``lease_seconds / 3``), leaving no task running any of them."""
+    starter = engine_factory()
+    engines = [engine_factory(lease_seconds=1.0) for _ in range(2)]
+    iid = starter.start_many(pm.fan, [{"words": ["slow"] * 4}], enqueue=True)[0]
+
+    def running() -> set[str]:
+        return {k for w in workers for k in w._running}
+
+    async def serve() -> set[str]:
+        tasks = [asyncio.ensure_future(w.serve()) for w in workers]
+        kids: set[str] = set()
+        while len(kids) < 4:  # every child running on a worker
+            await asyncio.sleep(0.02)
+            kids = running() & {k.id for k in starter.store.children(iid)}
+        starter.cancel(iid)
+        assert all(k.status == "cancelled" for k in starter.store.children(iid))
+        while running() & kids:
+            await asyncio.sleep(0.02)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*tasks)
+        return kids
+    workers = [Worker(e, concurrency=3, poll=0.05) for e in engines]
+    kids = asyncio.run(asyncio.wait_for(serve(), 60))
+    assert len(kids) == 4
+    assert starter.store.get(iid).status == "cancelled"
+    assert [(k.status, k.reason) for k in starter.store.children(iid)] == \
+        [("cancelled", "parent_cancelled")] * 4
