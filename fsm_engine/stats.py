@@ -22,6 +22,12 @@ Definitions (units in the field names: ``_ms`` milliseconds, ``_s`` seconds):
 * per instance, ``tokens`` sums its history rows' tokens (tokens billed by failed
   attempts are in ``fsm show``) and ``wall_s`` runs from creation to its last
   row, for final instances only;
+* **tokens are counted where the call was made**: a fan-out parent's join row
+  brings its children's tokens into the parent's ``tokens_used`` (the family's
+  budget), but the figures here leave them out of the parent's row
+  (``detail.children_tokens``) and count them once, in the rows of the child that
+  called the model (its machine's figures).  So the tokens of every machine add up
+  to the tokens spent, and a parent's own figures are its own calls;
 * ``sources``: for each top-level context field named ``*_source`` (e.g. the
   moderation machine's ``verdict_source``), instances per value;
 * percentiles are nearest-rank: ``p95`` is the smallest value with at least

@@ -94,3 +94,45 @@ pair = Machine(
     transitions=[Transition("joined", "both", "done")])
 
 machine = fan
+
+
+# -- a family two levels deep: top -> groups (own call, then a Map of items) -> items --------
+class Group(BaseModel):
+    words: list[str] = []
+    results: list[dict | None] = []
+    said: str = ""
+
+
+async def say(ctx: BaseModel, step) -> dict:
+    """The instance's own model call (before its fan-out)."""
+    reply = await step.llm.complete([{"role": "user", "content": "own call"}], max_tokens=20)
+    return {"said": reply.text}
+
+
+def _deep(name: str, context: type, items: str, branch, *, budget=None,
+          concurrency: int | None = 1) -> Machine:
+    return Machine(
+        name=name, context=context, initial="call", max_transitions=20, token_budget=budget,
+        states=[State("call", action=say),
+                State("map", fan_out=Map(items=items, machine=branch, item_field=None
+                                         if items == "groups" else "word", into="results",
+                                         max_concurrency=concurrency)),
+                State("done", final=True), State("broken", final=True, failure=True),
+                State("over", final=True, failure=True)],
+        transitions=[Transition("ok", "call", "map"), Transition("budget_exhausted", "call", "over"),
+                     Transition("joined", "map", "done"),
+                     Transition("branch_failed", "map", "broken"),
+                     Transition("budget_exhausted", "map", "over")])
+
+
+class Top(BaseModel):
+    groups: list[dict] = []
+    results: list[dict | None] = []
+    said: str = ""
+
+
+group = _deep("group", Group, "words", item)
+group_capped = _deep("group_capped", Group, "words", item, budget=60)
+deep = _deep("deep", Top, "groups", group)
+deep_both = _deep("deep_both", Top, "groups", group, concurrency=2)
+deep_capped = _deep("deep_capped", Top, "groups", group_capped)

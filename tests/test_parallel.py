@@ -9,7 +9,7 @@ import time
 import pytest
 from pydantic import BaseModel
 
-from fsm_engine import DefinitionError, Machine, State, Transition
+from fsm_engine import DefinitionError, Machine, State, Transition, fire
 from fsm_engine.definition.fanout import Map, Parallel
 from fsm_engine.llm import Scripted
 from fsm_engine.policies import Completion
@@ -207,9 +207,8 @@ def test_cancelling_the_parent_cancels_every_running_child(engine_factory) -> No
     async def go() -> tuple:
         iid = engine.start(pm.fan, {"words": ["slow", "slow", "a"]})
         task = asyncio.ensure_future(engine.run(iid))
-        while [k.status for k in engine.store.children(iid)] != \
-                ["running", "running", "completed"]:
-            await asyncio.sleep(0.02)
+        while [k.final for k in engine.store.children(iid)] != [False, False, True]:
+            await asyncio.sleep(0.02)  # (children run here are created owned: no claim)
         other.cancel(iid)  # as `fsm cancel` would, from another process
         return iid, await asyncio.wait_for(task, 10)
     iid, rec = asyncio.run(go())
@@ -293,3 +292,114 @@ def test_dag_runs_independent_nodes_in_parallel_then_the_dependent_one(engine_fa
     assert rec.context["suggestion"] == "layout of shot.png / (none)"
     assert sorted((k.branch, k.status) for k in _kids(engine, iid)) == \
         [("analyze_copy", "failed"), ("analyze_ui", "completed")]
+
+
+def test_cancelling_the_parent_stops_children_running_on_workers(engine_factory) -> None:
+    """The children run on two workers; the parent is cancelled from elsewhere: the same
+    commit cancels every child, and each worker stops its running ones at its next
+    heartbeat (every ``lease_seconds / 3``), leaving no task running any of them."""
+    starter = engine_factory()
+    engines = [engine_factory(lease_seconds=1.0) for _ in range(2)]
+    iid = starter.start_many(pm.fan, [{"words": ["slow"] * 4}], enqueue=True)[0]
+
+    def running() -> set[str]:
+        return {k for w in workers for k in w._running}
+
+    async def serve() -> set[str]:
+        tasks = [asyncio.ensure_future(w.serve()) for w in workers]
+        kids: set[str] = set()
+        while len(kids) < 4:  # every child running on a worker
+            await asyncio.sleep(0.02)
+            kids = running() & {k.id for k in starter.store.children(iid)}
+        starter.cancel(iid)
+        assert all(k.status == "cancelled" for k in starter.store.children(iid))
+        while running() & kids:
+            await asyncio.sleep(0.02)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*tasks)
+        return kids
+    workers = [Worker(e, concurrency=3, poll=0.05) for e in engines]
+    kids = asyncio.run(asyncio.wait_for(serve(), 60))
+    assert len(kids) == 4
+    assert starter.store.get(iid).status == "cancelled"
+    assert [(k.status, k.reason) for k in starter.store.children(iid)] == \
+        [("cancelled", "parent_cancelled")] * 4
+
+
+# -- per-node policies in a DAG, a child's own loop cap, items that are not a list ---------------
+_calls: dict[str, int] = {}
+
+
+def _flaky(ctx: Shot) -> dict:
+    """Fails on its first attempt, then answers (a retry makes it)."""
+    _calls["flaky"] = _calls.get("flaky", 0) + 1
+    if _calls["flaky"] == 1:
+        raise ConnectionError("first attempt lost")
+    return {"ui": "second try"}
+
+
+async def _hang(ctx: Shot) -> dict:
+    await asyncio.sleep(30)
+    return {"copy_text": "never"}
+
+
+def _rescue(ctx: Shot) -> dict:
+    return {"copy_text": "from the fallback"}
+
+
+def test_dag_nodes_keep_retry_timeout_and_fallback_in_a_parallel_layer(engine_factory) -> None:
+    from fsm_engine.policies import RetryPolicy
+    _calls.clear()
+    m = dag("shot_policies", Shot, [
+        Node("analyze_ui", _flaky, retry=RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=0.0)),
+        Node("analyze_copy", _hang, timeout=0.2, fallback=_rescue),
+        Node("suggest", _suggest, depends_on=["analyze_ui", "analyze_copy"])])
+    engine = engine_factory()
+    iid = engine.start(m, {})
+    rec = asyncio.run(engine.run(iid))
+    assert rec.status == "completed"
+    assert rec.context["suggestion"] == "second try / from the fallback"
+    kids = {k.branch: k for k in _kids(engine, iid)}
+    assert [a.error for a in engine.store.attempts(kids["analyze_ui"].id)] == \
+        ["first attempt lost"]  # one failed attempt, then the retry
+    copy_rows = engine.store.history(kids["analyze_copy"].id)
+    assert [r.kind for r in copy_rows] == ["fallback", "transition"]
+
+
+class Looping(BaseModel):
+    word: str
+    out: str = ""
+
+
+looper = Machine(name="looper", context=Looping, initial="ping", max_transitions=3, states=[
+    State("ping", action=lambda c: fire("next")), State("pong", action=lambda c: fire("next")),
+    State("done", final=True)],
+    transitions=[Transition("next", "ping", "pong"), Transition("next", "pong", "ping"),
+                 Transition("stop", "pong", "done")])  # never fired: it loops to its cap
+
+
+def test_the_loop_cap_applies_per_instance(engine_factory) -> None:
+    m = Machine(name="fan_loops", context=pm.Parent, initial="map", max_transitions=3, states=[
+        State("map", fan_out=Map(items="words", machine=looper, item_field="word",
+                                 into="results", completion="all_completed")),
+        State("done", final=True)], transitions=[Transition("joined", "map", "done")])
+    engine = engine_factory()
+    iid, rec = _run(engine, m, ["a", "b", "c", "d"])  # 4 children x 3 transitions > parent's 3
+    assert (rec.state, rec.status) == ("done", "completed") and rec.loop_count == 1
+    assert [(k.status, k.reason, k.loop_count) for k in _kids(engine, iid)] == \
+        [("failed", "loop_limit", 3)] * 4
+
+
+def test_items_that_are_not_a_list_are_a_recorded_reason(engine_factory) -> None:
+    class Loose(BaseModel):
+        xs: object = None
+        out: list = []
+    m = Machine(name="loose_items", context=Loose, initial="map", states=[
+        State("map", fan_out=Map(items="xs", machine=pm.item, item_field="word", into="out")),
+        State("done", final=True)], transitions=[Transition("joined", "map", "done")])
+    engine = engine_factory()
+    iid = engine.start(m, {"xs": "abc"})
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.status, rec.reason) == ("failed", "invalid_item")
+    assert "'xs' is not a list" in rec.last_error and _kids(engine, iid) == []

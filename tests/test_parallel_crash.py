@@ -1,14 +1,16 @@
 """SIGKILL during a Map of 50 branches: after resume every branch ran its committed steps
-once, the join fired once, and the parent's tokens are the family's exactly."""
+once, the join fired once, and the parent's tokens are the family's exactly — on SQLite
+and on PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
 import pytest
 
-from fsm_engine.store import SqliteStore
+from fsm_engine.store import open_store
 
 import test_crash
 from test_crash import Runner, kill
@@ -66,7 +68,7 @@ machine = Machine(name="map50", context=Job, initial="begin", max_transitions=10
 
 
 def _audit(db: str) -> tuple:
-    store = SqliteStore(db)
+    store = open_store(db)
     try:
         parents = [r for r in store.list() if r.parent_id is None]
         kids = store.list()[len(parents):] if parents else []
@@ -79,7 +81,7 @@ def _audit(db: str) -> tuple:
         pass
 
 
-def test_map_of_50_survives_random_kills(tmp_path):
+def test_map_of_50_survives_random_kills(tmp_path, store_url):
     machine = tmp_path / "map50.py"
     machine.write_text(MAP50)
     rng = random.Random(14)
@@ -87,6 +89,9 @@ def test_map_of_50_survives_random_kills(tmp_path):
                     [{"text": "pong", "prompt_tokens": 3, "completion_tokens": 2, "delay_s": 0.2}],
                     max_recoveries=10_000, lease_seconds=2.0)
     (tmp_path / "runner.py").write_text(RUNNER)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    runner.db = cfg["db"] = store_url  # a SQLite file, or a fresh PostgreSQL schema
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     kills = 0
     while kills < 20:
         proc = runner.launch()

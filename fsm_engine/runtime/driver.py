@@ -151,6 +151,12 @@ class Driver:
         #: Upcasts of instances loaded to step (id -> ``migration.Upcast``), written with
         #: their next commit (``attach``).
         self.upcasts: dict[str, migration.Upcast] = {}
+        #: The worker that will run the children a step of an instance creates (``None``:
+        #: created unowned, for any worker to claim); the engine sets it for the families
+        #: its ``run`` continues.
+        self.host: Callable[[InstanceRecord], str | None] = lambda rec: None
+        #: Told the children a committed step created (so they run without a read).
+        self.born: Callable[[list[InstanceRecord]], None] = lambda records: None
 
     def attach(self, step: StepCommit) -> StepCommit:
         """``step`` carrying its instance's pending upcast, if it continues from it."""
@@ -172,6 +178,8 @@ class Driver:
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
         self._settled(step)
+        if step.create:
+            self.born(step.create)
         return step.record
 
     #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
@@ -201,6 +209,8 @@ class Driver:
             fanout.propagate(self.store, self.attach(step), self.clock())
             if await self.committer.submit(step):
                 self._settled(step)
+                if step.create:
+                    self.born(step.create)
                 return step.record
             if self.store.get(rec.id).version != rec.version:  # the parent itself moved
                 raise StaleWrite(f"instance {rec.id} changed under this worker",
@@ -224,7 +234,7 @@ class Driver:
         elif rec.loop_count >= rec.max_transitions:
             step = outcome.loop_limited(cm, rec, now)
         elif state.fan_out is not None:
-            step = fanout.step(cm, self.store, rec, now)
+            step = fanout.step(cm, self.store, rec, now, self.host(rec))
         else:
             if rec.next_attempt_at is not None and rec.next_attempt_at > now:
                 await asyncio.sleep(rec.next_attempt_at - now)
@@ -395,7 +405,7 @@ class Driver:
             context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
             tokens=tokens, duration_ms=ms, error=error, reason=reason,
             detail=detail, outbox_done=done, extra_loops=step.llm.reasks if step else 0)
-        return fanout.enter(cm, commit, self.clock()) if cm.fan_outs else commit
+        return fanout.enter(cm, commit, self.clock(), self.host(rec)) if cm.fan_outs else commit
 
     def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                   step: Step | None, exc: BaseException, ms: float) -> StepCommit:

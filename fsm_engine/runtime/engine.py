@@ -11,6 +11,8 @@ interleave half a step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import random
@@ -27,7 +29,9 @@ from ..errors import (
 from ..policies import BreakerPolicy
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
-from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
+from ..store.records import (
+    REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
+)
 from . import migration, outcome, reviews as review_queue, values
 from . import fanout
 from ..definition.fanout import CHILDREN
@@ -145,6 +149,12 @@ class Engine:
         self._kids: dict[str, asyncio.Future[Any]] = {}
         #: Parents a ``run`` here continues (their children's ends must not start another).
         self._parents: set[str] = set()
+        #: Parents whose ``run`` here runs their children too: their new children are
+        #: created owned by this engine's worker (no claim) and handed over in ``_born``.
+        self._hosts: set[str] = set()
+        self._born: dict[str, InstanceRecord] = {}
+        #: Per parent waiting in ``_family``: set when one of its children run here ends.
+        self._ended: dict[str, asyncio.Event] = {}
         self._threads = ActionThreads(threads)
         self.models = Models(llm, self.store, breaker, clock)
         #: instances handed to ``run_many``/``resume`` and not yet done: an action that never
@@ -155,6 +165,9 @@ class Engine:
             self.store, solo=lambda: max(len(self._tasks), self._scheduled) <= 1)
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
+        self.driver.host = lambda rec: self.worker.id if rec.id in self._hosts else None
+        self.driver.born = lambda records: self._born.update(
+            (r.id, r) for r in records if r.owner is not None)
         if isinstance(tracer, str):  # "env": as the OTEL_* variables say
             from ..telemetry import tracer_from_env
             tracer = tracer_from_env()
@@ -302,7 +315,8 @@ class Engine:
         return outcome.parked(rec, reason, str(exc), now, now + self.lease_seconds)
 
     async def _claim(self, instance_id: str) -> tuple[CompiledMachine, InstanceRecord]:
-        rec = self._known.pop(instance_id, None) or self.store.get(instance_id)
+        rec = self._known.pop(instance_id, None) or self._born.pop(instance_id, None) \
+            or self.store.get(instance_id)
         if rec.final:
             raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                    instance_id=rec.id, state=rec.state)
@@ -375,13 +389,15 @@ class Engine:
             fan = bool(cm.fan_outs) and instance_id not in self._parents
             if fan:  # this run continues the family
                 self._parents.add(instance_id)
+                if family:
+                    self._hosts.add(instance_id)
             while not rec.final:
                 if rec.status == "waiting" and not review_queue.timer_due(rec, self.clock()):
                     if not (family and rec.reason == CHILDREN):
                         break
                     if self._tasks.get(instance_id) is task:  # held by nobody while it waits
                         self._tasks.pop(instance_id, None)
-                    rec = await self._family(rec, on_step)
+                    rec = await self._family(cm, rec, on_step)
                     if rec.final or rec.status == "waiting":
                         break
                     if task is not None:
@@ -409,10 +425,13 @@ class Engine:
                 self._tasks.pop(instance_id, None)
             if fan:
                 self._parents.discard(instance_id)
+                self._hosts.discard(instance_id)
         return rec
 
-    async def _family(self, parent: InstanceRecord, on_step: OnStep | None) -> InstanceRecord:
-        """Run ``parent``'s current children here until it is woken (or ends); return it.
+    async def _family(self, cm: CompiledMachine, parent: InstanceRecord,
+                      on_step: OnStep | None) -> InstanceRecord:
+        """Run ``parent``'s current children here until it has a step to take (its join or
+        a top-up: ``fanout.needs_step``; other wakes are skipped) or ends; return it.
 
         Children another live worker holds are left to it (polled every
         ``lease_seconds / 3``); children of children run the same way.  Once the family
@@ -422,26 +441,47 @@ class Engine:
         poll = max(0.05, self.lease_seconds / 3)
         one = self._runner(on_step, gate=False)
         mine = fanout.prefix(parent)
-        while True:
-            rec = self.store.get(parent.id)
-            if rec.final or rec.status != "waiting" or rec.reason != CHILDREN:
-                break
-            for kid in self.store.children(parent.id):
-                if kid.id.startswith(mine) and not kid.final and kid.id not in self._kids \
-                        and kid.id not in self._tasks and kid.id not in self._known \
-                        and self.ownership.can_take(kid):
-                    self._kids[kid.id] = fut = asyncio.ensure_future(one(kid.id))
-                    fut.add_done_callback(lambda _f, k=kid.id: self._kids.pop(k, None))
-            busy = [f for k, f in self._kids.items() if k.startswith(mine)]
-            if busy:
-                await asyncio.wait(busy, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
-            else:
-                await asyncio.sleep(poll)
+        ended = self._ended.setdefault(parent.id, asyncio.Event())
+        try:
+            while True:
+                ended.clear()  # before the read: a child ending after it sets it again
+                rec = self.store.get(parent.id)
+                if rec.final or rec.status not in ("waiting", "running") \
+                        or rec.reason != CHILDREN:
+                    break
+                states = self.store.child_states(parent.id)
+                if rec.status == "running" and fanout.needs_step(cm, rec, states):
+                    break  # woken with something to do
+                self._spawn(rec, states, one)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ended.wait(), poll)
+        finally:
+            self._ended.pop(parent.id, None)
         if rec.final or rec.reason != CHILDREN:
             for kid_id, fut in list(self._kids.items()):
                 if kid_id.startswith(mine):
                     fut.cancel()
+            for kid_id in [k for k in self._born if k.startswith(mine)]:
+                del self._born[kid_id]
         return rec
+
+    def _spawn(self, parent: InstanceRecord, states: Iterable[ChildState],
+               one: Callable[[str], Any]) -> None:
+        """Start here each child of ``parent``'s fan-out not yet running here that no live
+        worker holds; a child's end (local) sets ``parent``'s event in ``_ended``."""
+        mine = fanout.prefix(parent)
+        for kid in states:
+            if kid.id.startswith(mine) and not kid.final and kid.id not in self._kids \
+                    and kid.id not in self._tasks and kid.id not in self._known \
+                    and self.ownership.can_take(kid):
+                self._kids[kid.id] = fut = asyncio.ensure_future(one(kid.id))
+                fut.add_done_callback(functools.partial(self._kid_done, parent.id, kid.id))
+
+    def _kid_done(self, parent_id: str, kid_id: str, _fut: Any) -> None:
+        self._kids.pop(kid_id, None)
+        ended = self._ended.get(parent_id)
+        if ended is not None:
+            ended.set()
 
     async def _continue_parent(self, rec: Any, on_step: OnStep | None) -> None:
         """``rec`` ended and woke its parent, which no ``run`` here is continuing (e.g. a

@@ -4,11 +4,18 @@ A parent entering a fan-out state gets its first children in the same commit
 (``StepCommit.create``), and waits (status ``waiting``, reason ``children``,
 no owner).  Children are ordinary instances, claimable by any worker; the
 commit that makes one final wakes its parent (``StepCommit.wake``).  The
-woken parent reads its children: undecided, it creates more (``max_concurrency``)
-and waits again, its commit fenced on the versions of the children still
-running (a child finishing meanwhile makes it stale: the parent reads again);
-decided, it joins in one commit fenced on every child it read, cancelling the
-ones still running (``StepCommit.also``), adding the family's tokens to its own.
+woken parent counts its children from ``Store.child_states`` (no JSON decoded,
+so a wake of a 1,000-child family costs a millisecond, not a decode of every
+child's context): undecided, it creates more (``max_concurrency``) and waits
+again, its commit fenced on the versions of the children still running (a child
+finishing meanwhile makes it stale: the parent reads again); decided, it reads
+the children in full once and joins in one commit fenced on every child it
+read, cancelling the ones still running (``StepCommit.also``), adding the
+family's tokens to its own.
+
+Children that the parent's own engine will run (``Engine.run`` continuing the
+family) are created owned by that engine's worker, so they need no claim of
+their own; otherwise they are created unowned, for any worker to claim.
 
 Children of one fan-out have ids ``{parent id}.{parent seq}.{index}``: unique
 per fan-out, in branch/item order, and a second start of the same fan-out is a
@@ -26,7 +33,7 @@ from ..definition.spec import BUDGET_EXHAUSTED
 from ..errors import InvalidInput
 from ..store.base import Store
 from ..store.records import (
-    COMPLETED, PENDING, RUNNING, WAITING, InstanceRecord, StepCommit,
+    COMPLETED, PENDING, RUNNING, WAITING, ChildState, InstanceRecord, StepCommit,
 )
 from . import outcome
 from .compiled import CompiledMachine, FanOutPlan
@@ -39,10 +46,6 @@ def prefix(rec: InstanceRecord) -> str:
     """The id prefix of the children of ``rec``'s current fan-out."""
     return f"{rec.id}.{rec.seq}."
 
-
-def siblings_prefix(child: InstanceRecord) -> str:
-    """The id prefix shared by ``child`` and its siblings."""
-    return child.id.rsplit(".", 1)[0] + "."
 
 
 def _fit(cm: CompiledMachine, data: Any, what: str) -> dict[str, Any]:
@@ -57,9 +60,10 @@ def _fit(cm: CompiledMachine, data: Any, what: str) -> dict[str, Any]:
                            f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
 
 
-def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord) -> list[Work]:
-    """Every branch of ``rec``'s fan-out with its validated input; ``InvalidInput`` naming the
-    first item or branch whose input does not fit (then nothing is started)."""
+def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, start: int = 0,
+         stop: int | None = None) -> list[Work]:
+    """The branches ``start:stop`` (default: all) of ``rec``'s fan-out with their validated
+    input; ``InvalidInput`` naming the first item or branch whose input does not fit."""
     ctx = cm.spec.context.model_validate(rec.context)
     out: list[Work] = []
     if plan.is_map:
@@ -67,7 +71,7 @@ def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord) -> list[Wor
         items = rec.context.get(spec.items)
         if not isinstance(items, list):
             raise InvalidInput(f"items field {spec.items!r} is not a list")
-        for i, item in enumerate(items):
+        for i, item in enumerate(items[start:stop], start=start):
             if spec.input is not None:
                 data: Any = dict(spec.input(ctx, item))
             elif spec.item_field is not None:
@@ -77,7 +81,8 @@ def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord) -> list[Wor
                 data = item
             out.append((str(i), i, child, bp, _fit(child, data, f"item {i} of {spec.items!r}")))
         return out
-    for i, (bp, child) in enumerate(zip(plan.branches, plan.machines)):
+    pairs = list(enumerate(zip(plan.branches, plan.machines)))[start:stop]
+    for i, (bp, child) in pairs:
         if bp.spec.input is not None:
             data = dict(bp.spec.input(ctx))
         elif bp.wrapped:
@@ -88,7 +93,7 @@ def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord) -> list[Wor
     return out
 
 
-def _child(rec: InstanceRecord, w: Work, now: float) -> InstanceRecord:
+def _child(rec: InstanceRecord, w: Work, now: float, owner: str | None) -> InstanceRecord:
     name, index, child, _, data = w
     own = child.spec.token_budget
     family = None if rec.token_budget is None else max(0, rec.token_budget - rec.tokens_used)
@@ -98,7 +103,7 @@ def _child(rec: InstanceRecord, w: Work, now: float) -> InstanceRecord:
         fingerprint=child.fingerprint, state=child.spec.initial, status=PENDING, context=data,
         input=dict(data), max_transitions=child.spec.max_transitions, token_budget=budget,
         created_at=now, updated_at=now, visits={child.spec.initial: 1}, deadline=rec.deadline,
-        parent_id=rec.id, branch=name, machine_version=child.spec.version)
+        parent_id=rec.id, branch=name, machine_version=child.spec.version, owner=owner)
 
 
 def _limit(plan: FanOutPlan) -> int:
@@ -106,15 +111,16 @@ def _limit(plan: FanOutPlan) -> int:
 
 
 def _start(cm: CompiledMachine, plan: FanOutPlan, new: InstanceRecord, now: float,
-           step: StepCommit) -> StepCommit:
+           step: StepCommit, owner: str | None) -> StepCommit:
     """Put the first children of ``new``'s fan-out into ``step`` (or fail ``new`` when an
-    input does not fit: recorded, nothing started)."""
+    input does not fit: recorded, nothing started); ``owner``: the worker that will run
+    them (``None``: created unowned)."""
     try:
         todo = work(cm, plan, new)
     except InvalidInput as exc:
         step.history.append(outcome.force_fail(cm, new, "invalid_item", now, error=str(exc)))
         return step
-    step.create = [_child(new, w, now) for w in todo[:_limit(plan)]]
+    step.create = [_child(new, w, now, owner) for w in todo[:_limit(plan)]]
     new.reason = CHILDREN
     new.status, new.owner = (WAITING, None) if step.create else (RUNNING, new.owner)
     if step.history:
@@ -122,19 +128,21 @@ def _start(cm: CompiledMachine, plan: FanOutPlan, new: InstanceRecord, now: floa
     return step
 
 
-def enter(cm: CompiledMachine, step: StepCommit, now: float) -> StepCommit:
-    """``step`` moves its instance into a fan-out state: start the family in it too."""
+def enter(cm: CompiledMachine, step: StepCommit, now: float,
+          owner: str | None = None) -> StepCommit:
+    """``step`` moves its instance into a fan-out state: start the family in it too
+    (``owner``: see ``_start``)."""
     new = step.record
     plan = cm.fan_outs.get(new.state)
     if plan is None or new.final:
         return step
-    return _start(cm, plan, new, now, step)
+    return _start(cm, plan, new, now, step, owner)
 
 
 class Tally:
     """The children of one fan-out, as the completion policy counts them."""
 
-    def __init__(self, plan: FanOutPlan, kids: Sequence[InstanceRecord]) -> None:
+    def __init__(self, plan: FanOutPlan, kids: Sequence[InstanceRecord | ChildState]) -> None:
         self.kids = list(kids)
         self.succeeded = self.failed = self.skipped = 0
         for kid in self.kids:
@@ -148,11 +156,11 @@ class Tally:
                 self.failed += 1
 
     @staticmethod
-    def _plan(plan: FanOutPlan, kid: InstanceRecord) -> Any:
+    def _plan(plan: FanOutPlan, kid: InstanceRecord | ChildState) -> Any:
         return plan.branches[0 if plan.is_map else int(kid.id.rsplit(".", 1)[1])]
 
     @property
-    def running(self) -> list[InstanceRecord]:
+    def running(self) -> list[Any]:
         """Children not final yet."""
         return [k for k in self.kids if not k.final]
 
@@ -162,30 +170,51 @@ class Tally:
                 "running": len(self.running)}
 
 
-def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float) -> StepCommit:
-    """The commit of one step of ``rec`` in its fan-out state: start, top up and wait, or join."""
+def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
+         owner: str | None = None) -> StepCommit:
+    """The commit of one step of ``rec`` in its fan-out state: start, top up and wait, or join
+    (``owner``: the worker that will run new children, see ``_start``)."""
     plan = cm.fan_outs[rec.state]
     if rec.reason != CHILDREN:  # entered without a transition (initial state, ``send``)
         new = outcome.clone(rec)
         new.updated_at = now
-        return _start(cm, plan, new, now, StepCommit(new, rec.version, before=rec))
-    kids = [k for k in store.children(rec.id) if k.id.startswith(prefix(rec))]
-    try:
-        todo = work(cm, plan, rec)
-    except InvalidInput as exc:  # the context cannot change while waiting: defensive
-        return outcome.failed(cm, rec, "invalid_item", now, error=str(exc))
-    tally = Tally(plan, kids)
-    decided = plan.completion.decide(len(todo), tally.succeeded + tally.skipped, tally.failed)
+        return _start(cm, plan, new, now, StepCommit(new, rec.version, before=rec), owner)
+    mine = prefix(rec)
+    total = len(work_total(plan, rec))
+    tally = Tally(plan, [k for k in store.child_states(rec.id) if k.id.startswith(mine)])
+    decided = plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed)
+    if decided is not None:  # the outputs are needed now: read the children in full, once
+        tally = Tally(plan, [k for k in store.children(rec.id) if k.id.startswith(mine)])
+        decided = plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed)
     if decided is None:
-        return _wait(plan, rec, tally, todo, now)
-    return join(cm, plan, rec, tally, decided, now)
+        room = max(0, _limit(plan) - len(tally.running))
+        start = len(tally.kids)
+        try:
+            todo = work(cm, plan, rec, start, start + room) if room else []
+        except InvalidInput as exc:  # the context cannot change while waiting: defensive
+            return outcome.failed(cm, rec, "invalid_item", now, error=str(exc))
+        return _wait(rec, tally, todo, now, owner)
+    return join(cm, store, plan, rec, tally, decided, now)
 
 
-def _wait(plan: FanOutPlan, rec: InstanceRecord, tally: Tally, todo: list[Work],
-          now: float) -> StepCommit:
+def needs_step(cm: CompiledMachine, rec: InstanceRecord, states: Sequence[ChildState]) -> bool:
+    """True when a step of ``rec`` (woken in its fan-out state) would do more than wait
+    again: the policy is decided, or a slot is free for an item not started yet.  An
+    engine running the family skips the other wakes (no claim, no commit)."""
+    plan = cm.fan_outs.get(rec.state)
+    if plan is None or rec.reason != CHILDREN:
+        return True
+    total = len(work_total(plan, rec))
+    tally = Tally(plan, [k for k in states if k.id.startswith(prefix(rec))])
+    if plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed) is not None:
+        return True
+    return len(tally.kids) < total and len(tally.running) < _limit(plan)
+
+
+def _wait(rec: InstanceRecord, tally: Tally, todo: list[Work], now: float,
+          owner: str | None) -> StepCommit:
     new = outcome.clone(rec)
-    room = max(0, _limit(plan) - len(tally.running))
-    more = [_child(rec, w, now) for w in todo[len(tally.kids):len(tally.kids) + room]]
+    more = [_child(rec, w, now, owner) for w in todo]
     new.status, new.owner, new.updated_at = WAITING, None, now
     return StepCommit(new, rec.version, create=more, before=rec,
                       fence=[(k.id, k.version) for k in tally.running])
@@ -225,19 +254,44 @@ def _update(plan: FanOutPlan, outputs: Any) -> dict[str, Any]:
     return value
 
 
-def join(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, tally: Tally,
-         decided: bool, now: float) -> StepCommit:
+def join(cm: CompiledMachine, store: Store, plan: FanOutPlan, rec: InstanceRecord,
+         tally: Tally, decided: bool, now: float) -> StepCommit:
     """The join: take ``joined``/``branch_failed`` with the reduced outputs, the children's
     tokens, their cancellation when still running; fenced on every child read."""
-    tokens = sum(k.tokens_used for k in tally.kids)
+    also, tokens = cancel_running(store, tally.kids, now, "join")
     base = outcome.clone(rec)
     base.reason = None
     detail = {"branches": tally.counts(), "children_tokens": tokens}
     step = _decide_join(cm, plan, base, tally, decided, now, tokens, detail)
     step.expected_version, step.before = rec.version, rec
     step.fence = [(k.id, k.version) for k in tally.kids if k.final]
-    step.also = [outcome.cancelled(k, now, reason="join") for k in tally.running]
+    step.also = also
     return step
+
+
+def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
+                   reason: str) -> tuple[list[StepCommit], int]:
+    """The steps cancelling the ``kids`` still running — with, for one waiting on its own
+    children, theirs (at every depth, their tokens added to it) — and the tokens the
+    ``kids`` spent, descendants included: what their parent adds to its own."""
+    steps: list[StepCommit] = []
+    spent = 0
+    for kid in kids:
+        if kid.final:
+            spent += kid.tokens_used
+            continue
+        step = outcome.cancelled(kid, now, reason=reason)
+        if kid.reason == CHILDREN:  # its own family goes with it
+            mine = prefix(kid)
+            sub, sub_spent = cancel_running(
+                store, [k for k in store.children(kid.id) if k.id.startswith(mine)], now, reason)
+            step.record.tokens_used += sub_spent
+            step.history[-1].tokens += sub_spent
+            step.history[-1].detail["children_tokens"] = sub_spent
+            steps.extend(sub)
+        steps.append(step)
+        spent += step.record.tokens_used
+    return steps, spent
 
 
 def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, tally: Tally,
@@ -295,21 +349,40 @@ def propagate(store: Store, step: StepCommit, now: float) -> StepCommit:
         step.wake = new.parent_id
     was_waiting = before.reason == CHILDREN if before is not None else new.reason == CHILDREN
     if was_waiting and not step.fence and not step.also:
-        prior = before or new
-        step.also = [outcome.cancelled(k, now, reason="parent_" + (new.reason or "ended"))
-                     for k in store.children(new.id)
-                     if k.id.startswith(prefix(prior)) and not k.final]
+        mine = prefix(before or new)
+        step.also, spent = cancel_running(
+            store, [k for k in store.children(new.id) if k.id.startswith(mine)], now,
+            "parent_" + (new.reason or "ended"))
+        new.tokens_used += spent  # the family's tokens, as a join would have added them
+        if step.history:
+            step.history[-1].tokens += spent
+            step.history[-1].detail["children_tokens"] = spent
     return step
 
 
 def family_left(store: Store, rec: InstanceRecord) -> int | None:
-    """Tokens the family of child ``rec`` may still spend (``None``: no family budget)."""
-    if rec.parent_id is None:
-        return None
-    parent = store.get(rec.parent_id)
-    if parent.token_budget is None:
-        return None
-    mine = siblings_prefix(rec)
-    spent = parent.tokens_used + sum(k.tokens_used for k in store.children(parent.id)
-                                     if k.id.startswith(mine))
-    return parent.token_budget - spent
+    """Tokens child ``rec`` may still spend for its ancestors: the least, over every
+    ancestor with a ``token_budget``, of that budget minus what its whole family has spent
+    (``spent``); ``None`` when no ancestor has a budget."""
+    left: int | None = None
+    node = rec
+    while node.parent_id is not None:
+        node = store.get(node.parent_id)
+        if node.token_budget is not None:
+            mine = node.token_budget - spent(store, node)
+            left = mine if left is None else min(left, mine)
+    return left
+
+
+def spent(store: Store, rec: InstanceRecord) -> int:
+    """Tokens ``rec`` and its descendants spent so far: its ``tokens_used`` (which holds the
+    families it joined) plus, while it waits on a fan-out, its children's (recursively)."""
+    total = rec.tokens_used
+    if rec.final or rec.reason != CHILDREN:
+        return total
+    mine = prefix(rec)
+    for kid in store.child_states(rec.id):
+        if kid.id.startswith(mine):
+            waiting = not kid.final and kid.reason == CHILDREN
+            total += spent(store, store.get(kid.id)) if waiting else kid.tokens_used
+    return total

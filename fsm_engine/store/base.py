@@ -8,7 +8,7 @@ from typing import Iterator, Protocol, Sequence
 
 from .claims import ClaimRequest
 from .records import (
-    AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow,
+    AttemptRow, BreakerRow, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
 )
@@ -54,6 +54,7 @@ class Store(Protocol):
         with that id exists); a step with ``review_close`` applies only when that item
         is still open and, for a claimer, unclaimed or claimed by it (item and step
         both written, or neither).
+        A step's ``wake`` is written in its transaction when the step applies.
         A compound step (``StepCommit.compound``) applies with everything it carries —
         ``create``, ``fence``, ``also``, ``wake`` — or not at all (a duplicate id, a
         fenced instance that moved on, an ``also`` step that is stale: False)."""
@@ -61,6 +62,10 @@ class Store(Protocol):
     def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
         """The instances ``parent_id``'s fan-outs created, in creation order (``[]`` for
         none, also for an unknown id)."""
+
+    def child_states(self, parent_id: str) -> builtins.list[ChildState]:
+        """``children(parent_id)`` without their JSON columns (id, version, status, reason,
+        branch, tokens used, owner), in creation order: what a join counts on every wake."""
 
     def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         """The instance's history ordered by ``seq``."""

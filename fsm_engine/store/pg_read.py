@@ -39,7 +39,8 @@ _INT = "CASE json_typeof(h.detail::json -> '{0}') WHEN 'number' THEN " \
 #: instance key (for keyset paging).
 _STEPS = (
     "SELECT i.id, i.machine, i.status, i.created_at, h.seq, h.source, h.dest, h.trigger,"
-    " h.kind, h.at, h.duration_ms, h.tokens, h.error, h.reason,"
+    " h.kind, h.at, h.duration_ms,"
+    f" h.tokens - COALESCE({_INT.format('children_tokens')}, 0), h.error, h.reason,"
     f" COALESCE({_INT.format('attempt')}, 1), COALESCE({_INT.format('reasks')}, 0),"
     " CASE json_typeof(h.detail::json -> 'llm_calls') WHEN 'array'"
     " THEN json_array_length(h.detail::json -> 'llm_calls') ELSE 0 END, h.instance"

@@ -38,7 +38,8 @@ from .codec import (
 from . import pg_read
 from .pg_schema import migrate, require_current
 from .records import (
-    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
+    CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
+    InstanceFilter, InstanceRecord,
     OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 
@@ -270,6 +271,11 @@ class PostgresStore:
                                                       [encoded[i] for i in plain])):
                     applied[i] = ok
             done = [i for i in plain if applied[i]]
+            wakes = [(steps[i].record.updated_at, steps[i].wake) for i in done if steps[i].wake]
+            if wakes:  # children that ended tell their parents, in the same transaction
+                with conn.cursor() as cur:
+                    cur.executemany(_SQL_WAKE, wakes)
+                    cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
             try:
                 with conn.transaction():  # a savepoint: a constraint is one step's fault
                     self._appends(conn, [(steps[i], encoded[i]) for i in done])
@@ -348,6 +354,14 @@ class PostgresStore:
         rows = self._rows(marks(SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key"),
                           (parent_id,))
         return [INSTANCE.decode(r) for r in rows]
+
+    def child_states(self, parent_id: str) -> builtins.list[ChildState]:
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[ChildState]:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {CHILD_STATE_COLUMNS} FROM instances WHERE parent_id=%s "
+                            "ORDER BY key", (parent_id,))
+                return [ChildState(*r) for r in cur.fetchall()]
+        return self._run(go)
 
     def _updates(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
                  encoded: Sequence[Encoded]) -> builtins.list[bool]:

@@ -7,7 +7,7 @@ Times are UNIX epoch seconds (float); token counts are integers; ``context``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Status values. ``pending``: created, never stepped; ``running``: owned by a
 #: worker or between steps; ``waiting``: needs an external trigger.
@@ -81,6 +81,28 @@ class InstanceRecord:
     def tokens_remaining(self) -> int | None:
         """Tokens left (``None``: no budget)."""
         return None if self.token_budget is None else max(0, self.token_budget - self.tokens_used)
+
+
+class ChildState(NamedTuple):
+    """What a fan-out's join counts of one child (and who runs it), read without its JSON columns
+    (``Store.child_states``): cheap enough to read on every wake of a large family."""
+
+    id: str
+    version: int
+    status: str
+    reason: str | None
+    branch: str | None
+    tokens_used: int
+    owner: str | None
+
+    @property
+    def final(self) -> bool:
+        """True when the status is completed, failed or cancelled."""
+        return self.status in FINAL_STATUSES
+
+
+#: The columns of ``ChildState``, in order (both backends select them).
+CHILD_STATE_COLUMNS = ", ".join(ChildState._fields)
 
 
 @dataclass(slots=True)
@@ -279,8 +301,9 @@ class StepCommit:
 
     @property
     def compound(self) -> bool:
-        """True when the step writes more than its own instance (applied in a savepoint)."""
-        return bool(self.create or self.fence or self.also or self.wake)
+        """True when the step writes other instances' rows that can make it not apply
+        (applied in a savepoint); a ``wake`` alone cannot fail, so it rides the plain path."""
+        return bool(self.create or self.fence or self.also)
 
 
 # -- read-side queries (the viewer, ``fsm stats``, ``fsm list``) ------------------------------
@@ -326,7 +349,10 @@ class StepRow:
     creation is when its first state was entered);
     ``attempt`` is the attempt the row's step ended on (``detail.attempt``,
     else 1); ``reasks`` the structured-output re-asks in it (``detail.reasks``);
-    ``llm_calls`` the model calls it made (``len(detail.llm_calls)``).
+    ``llm_calls`` the model calls it made (``len(detail.llm_calls)``); ``tokens`` the
+    tokens of the calls made in this step: a join's (or a parent's end's) row carries its
+    children's tokens, which ``tokens`` leaves out (``detail.children_tokens``: they are
+    counted in the children's own rows).
     """
 
     instance_id: str

@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from . import sqlite_read
 from .records import (
-    FORMAT_VERSION, AttemptRow, BreakerRow, HistoryRow, InstanceFilter, InstanceRecord,
+    CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
+    InstanceFilter, InstanceRecord,
     OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 from .codec import (
@@ -204,7 +205,7 @@ class SqliteStore:
             for i, (step, enc) in enumerate(zip(steps, encoded)):
                 try:
                     applied.append(self._compound(conn, step, enc) if step.compound
-                                   else self._apply(conn, step, enc))
+                                   else self._apply(conn, step, enc) and self._wake(conn, step))
                 except (sqlite3.IntegrityError, OverflowError) as exc:  # the step's, not the disk's
                     raise StepRejected(f"the store refused a step of instance {step.record.id}: "
                                        f"{type(exc).__name__}: {exc}", index=i,
@@ -221,8 +222,8 @@ class SqliteStore:
                 self._apply(conn, s, _encode(0, s)) for s in step.also)
             if ok and step.create:
                 self._insert(conn, step.create)
-            if ok and step.wake:
-                conn.execute(_WAKE, (step.record.updated_at, step.wake))
+            if ok:
+                self._wake(conn, step)
         except sqlite3.IntegrityError:
             ok = False
         if ok:
@@ -233,6 +234,12 @@ class SqliteStore:
         for rec, version, key in saved:  # nothing was written: the records say so too
             rec.version, rec.key = version, key
         return False
+
+    @staticmethod
+    def _wake(conn: sqlite3.Connection, step: StepCommit) -> bool:
+        if step.wake:
+            conn.execute(_WAKE, (step.record.updated_at, step.wake))
+        return True
 
     @staticmethod
     def _fenced(conn: sqlite3.Connection, fence: Sequence[tuple[str, int]]) -> bool:
@@ -255,6 +262,11 @@ class SqliteStore:
     def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
         rows = self._read(_SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key", (parent_id,))
         return [_decode(InstanceRecord, r) for r in rows]
+
+    def child_states(self, parent_id: str) -> builtins.list[ChildState]:
+        rows = self._read(f"SELECT {CHILD_STATE_COLUMNS} FROM instances WHERE parent_id=? "
+                          "ORDER BY key", (parent_id,), tuples=True)
+        return [ChildState(*r) for r in rows]
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale

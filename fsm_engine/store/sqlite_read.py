@@ -25,7 +25,9 @@ _FIELD = re.compile(r"^context\.([A-Za-z_][A-Za-z0-9_]*)$")
 #: instance key (for keyset paging).
 STEPS_SQL = (
     "SELECT i.id AS instance_id, i.machine, i.status, i.created_at, h.seq, h.source, h.dest, h.trigger,"
-    " h.kind, h.at, h.duration_ms, h.tokens, h.error, h.reason,"
+    " h.kind, h.at, h.duration_ms,"
+    " h.tokens - COALESCE(json_extract(h.detail, '$.children_tokens'), 0) AS tokens,"
+    " h.error, h.reason,"
     " COALESCE(json_extract(h.detail, '$.attempt'), 1) AS attempt,"
     " COALESCE(json_extract(h.detail, '$.reasks'), 0) AS reasks,"
     " COALESCE(json_array_length(h.detail, '$.llm_calls'), 0) AS llm_calls, h.instance"

@@ -155,6 +155,15 @@ class ReadSideContract:
         assert rows[4].kind == "fallback" and rows[4].dest == "failed"
         assert list(store.steps(InstanceFilter(statuses=("pending",)))) == []
 
+    def test_steps_leave_a_joins_children_tokens_out(self, store: Store) -> None:
+        store.create(record("p"))
+        parent = store.get("p")
+        join = hist("p", 1, "start", "done", kind="join", tokens=95,
+                    detail={"children_tokens": 90, "branches": {"succeeded": 3}})
+        store.commit([StepCommit(moved(parent, "done", tokens=95), parent.version, [join])])
+        assert [r.tokens for r in store.steps(InstanceFilter(machine="m"))] == [5]
+        assert store.history("p")[0].tokens == 95 and store.get("p").tokens_used == 95
+
     def test_delete_removes_every_row_of_the_instances_only(self, store: Store) -> None:
         fleet(store)
         assert store.delete(["a", "b", "zz", "a"]) == 2
@@ -661,6 +670,21 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
             [("p.1.0", "p", "0"), ("p.1.1", "p", "1"), ("p.1.2", "p", "2")]
         assert store.get("p").status == "waiting" and [h.seq for h in store.history("p")] == [1]
         assert store.children("p.1.0") == [] and store.children("nobody") == []
+
+    def test_child_states_are_the_children_without_their_json(self, store: Store) -> None:
+        store.create(record("p"), replace(record("p.1.0"), parent_id="p", branch="a"),
+                     replace(record("p.1.1", status="failed"), tokens_used=7, parent_id="p",
+                             branch="b", reason="token_budget"), record("q"))
+        kid = store.get("p.1.0")
+        store.commit([StepCommit(moved(kid, "end", status="completed"), kid.version)])
+        got = store.child_states("p")
+        assert [tuple(c) for c in got] == [
+            ("p.1.0", kid.version + 1, "completed", None, "a", 0, None),
+            ("p.1.1", 0, "failed", "token_budget", "b", 7, None)]
+        assert [c.final for c in got] == [True, True]
+        assert [(c.id, c.version, c.status, c.reason, c.branch, c.tokens_used, c.owner)
+                for c in store.children("p")] == [tuple(c) for c in got]
+        assert store.child_states("q") == [] and store.child_states("nobody") == []
 
     def test_a_stale_parent_creates_no_children(self, store: Store) -> None:
         store.create(record("p"))
