@@ -340,6 +340,10 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     store = _open(db)
     rec = _find(store, instance_id)
     data = instance_json(rec) | {"attempts": [asdict(a) for a in store.attempts(rec.id)]}
+    from .views import limits_json
+    limits = limits_json(rec, store.history(rec.id))
+    if limits:  # rate-limit waits, breaker-open fallbacks, budget exhaustion: each apart
+        data["limits"] = limits
     kids = store.children(rec.id)
     if kids:
         data["children"] = [{"id": k.id, "branch": k.branch, "machine": k.machine,
