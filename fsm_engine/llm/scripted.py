@@ -230,12 +230,15 @@ class Scripted(Provider):
 
     def _log(self, start: float, reply: Reply) -> None:
         """One JSON line per call in ``$FSM_SCRIPTED_LOG`` when set (tests of shared limits
-        read it): ``{start, end, tokens, pid}`` (epoch seconds; tokens billed)."""
+        read it): ``{start, end, tokens, pid, input}`` (epoch seconds; tokens billed; the
+        calling instance's input)."""
         path = os.environ.get(LOG_ENV)
         if not path:
             return
+        from fsm_engine.llm.base import CALLER_INPUT
         line = json.dumps({"start": start, "end": time.time(), "pid": os.getpid(),
-                           "tokens": reply.prompt_tokens + reply.completion_tokens}) + "\n"
+                           "tokens": reply.prompt_tokens + reply.completion_tokens,
+                           "input": CALLER_INPUT.get()}, default=str) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:  # one write of a short line with O_APPEND: processes never interleave
             os.write(fd, line.encode())

@@ -402,10 +402,12 @@ class Engine:
                 if family:
                     self._hosts.add(instance_id)
             while not rec.final:
+                if rec.status == "waiting" and rec.reason == RATE_LIMITED:  # given back
+                    if not family:
+                        break  # claimed again, by any worker, once it is due
+                    cm, rec = await self._rate_wait(instance_id, rec)  # here: wait, go on
+                    continue
                 if rec.status == "waiting" and not review_queue.timer_due(rec, self.clock()):
-                    if family and rec.reason == RATE_LIMITED:  # here: wait, then go on
-                        cm, rec = await self._rate_wait(instance_id, rec)
-                        continue
                     if not (family and rec.reason == CHILDREN):
                         break
                     if self._tasks.get(instance_id) is task:  # held by nobody while it waits

@@ -144,19 +144,25 @@ class Worker:
         return False
 
     def _start(self, rec: InstanceRecord) -> None:
-        task = asyncio.ensure_future(self._one(rec))
+        # claimed again while a task here still runs it (this worker's lease lapsed, e.g.
+        # a starved loop): that task's next commit is stale; this one goes on after it
+        before = self._running.get(rec.id)
+        task = asyncio.ensure_future(self._one(rec, before))
         self._running[rec.id] = task
         self._queue[rec.id] = rec.queue
-        task.add_done_callback(lambda _t, iid=rec.id: self._done(iid))
+        task.add_done_callback(lambda t, iid=rec.id: self._done(iid, t))
 
-    def _done(self, instance_id: str) -> None:
-        self._running.pop(instance_id, None)
-        self._queue.pop(instance_id, None)
+    def _done(self, instance_id: str, task: asyncio.Task[None]) -> None:
+        if self._running.get(instance_id) is task:
+            self._running.pop(instance_id, None)
+            self._queue.pop(instance_id, None)
         if self._wake is not None:
             self._wake.set()
 
-    async def _one(self, rec: InstanceRecord) -> None:
+    async def _one(self, rec: InstanceRecord, before: asyncio.Task[None] | None = None) -> None:
         engine = self.engine
+        if before is not None and not before.done():
+            await asyncio.wait({before})
         try:
             engine._compiled(rec)
         except FsmError as exc:
@@ -165,7 +171,7 @@ class Worker:
         engine._known[rec.id] = rec
         try:
             done = await engine.run(rec.id, family=False)
-            if done.final:
+            if done is not None and done.final:
                 self.completed += 1
         except StaleWrite:
             pass  # taken over or cancelled meanwhile: its new owner goes on

@@ -59,7 +59,10 @@ def room_in(live: Sequence[tuple[float, int]], req: RateRequest) -> tuple[float,
     what = full(calls, tokens)
     if not what:
         return 0.0, ""
-    for until, used in sorted(live):
+    # a call still running (``until`` past a window from now) counts at least until a
+    # window after now, the earliest it could end plus its window: retry then
+    horizon = req.now + req.window_s
+    for until, used in sorted((min(until, horizon), used) for until, used in live):
         calls, tokens = calls - 1, tokens - used
         if not full(calls, tokens):
             return max(0.001, until - req.now), what
