@@ -112,6 +112,20 @@ class MeteredLLM:
                 log.debug("count_tokens failed (%s); using the estimate", exc)
         return estimate_prompt_tokens(messages)
 
+    async def _fit(self, limits: list[tuple[str, int, int]], counted: bool,
+                   provider: "Provider", messages: list[dict[str, str]],
+                   kwargs: dict[str, Any]) -> int:
+        """The prompt's tokens (0 when neither a budget nor a rate limit needs them), with
+        ``max_tokens`` cut to what the budgets leave; ``BudgetExhausted`` when none."""
+        if not limits and not counted:
+            return 0
+        self._room(limits, 0)  # spent already: refuse before counting
+        prompt = await self.count_tokens(messages, provider)
+        room = self._room(limits, prompt)
+        if room is not None:
+            kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), room))
+        return prompt
+
     async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
         """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
         ``CircuitOpen`` or the provider's ``ProviderError``."""
@@ -131,13 +145,7 @@ class MeteredLLM:
                 return hit
         limits = self._limits()
         limiter = self.rates(provider) if self.rates is not None else None
-        prompt = 0
-        if limits or limiter is not None:
-            self._room(limits, 0)  # spent already: refuse before counting
-            prompt = await self.count_tokens(messages, provider)
-            room = self._room(limits, prompt)
-            if room is not None:
-                kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), room))
+        prompt = await self._fit(limits, limiter is not None, provider, messages, kwargs)
         if self.deadline is not None and "timeout" not in kwargs and accepts_timeout(provider):
             kwargs["timeout"] = max(0.001, self.deadline - asyncio.get_running_loop().time())
         if breaker is not None:
