@@ -204,3 +204,22 @@ def test_start_records_the_partition(tmp_path: Path, capsys, monkeypatch) -> Non
     assert (rec.id, rec.partition_key, rec.queue, rec.owner) == (out.strip(), "t1", "default", None)
     store.close()
     assert ClaimRequest("w", 1.0).partition_limit is None
+
+
+def test_show_tells_rate_waits_breaker_fallbacks_and_budget_ends_apart() -> None:
+    from fsm_engine.store import HistoryRow
+    from fsm_engine.testing.contract import record
+    from fsm_engine.views import limits_json
+    rec = record("a", status="waiting")
+    rec.reason, rec.next_attempt_at, rec.last_error = "rate_limited", 5.0, "rate limit of 'p:m'"
+    rows = [HistoryRow("a", 1, "infer", "degraded", "fallback", 1.0, kind="fallback",
+                       reason="circuit_open"),
+            HistoryRow("a", 2, "degraded", "cheap", "budget_exhausted", 2.0, kind="fallback",
+                       reason="token_budget"),
+            HistoryRow("a", 3, "cheap", "ask", "next", 3.0)]
+    assert limits_json(rec, rows) == {
+        "rate_limited": {"until": 5.0, "why": "rate limit of 'p:m'"},
+        "circuit_open": [{"seq": 1, "state": "infer", "to": "degraded", "kind": "fallback"}],
+        "token_budget": [{"seq": 2, "state": "degraded", "to": "cheap", "kind": "fallback"}]}
+    rec.status = "running"
+    assert limits_json(rec, rows[2:]) == {}
