@@ -90,8 +90,10 @@ def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None 
             seed: int | None = None, create: bool = False) -> Engine:
     """An engine on ``db`` with the selected providers by model name (local ones load lazily)."""
     from .llm.select import providers_from_specs
+    from .runtime.rates import limits_from_specs
     providers = providers_from_specs(llm, faults=faults, seed=seed)
-    return Engine(_open(db, create=create), llm=providers, seed=seed)
+    limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
+    return Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
 
 
 def _find(store: Store, instance_id: str) -> Any:
@@ -340,6 +342,10 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     store = _open(db)
     rec = _find(store, instance_id)
     data = instance_json(rec) | {"attempts": [asdict(a) for a in store.attempts(rec.id)]}
+    from .views import limits_json
+    limits = limits_json(rec, store.history(rec.id))
+    if limits:  # rate-limit waits, breaker-open fallbacks, budget exhaustion: each apart
+        data["limits"] = limits
     kids = store.children(rec.id)
     if kids:
         data["children"] = [{"id": k.id, "branch": k.branch, "machine": k.machine,

@@ -110,7 +110,10 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
           budget: Optional[int] = typer.Option(None, "--budget", min=1,
                                                help="Token budget per instance."),
           deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
-                                                   help="Seconds each instance may take in all.")
+                                                   help="Seconds each instance may take in all."),
+          partition: Optional[str] = typer.Option(
+              None, "--partition", help="Partition key (e.g. a tenant id): see "
+                                        "`fsm worker --partition-limit`.")
           ) -> None:
     """Enqueue one instance per input for `fsm worker`s; print their ids (one a line)."""
     files = list(input) + list(more or [])
@@ -125,7 +128,7 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
     try:
         engine.register(machine, ref)
         ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline,
-                                enqueue=True)
+                                enqueue=True, partition=partition)
     finally:
         engine.close()
     for iid in ids:
@@ -150,8 +153,20 @@ def wait(ids: list[str] = typer.Argument(..., help="Instance ids (unambiguous pr
 
 @app.command()
 def worker(db: Optional[str] = DB,
-           concurrency: int = typer.Option(32, "--concurrency", min=1,
-                                           help="Most instances stepping at once here."),
+           concurrency: list[str] = typer.Option(
+               ["32"], "--concurrency", metavar="N|QUEUE=N,…",
+               help="Most instances stepping at once here (N), and per queue (llm=4,io=32)."),
+           queue: list[str] = typer.Option([], "--queue", "-q",
+                                           help="Only claim from this queue (repeatable)."),
+           queue_limit: list[str] = typer.Option(
+               [], "--queue-limit", metavar="QUEUE=N,…",
+               help="Most instances of a queue at once over ALL workers (through the store)."),
+           partition_limit: Optional[int] = typer.Option(
+               None, "--partition-limit", min=1,
+               help="Most instances of one partition key at once over all workers."),
+           rate_limit: list[str] = typer.Option(
+               [], "--rate-limit", metavar="MODEL=rpm:N,tpm:N[,window:S]",
+               help="A model's shared rate limit (MODEL: a --llm name, or default)."),
            machines: list[str] = typer.Option([], "--machines", "-m",
                                               help="Only run these machine modules (loaded now)."),
            llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
@@ -167,17 +182,20 @@ def worker(db: Optional[str] = DB,
                         format="fsm worker: %(levelname)s %(message)s")
     from .llm.select import providers_from_specs
     from .runtime import Engine
+    plan = _plan(concurrency, queue, queue_limit, partition_limit)
+    from .runtime.rates import limits_from_specs
+    limits = limits_from_specs(rate_limit)
     store = _open(db, create=True)  # first: a bad store URL is the error to report
     try:
         provider = providers_from_specs(llm)
     except BaseException:
         store.close()
         raise
-    engine = Engine(store, llm=provider, lease_seconds=lease)
+    engine = Engine(store, llm=provider, lease_seconds=lease, rate_limits=limits)
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
-    runner = Worker(engine, concurrency=concurrency, machines=names, poll=poll, grace=grace)
+    runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan)
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
@@ -190,6 +208,20 @@ def worker(db: Optional[str] = DB,
     typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
     asyncio.run(serve())
     typer.echo(f"fsm worker {engine.worker.id} stopped ({runner.completed} completed)", err=True)
+
+
+def _plan(concurrency: list[str], queues: list[str], limits: list[str],
+          partition_limit: int | None) -> Any:
+    """The worker's ``QueuePlan`` from its options (``InvalidInput`` for a bad one)."""
+    from .runtime.queues import QueuePlan, check_queue, parse_counts
+    total, per_queue = parse_counts(concurrency, "--concurrency")
+    bare, global_limits = parse_counts(limits, "--queue-limit")
+    if bare is not None:
+        _fail("--queue-limit takes QUEUE=N (a total over all workers per queue)")
+    serve = tuple(dict.fromkeys(check_queue(q) for q in queues)) or None
+    return QueuePlan(total=total or max([32, *per_queue.values()]), serve=serve,
+                     per_queue=per_queue, global_limits=global_limits,
+                     partition_limit=partition_limit)
 
 
 @app.command()

@@ -26,6 +26,7 @@ line that names the thing at fault.  Errors carry structured fields
     ├── StepTimeout              an action ran past its state's timeout
     ├── BudgetExhausted          an LLM call would exceed the instance's token budget
     ├── CircuitOpen              the provider's circuit breaker is open
+    ├── RateLimitWait            a shared rate limit has no room now: the instance waits
     ├── StructuredOutputError    model text could not be turned into the declared object
     └── ProviderError            an LLM provider call failed (see ``fsm_engine.llm.errors``)
         ├── ProviderUnavailable  connection refused/reset, DNS  (retryable)
@@ -208,6 +209,18 @@ class CircuitOpen(FsmError):
         super().__init__(f"circuit {name!r} is open (next probe in {retry_in:.1f}s)")
         self.name = name
         self.retry_in = retry_in
+
+
+class RateLimitWait(FsmError):
+    """A provider + model's shared rate limit (``fsm_engine.policies.RateLimit``) has no
+    room for a call now; no call was made.  Not a failure: the step ends and the
+    instance waits (status ``waiting``, reason ``rate_limited``) ``retry_in`` seconds,
+    spending no retry attempt.  ``what`` says which limit (``"tokens"``/``"requests"``)."""
+
+    def __init__(self, name: str, retry_in: float, what: str) -> None:
+        super().__init__(f"rate limit of {name!r} reached ({what} per window); "
+                         f"room again in {retry_in:.2f}s")
+        self.name, self.retry_in, self.what = name, retry_in, what
 
 
 class StructuredOutputError(FsmError):

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import tenacity
 
@@ -417,3 +417,56 @@ class CachePolicy:
     def problems(self) -> list[str]:
         """What is wrong with the policy (empty when nothing is)."""
         return [] if self.ttl_s > 0 else ["ttl_s must be > 0 seconds"]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A provider + model's rate limit, shared by every worker through the store.
+
+    Args:
+        rpm: most calls started per window (``None``: no limit on calls).
+        tpm: most tokens per window (``None``: no limit on tokens); a call counts
+            ``prompt + max_tokens`` tokens (the prompt counted by the provider's
+            tokenizer, else the conservative estimate) from when it is admitted until
+            it ends, then what the provider billed.
+        window_s: the window, in seconds (default 60: the limits are per minute).  A
+            sliding window: no span of ``window_s`` seconds holds more than the limits,
+            counting each call from its admission to ``window_s`` after it ended.
+        hold_s: seconds after which a call admitted and never ended (its worker died)
+            stops counting, on top of ``window_s``.
+    """
+
+    rpm: int | None = None
+    tpm: int | None = None
+    window_s: float = 60.0
+    hold_s: float = 300.0
+
+    def problems(self) -> list[str]:
+        """What is wrong with the values (``[]``: nothing)."""
+        out = [f"{name} must be an int >= 1, not {value!r}"
+               for name, value in (("rpm", self.rpm), ("tpm", self.tpm))
+               if value is not None and (not isinstance(value, int) or value < 1)]
+        if self.rpm is None and self.tpm is None:
+            out.append("give rpm, tpm or both")
+        if not self.window_s > 0 or not self.hold_s > 0:
+            out.append("window_s and hold_s must be > 0 seconds")
+        return out
+
+    @classmethod
+    def parse(cls, spec: str) -> "RateLimit":
+        """``"rpm:500,tpm:40000[,window:60]"`` as a ``RateLimit``; ``InvalidInput``."""
+        from .errors import InvalidInput
+        fields = {"rpm": "rpm", "tpm": "tpm", "window": "window_s", "hold": "hold_s"}
+        values: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, _, value = part.partition(":")
+            if key not in fields or not value:
+                raise InvalidInput(f"rate limit {spec!r}: expected rpm:N, tpm:N, window:S")
+            try:
+                values[fields[key]] = float(value) if key in ("window", "hold") else int(value)
+            except ValueError:
+                raise InvalidInput(f"rate limit {spec!r}: {value!r} is not a number") from None
+        limit = cls(**values)
+        if limit.problems():
+            raise InvalidInput(f"rate limit {spec!r}: {'; '.join(limit.problems())}")
+        return limit

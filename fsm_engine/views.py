@@ -18,6 +18,21 @@ def instance_json(rec: InstanceRecord) -> dict[str, Any]:
     return {k: data[k] for k in order} | {k: v for k, v in data.items() if k not in order}
 
 
+def limits_json(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> dict[str, Any]:
+    """What limits did to the instance, each kind apart (``{}``: nothing): ``rate_limited``
+    (waiting for a shared rate limit: ``{until, why}``; no attempt spent),
+    ``circuit_open`` (steps a model's open breaker moved on: ``[{seq, state, to}]``) and
+    ``token_budget`` (steps or the end a spent budget caused: ``[{seq, state, to}]``)."""
+    out: dict[str, Any] = {}
+    if rec.status == "waiting" and rec.reason == "rate_limited":
+        out["rate_limited"] = {"until": rec.next_attempt_at, "why": rec.last_error}
+    for row in rows:
+        if row.reason in ("circuit_open", "token_budget"):
+            out.setdefault(row.reason, []).append(
+                {"seq": row.seq, "state": row.source, "to": row.dest, "kind": row.kind})
+    return out
+
+
 def context_after(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> list[dict[str, Any]]:
     """The context after each history row: the input with the rows' deltas applied in order."""
     ctx = dict(rec.input)

@@ -20,7 +20,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 FSM = str(Path(sys.executable).with_name("fsm"))
@@ -90,13 +90,16 @@ class Fleet:
     """``fsm worker`` processes on one store (each logs to its own file)."""
 
     def __init__(self, url: str, folder: Path, sink: Sink, *, lease: float = 1.0,
-                 concurrency: int = 50, delay_s: float = 0.05, poll: float = 0.2) -> None:
+                 concurrency: int = 50, delay_s: float = 0.05, poll: float = 0.2,
+                 args: Sequence[str] = (), llm: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.url, self.folder = url, folder
-        self.argv = [FSM, "worker", "--db", url, "--llm", f"scripted:{script(folder, delay_s)}",
+        llm = llm or f"scripted:{script(folder, delay_s)}"
+        self.argv = [FSM, "worker", "--db", url, "--llm", llm,
                      "--lease", str(lease), "--concurrency", str(concurrency), "--poll", str(poll),
-                     "--grace", "10"]
+                     "--grace", "10", *args]
         self.env = dict(os.environ, FSM_NOTIFY_URL=sink.url, FSM_MACHINES_ROOT=str(ROOT),
-                        PYTHONUNBUFFERED="1")
+                        PYTHONUNBUFFERED="1", **(env or {}))
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, n: int = 1) -> None:

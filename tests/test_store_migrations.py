@@ -110,12 +110,15 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("7",)]
+        [(str(FORMAT_VERSION),)] == [("8",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
             "idx_instances_machine_status", "idx_outbox_instance_id",
-            "idx_instances_parent_id"} <= names
+            "idx_instances_parent_id", "idx_instances_queue", "idx_instances_partition_key",
+            "rate_calls"} <= names
+    # format 8: an old instance is in the default queue, in no partition
+    assert (a.queue, a.partition_key) == ("default", None)
     # format 5: families (an old instance is top-level: no parent, no branch)
     assert (a.parent_id, a.branch) == (None, None)
     # format 7: everything stored before machine versions was written under version 1
@@ -170,8 +173,9 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
     store.create(record("a"))
     store.commit([StepCommit(moved(store.get("a"), "b"), 0, history=[hist("a", 1, "start", "b")])])
     store.close()
-    schema = url.rsplit("%3D", 1)[1]  # back to format 6: the columns format 7 added dropped
-    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
+    schema = url.rsplit("%3D", 1)[1]  # back to format 6: what formats 7 and 8 added dropped
+    pg_cluster.sql(f"{_DROP_V8.format(schema=schema)}; "
+                   f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.history DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.instances DROP COLUMN fork_options; "
                    f"UPDATE {schema}.fsm_meta SET value = '6'")
@@ -180,6 +184,34 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
         rec = store.get("a")
         assert (rec.state, rec.seq, rec.machine_version, rec.fork_options) == ("b", 1, 1, {})
         assert [h.machine_version for h in store.history("a")] == [1]
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta") == [(str(FORMAT_VERSION),)]
+
+
+#: Undo format 8 on PostgreSQL (queues, partitions, rate limits): a format 7 database.
+_DROP_V8 = ("ALTER TABLE {schema}.instances DROP COLUMN queue; "
+            "ALTER TABLE {schema}.instances DROP COLUMN partition_key; "
+            "DROP TABLE {schema}.rate_calls")
+
+
+def test_format_7_postgres_rows_read_back_in_the_default_queue(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine import open_store
+    from fsm_engine.store import ClaimRequest
+    from fsm_engine.testing.contract import record
+    url = pg_cluster.database()
+    store = open_store(url)
+    store.create(record("a"))
+    store.close()
+    schema = url.rsplit("%3D", 1)[1]
+    pg_cluster.sql(f"{_DROP_V8.format(schema=schema)}; UPDATE {schema}.fsm_meta SET value = '7'")
+    store = open_store(url)
+    try:
+        rec = store.get("a")
+        assert (rec.queue, rec.partition_key) == ("default", None)
+        got = store.claim(ClaimRequest("w", 1.0, queues=["default"], queue_limit=5,
+                                       partition_limit=1))
+        assert [r.id for r in got] == ["a"]
     finally:
         store.close()
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta") == [(str(FORMAT_VERSION),)]

@@ -187,6 +187,9 @@ def _states(m: Machine, names: list[str], problems: list[str],
             if value is not None and not (isinstance(value, str) and _MODEL_NAME.fullmatch(value)):
                 problems.append(f"{where}: {key} must be a model name (letters, digits, "
                                 f"'_' or '-'), not {value!r}")
+        if not (isinstance(s.queue, str) and _MODEL_NAME.fullmatch(s.queue)):
+            problems.append(f"{where}: queue must be a name (a letter, then letters, digits, "
+                            f"'_' or '-'), not {s.queue!r}")
 
 
 def _review_problems(m: Machine, s: Any) -> list[str]:

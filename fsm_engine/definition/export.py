@@ -30,6 +30,8 @@ def _state_dict(machine: "Machine", s: "State") -> dict[str, Any]:
     for key in ("llm", "repair_llm", "token_budget"):  # only when set: old fingerprints hold
         if getattr(s, key) is not None:
             out[key] = getattr(s, key)
+    if s.queue != "default":  # only when set: old fingerprints hold
+        out["queue"] = s.queue
     if s.review is not None:
         out["review"] = s.review.export()
     if s.cache is not None:

@@ -125,6 +125,10 @@ class State:
         fan_out: a ``Parallel`` or ``Map`` (``fsm_engine.definition.fanout``): entering
             the state starts one child instance per branch; the state then takes
             ``joined`` or ``branch_failed`` under the completion policy (no action).
+        queue: the queue the instance is in while in this state (default ``"default"``):
+            ``fsm worker --queue NAME`` serves only some queues, and concurrency limits
+            are per queue (``--concurrency llm=4,io=32``, ``--queue-limit llm=8``), so
+            slow model calls (``"llm"``) never take the slots of light steps (``"io"``).
     """
 
     name: str
@@ -145,6 +149,7 @@ class State:
     review: Review | None = None
     cache: CachePolicy | None = None
     fan_out: "FanOut | None" = None
+    queue: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,8 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
         notes.append(f"retry×{attempts}" if attempts is not None else "retry")
     if state.get("timeout") is not None:
         notes.append(f"timeout {float(state['timeout']):g}s")
+    if state.get("queue"):
+        notes.append(f"queue {state['queue']}")
     if state.get("fallback"):
         notes.append(f"fallback → {state['fallback']}")
     if state.get("side_effect"):

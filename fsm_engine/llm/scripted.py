@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,10 @@ from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, Provide
                                ProviderUnavailable, RateLimited, ServerError)
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 
-__all__ = ["Scripted", "Reply", "ERROR_KINDS"]
+__all__ = ["Scripted", "Reply", "ERROR_KINDS", "LOG_ENV"]
+
+#: When set, every call appends ``{start, end, tokens, pid}`` to this file (JSON lines).
+LOG_ENV = "FSM_SCRIPTED_LOG"
 
 ERROR_KINDS: dict[str, tuple[type[ProviderError], int | None]] = {
     "timeout": (ProviderTimeout, None),
@@ -214,9 +219,28 @@ class Scripted(Provider):
         Raises the line's ProviderError when it has an ``error``.
         """
         reply = self._next(messages)
+        start = time.time()
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
+        self._log(start, reply)
         if reply.error:
             raise reply.exception(self.model)
         return Completion(reply.text, reply.prompt_tokens, reply.completion_tokens,
                           reply.finish_reason, self.model)
+
+    def _log(self, start: float, reply: Reply) -> None:
+        """One JSON line per call in ``$FSM_SCRIPTED_LOG`` when set (tests of shared limits
+        read it): ``{start, end, tokens, pid, input}`` (epoch seconds; tokens billed; the
+        calling instance's input)."""
+        path = os.environ.get(LOG_ENV)
+        if not path:
+            return
+        from fsm_engine.llm.base import CALLER_INPUT
+        line = json.dumps({"start": start, "end": time.time(), "pid": os.getpid(),
+                           "tokens": reply.prompt_tokens + reply.completion_tokens,
+                           "input": CALLER_INPUT.get()}, default=str) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:  # one write of a short line with O_APPEND: processes never interleave
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)

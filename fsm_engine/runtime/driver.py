@@ -170,9 +170,18 @@ class Driver:
         if up is not None and step.history and step.history[0] is up.row:
             del self.upcasts[step.record.id]
 
+    #: ``hand_off(before, after)``: True when a step moving an instance into another queue
+    #: must give it back in the same commit (owner cleared: claimed again under that
+    #: queue's limits); set by a worker (``runtime.worker``), None: never.
+    hand_off: Callable[[InstanceRecord, InstanceRecord], bool] | None = None
+
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
         """Commit ``step`` (with the instance's pending upcast); return the new record, or
         raise ``StaleWrite`` when we lost the race."""
+        new = step.record
+        if self.hand_off is not None and new.queue != rec.queue and new.owner is not None \
+                and not new.final and self.hand_off(rec, new):
+            new.owner = None
         fanout.propagate(self.store, self.attach(step), self.clock())
         if not await self.committer.submit(step):
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
@@ -261,6 +270,8 @@ class Driver:
                 meter.repair = (repair, self.models.breaker(repair))
         meter.loops_left = rec.max_transitions - rec.loop_count
         meter.caller_input = rec.input
+        if self.models.rate_limits:
+            meter.rates = self.models.limiter
         if state.cache is not None:
             from .reply_cache import ReplyCache
             meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)
@@ -309,6 +320,10 @@ class Driver:
         except (Exception, asyncio.TimeoutError) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
+        if step is not None and step.llm.rate_wait is not None:  # waits, whatever the action did
+            wait, now = step.llm.rate_wait, self.clock()
+            return outcome.rate_limited(rec, error=str(wait), tokens=_spent(step),
+                                        next_at=now + wait.retry_in, now=now)
         if error is None and step is not None and step.notes:
             try:
                 values.check_json(step.notes, "step.notes")

@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable, Coroutine, Iterable
+from typing import Any, Callable, Coroutine, Iterable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,11 +26,11 @@ from ..errors import (
     DefinitionError, FingerprintMismatch, FsmError, InstanceFinished, InstanceNotFound,
     InvalidInput, NeedsMigration, StaleWrite,
 )
-from ..policies import BreakerPolicy
+from ..policies import BreakerPolicy, RateLimit
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
-    REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
+    RATE_LIMITED, REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
 )
 from . import migration, outcome, reviews as review_queue, values
 from . import fanout
@@ -125,6 +125,8 @@ class Engine:
         tracer: an OpenTelemetry tracer for ``fsm.run`` / ``fsm.step`` / model-call spans;
             by default the one the standard ``OTEL_*`` variables configure, else None
             (off: see ``fsm_engine.telemetry``).
+        rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
+            default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.rates`.
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -132,7 +134,8 @@ class Engine:
                  concurrency: int | None = None,
                  breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
-                 clock: Callable[[], float] = time.time, tracer: Any = "env") -> None:
+                 clock: Callable[[], float] = time.time, tracer: Any = "env",
+                 rate_limits: Mapping[str, RateLimit] | None = None) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
@@ -156,7 +159,7 @@ class Engine:
         #: Per parent waiting in ``_family``: set when one of its children run here ends.
         self._ended: dict[str, asyncio.Event] = {}
         self._threads = ActionThreads(threads)
-        self.models = Models(llm, self.store, breaker, clock)
+        self.models = Models(llm, self.store, breaker, clock, rate_limits)
         #: instances handed to ``run_many``/``resume`` and not yet done: an action that never
         #: suspends would otherwise run its instance to the end before the next one starts
         #: (each commit "alone"), so these count as running for group commit from the start
@@ -234,29 +237,35 @@ class Engine:
     # -- creating ---------------------------------------------------------------
     def start(self, machine: Machine | str, input: BaseModel | dict[str, Any] | None = None, *,
               token_budget: int | None = None, deadline_s: float | None = None,
-              instance_id: str | None = None) -> str:
+              instance_id: str | None = None, partition: str | None = None) -> str:
         """Create an instance in the initial state (status ``pending``); return its id.
 
         ``input`` is validated against the machine's context model
         (``InvalidInput`` when it does not fit); ``token_budget`` (tokens)
         overrides the machine's default; ``deadline_s`` (seconds from now)
-        bounds the whole instance.  The instance is owned by this engine
-        until it runs or this process dies (then any ``resume`` adopts it).
+        bounds the whole instance; ``partition`` (e.g. a tenant id, 1–200
+        characters) is its partition key, inherited by its children: workers
+        with a partition limit hold at most that many instances of one key at
+        once.  The instance is owned by this engine until it runs or this
+        process dies (then any ``resume`` adopts it).
         """
         return self.start_many(machine, [input], token_budget=token_budget,
-                               deadline_s=deadline_s,
+                               deadline_s=deadline_s, partition=partition,
                                ids=None if instance_id is None else [instance_id])[0]
 
     def start_many(self, machine: Machine | str,
                    inputs: Iterable[BaseModel | dict[str, Any] | None], *,
                    token_budget: int | None = None, deadline_s: float | None = None,
-                   ids: list[str] | None = None, enqueue: bool = False) -> list[str]:
+                   ids: list[str] | None = None, enqueue: bool = False,
+                   partition: str | None = None) -> list[str]:
         """``start`` for many inputs in one transaction (all created, or none); an
         ``InvalidInput`` carries ``index``, the position of the input at fault.
 
         ``enqueue``: create them unowned, for any worker to claim (``fsm start``),
         instead of held by this engine.
         """
+        if partition is not None and not (isinstance(partition, str) and 0 < len(partition) <= 200):
+            raise InvalidInput(f"a partition key is 1 to 200 characters, not {partition!r}")
         cm = self.load(machine) if isinstance(machine, str) else self.register(machine)
         spec, now = cm.spec, self.clock()
         if not enqueue:
@@ -276,7 +285,8 @@ class Engine:
                 token_budget=spec.token_budget if token_budget is None else token_budget,
                 created_at=now, updated_at=now, visits={spec.initial: 1},
                 deadline=None if deadline_s is None else now + deadline_s,
-                owner=None if enqueue else self.worker.id, machine_version=spec.version))
+                owner=None if enqueue else self.worker.id, machine_version=spec.version,
+                queue=cm.states[spec.initial].queue, partition_key=partition))
         self.store.create(*records)
         if not enqueue and len(self._known) + len(records) <= _KNOWN_MAX:  # run() needn't read them back
             self._known.update((r.id, r) for r in records)
@@ -392,6 +402,11 @@ class Engine:
                 if family:
                     self._hosts.add(instance_id)
             while not rec.final:
+                if rec.status == "waiting" and rec.reason == RATE_LIMITED:  # given back
+                    if not family:
+                        break  # claimed again, by any worker, once it is due
+                    cm, rec = await self._rate_wait(instance_id, rec)  # here: wait, go on
+                    continue
                 if rec.status == "waiting" and not review_queue.timer_due(rec, self.clock()):
                     if not (family and rec.reason == CHILDREN):
                         break
@@ -407,6 +422,8 @@ class Engine:
                 rec = await self.driver.step_once(cm, rec)
                 if on_step:
                     on_step(rec)
+                if rec.owner is None and rec.status == "running":
+                    break  # handed off at a queue boundary (a worker's ``Driver.hand_off``)
         except StaleWrite:
             rec = self.store.get(instance_id)
             if not rec.final and rec.owner == self.worker.id:
@@ -427,6 +444,12 @@ class Engine:
                 self._parents.discard(instance_id)
                 self._hosts.discard(instance_id)
         return rec
+
+    async def _rate_wait(self, instance_id: str, rec: InstanceRecord
+                         ) -> tuple[CompiledMachine, InstanceRecord]:
+        """Sleep until a rate-limited ``rec`` may call again, then hold it again."""
+        await asyncio.sleep(max(0.0, (rec.next_attempt_at or 0.0) - self.clock()))
+        return await self._claim(instance_id)
 
     async def _family(self, cm: CompiledMachine, parent: InstanceRecord,
                       on_step: OnStep | None) -> InstanceRecord:

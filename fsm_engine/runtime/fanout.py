@@ -103,7 +103,8 @@ def _child(rec: InstanceRecord, w: Work, now: float, owner: str | None) -> Insta
         fingerprint=child.fingerprint, state=child.spec.initial, status=PENDING, context=data,
         input=dict(data), max_transitions=child.spec.max_transitions, token_budget=budget,
         created_at=now, updated_at=now, visits={child.spec.initial: 1}, deadline=rec.deadline,
-        parent_id=rec.id, branch=name, machine_version=child.spec.version, owner=owner)
+        parent_id=rec.id, branch=name, machine_version=child.spec.version, owner=owner,
+        queue=child.states[child.spec.initial].queue, partition_key=rec.partition_key)
 
 
 def _limit(plan: FanOutPlan) -> int:

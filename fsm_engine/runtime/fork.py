@@ -85,7 +85,8 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
         machine_version=(rows[-1] if rows else history[0]).machine_version if history
         else orig.machine_version,  # the input is in the shape of the first row's version
         fork_options={k: True for k, on in (("reuse_llm", reuse_llm),
-                                            ("redeliver", redeliver)) if on})
+                                            ("redeliver", redeliver)) if on},
+        queue=cm.states[now_named].queue, partition_key=orig.partition_key)
     return rec, rows
 
 

@@ -9,7 +9,8 @@ provider), so a machine that names two models runs unchanged on one.
 
 Circuit breakers are per provider + model (``"{provider.name}:{provider.model}"``),
 shared through the store by every process: a breaker opened by ``primary``'s
-failures never blocks calls to ``fallback``'s model.
+failures never blocks calls to ``fallback``'s model.  So are rate limits
+(``rate_limits={"primary": RateLimit(tpm=40_000)}``, see ``runtime.rates``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, Callable
 
 from ..definition.spec import State
 from ..errors import FsmError
-from ..policies import BreakerPolicy
+from ..policies import BreakerPolicy, RateLimit
 from ..store.base import Store
 from .breaker import Breaker
+from .rates import RateLimiter
 
 __all__ = ["Models", "DEFAULT", "model_key"]
 
@@ -43,12 +45,16 @@ class Models:
     """
 
     def __init__(self, llm: Any, store: Store, policy: BreakerPolicy | None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 rate_limits: Mapping[str, RateLimit] | None = None) -> None:
         named = dict(llm) if isinstance(llm, Mapping) else ({} if llm is None else {DEFAULT: llm})
         self.by_name: dict[str, Any] = named
         self.default: Any = named.get(DEFAULT)
         self.store, self.policy, self.clock = store, policy, clock
         self._breakers: dict[str, Breaker] = {}
+        #: Rate limits as given: by model name (``"*"``: the default) or ``provider:model``.
+        self.rate_limits: dict[str, RateLimit] = dict(rate_limits or {})
+        self._limiters: dict[str, RateLimiter | None] = {}
 
     def set_default(self, provider: Any) -> None:
         """Make ``provider`` the default (key ``"*"``)."""
@@ -71,6 +77,21 @@ class Models:
         if found is None:  # stateless apart from its row in the store: one per model will do
             found = self._breakers[key] = Breaker(self.store, key, self.policy, self.clock)
         return found
+
+    def limiter(self, provider: Any) -> RateLimiter | None:
+        """The shared rate limit of ``provider``'s model (None: not limited).  A limit
+        given by model name applies to the provider that name maps to."""
+        if provider is None or not self.rate_limits:
+            return None
+        key = model_key(provider)
+        if key not in self._limiters:
+            policy = self.rate_limits.get(key)
+            for name, limit in self.rate_limits.items():
+                if policy is None and self.by_name.get(name) is provider:
+                    policy = limit
+            self._limiters[key] = (None if policy is None
+                                   else RateLimiter(self.store, key, policy, self.clock))
+        return self._limiters[key]
 
     def describe(self) -> dict[str, str]:
         """Each configured name and the ``provider:model`` it maps to (for headers, history)."""

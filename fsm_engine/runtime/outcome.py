@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..store.records import (
-    CANCELLED, COMPLETED, FAILED, RUNNING, WAITING, AttemptRow, HistoryRow, InstanceRecord,
+    CANCELLED, COMPLETED, FAILED, RATE_LIMITED, RUNNING, WAITING, AttemptRow, HistoryRow, InstanceRecord,
     ReviewItem, StepCommit,
 )
 from .compiled import CompiledMachine
@@ -42,6 +42,7 @@ def _enter(cm: CompiledMachine, rec: InstanceRecord, dest: str) -> None:
     rec.visits[dest] = rec.visits.get(dest, 0) + 1
     rec.attempt, rec.next_attempt_at = 1, None
     spec = cm.states[dest]
+    rec.queue = spec.queue
     if spec.final:
         rec.status = FAILED if spec.failure else COMPLETED
         rec.owner = None
@@ -57,7 +58,7 @@ def force_fail(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float
     source = rec.state
     dest = cm.failure_state or source
     row = _row(rec, source, dest, kind, now, kind=kind, error=error, reason=reason)
-    rec.state = dest
+    rec.state, rec.queue = dest, cm.states[dest].queue
     if dest != source:
         rec.visits[dest] = rec.visits.get(dest, 0) + 1
     rec.status, rec.reason, rec.owner = FAILED, reason, None
@@ -214,6 +215,18 @@ def retry_later(rec: InstanceRecord, *, error: BaseException, tokens: int, next_
                      attempt=rec.attempt, error_class=type(error).__name__, error=str(error),
                      tokens=tokens, next_at=next_at, at=now)
     return StepCommit(new, rec.version, attempt=row, before=rec)
+
+
+def rate_limited(rec: InstanceRecord, *, error: str, tokens: int, next_at: float,
+                 now: float) -> StepCommit:
+    """Record a step ended by a full rate limit: the instance waits, unowned, until
+    ``next_at`` (status ``waiting``, reason ``rate_limited``); no attempt is spent, no
+    history row written, tokens billed before the limit was hit are kept."""
+    new = clone(rec)
+    new.tokens_used += tokens
+    new.status, new.reason, new.owner = WAITING, RATE_LIMITED, None
+    new.next_attempt_at, new.last_error, new.updated_at = next_at, error, now
+    return StepCommit(new, rec.version, before=rec)
 
 
 def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled") -> StepCommit:

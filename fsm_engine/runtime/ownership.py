@@ -212,13 +212,17 @@ class Ownership:
 
     # -- taking instances -----------------------------------------------------------------
     def claim(self, limit: int, *, due_by: float | None = None,
-              machines: Sequence[str] | None = None) -> list[InstanceRecord]:
-        """Claim up to ``limit`` runnable instances nobody live holds (see ``Store.claim``)."""
+              machines: Sequence[str] | None = None, queues: Sequence[str] | None = None,
+              skip_queues: Sequence[str] = (), queue_limit: int | None = None,
+              partition_limit: int | None = None) -> list[InstanceRecord]:
+        """Claim up to ``limit`` runnable instances nobody live holds (see ``Store.claim``
+        and ``ClaimRequest`` for the queue and partition limits)."""
         self.register()
         now = self.clock()
         return self.store.claim(ClaimRequest(
             self.id, now, limit=limit, lease_seconds=self.lease_seconds, dead=self.dead(now),
-            due_by=due_by, machines=machines))
+            due_by=due_by, machines=machines, queues=queues, skip_queues=skip_queues,
+            queue_limit=queue_limit, partition_limit=partition_limit))
 
     def adoption(self, rec: InstanceRecord) -> StepCommit:
         """The compare-and-set commit making this worker the owner of ``rec``.

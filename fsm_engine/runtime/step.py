@@ -6,14 +6,15 @@ import asyncio
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import BudgetExhausted, FsmError, ProviderError, StructuredOutputError
+from ..errors import BudgetExhausted, FsmError, ProviderError, RateLimitWait, StructuredOutputError
 from ..llm.base import accepts_timeout, estimate_prompt_tokens
 
 if TYPE_CHECKING:
     from ..llm.base import Completion, Provider
     from .breaker import Breaker
+    from .rates import RateLimiter
 
 log = logging.getLogger("fsm_engine")
 
@@ -33,7 +34,9 @@ class MeteredLLM:
     what was left (the provider counted more than estimated) is kept and
     recorded with ``budget_overrun`` in its ``llm_calls`` entry; the next call
     is refused.  When a circuit breaker is attached, an open breaker raises
-    ``CircuitOpen`` before any call is made.
+    ``CircuitOpen`` before any call is made; when the model has a shared rate
+    limit (``rates``), a call that does not fit it raises ``RateLimitWait`` before
+    any call is made, and one that does is charged what the provider billed.
     """
 
     def __init__(self, provider: "Provider | None", *, tokens_left: int | None,
@@ -67,6 +70,11 @@ class MeteredLLM:
         self.recorded: Any = None
         #: The instance's input, visible to providers as ``llm.base.CALLER_INPUT``.
         self.caller_input: dict[str, Any] | None = None
+        #: ``provider -> RateLimiter | None`` (``Models.limiter``), or None: no rate limits.
+        self.rates: "Callable[[Any], RateLimiter | None] | None" = None
+        #: Set when a call found its rate limit full: the step then waits durably, whatever
+        #: the action did with the ``RateLimitWait`` it raised.
+        self.rate_wait: RateLimitWait | None = None
 
     def _limits(self) -> list[tuple[str, int, int]]:
         """(scope, tokens left before this step, budget) of each budget that applies."""
@@ -104,6 +112,20 @@ class MeteredLLM:
                 log.debug("count_tokens failed (%s); using the estimate", exc)
         return estimate_prompt_tokens(messages)
 
+    async def _fit(self, limits: list[tuple[str, int, int]], counted: bool,
+                   provider: "Provider", messages: list[dict[str, str]],
+                   kwargs: dict[str, Any]) -> int:
+        """The prompt's tokens (0 when neither a budget nor a rate limit needs them), with
+        ``max_tokens`` cut to what the budgets leave; ``BudgetExhausted`` when none."""
+        if not limits and not counted:
+            return 0
+        self._room(limits, 0)  # spent already: refuse before counting
+        prompt = await self.count_tokens(messages, provider)
+        room = self._room(limits, prompt)
+        if room is not None:
+            kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), room))
+        return prompt
+
     async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
         """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
         ``CircuitOpen`` or the provider's ``ProviderError``."""
@@ -122,17 +144,19 @@ class MeteredLLM:
                 call.update({mark: True, "key": key, "reply": hit.text})
                 return hit
         limits = self._limits()
-        prompt = 0
-        if limits:
-            self._room(limits, 0)  # spent already: refuse before counting
-            prompt = await self.count_tokens(messages, provider)
-            room = self._room(limits, prompt)
-            assert room is not None
-            kwargs["max_tokens"] = max(1, min(int(kwargs.get("max_tokens", 256)), room))
+        limiter = self.rates(provider) if self.rates is not None else None
+        prompt = await self._fit(limits, limiter is not None, provider, messages, kwargs)
         if self.deadline is not None and "timeout" not in kwargs and accepts_timeout(provider):
             kwargs["timeout"] = max(0.001, self.deadline - asyncio.get_running_loop().time())
         if breaker is not None:
             await breaker.before_call()
+        ticket = None
+        if limiter is not None:
+            try:
+                ticket = limiter.acquire(prompt + int(kwargs.get("max_tokens", 256)))
+            except RateLimitWait as exc:
+                self.rate_wait = exc
+                raise
         try:
             from ..llm.base import CALLER_INPUT
             token = CALLER_INPUT.set(self.caller_input)
@@ -147,9 +171,13 @@ class MeteredLLM:
                 CALLER_INPUT.reset(token)
         except ProviderError as exc:
             self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc), provider)
+            if limiter is not None:
+                limiter.settle(ticket, exc.prompt_tokens + exc.completion_tokens)
             if breaker is not None and exc.retryable:
                 await breaker.record(False)
             raise
+        if limiter is not None:
+            limiter.settle(ticket, out.prompt_tokens + out.completion_tokens)
         call = self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None,
                           provider, out.model)
         call["key"], call["reply"] = key, out.text

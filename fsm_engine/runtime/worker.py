@@ -11,18 +11,21 @@ is started or released; SQLite: polled) and claims again at least every
 expired).  A store error (the database restarting, the network gone) is
 survived: claims back off and retry, and an instance whose step failed to
 commit is given back once the store answers again, then claimed afresh (its
-step runs again; a commit either applied or not, never half).
+step runs again; a commit either applied or not, never half).  Queues, per-queue
+and per-partition limits: see ``runtime.queues``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any, Sequence
 
 from ..errors import FsmError, StaleWrite, StoreError
 from ..store.records import InstanceRecord
 from .engine import Engine
+from .queues import QueuePlan
 
 log = logging.getLogger("fsm_engine")
 
@@ -35,20 +38,26 @@ class Worker:
 
     Args:
         engine: the engine (its store, provider, lease and identity) to run with.
-        concurrency: most instances stepping at once in this worker.
+        concurrency: most instances stepping at once in this worker (when no ``plan``).
         machines: claim only instances of these machine names (``None``: any
             machine, loaded from the reference each instance records).
         poll: most seconds between two claims while idle.
         grace: seconds ``stop`` lets in-flight instances run before cancelling
             and releasing them.
+        plan: the queues served and the limits per queue and partition
+            (``runtime.queues.QueuePlan``; default: every queue, ``concurrency`` in all).
     """
 
     def __init__(self, engine: Engine, *, concurrency: int = 32,
                  machines: Sequence[str] | None = None, poll: float = 1.0,
-                 grace: float = 10.0) -> None:
+                 grace: float = 10.0, plan: QueuePlan | None = None) -> None:
         self.engine = engine
-        self.concurrency = concurrency
+        self.plan = plan or QueuePlan(total=concurrency)
+        self.concurrency = self.plan.total
         self.machines = None if machines is None else list(machines)
+        #: The queue of each instance running here (moved on when it stays across a boundary).
+        self._queue: dict[str, str] = {}
+        engine.worker.queues = list(self.plan.serve or [])
         self.poll = poll
         self.grace = grace
         self.completed = 0
@@ -75,6 +84,7 @@ class Worker:
         backoff = 0.05
         await self._call(self.engine.ownership.register)
         self.engine.ownership.release_idle = True  # held here but run by no task: give back
+        self.engine.driver.hand_off = self._hands_off
         self.engine._ensure_worker()
         while not self._stopping.is_set():
             try:
@@ -103,26 +113,56 @@ class Worker:
         free = self.concurrency - len(self._running)
         if free <= 0:
             return False
-        batch = await self._call(self._claim, free)
+        batch = await self._call(self._claim, self._load())
         for rec in batch:
             self._start(rec)
         return len(batch) == free
 
-    def _claim(self, limit: int) -> list[InstanceRecord]:
-        return self.engine.ownership.claim(limit, machines=self.machines)
+    def _load(self) -> Counter[str]:
+        """How many instances of each queue run here now."""
+        return Counter(self._queue.get(iid, "default") for iid in self._running)
+
+    def _claim(self, running: Counter[str]) -> list[InstanceRecord]:
+        """One claim per limited queue with free slots here, one for the rest."""
+        out: list[InstanceRecord] = []
+        free = self.plan.total - sum(running.values())
+        for c in self.plan.claims(running):
+            limit = min(c.limit, free - len(out))
+            if limit <= 0:
+                break
+            out += self.engine.ownership.claim(
+                limit, machines=self.machines, queues=c.queues, skip_queues=c.skip,
+                queue_limit=c.queue_limit, partition_limit=self.plan.partition_limit)
+        return out
+
+    def _hands_off(self, before: InstanceRecord, after: InstanceRecord) -> bool:
+        """``Driver.hand_off``: give ``after`` back when its new queue is not for this
+        worker now (else count it in that queue from here on)."""
+        if self.plan.hands_off(after.queue, self._load()):
+            return True
+        self._queue[after.id] = after.queue
+        return False
 
     def _start(self, rec: InstanceRecord) -> None:
-        task = asyncio.ensure_future(self._one(rec))
+        # claimed again while a task here still runs it (this worker's lease lapsed, e.g.
+        # a starved loop): that task's next commit is stale; this one goes on after it
+        before = self._running.get(rec.id)
+        task = asyncio.ensure_future(self._one(rec, before))
         self._running[rec.id] = task
-        task.add_done_callback(lambda _t, iid=rec.id: self._done(iid))
+        self._queue[rec.id] = rec.queue
+        task.add_done_callback(lambda t, iid=rec.id: self._done(iid, t))
 
-    def _done(self, instance_id: str) -> None:
-        self._running.pop(instance_id, None)
+    def _done(self, instance_id: str, task: asyncio.Task[None]) -> None:
+        if self._running.get(instance_id) is task:
+            self._running.pop(instance_id, None)
+            self._queue.pop(instance_id, None)
         if self._wake is not None:
             self._wake.set()
 
-    async def _one(self, rec: InstanceRecord) -> None:
+    async def _one(self, rec: InstanceRecord, before: asyncio.Task[None] | None = None) -> None:
         engine = self.engine
+        if before is not None and not before.done():
+            await asyncio.wait({before})
         try:
             engine._compiled(rec)
         except FsmError as exc:
@@ -131,7 +171,7 @@ class Worker:
         engine._known[rec.id] = rec
         try:
             done = await engine.run(rec.id, family=False)
-            if done.final:
+            if done is not None and done.final:
                 self.completed += 1
         except StaleWrite:
             pass  # taken over or cancelled meanwhile: its new owner goes on

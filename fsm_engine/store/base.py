@@ -7,6 +7,7 @@ import builtins
 from typing import Iterator, Protocol, Sequence
 
 from .claims import ClaimRequest
+from .rates import RateRequest
 from .records import (
     AttemptRow, BreakerRow, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow,
     ReviewItem,
@@ -127,6 +128,16 @@ class Store(Protocol):
 
     def put_breaker(self, row: BreakerRow, expected_version: int) -> bool:
         """Compare-and-set the breaker row; False when another process changed it first."""
+
+    def rate_acquire(self, request: RateRequest) -> tuple[float, str]:
+        """Admit one call under the sliding-window limit ``request.name`` (see
+        ``store.rates``) in one transaction serialised per name: ``(0.0, "")`` when
+        admitted (its row written), else ``(seconds until it would fit, "requests" or
+        "tokens")`` with nothing written."""
+
+    def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
+        """Record what the admitted call ``key`` really took (tokens) and until when it
+        counts (epoch seconds); a call no longer there (expired) is ignored."""
 
     # -- read side: the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
     # backend, so 100,000 instances stay fast) and maintenance (``fsm prune``/``fsm check``)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
-from .records import RUNNING, WAITING, InstanceRecord
+from .records import RATE_LIMITED, RUNNING, WAITING, InstanceRecord
 
 _FIELDS = operator.attrgetter(*(f.name for f in fields(InstanceRecord)))
 
@@ -37,6 +37,15 @@ class ClaimRequest:
             ``float("inf")``: also those still in a retry backoff).
         own: also claim instances this owner already holds (a resume by the same engine).
         machines: only instances of these machine names (``None``: any).
+        queues: only instances in these queues (``None``: any queue).
+        skip_queues: never instances in these queues (served by claims of their own).
+        queue_limit: at most this many live leases of the one queue in ``queues``,
+            counted over every worker inside the claim's transaction (serialised by a
+            lock per queue: an advisory lock on PostgreSQL, the write lock on SQLite).
+        partition_limit: at most this many live leases per partition key over every
+            worker (instances without a key are not limited); the free slots go to
+            partitions least loaded first, round-robin, so a small tenant is never
+            starved by a big one.
     """
 
     owner: str
@@ -47,6 +56,10 @@ class ClaimRequest:
     due_by: float | None = None
     own: bool = False
     machines: Sequence[str] | None = None
+    queues: Sequence[str] | None = None
+    skip_queues: Sequence[str] = ()
+    queue_limit: int | None = None
+    partition_limit: int | None = None
 
     @property
     def due(self) -> float:
@@ -79,7 +92,93 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     if req.machines is not None:
         sql += f" AND i.machine IN ({', '.join('?' * len(req.machines)) or 'NULL'})"
         args.extend(req.machines)
+    if req.queues is not None:
+        sql += f" AND i.queue IN ({', '.join('?' * len(req.queues)) or 'NULL'})"
+        args.extend(req.queues)
+    if req.skip_queues:
+        sql += f" AND i.queue NOT IN ({', '.join('?' * len(req.skip_queues))})"
+        args.extend(req.skip_queues)
     return sql, args
+
+
+def leased(req: ClaimRequest) -> tuple[str, list[object]]:
+    """The WHERE clause selecting rows of ``instances i`` under a live lease (an owner
+    whose lease holds and who is not known dead), and its arguments."""
+    sql = ("i.owner IS NOT NULL AND i.status IN ('pending', 'running') AND EXISTS "
+           "(SELECT 1 FROM workers w WHERE w.id = i.owner AND "
+           "COALESCE(w.lease_until, w.heartbeat_at + ?) >= ?)")
+    args: list[object] = [req.lease_seconds, req.now]
+    if req.dead:
+        sql += f" AND i.owner NOT IN ({', '.join('?' * len(req.dead))})"
+        args.extend(req.dead)
+    return sql, args
+
+
+class ClaimTxn(Protocol):
+    """What ``claim`` needs of a backend, inside the claim's one transaction."""
+
+    def rows(self, sql: str, args: Sequence[object]) -> list[Sequence[Any]]:
+        """All rows of a read (``?`` placeholders)."""
+
+    def lock(self, name: str) -> None:
+        """Serialise with every other claim taking ``name`` until this transaction ends."""
+
+    def take(self, cond: str, args: Sequence[object], limit: int) -> list[InstanceRecord]:
+        """Claim up to ``limit`` rows matching ``cond``, oldest first (see ``adopted``)."""
+
+
+def claim(req: ClaimRequest, txn: ClaimTxn) -> list[InstanceRecord]:
+    """``Store.claim`` over a backend's transaction: the queue's and the partitions'
+    limits applied to what ``req`` asks for."""
+    cond, args = where(req)
+    limit = req.limit
+    if req.queue_limit is not None:
+        if req.queues is None or len(req.queues) != 1:
+            raise ValueError("a queue_limit applies to exactly one queue")
+        txn.lock(f"fsm_queue:{req.queues[0]}")
+        live, live_args = leased(req)
+        held = txn.rows(f"SELECT COUNT(*) FROM instances i WHERE i.queue = ? AND {live}",
+                        [req.queues[0], *live_args])[0][0]
+        limit = min(limit, req.queue_limit - int(held))
+    if limit <= 0:
+        return []
+    if req.partition_limit is None:
+        return txn.take(cond, args, limit)
+    txn.lock("fsm_partitions")
+    live, live_args = leased(req)
+    loads = {row[0]: int(row[1]) for row in txn.rows(
+        f"SELECT i.partition_key, COUNT(*) FROM instances i WHERE i.partition_key IS NOT NULL "
+        f"AND {live} GROUP BY i.partition_key", live_args)}
+    groups = [(row[0], int(row[1]), int(row[2])) for row in txn.rows(
+        f"SELECT i.partition_key, MIN(i.key), COUNT(*) FROM instances i WHERE {cond} "
+        "GROUP BY i.partition_key", args)]
+    out: list[InstanceRecord] = []
+    for key, n in share(groups, loads, req.partition_limit, limit):
+        extra, more = ("i.partition_key IS NULL", []) if key is None else \
+            ("i.partition_key = ?", [key])
+        out += txn.take(f"{cond} AND {extra}", [*args, *more], n)
+    return out
+
+
+def share(groups: Sequence[tuple[str | None, int, int]], loads: dict[str, int],
+          per_key: int, limit: int) -> list[tuple[str | None, int]]:
+    """How many of ``limit`` slots each partition gets: ``groups`` are (key, oldest
+    instance's key, runnable count); ``loads`` the live leases per key.  Least loaded
+    first (then oldest), one slot per partition per round; a key never goes past
+    ``per_key`` leases, instances without a key (``None``) are not limited."""
+    order = sorted(groups, key=lambda g: (loads.get(g[0], 0) if g[0] is not None else 0, g[1]))
+    room = {g[0]: g[2] if g[0] is None else min(g[2], per_key - loads.get(g[0], 0))
+            for g in order}
+    given = dict.fromkeys(room, 0)
+    left = limit
+    while left > 0:
+        turn = [k for k in room if given[k] < room[k]]
+        if not turn:
+            break
+        for k in turn[:left]:
+            given[k] += 1
+        left -= min(left, len(turn))
+    return [(k, n) for k, n in given.items() if n > 0]
 
 
 def select(columns: tuple[str, ...]) -> str:
@@ -104,6 +203,8 @@ def adopted(rec: InstanceRecord, owner: str, now: float,
     new.owner, new.updated_at = owner, now
     if new.status != WAITING:
         new.status = RUNNING
+    elif rec.reason == RATE_LIMITED:  # its wait is over: it calls again
+        new.status, new.reason = RUNNING, None
     if rec.owner is None or rec.owner == owner:
         return new
     sleeping = (rec.next_attempt_at is not None and prior_heartbeat is not None

@@ -148,7 +148,7 @@ def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,
 #: a migration moves it with ``machine_version``).
 IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "input",
                        "created_at", "forked_from", "forked_at_seq",
-                       "parent_id", "branch", "fork_options"})
+                       "parent_id", "branch", "fork_options", "partition_key"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
 DICTS = ("context", "visits")

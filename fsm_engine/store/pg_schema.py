@@ -99,7 +99,16 @@ def _v7(cur: Any) -> None:
         cur.execute(sql)
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+def _v8(cur: Any) -> None:
+    """Format 8: queues, partitions and rate limits (the same as SQLite's, ``QUEUES``)."""
+    from .schema import QUEUES
+    for sql in QUEUES:
+        cur.execute(sql.format(real="DOUBLE PRECISION"))
+    cur.execute("CREATE INDEX idx_instances_queue_runnable ON instances (queue, key) "
+                "WHERE status IN ('pending', 'running')")
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

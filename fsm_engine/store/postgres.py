@@ -27,7 +27,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
-from .claims import ClaimRequest, adopted, select, where
+from . import claims, rates
+from .rates import RateRequest
+from .claims import ClaimRequest, adopted, select
 from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
     SELECT_INSTANCES, WORKER, Codec, Encoded, changes, dumps, encode_step, marks, update_sql,
@@ -69,6 +71,43 @@ _SQL_WORKERS = f"SELECT {', '.join(WORKER.columns)} FROM workers"
 _SQL_PUT_WORKER = (marks(WORKER.insert_sql("workers")) + " ON CONFLICT (id) DO UPDATE SET "
                    + ", ".join(f"{c}=excluded.{c}" for c in WORKER.columns[1:]))
 _SQL_BREAKER = f"SELECT {', '.join(BREAKER.columns)} FROM breakers WHERE name=%s"
+
+
+class _ClaimTxn:
+    """``claims.claim``'s view of a PostgreSQL transaction: rows taken ``FOR UPDATE SKIP
+    LOCKED``, limits serialised by transaction-scoped advisory locks."""
+
+    def __init__(self, conn: psycopg.Connection[Any], request: ClaimRequest) -> None:
+        self.conn, self.request = conn, request
+
+    def rows(self, sql: str, args: Sequence[object]) -> builtins.list[Any]:
+        return self.conn.execute(marks(sql), args).fetchall()
+
+    def lock(self, name: str) -> None:
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+
+    def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
+        sql = marks(select(INSTANCE.columns) + cond
+                    + " ORDER BY i.key LIMIT ? FOR UPDATE OF i SKIP LOCKED")
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(sql, [*args, limit])
+            rows = cur.fetchall()
+        out, writes = [], []
+        req = self.request
+        for data in rows:
+            prior = data.pop("prior_heartbeat")
+            rec = INSTANCE.decode(data)
+            new = adopted(rec, req.owner, req.now, prior)
+            cols, values = changes(rec, new)
+            writes.append((marks(update_sql(cols, True)),
+                           [*values, rec.key, rec.id, rec.version]))
+            new.version = rec.version + 1
+            out.append(new)
+        if writes:
+            with self.conn.pipeline(), self.conn.cursor() as cur:
+                for stmt, params in writes:
+                    cur.execute(stmt, params)
+        return out
 
 
 class _Undo(StoreError):
@@ -287,6 +326,9 @@ class PostgresStore:
             for i, st in enumerate(steps):  # families: each alone, under a savepoint
                 if st.compound and st.review_close is None:
                     applied[i] = self._compound(conn, st, encoded[i])
+            if any(ok and s.record.owner is None and s.record.status == "running"
+                   for s, ok in zip(steps, applied)):  # given back (a queue hand-off)
+                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
             return applied
         keys = [(s.record, s.record.key) for s in steps]
         try:
@@ -478,30 +520,7 @@ class PostgresStore:
 
     # -- leases -----------------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
-        cond, args = where(request)
-        sql = marks(select(INSTANCE.columns) + cond
-                    + " ORDER BY i.key LIMIT ? FOR UPDATE OF i SKIP LOCKED")
-
-        def go(conn: psycopg.Connection[Any]) -> builtins.list[InstanceRecord]:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(sql, [*args, request.limit])
-                rows = cur.fetchall()
-            out, writes = [], []
-            for data in rows:
-                prior = data.pop("prior_heartbeat")
-                rec = INSTANCE.decode(data)
-                new = adopted(rec, request.owner, request.now, prior)
-                cols, values = changes(rec, new)
-                writes.append((marks(update_sql(cols, True)),
-                               [*values, rec.key, rec.id, rec.version]))
-                new.version = rec.version + 1
-                out.append(new)
-            if writes:
-                with conn.pipeline(), conn.cursor() as cur:
-                    for stmt, params in writes:
-                        cur.execute(stmt, params)
-            return out
-        return self._run(go, txn=True)
+        return self._run(lambda conn: claims.claim(request, _ClaimTxn(conn, request)), txn=True)
 
     def held(self, owner: str) -> dict[str, str]:
         def go(conn: psycopg.Connection[Any]) -> dict[str, str]:
@@ -599,6 +618,21 @@ class PostgresStore:
         if ok:
             row.version = version
         return ok
+
+    # -- rate limits --------------------------------------------------------------------
+    def rate_acquire(self, request: RateRequest) -> tuple[float, str]:
+        def go(conn: psycopg.Connection[Any]) -> tuple[float, str]:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                         ("fsm_rate:" + request.name,))
+
+            def execute(sql: str, args: Sequence[Any]) -> builtins.list[Any]:
+                cur = conn.execute(marks(sql), args)
+                return cur.fetchall() if cur.description else []
+            return rates.acquire(request, execute)
+        return self._run(go, txn=True)
+
+    def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
+        self._run(lambda conn: conn.execute(marks(rates.SETTLE), (tokens, until, name, key)))
 
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,

@@ -17,7 +17,13 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
+
+#: The queue of a state that names none (``State.queue``).
+DEFAULT_QUEUE = "default"
+#: ``reason`` of an instance waiting for a provider's rate limit (``next_attempt_at``: when
+#: it is claimable again; no retry attempt is spent).
+RATE_LIMITED = "rate_limited"
 
 
 @dataclass(slots=True)
@@ -71,6 +77,12 @@ class InstanceRecord:
     #: (answer model calls from the original's recorded replies where the prompt is
     #: byte-identical), ``redeliver`` (deliver side effects the original delivered again).
     fork_options: dict[str, bool] = field(default_factory=dict)
+    #: The queue of the current state (``State.queue``), set in the commit that moves it:
+    #: workers claim by queue, and per-queue limits count the leases of each.
+    queue: str = DEFAULT_QUEUE
+    #: The partition key given at start (e.g. a tenant id; children inherit it): workers
+    #: limit how many instances of one key they hold at once (``None``: no partition).
+    partition_key: str | None = None
 
     @property
     def final(self) -> bool:

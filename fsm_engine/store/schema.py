@@ -164,7 +164,26 @@ def _v7(db: sqlite_utils.Database) -> None:
         db.execute(sql)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+#: Format 8, the same in every backend: the queue of an instance's current state and its
+#: partition key (both indexed), and the calls each rate limit admitted (``rate_calls``:
+#: a sliding window per limit ``name``; ``until`` is when a call stops counting).
+QUEUES = (
+    "ALTER TABLE instances ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'",
+    "ALTER TABLE instances ADD COLUMN partition_key TEXT",
+    "CREATE INDEX idx_instances_queue ON instances (queue, status)",
+    "CREATE INDEX idx_instances_partition_key ON instances (partition_key)",
+    "CREATE TABLE rate_calls (name TEXT NOT NULL, key TEXT NOT NULL, at {real}, "
+    "until {real}, tokens BIGINT, PRIMARY KEY (name, key))",
+    "CREATE INDEX idx_rate_calls_until ON rate_calls (name, until)")
+
+
+def _v8(db: sqlite_utils.Database) -> None:
+    """Queues, partitions and rate limits (``QUEUES``)."""
+    for sql in QUEUES:
+        db.execute(sql.format(real="REAL"))
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -39,7 +39,9 @@ from .codec import (
     PUT_REPLY, REPLY, SELECT_REPLY,
     reviews_where,
 )
-from .claims import ClaimRequest, adopted, select, where
+from . import claims, rates
+from .rates import RateRequest
+from .claims import ClaimRequest, adopted, select
 from .schema import migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
@@ -380,20 +382,8 @@ class SqliteStore:
 
     # -- leases ---------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
-        cond, args = where(request)
-        sql = select(_INSTANCE.columns) + cond + " ORDER BY i.key LIMIT ?"
-        out: builtins.list[InstanceRecord] = []
         with self._write() as conn:  # BEGIN IMMEDIATE: claimers take turns, none shares a row
-            for row in conn.execute(sql, [*args, request.limit]).fetchall():
-                data = dict(row)
-                prior = data.pop("prior_heartbeat")
-                rec = _INSTANCE.decode(data)
-                new = adopted(rec, request.owner, request.now, prior)
-                cols, values = _changes(rec, new)
-                conn.execute(_update_sql(cols, True), [*values, rec.key, rec.id, rec.version])
-                new.version = rec.version + 1
-                out.append(new)
-        return out
+            return claims.claim(request, _ClaimTxn(conn, request))
 
     def held(self, owner: str) -> dict[str, str]:
         return dict(self._read("SELECT id, status FROM instances WHERE owner=?", (owner,)))
@@ -453,6 +443,15 @@ class SqliteStore:
             row.version = version
         return ok
 
+    # -- rate limits ------------------------------------------------------------------
+    def rate_acquire(self, request: RateRequest) -> tuple[float, str]:
+        with self._write() as conn:  # BEGIN IMMEDIATE: one admission at a time
+            return rates.acquire(request, lambda sql, args: conn.execute(sql, args).fetchall())
+
+    def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
+        with self._write() as conn:
+            conn.execute(rates.SETTLE, (tokens, until, name, key))
+
     # -- read side ------------------------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
               limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
@@ -504,6 +503,35 @@ class SqliteStore:
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r}, format={FORMAT_VERSION})"
+
+
+class _ClaimTxn:
+    """``claims.claim``'s view of a SQLite write transaction (its lock serialises every
+    claimer already: ``lock`` has nothing to add)."""
+
+    def __init__(self, conn: sqlite3.Connection, request: ClaimRequest) -> None:
+        self.conn, self.request = conn, request
+
+    def rows(self, sql: str, args: Sequence[object]) -> builtins.list[Any]:
+        return self.conn.execute(sql, args).fetchall()
+
+    def lock(self, name: str) -> None:
+        return None
+
+    def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
+        sql = select(_INSTANCE.columns) + cond + " ORDER BY i.key LIMIT ?"
+        out: builtins.list[InstanceRecord] = []
+        req = self.request
+        for row in self.conn.execute(sql, [*args, limit]).fetchall():
+            data = dict(row)
+            prior = data.pop("prior_heartbeat")
+            rec = _INSTANCE.decode(data)
+            new = adopted(rec, req.owner, req.now, prior)
+            cols, values = _changes(rec, new)
+            self.conn.execute(_update_sql(cols, True), [*values, rec.key, rec.id, rec.version])
+            new.version = rec.version + 1
+            out.append(new)
+        return out
 
 
 class _Txn:
