@@ -99,7 +99,13 @@ def _v7(cur: Any) -> None:
         cur.execute(sql)
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+def _v8(cur: Any) -> None:
+    """Format 8: large context values beside the row (``context_refs``, values in ``blobs``)."""
+    from .schema import CONTEXT_REFS
+    cur.execute(CONTEXT_REFS)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 
 @dataclass(slots=True)
@@ -71,6 +71,13 @@ class InstanceRecord:
     #: (answer model calls from the original's recorded replies where the prompt is
     #: byte-identical), ``redeliver`` (deliver side effects the original delivered again).
     fork_options: dict[str, bool] = field(default_factory=dict)
+    #: Context fields stored beside the row (format 8): field name → SHA-256 of the
+    #: value's JSON in the store's ``blobs`` (values whose JSON exceeds the store's
+    #: ``context_threshold``). ``context`` holds every value in memory; the stored
+    #: ``context`` column holds the others, so a step that leaves a large value alone
+    #: never rewrites it (keys ``"$input.FIELD"``: large ``input`` values). Maintained
+    #: by the store; ``{}`` for small contexts.
+    context_refs: dict[str, str] = field(default_factory=dict)
 
     @property
     def final(self) -> bool:
