@@ -188,8 +188,9 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
     store.create(record("a"))
     store.commit([StepCommit(moved(store.get("a"), "b"), 0, history=[hist("a", 1, "start", "b")])])
     store.close()
-    schema = url.rsplit("%3D", 1)[1]  # back to format 6: the columns format 7 added dropped
-    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
+    schema = url.rsplit("%3D", 1)[1]  # back to format 6: the columns formats 7, 8 added dropped
+    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN context_refs; "
+                   f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.history DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.instances DROP COLUMN fork_options; "
                    f"UPDATE {schema}.fsm_meta SET value = '6'")
