@@ -19,6 +19,14 @@ STATES = tuple(f"s{i}" for i in range(7))
 FINAL = STATES[-1]
 TRANSITIONS = len(STATES) - 1          # durable transitions per instance
 INFER = "s2"                           # the state whose action may sleep
+#: W1 context sizes (bytes of a ``doc`` string field no action changes), ``0``: no doc.
+DOC_SIZES = (300, 10_000, 100_000)
+
+
+def doc_text(size: int) -> str:
+    """A document of ``size`` characters (prose with quotes, so JSON encoders escape)."""
+    unit = 'The committee said "approve" — after review. '
+    return (unit * (size // len(unit) + 1))[:size]
 
 
 def fresh_path(directory: str, name: str) -> str:

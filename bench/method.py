@@ -14,10 +14,27 @@ METHOD = """## Method
   Peak RSS is the process's `VmHWM`, reset before each repetition, so it
   includes the interpreter and the framework's imports.  DB size is the file
   (plus WAL) after the framework closed it.
-- **floor (raw SQLite).** One connection, prepared statements; per instance one
-  transaction inserting the instance row, then per transition one
+- **CPU and fsyncs.** Beside the wall time every run records its child
+  process's CPU time (`time.process_time()`: all its threads), shown as CPU µs
+  per durable transition; it does not swing with the disk's fsync latency the
+  way wall time does.  Fsyncs per transition come from a separate, untimed run
+  of each peer under `strace -f -c -e trace=fsync,fdatasync` (W1: 20
+  instances, W2: the W2 size), minus a run of one instance (so opening and
+  closing the peer cancel out), over 6 × (instances − 1).
+- **Context sizes.** "W1 at three context sizes" gives the context a `doc`
+  string of 300 B, 10 kB or 100 kB that no action changes (fsm_engine: a
+  `doc: str` field set by the start input; the floor and `transitions`: a key
+  of the JSON context they rewrite with every transition, as a hand-written
+  loop storing its state would), synchronous=NORMAL, so CPU shows what a step
+  costs with a large context.
+- **floor (raw SQLite).** One connection, prepared statements; W1: per
+  instance one transaction inserting the instance row, then per transition one
   `BEGIN IMMEDIATE … COMMIT` updating the instance row and inserting one
-  history row.  In W2 the 200 instances are asyncio tasks writing the same way.
+  history row.  W2: the instances are created in one transaction and run as
+  asyncio tasks whose transitions are group-committed: every transition ready
+  in one event-loop iteration joins one transaction (two `executemany`), and
+  each task continues once its transition is committed — what the fastest
+  hand-written durable code would do.
 - **fsm_engine.** `Engine(SqliteStore(path, synchronous=…))`; W1: `start` then
   `await run(id)` per instance; W2: `start_many` (one transaction) then
   `await run_many(ids)`.  The "fsm_engine" row uses `async def` actions, which
@@ -26,7 +43,9 @@ METHOD = """## Method
   actions, which the engine always runs in a worker thread (one may block on
   I/O without stalling the other instances): one thread hop per step, a pair
   of thread wake-ups that costs 0.1–0.2 ms on this VM for a lone instance and
-  is amortised across instances under load.  Per instance fsm_engine commits 7
+  is amortised across instances under load.  The "(def, inline)" row declares
+  the same plain `def` actions `State(..., inline=True)`: run on the event
+  loop, no thread hop (only for quick actions that never block).  Per instance fsm_engine commits 7
   transactions (start, 6 steps: the starting engine owns the instance, so no
   claim), like the floor.
 - **transitions + SQLite.** One `Machine` (W2: `AsyncMachine`) shared through

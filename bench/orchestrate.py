@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .peers import FSM_VARIANTS, PEERS
+from .common import DOC_SIZES, TRANSITIONS
+from .peers import FLOOR, FSM_VARIANTS, PEERS, SIZED
 from .workloads.steps import Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,12 +129,28 @@ class PeerProcess:
         self.log.close()
 
 
-def steps_cases(p: Params) -> list[tuple[str, str, int]]:
+@dataclass(frozen=True)
+class Case:
+    """One W1/W2 case: its result key ``label`` (``W1``, ``W2``, ``W1@10000`` …)."""
+
+    label: str
+    workload: str
+    sync: str
+    n: int
+    doc: int = 0
+
+
+def sized_label(doc: int) -> str:
+    return f"W1@{doc}"
+
+
+def steps_cases(p: Params) -> list[Case]:
     cases = []
     if "W1" in p.only:
-        cases += [("W1", "FULL", p.n1), ("W1", "NORMAL", p.n1)]
+        cases += [Case("W1", "W1", "FULL", p.n1), Case("W1", "W1", "NORMAL", p.n1)]
+        cases += [Case(sized_label(d), "W1", "NORMAL", max(20, p.n1 // 2), d) for d in DOC_SIZES]
     if "W2" in p.only:
-        cases.append(("W2", "FULL", p.n2))
+        cases.append(Case("W2", "W2", "FULL", p.n2))
     return cases
 
 
@@ -169,18 +187,20 @@ def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
         failed = proc.ready()
         if failed:
             log(f"{name}: n/a ({failed['error']})")
-            for workload, sync, _ in steps_cases(p):
-                results[(workload, sync, name)] = Outcome(error=failed["error"])
+            for case in steps_cases(p):
+                results[(case.label, case.sync, name)] = Outcome(error=failed["error"])
     try:
         for rep in range(p.reps):
-            for workload, sync, n in steps_cases(p):
-                outs = {name: results.setdefault((workload, sync, name), Outcome())
-                        for name in p.peers}
+            for case in steps_cases(p):
+                names = [n for n in p.peers if not case.doc or n in SIZED]
+                outs = {name: results.setdefault((case.label, case.sync, name), Outcome())
+                        for name in names}
                 started = time.perf_counter()
-                _round(procs, outs, lambda name: Task(workload, PEERS[name], sync, p.workdir,
-                                                      p.sleep),
-                       n, CHUNK if workload == "W1" else n)
-                log(f"rep {rep + 1}/{p.reps} {workload} {sync:6} {n} instances "
+                _round({n: procs[n] for n in names}, outs,
+                       lambda name, c=case: Task(c.workload, PEERS[name], c.sync, p.workdir,
+                                                 p.sleep, c.doc),
+                       case.n, CHUNK if case.workload == "W1" else case.n)
+                log(f"rep {rep + 1}/{p.reps} {case.label} {case.sync:6} {case.n} instances "
                     f"{time.perf_counter() - started:6.1f} s; "
                     + ", ".join(f"{k} {o.samples[-1]['seconds']:.2f}" if not o.error
                                 else f"{k} n/a" for k, o in outs.items()))
@@ -191,9 +211,9 @@ def run_steps(p: Params, log: Log) -> dict[tuple[str, str, str], Outcome]:
 
 
 def run_fsm_big(p: Params, log: Log) -> dict[str, Outcome]:
-    """W2 with ``n2_big`` instances, each fsm_engine variant alone (a fresh child per
-    repetition), repetitions interleaved across the variants."""
-    outs = {name: Outcome() for name in FSM_VARIANTS}
+    """W2 with ``n2_big`` instances, the group-commit floor and each fsm_engine variant
+    alone (a fresh child per repetition), repetitions interleaved across them."""
+    outs = {name: Outcome() for name in (FLOOR, *FSM_VARIANTS)}
     for rep in range(p.reps):
         for name, out in outs.items():
             if out.error:
@@ -247,3 +267,48 @@ def run_module(p: Params, log: Log, label: str, module: str, *args: Any,
     log(f"{label:40} {time.perf_counter() - started:6.1f} s"
         + (f"  n/a: {result}" if isinstance(result, str) else ""))
     return result
+
+
+def _strace_calls(path: str) -> int:
+    """fsync + fdatasync calls in a ``strace -c`` summary file."""
+    calls = 0
+    with open(path) as fh:
+        for line in fh:
+            parts = line.split()
+            if parts and parts[-1] in ("fsync", "fdatasync"):
+                calls += int(parts[3])
+    return calls
+
+
+def _count_fsyncs(p: Params, task: Task, n: int) -> int:
+    out = os.path.join(p.workdir, f"strace-{task.tag}-{n}.txt")
+    cmd = ["strace", "-f", "-qq", "-c", "-e", "trace=fsync,fdatasync", "-o", out,
+           p.python, "-m", "bench.workloads.fsyncs", json.dumps(asdict(task)), str(n)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(),
+                          cwd=p.workdir, timeout=p.timeout)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(tail[:200])
+    return _strace_calls(out)
+
+
+def run_fsyncs(p: Params, log: Log) -> dict[tuple[str, str, str], float | str]:
+    """fsyncs per durable transition of every peer in W1 (FULL, NORMAL) and W2, counted by
+    ``strace -f -c`` in a separate, untimed run (``calls(N) - calls(1)`` over ``6 (N - 1)``)."""
+    if shutil.which("strace") is None:
+        return {}
+    found: dict[tuple[str, str, str], float | str] = {}
+    cases = [("W1", "FULL", 20), ("W1", "NORMAL", 20), ("W2", "FULL", p.n2)]
+    for name in p.peers:
+        started = time.perf_counter()
+        for workload, sync, n in cases:
+            if workload not in p.only:
+                continue
+            task = Task(workload, PEERS[name], sync, p.workdir, p.sleep)
+            try:  # the baseline runs one instance: a peer may check that it did work
+                extra = _count_fsyncs(p, task, n) - _count_fsyncs(p, task, 1)
+                found[(workload, sync, name)] = extra / ((n - 1) * TRANSITIONS)
+            except Exception as exc:  # noqa: BLE001 - reported as n/a
+                found[(workload, sync, name)] = f"{type(exc).__name__}: {exc}"[:120]
+        log(f"fsyncs {name:32} {time.perf_counter() - started:6.1f} s")
+    return found

@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Iterable
 
-from .orchestrate import Outcome, Params
-from .peers import FLOOR, FSM, FSM_VARIANTS
+from .common import DOC_SIZES
+from .orchestrate import Outcome, Params, sized_label
+from .peers import FLOOR, FSM, FSM_DEF, FSM_INLINE, FSM_VARIANTS, SIZED
 
 Row = list[str]
 
@@ -38,49 +39,113 @@ def na(out: Outcome | None) -> str:
 
 
 # -- W1 ------------------------------------------------------------------------------------
+Fsyncs = dict[tuple[str, str, str], "float | str"]
+
+
 def us_per_transition(s: dict[str, Any]) -> float:
     return s["seconds"] / s["transitions"] * 1e6
 
 
-def w1_table(results: dict[tuple[str, str, str], Outcome], sync: str, p: Params) -> str:
-    fsm = results.get(("W1", sync, FSM))
-    fsm_us = med(map(us_per_transition, fsm.samples)) if fsm and not fsm.error else None
+def cpu_per_transition(s: dict[str, Any]) -> float:
+    """Process CPU µs per durable transition (every thread of the peer's child)."""
+    return s.get("cpu_seconds", float("nan")) / s["transitions"] * 1e6
+
+
+def fsyncs_cell(fsyncs: Fsyncs, key: tuple[str, str, str]) -> str:
+    value = fsyncs.get(key)
+    if value is None:
+        return "–"
+    return f"n/a ({value})" if isinstance(value, str) else f"{value:.2f}"
+
+
+def _cpu(results: dict[tuple[str, str, str], Outcome], key: tuple[str, str, str]
+         ) -> float | None:
+    out = results.get(key)
+    if out is None or out.error or not out.samples:
+        return None
+    return med(map(cpu_per_transition, out.samples))
+
+
+def w1_table(results: dict[tuple[str, str, str], Outcome], sync: str, p: Params,
+             fsyncs: Fsyncs | None = None) -> str:
+    floor_cpu = _cpu(results, ("W1", sync, FLOOR))
     rows = []
     for name in p.peers:
         out = results.get(("W1", sync, name))
         if out is None or out.error or not out.samples:
-            rows.append([name, na(out), "", "", "", ""])
+            rows.append([name, na(out), "", "", "", "", "", ""])
             continue
         us = [us_per_transition(s) for s in out.samples]
-        ratio = fsm_us / med(us) if fsm_us else None
-        rows.append([name, fmt(med(us)), spread(us), fmt(ratio, 2),
+        cpu = med(map(cpu_per_transition, out.samples))
+        rows.append([name, fmt(med(us)), spread(us), fmt(cpu),
+                     fmt(cpu / floor_cpu, 2) + "×" if floor_cpu else "–",
+                     fsyncs_cell(fsyncs or {}, ("W1", sync, name)),
                      fmt(med(s["db_bytes"] for s in out.samples) / 1024),
                      fmt(med(s["rss_mib"] for s in out.samples), 1)])
-    rows += [[name, f"n/a ({why})", "", "", "", ""] for name, why in p.skipped.items()]
-    head = ["framework", "µs / transition (median)", "min–max", "fsm_engine ÷ this",
-            "DB size KiB", "peak RSS MiB"]
+    rows += [[name, f"n/a ({why})", "", "", "", "", "", ""] for name, why in p.skipped.items()]
+    head = ["framework", "wall µs / transition (median)", "min–max", "CPU µs / transition",
+            "CPU ÷ floor's", "fsyncs / transition", "DB size KiB", "peak RSS MiB"]
+    return table(head, rows)
+
+
+def w1_sized_table(results: dict[tuple[str, str, str], Outcome], p: Params) -> str:
+    """CPU (and wall) µs per transition at each context size, synchronous=NORMAL."""
+    rows = []
+    for name in [n for n in p.peers if n in SIZED]:
+        row = [name]
+        for doc in DOC_SIZES:
+            key = (sized_label(doc), "NORMAL", name)
+            cpu, floor = _cpu(results, key), _cpu(results, (sized_label(doc), "NORMAL", FLOOR))
+            out = results.get(key)
+            wall = (med(map(us_per_transition, out.samples))
+                    if out and out.samples and not out.error else None)
+            row += ["n/a" if cpu is None else f"{fmt(cpu)} ({fmt(cpu / floor, 2)}×)"
+                    if floor else fmt(cpu), fmt(wall)]
+        rows.append(row)
+    head = ["framework"]
+    for doc in DOC_SIZES:
+        head += [f"CPU µs ({doc:,} B doc; ÷ floor)", f"wall µs ({doc:,} B)"]
     return table(head, rows)
 
 
 # -- W2 ------------------------------------------------------------------------------------
-def w2_row(name: str, out: Outcome | None, ideal: float, fsm_wall: float | None) -> Row:
+def w2_row(name: str, out: Outcome | None, ideal: float, floor_wall: float | None,
+           fsyncs: str) -> Row:
     if out is None or out.error or not out.samples:
-        return [name, na(out), "", "", "", "", ""]
+        return [name, na(out), "", "", "", "", "", "", ""]
     walls = [s["seconds"] for s in out.samples]
     tps = med(s["transitions"] / s["seconds"] for s in out.samples)
-    ratio = fsm_wall / med(walls) if fsm_wall else None
+    ratio = med(walls) / floor_wall if floor_wall else None
     return [name, fmt(med(walls), 2), spread(walls, 2), fmt(med(walls) / ideal, 1) + "×",
-            fmt(tps), fmt(med(s["rss_mib"] for s in out.samples), 1), fmt(ratio, 2)]
+            fmt(ratio, 2) + "×" if ratio else "–", fmt(tps),
+            fmt(med(map(cpu_per_transition, out.samples))), fsyncs,
+            fmt(med(s["rss_mib"] for s in out.samples), 1)]
 
 
-def w2_table(results: dict[tuple[str, str, str], Outcome], p: Params) -> str:
-    fsm = results.get(("W2", "FULL", FSM))
-    fsm_wall = med(s["seconds"] for s in fsm.samples) if fsm and not fsm.error else None
-    rows = [w2_row(name, results.get(("W2", "FULL", name)), p.sleep, fsm_wall)
-            for name in p.peers]
-    rows += [[name, f"n/a ({why})", "", "", "", "", ""] for name, why in p.skipped.items()]
-    head = ["framework", "wall s (median)", "min–max", "× ideal", "durable transitions/s",
-            "peak RSS MiB", "fsm_engine ÷ this"]
+def w2_table(results: dict[tuple[str, str, str], Outcome], p: Params,
+             fsyncs: Fsyncs | None = None) -> str:
+    floor = results.get(("W2", "FULL", FLOOR))
+    floor_wall = (med(s["seconds"] for s in floor.samples)
+                  if floor and floor.samples and not floor.error else None)
+    rows = [w2_row(name, results.get(("W2", "FULL", name)), p.sleep, floor_wall,
+                   fsyncs_cell(fsyncs or {}, ("W2", "FULL", name))) for name in p.peers]
+    rows += [[name, f"n/a ({why})", "", "", "", "", "", "", ""]
+             for name, why in p.skipped.items()]
+    head = ["framework", "wall s (median)", "min–max", "× ideal", "wall ÷ floor's",
+            "durable transitions/s", "CPU µs / transition", "fsyncs / transition",
+            "peak RSS MiB"]
+    return table(head, rows)
+
+
+def big_table(big: dict[str, Outcome], p: Params) -> str:
+    """W2 with ``n2_big`` instances: the group-commit floor and each fsm_engine variant."""
+    floor = big.get(FLOOR)
+    floor_wall = (med(s["seconds"] for s in floor.samples)
+                  if floor and floor.samples and not floor.error else None)
+    rows = [w2_row(name, out, p.sleep, floor_wall, "–") for name, out in big.items()]
+    head = ["framework", "wall s (median)", "min–max", "× ideal", "wall ÷ floor's",
+            "durable transitions/s", "CPU µs / transition", "fsyncs / transition",
+            "peak RSS MiB"]
     return table(head, rows)
 
 
@@ -170,61 +235,84 @@ def profile_section(result: dict[str, Any] | str | None) -> str:
     return "\n\n".join(parts)
 
 
-# -- targets ---------------------------------------------------------------------------------
-def _ratio(results: dict[tuple[str, str, str], Outcome], sync: str, name: str) -> float | None:
-    fsm, floor = results.get(("W1", sync, name)), results.get(("W1", sync, FLOOR))
-    if not fsm or not floor or fsm.error or floor.error or not fsm.samples or not floor.samples:
-        return None
-    return med(map(us_per_transition, fsm.samples)) / med(map(us_per_transition, floor.samples))
-
-
+# -- targets (issue 9) ------------------------------------------------------------------------
 def _verdict(ok: bool | None) -> str:
     return "–" if ok is None else ("met" if ok else "**not met**")
 
 
 def _label(name: str) -> str:
-    return "async def actions" if name == FSM else "plain def actions"
+    return {FSM: "async def", FSM_DEF: "plain def", FSM_INLINE: "def, inline"}.get(name, name)
+
+
+def _wall(out: Outcome | None, key: str = "seconds") -> float | None:
+    return med(s[key] for s in out.samples) if out and out.samples and not out.error else None
+
+
+class Targets:
+    """Rows of the targets table: ``add(target, value, shown, ok)``."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+
+    def add(self, target: str, value: float | None, text: Callable[[float], str],
+            ok: Callable[[float], bool]) -> None:
+        self.rows.append([target, "n/a" if value is None else text(value),
+                          _verdict(None if value is None else ok(value))])
+
+    def ratio(self, target: str, num: float | None, den: float | None, limit: float) -> None:
+        value = num / den if num is not None and den else None
+        self.add(target, value, lambda r: f"{r:.2f}×", lambda r: r <= limit)
+
+
+def _w2_targets(t: Targets, results: dict[tuple[str, str, str], Outcome],
+                big: dict[str, Outcome], p: Params) -> None:
+    floor200 = _wall(results.get(("W2", "FULL", FLOOR)))
+    for name in FSM_VARIANTS:
+        t.ratio(f"W2 {p.n2} in flight ≤ 1.3× the floor's wall, {_label(name)}",
+                _wall(results.get(("W2", "FULL", name))), floor200, 1.3)
+    n_big = p.n2_big or 10000
+    floor_big = _wall(big.get(FLOOR))
+    for name in FSM_VARIANTS:
+        out = big.get(name)
+        t.ratio(f"W2 {n_big:,} in flight ≤ 1.5× the floor's wall, {_label(name)}",
+                _wall(out), floor_big, 1.5)
+    out = big.get(FSM)
+    tps = med(s["transitions"] / s["seconds"] for s in out.samples) if _wall(out) else None
+    t.add(f"W2 {n_big:,} in flight ≥ 20,000 durable transitions/s, async def", tps,
+          lambda r: f"{r:,.0f}/s", lambda r: r >= 20000)
+    for name in (FSM_DEF, FSM_INLINE):
+        t.ratio(f"W2 {n_big:,} in flight: {_label(name)} ≤ 1.3× async def's wall",
+                _wall(big.get(name)), _wall(big.get(FSM)), 1.3)
+    for name in FSM_VARIANTS:
+        out = big.get(name)
+        rss = med(s["rss_mib"] for s in out.samples) if _wall(out) else None
+        t.add(f"W2 {n_big:,} in flight peak RSS ≤ 200 MiB, {_label(name)}", rss,
+              lambda r: f"{r:,.0f} MiB", lambda r: r <= 200)
 
 
 def targets_table(results: dict[tuple[str, str, str], Outcome], big: dict[str, Outcome],
                   w3: Outcome | None, w4: dict[str, Any] | str | None, p: Params) -> str:
-    """One row per target and fsm_engine variant (``async def`` / plain ``def`` actions)."""
-    rows: list[Row] = []
-
-    def add(target: str, value: float | None, text: Callable[[float], str],
-            ok: Callable[[float], bool]) -> None:
-        rows.append([target, "n/a" if value is None else text(value),
-                     _verdict(None if value is None else ok(value))])
-
-    for sync, limit in (("FULL", 1.3), ("NORMAL", 2.5)):
+    """One row per issue-9 target and fsm_engine variant."""
+    t = Targets()
+    for doc in DOC_SIZES:
+        label = sized_label(doc)
+        floor = _cpu(results, (label, "NORMAL", FLOOR))
         for name in FSM_VARIANTS:
-            add(f"W1 ≤ {limit}× floor ({sync}), {_label(name)}", _ratio(results, sync, name),
-                lambda r: f"{r:.2f}×", lambda r, limit=limit: r <= limit)
-    for name in FSM_VARIANTS:
-        out = results.get(("W2", "FULL", name))
-        wall = med(s["seconds"] for s in out.samples) if out and out.samples and not out.error else None
-        add(f"W2 {p.n2} instances ≤ 2× ideal (start + run), {_label(name)}",
-            None if wall is None else wall / p.sleep, lambda r: f"{r:.1f}×", lambda r: r <= 2)
-    n_big = p.n2_big or 10000
-    for name in FSM_VARIANTS:
-        out = big.get(name)
-        ok_big = out is not None and out.samples and not out.error
-        for label, key in (("start + run", "seconds"), ("run only", "run_seconds")):
-            tps = med(s["transitions"] / s[key] for s in out.samples) if ok_big else None
-            add(f"W2 {n_big} instances ≥ 10,000 durable transitions/s, FULL ({label}), "
-                f"{_label(name)}", tps, lambda r: f"{r:,.0f}/s", lambda r: r >= 10000)
-        rss = med(s["rss_mib"] for s in out.samples) if ok_big else None
-        add(f"W2 {n_big} instances RSS ≤ 1 GiB, {_label(name)}", rss,
-            lambda r: f"{r:,.0f} MiB", lambda r: r <= 1024)
-    ok3 = w3 is not None and w3.samples
+            t.ratio(f"W1 NORMAL CPU per step ≤ 2.5× floor's, {doc:,} B doc, {_label(name)}",
+                    _cpu(results, (label, "NORMAL", name)), floor, 2.5)
+        for name in (FSM_DEF, FSM_INLINE):
+            t.ratio(f"W1 NORMAL CPU per step, {doc:,} B doc: {_label(name)} ≤ 1.3× async def's",
+                    _cpu(results, (label, "NORMAL", name)), _cpu(results, (label, "NORMAL", FSM)),
+                    1.3)
+    _w2_targets(t, results, big, p)
+    ok3 = w3 is not None and bool(w3.samples)
     first = max(x["first_step_s"] or float("inf") for x in w3.samples) if ok3 else None
-    add(f"W3 resume starts stepping within 2 s ({p.n3} instances, worst rep)", first,
-        lambda r: f"{r:.2f} s", lambda r: r <= 2)
+    t.add(f"W3 resume of {p.n3:,} killed instances: first step ≤ 0.5 s (worst rep)", first,
+          lambda r: f"{r:.2f} s", lambda r: r <= 0.5)
+    fresh = _wall(big.get(FSM)) if p.n3 == (p.n2_big or 0) else None
+    t.ratio(f"W3 resume: all final ≤ 1.5× a fresh run of the same work (W2 {p.n3:,}, async)",
+            med(x["all_final_s"] for x in w3.samples) if ok3 else None, fresh, 1.5)
     twice = max(x["executed_twice"] for x in w3.samples) if ok3 else None
-    add("W3 zero completed steps executed twice", twice, lambda r: f"{r:.0f}", lambda r: r == 0)
-    share = None
-    if isinstance(w4, dict) and w4.get("sequential"):
-        share = med(r["model_s"] / r["wall_s"] * 100 for r in w4["sequential"])
-    add("W4 ≥ 95 % of wall time inside the model call (sequential)", share,
-        lambda r: f"{r:.2f} %", lambda r: r >= 95)
-    return table(["target (issue 4)", "measured", "verdict"], rows)
+    t.add("W3 zero completed steps executed twice", twice, lambda r: f"{r:.0f}",
+          lambda r: r == 0)
+    return table(["target (issue 9)", "measured", "verdict"], t.rows)

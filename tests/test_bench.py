@@ -7,6 +7,7 @@ installs, ``bench/requirements.txt``); the numbers themselves live in
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,15 @@ def test_bench_quick_run_writes_a_report_with_both_fsm_engine_variants(tmp_path:
     w1 = text.split("## W1 durable step overhead, synchronous=FULL")[1].split("##")[0]
     cells = {r.split(" | ")[0].lstrip("| "): r.split(" | ")[1] for r in w1.splitlines()
              if r.startswith("| ")}
-    for name in ("fsm_engine", "fsm_engine (def actions)", "floor (raw SQLite)"):
+    for name in ("fsm_engine", "fsm_engine (def actions)", "fsm_engine (def, inline)",
+                 "floor (raw SQLite)"):
         assert float(cells[name].replace(",", "")) > 0, name  # measured, not n/a
     assert "| W3 zero completed steps executed twice | 0 | met |" in text
+    # CPU µs and (with strace installed) fsyncs per transition beside the wall time
+    row = next(r for r in w1.splitlines() if r.startswith("| floor (raw SQLite) |")).split(" | ")
+    assert float(row[3].replace(",", "")) > 0 and row[4] == "1.00×"
+    if shutil.which("strace"):
+        assert float(row[5]) > 0.5  # FULL: about one fsync per committed transition
+    sized = text.split("## W1 at three context sizes")[1].split("##")[0]
+    assert "100,000 B doc" in sized and "| floor (raw SQLite) | " in sized
+    assert "## W2 with 40 instances in flight" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("8",)]
+        [(str(FORMAT_VERSION),)] == [("9",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -124,8 +125,25 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     # format 7: everything stored before machine versions was written under version 1
     assert a.machine_version == 1 and {h.machine_version for h in rows} == {1}
     assert a.fork_options == {}
+    # format 9: no value of an old row lives beside it
+    assert a.context_refs == {} and b.context_refs == {}
     # format 3: workers carry their lease's expiry and their queues
     assert [r[1] for r in _sql(path, "PRAGMA table_info(workers)")][-2:] == ["lease_until", "queues"]
+
+
+def test_a_migrated_instance_moves_a_large_value_beside_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    write_v1(path)
+    store = SqliteStore(str(path))
+    rec = store.get("a")
+    new = HistoryRow(instance_id="a", seq=3, source="review", dest="review", trigger="ok",
+                     at=1004.0)
+    after = replace(rec, seq=3, context={**rec.context, "text": BIG * 2})
+    assert store.commit([StepCommit(after, rec.version, [new], before=rec)]) == [True]
+    assert store.get("a").context == {"n": 1, "text": BIG * 2}
+    store.close()
+    [(text, refs)] = _sql(path, "SELECT context, context_refs FROM instances WHERE id='a'")
+    assert json.loads(text) == {"n": 1} and list(json.loads(refs)) == ["text"]
 
 
 def test_v2_worker_rows_read_back_with_no_lease_and_no_queues(tmp_path: Path) -> None:
@@ -173,8 +191,8 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
     store.create(record("a"))
     store.commit([StepCommit(moved(store.get("a"), "b"), 0, history=[hist("a", 1, "start", "b")])])
     store.close()
-    schema = url.rsplit("%3D", 1)[1]  # back to format 6: what formats 7 and 8 added dropped
-    pg_cluster.sql(f"{_DROP_V8.format(schema=schema)}; "
+    schema = url.rsplit("%3D", 1)[1]  # back to format 6: what formats 7, 8 and 9 added dropped
+    pg_cluster.sql(f"{_DROP_V9.format(schema=schema)}; {_DROP_V8.format(schema=schema)}; "
                    f"ALTER TABLE {schema}.instances DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.history DROP COLUMN machine_version; "
                    f"ALTER TABLE {schema}.instances DROP COLUMN fork_options; "
@@ -189,6 +207,8 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta") == [(str(FORMAT_VERSION),)]
 
 
+#: Undo format 9 on PostgreSQL (large context values beside the row): a format 8 database.
+_DROP_V9 = "ALTER TABLE {schema}.instances DROP COLUMN context_refs"
 #: Undo format 8 on PostgreSQL (queues, partitions, rate limits): a format 7 database.
 _DROP_V8 = ("ALTER TABLE {schema}.instances DROP COLUMN queue; "
             "ALTER TABLE {schema}.instances DROP COLUMN partition_key; "
@@ -204,7 +224,8 @@ def test_format_7_postgres_rows_read_back_in_the_default_queue(pg_cluster) -> No
     store.create(record("a"))
     store.close()
     schema = url.rsplit("%3D", 1)[1]
-    pg_cluster.sql(f"{_DROP_V8.format(schema=schema)}; UPDATE {schema}.fsm_meta SET value = '7'")
+    pg_cluster.sql(f"{_DROP_V9.format(schema=schema)}; {_DROP_V8.format(schema=schema)}; "
+                   f"UPDATE {schema}.fsm_meta SET value = '7'")
     store = open_store(url)
     try:
         rec = store.get("a")
@@ -215,3 +236,26 @@ def test_format_7_postgres_rows_read_back_in_the_default_queue(pg_cluster) -> No
     finally:
         store.close()
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta") == [(str(FORMAT_VERSION),)]
+
+
+def test_postgres_format_8_is_migrated_with_its_rows_intact(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine.store import open_store
+    from fsm_engine.testing.contract import record
+    url = pg_cluster.database()
+    store = open_store(url)
+    store.create(record("a"))
+    store.close()
+    schema = url.rsplit("%3D", 1)[1]  # back to format 8's shape, as an 8 would have left it
+    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN context_refs")
+    pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value = '8' WHERE key = 'schema_version'")
+    store = open_store(url)
+    try:
+        rec = store.get("a")
+        assert (rec.context, rec.context_refs) == ({"n": 0, "s": "x"}, {})
+        after = replace(rec, seq=1, context={**rec.context, "s": BIG})
+        assert store.commit([StepCommit(after, rec.version, before=rec)]) == [True]
+        assert store.get("a").context["s"] == BIG and list(after.context_refs) == ["s"]
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
+                          "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]

@@ -19,6 +19,7 @@ as ``n/a (reason)``.
 PEERS = {
     "fsm_engine": "bench.peers.fsm:BenchAsyncActions",
     "fsm_engine (def actions)": "bench.peers.fsm:Bench",
+    "fsm_engine (def, inline)": "bench.peers.fsm:BenchInline",
     "floor (raw SQLite)": "bench.peers.floor:Bench",
     "transitions + SQLite": "bench.peers.transitions_sqlite:Bench",
     "langgraph (SqliteSaver)": "bench.peers.langgraph_peer:Bench",
@@ -31,5 +32,8 @@ PEERS = {
 #: other instance).
 FSM = "fsm_engine"
 FSM_DEF = "fsm_engine (def actions)"
-FSM_VARIANTS = (FSM, FSM_DEF)
+FSM_INLINE = "fsm_engine (def, inline)"
+FSM_VARIANTS = (FSM, FSM_DEF, FSM_INLINE)
 FLOOR = "floor (raw SQLite)"
+#: Peers that run W1 at the context sizes of ``common.DOC_SIZES`` (they take ``doc``).
+SIZED = (FSM, FSM_DEF, FSM_INLINE, FLOOR, "transitions + SQLite")

@@ -29,9 +29,11 @@ _SIDE_FD = os.open(_SIDE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if _SID
 
 
 class Counter(BaseModel):
-    """Instance context: how many actions have run."""
+    """Instance context: how many actions have run (and, in W1 at a context size, a
+    document no action changes)."""
 
     n: int = 0
+    doc: str = ""
 
 
 def bump(ctx: Counter) -> dict[str, int]:
@@ -68,9 +70,11 @@ async def logged_infer(ctx: Counter, step: Step) -> dict[str, int]:
     return {"n": ctx.n + 1}
 
 
-def linear(name: str, actions: dict[str, Any], default: Any) -> Machine:
-    """The 7-state chain with ``actions[state]`` (else ``default``) on each non-final state."""
-    states = [State(s, action=actions.get(s, default)) for s in STATES[:-1]]
+def linear(name: str, actions: dict[str, Any], default: Any, inline: bool = False) -> Machine:
+    """The 7-state chain with ``actions[state]`` (else ``default``) on each non-final state
+    (sync actions ``inline`` when asked; never the sleeping one)."""
+    states = [State(s, action=actions.get(s, default), inline=inline and s not in actions)
+              for s in STATES[:-1]]
     states.append(State(FINAL, final=True))
     transitions = [Transition(f"t{i}", STATES[i], STATES[i + 1]) for i in range(TRANSITIONS)]
     return Machine(name=name, states=states, transitions=transitions, initial=STATES[0],
@@ -82,6 +86,8 @@ LINEAR_ASYNC = linear("bench_linear_async", {}, abump)
 SLEEPY = linear("bench_sleepy", {INFER: infer}, bump)
 SLEEPY_ASYNC = linear("bench_sleepy_async", {INFER: infer}, abump)
 SLEEPY_LOGGED = linear("bench_sleepy_logged", {INFER: logged_infer}, logged_bump)
+LINEAR_INLINE = linear("bench_linear_inline", {}, bump, inline=True)
+SLEEPY_INLINE = linear("bench_sleepy_inline", {INFER: infer}, bump, inline=True)
 
 
 def _check(records: list[Any]) -> None:
@@ -98,6 +104,7 @@ class Bench:
 
     def __init__(self, path: str, synchronous: str, sleep: float) -> None:
         self.path, self.synchronous = path, synchronous
+        self.doc: str | None = None  # W1 at a context size: the start input's document
         CONFIG["sleep"] = sleep
 
     async def open(self, workload: str) -> None:
@@ -106,8 +113,9 @@ class Bench:
         self.engine.register(self.sleepy)
 
     async def sequential(self, n: int) -> None:
+        start = None if self.doc is None else {"doc": self.doc}
         for _ in range(n):
-            rec = await self.engine.run(self.engine.start(self.linear))
+            rec = await self.engine.run(self.engine.start(self.linear, start))
             _check([rec])
 
     async def concurrent(self, n: int) -> dict[str, float]:
@@ -126,3 +134,10 @@ class BenchAsyncActions(Bench):
     """fsm_engine with ``async def`` actions (no thread-pool hop per step)."""
 
     linear, sleepy = LINEAR_ASYNC, SLEEPY_ASYNC
+
+
+class BenchInline(Bench):
+    """fsm_engine with plain ``def`` actions declared ``State(..., inline=True)`` (run on
+    the event loop; the sleeping ``s2`` stays ``async def``)."""
+
+    linear, sleepy = LINEAR_INLINE, SLEEPY_INLINE

@@ -35,6 +35,7 @@ class Bench:
     def __init__(self, path: str, synchronous: str, sleep: float) -> None:
         self.path, self.synchronous, self.sleep = path, synchronous, sleep
         self.next_id = 0
+        self.doc: str | None = None  # W1 at a context size: carried in the context JSON
 
     async def open(self, workload: str) -> None:
         self.conn = connect(self.path, self.synchronous)
@@ -60,7 +61,8 @@ class Bench:
     def _persist(self, event: Any) -> None:
         item = event.model
         item.seq += 1
-        ctx = json.dumps({"n": item.n}, separators=(",", ":"))
+        ctx = json.dumps({"n": item.n} if self.doc is None else {"n": item.n, "doc": self.doc},
+                         separators=(",", ":"))
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(UPDATE_INSTANCE, (event.transition.dest, ctx, item.seq, item.id))
@@ -72,7 +74,9 @@ class Bench:
         self.next_id += 1
         item = Item(f"i{self.next_id}")
         self.conn.execute("BEGIN IMMEDIATE")
-        self.conn.execute(INSERT_INSTANCE, (item.id, STATES[0], '{"n":0}'))
+        ctx = '{"n":0}' if self.doc is None else json.dumps({"n": 0, "doc": self.doc},
+                                                            separators=(",", ":"))
+        self.conn.execute(INSERT_INSTANCE, (item.id, STATES[0], ctx))
         self.conn.execute("COMMIT")
         return item
 

@@ -169,6 +169,9 @@ def _states(m: Machine, names: list[str], problems: list[str],
             problems.append(f"{where}: fallback {s.fallback!r} is not a declared state")
         if s.timeout is not None and s.timeout <= 0:
             problems.append(f"{where}: timeout must be > 0 seconds")
+        if s.inline and s.timeout is not None:
+            problems.append(f"{where}: an inline action cannot be cut short: drop timeout "
+                            "or inline")
         if s.retry is not None:
             problems.extend(f"{where}: retry policy: {p}" for p in s.retry.problems())
         if s.token_budget is not None and (not isinstance(s.token_budget, int)

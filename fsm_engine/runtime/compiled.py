@@ -20,6 +20,7 @@ import transitions
 from ..definition import Machine, RunInfo, check, fingerprint
 from ..definition.spec import RESERVED_TRIGGERS, State, as_refs, ref_name
 from ..errors import ActionError
+from .values import partial_dump
 
 
 class Choice(NamedTuple):
@@ -121,6 +122,8 @@ class CompiledMachine:
         self._choosable = {s: tuple(t for t in trigs if t not in RESERVED_TRIGGERS)
                            for s, trigs in self.triggers.items()}
         self.fields = frozenset(machine.context.model_fields)
+        #: A step may dump only the fields it updated (``values.partial_dump``).
+        self.partial = partial_dump(machine.context)
         #: Fan-out states by name (see ``fsm_engine.runtime.fanout``).
         self.fan_outs = _fan_outs(machine)
         self._plans = {s: {trig: [(t.dest, t.conditions) for t in

@@ -63,11 +63,16 @@ def _normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
 
 
 def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
-                 fields: frozenset[str] | None = None
+                 fields: frozenset[str] | None = None, partial: bool = False
                  ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
     """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
 
     ``fields`` is the model's field names (computed once per machine by the caller).
+    The whole model is validated (every validator runs); with ``partial``
+    (``values.partial_dump`` of the model) only the updated fields are serialised and
+    the new dict holds ``data``'s very objects for the others, else the whole model is
+    dumped and equal scalars and strings get ``data``'s objects back (so the store
+    skips unchanged large values either way).
     Raises ``InvalidInput`` for unknown fields, values the model rejects or
     values that would not come back from JSON as they went in (``values``).
     """
@@ -81,7 +86,11 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
     except ValidationError as exc:
         raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
                            f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
-    new = values.dump(obj, update)
+    if partial:
+        new = {**data, **values.dump(obj, update, only=set(update))}
+    else:
+        new = values.dump(obj, update)
+        values.keep_unchanged(data, new)
     delta = {k: new[k] for k in update}
     values.check_json(delta)
     return obj, new, delta
@@ -367,6 +376,8 @@ class Driver:
             timeout = left if timeout is None else min(timeout, left)
         if is_async and timeout is None:
             return await fn(*args)  # no task needed when nothing may cut it short
+        if state.inline and not is_async:  # declared quick: on the loop, no thread hop
+            return self._inline(fn, args, step)
         loop = asyncio.get_running_loop()
         if step is not None and timeout is not None:  # the model call's HTTP timeout follows
             step.llm.deadline = loop.time() + timeout
@@ -385,6 +396,18 @@ class Driver:
             raise StepTimeout(timeout, instance_id=rec.id, state=state.name)
         return fut.result()
 
+    @staticmethod
+    def _inline(fn: Callable[..., Any], args: tuple[Any, ...], step: Step | None) -> Any:
+        """Call a sync action declared ``inline`` on the loop; its ``complete_sync`` raises
+        instead of deadlocking the loop it would wait on."""
+        if step is None:
+            return fn(*args)
+        step.llm.on_loop = True
+        try:
+            return fn(*args)
+        finally:
+            step.llm.on_loop = False
+
     def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                 step: Step | None, trigger: str | None, update: Mapping[str, Any],
                 ms: float, *, kind: str = "transition", reason: str | None = None,
@@ -394,7 +417,8 @@ class Driver:
         Raises ``InvalidInput`` for a bad update or an undeclared trigger,
         ``ActionError`` when a guard raises.
         """
-        obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields)
+        obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields,
+                                           cm.partial)
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)

@@ -61,6 +61,8 @@ class MeteredLLM:
         #: provider that takes ``timeout`` as the seconds left.
         self.deadline: float | None = None
         self._loop = loop
+        #: True while an ``inline`` sync action runs on the loop (``complete_sync`` refuses).
+        self.on_loop = False
         #: OpenTelemetry tracer and parent context (set by the driver when tracing is on).
         self.tracer: Any = None
         self.trace_parent: Any = None
@@ -196,6 +198,10 @@ class MeteredLLM:
         """``complete`` for sync actions (which run in a worker thread)."""
         if self._loop is None:
             raise FsmError("complete_sync is only available inside a running step")
+        if self.on_loop:
+            raise FsmError("complete_sync cannot run in an inline action (it would wait on "
+                           "the event loop it blocks): drop inline=True, or use an async "
+                           "def action with await step.llm.complete(...)")
         fut = asyncio.run_coroutine_threadsafe(self.complete(messages, **kwargs), self._loop)
         return fut.result()
 

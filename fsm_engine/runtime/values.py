@@ -117,11 +117,12 @@ def check_json(data: Mapping[str, Any], path: str = "") -> None:
             _scan(value, _join(path, name), True)
 
 
-def dump(obj: BaseModel, fields: Any = None) -> dict[str, Any]:
-    """``obj`` as its JSON dict; ``InvalidInput`` naming the field when pydantic cannot
-    serialise it (``fields``: the names to blame first, e.g. the update's keys)."""
+def dump(obj: BaseModel, fields: Any = None, only: Any = None) -> dict[str, Any]:
+    """``obj`` as its JSON dict (``only``: just these fields); ``InvalidInput`` naming the
+    field when pydantic cannot serialise it (``fields``: the names to blame first, e.g.
+    the update's keys)."""
     try:
-        return obj.model_dump(mode="json")
+        return obj.model_dump(mode="json", include=only)
     except (ValueError, TypeError, UnicodeError) as exc:  # PydanticSerializationError: ValueError
         for name in list(fields or ()) + list(type(obj).model_fields):
             try:
@@ -131,4 +132,48 @@ def dump(obj: BaseModel, fields: Any = None) -> dict[str, Any]:
         raise InvalidInput(f"context cannot be stored as JSON: {exc}") from None
 
 
-__all__ = ["check_values", "check_json", "dump"]
+def _takes_info(dec: Any) -> bool:
+    """Whether a field validator may read other fields (``info.data``); True when unsure."""
+    try:
+        from pydantic._internal._decorators import inspect_validator
+        return bool(inspect_validator(dec.func, mode=dec.info.mode, type="field"))
+    except Exception:  # noqa: BLE001 - a private API that may move: assume the worst
+        return True
+
+
+def partial_dump(model: type[BaseModel]) -> bool:
+    """True when a step may serialise only the fields it updated (``model`` checked once,
+    when a machine is compiled).
+
+    Every update is still validated against the whole model (so every validator
+    runs and a cross-field refusal still refuses), but only the updated fields are
+    dumped; an unchanged field keeps its stored JSON (and its object, so the store
+    neither re-encodes nor rewrites it).  That is exact unless something can change a
+    field the step did not update, so this is False, and steps dump the whole model,
+    for a model with a ``model_validator`` (or v1 ``root_validator``), a
+    ``computed_field``, a field or model serializer, or a ``field_validator`` that takes
+    ``info`` (it may read ``info.data``, i.e. other fields).  A single-argument field
+    validator of an unchanged field already ran when its value was stored, so it is
+    assumed idempotent.
+    """
+    d = model.__pydantic_decorators__
+    if (d.model_validators or d.root_validators or d.computed_fields or d.field_serializers
+            or d.model_serializers):
+        return False
+    return not any(_takes_info(dec) for dec in (*d.field_validators.values(),
+                                                *d.validators.values()))
+
+
+def keep_unchanged(old: Mapping[str, Any], new: dict[str, Any]) -> None:
+    """Put ``old``'s objects back into ``new`` (in place) where a scalar or string is
+    equal and of the same type, so the store sees them unchanged (by identity)."""
+    for key, value in new.items():
+        prior = old.get(key, new)
+        if prior is not value and type(prior) is type(value) and type(value) in _KEEP \
+                and prior == value:
+            new[key] = prior
+
+
+_KEEP = (str, int, float, bool)
+
+__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged"]

@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import builtins
 import functools
+import hashlib
 import json
 import operator
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
 import pydantic_core
 
-from ..errors import StepRejected
+from ..errors import StepRejected, StoreError
 from .records import (
     AttemptRow, BreakerRow, HistoryRow, InstanceRecord, ReplyRow, ReviewItem, StepCommit,
     WorkerRow,
 )
 
 #: Columns holding JSON (text) in every backend.
-JSON_COLUMNS = frozenset({"context", "input", "visits", "guards", "delta", "detail",
-                          "result", "events", "queues", "show", "choices", "editable", "edit",
-                          "fork_options"})
+JSON_COLUMNS = frozenset({"context", "context_refs", "input", "visits", "guards", "delta",
+                          "detail", "result", "events", "queues", "show", "choices", "editable",
+                          "edit", "fork_options"})
 
 _ENCODE_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True,
                                  allow_nan=False).encode
@@ -68,11 +69,12 @@ class Codec:
         self._get = operator.attrgetter(*self.columns)
         self._json = tuple(i for i, col in enumerate(self.columns) if col in JSON_COLUMNS)
 
-    def values(self, obj: Any) -> builtins.list[Any]:
-        """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL)."""
+    def values(self, obj: Any, skip: tuple[str, ...] = ()) -> builtins.list[Any]:
+        """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL;
+        the columns in ``skip`` are left as they are, for the caller to fill)."""
         row = list(self._get(obj))
         for i in self._json:
-            if row[i] is not None:
+            if row[i] is not None and self.columns[i] not in skip:
                 row[i] = dumps(row[i])
         return row
 
@@ -92,6 +94,11 @@ class Codec:
 INSTANCE, HISTORY, ATTEMPT, WORKER, BREAKER = map(
     Codec, (InstanceRecord, HistoryRow, AttemptRow, WorkerRow, BreakerRow))
 DELTA = HISTORY.columns.index("delta")
+_CONTEXT_AT, _REFS_AT = INSTANCE.columns.index("context"), INSTANCE.columns.index("context_refs")
+_INPUT_AT = INSTANCE.columns.index("input")
+#: The ``context_refs`` key prefix of a large start-input value (``$input.doc``; no context
+#: field can be named so): a row rewritten by a step never carries it along.
+INPUT_REF = "$input."
 SELECT_INSTANCES = f"SELECT {', '.join(INSTANCE.columns)} FROM instances"
 #: History rows are stored under the instance's integer key, not its id (see ``schema._v2``).
 INSERT_HISTORY = (f"INSERT INTO history(instance, {', '.join(HISTORY.columns[1:])}) "
@@ -151,39 +158,150 @@ IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "input",
                        "parent_id", "branch", "fork_options", "partition_key"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
-DICTS = ("context", "visits")
+DICTS = ("visits",)
+#: The context's two columns: its small values inline, the large ones' hashes (format 9).
+CONTEXT = ("context", "context_refs")
 #: The other mutable instance columns, in table order.
-SCALARS = tuple(col for col in INSTANCE.columns if col not in IMMUTABLE | set(DICTS))
+SCALARS = tuple(col for col in INSTANCE.columns if col not in IMMUTABLE | set(DICTS + CONTEXT))
 _SCALAR_VALUES = operator.attrgetter(*SCALARS)
 #: Every mutable column, in the order ``changes`` gives them for ``before=None``.
-MUTABLE = SCALARS + DICTS
+MUTABLE = SCALARS + DICTS + CONTEXT
+#: Context values whose JSON is longer than this (characters) are stored once in ``blobs``
+#: by SHA-256 beside the instance row (``InstanceRecord.context_refs``).
+CONTEXT_THRESHOLD = 4096
+#: ``(hash, JSON text)`` of large values a write stores in ``blobs`` (insert-or-ignore).
+Blobs = builtins.list[tuple[str, str]]
+_SMALL = (int, float, bool, type(None))
 
 
-def changes(before: InstanceRecord | None,
-            after: InstanceRecord) -> tuple[tuple[str, ...], builtins.list[Any]]:
+def split_context(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs,
+                  threshold: int = CONTEXT_THRESHOLD) -> tuple[str, dict[str, str]]:
+    """``after.context`` as (JSON of its inline values, field → hash of each large value).
+
+    A value ``before`` stored beside the row stays there unencoded when ``after``
+    holds the very same object (the runtime keeps the objects of fields a step did
+    not update) or does not hold the field at all (a record read without its large
+    values).  Any other value is encoded; one longer than ``threshold`` characters
+    goes to ``blobs`` (appended as ``(hash, text)``).  Cost: the inline part's size
+    plus the size of the large values that changed, never of the unchanged ones.
+    Raises what ``dumps`` raises.
+    """
+    old_refs = before.context_refs if before is not None else {}
+    if not old_refs:  # the common case: nothing beside the row yet
+        refs: dict[str, str] = {}
+        return _spill(after.context, refs, blobs, threshold), refs
+    old = before.context if before is not None else {}
+    if old is after.context:  # one dict, maybe edited in place: identity proves nothing
+        old = {}
+    refs = {k: h for k, h in old_refs.items() if k not in after.context}
+    inline: dict[str, Any] = {}
+    for key, value in after.context.items():
+        ref = old_refs.get(key)
+        if ref is not None and key in old and old[key] is value:
+            refs[key] = ref
+        else:
+            inline[key] = value
+    return _spill(inline, refs, blobs, threshold), refs
+
+
+def _spill(inline: dict[str, Any], refs: dict[str, str], blobs: Blobs, threshold: int,
+           prefix: str = "") -> str:
+    """The JSON of ``inline`` once each value longer than ``threshold`` is moved to
+    ``blobs``, named in ``refs`` under ``prefix + key`` (``inline`` itself is not changed)."""
+    text = dumps(inline)
+    if len(text) <= threshold:
+        return text
+    inline = dict(inline)
+    for key, value in builtins.list(inline.items()):
+        if type(value) in _SMALL:
+            continue
+        encoded = dumps(value)
+        if len(encoded) > threshold:
+            # the same value twice in one write (the input's and the context's): hash it once
+            digest = next((d for d, text in blobs if text == encoded), None)
+            if digest is None:
+                digest = hashlib.sha256(encoded.encode()).hexdigest()
+                blobs.append((digest, encoded))
+            refs[prefix + key] = digest
+            del inline[key]
+    return dumps(inline)
+
+
+def instance_row(rec: InstanceRecord, blobs: Blobs,
+                 threshold: int = CONTEXT_THRESHOLD) -> builtins.list[Any]:
+    """``rec``'s values in column order for an INSERT (large context values to ``blobs``;
+    ``rec.context_refs`` is set to where they went)."""
+    text, rec.context_refs = split_context(None, rec, blobs, threshold)
+    row = INSTANCE.values(rec, skip=CONTEXT + ("input",))
+    if rec.input is not None:  # large values beside the row too (the same blob as the context's)
+        row[_INPUT_AT] = _spill(rec.input, rec.context_refs, blobs, threshold, INPUT_REF)
+    row[_CONTEXT_AT], row[_REFS_AT] = text, dumps(rec.context_refs)
+    return row
+
+
+def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs | None = None,
+            threshold: int = CONTEXT_THRESHOLD
+            ) -> tuple[tuple[str, ...], builtins.list[Any]]:
     """The instance columns to write and their values (JSON-encoded).
 
     Every mutable column when ``before`` is None, else those where ``after``
     differs from ``before`` (scalars compared with ``==``, JSON columns by
-    their encoded text).
+    their encoded text; the context as ``split_context`` splits it, so an
+    unchanged large value is neither encoded nor written).  Large values that
+    must be stored are appended to ``blobs``; ``after.context_refs`` is set.
     """
+    blobs = [] if blobs is None else blobs
+    text, refs = split_context(before, after, blobs, threshold)
+    after.context_refs = refs
     if before is None:
-        values = [*_SCALAR_VALUES(after), dumps(after.context), dumps(after.visits)]
+        values = [*_SCALAR_VALUES(after), dumps(after.visits), text, dumps(refs)]
         return MUTABLE, values
     cols, values = [], []
     for col, old, new in zip(SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after)):
         if old != new:
             cols.append(col)
             values.append(new)
-    for col in DICTS:
-        old, new = getattr(before, col), getattr(after, col)
-        text = dumps(new)
-        # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
-        # been edited in place
-        if old is new or old != new or text != dumps(old):
-            cols.append(col)
-            values.append(text)
+    old, new = before.visits, after.visits
+    visits = dumps(new)
+    # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
+    # been edited in place
+    if old is new or old != new or visits != dumps(old):
+        cols.append("visits")
+        values.append(visits)
+    old_inline, new_inline = before.context, after.context
+    if refs or before.context_refs:
+        old_inline = {k: v for k, v in old_inline.items() if k not in before.context_refs}
+        new_inline = {k: v for k, v in new_inline.items() if k not in refs}
+    # encode before's only when equal: equal dicts may still differ in JSON (True == 1)
+    if before.context is after.context or old_inline != new_inline or text != dumps(old_inline):
+        cols.append("context")
+        values.append(text)
+    if refs != before.context_refs:
+        cols.append("context_refs")
+        values.append(dumps(refs))
     return tuple(cols), values
+
+
+def resolve(records: builtins.list[InstanceRecord],
+            fetch: Callable[[builtins.list[str]], dict[str, str]]) -> builtins.list[InstanceRecord]:
+    """Put the large values back into the contexts of ``records`` read from the store
+    (``fetch``: hashes → their JSON text from ``blobs``); ``StoreError`` when one is gone."""
+    wanted = sorted({h for rec in records for h in rec.context_refs.values()})
+    if not wanted:
+        return records
+    found: dict[str, str] = {}
+    for i in range(0, len(wanted), 500):
+        found.update(fetch(wanted[i:i + 500]))
+    for rec in records:
+        for key, digest in rec.context_refs.items():
+            if digest not in found:
+                raise StoreError(f"instance {rec.id}: context value {key!r} (blob "
+                                 f"{digest[:12]}) is missing from the store")
+            if key.startswith(INPUT_REF):
+                rec.input[key[len(INPUT_REF):]] = json.loads(found[digest])
+            else:
+                rec.context[key] = json.loads(found[digest])
+    return records
 
 
 @functools.lru_cache(maxsize=512)
@@ -197,17 +315,18 @@ def update_sql(cols: tuple[str, ...], by_key: bool) -> str:
 
 
 #: A step's values encoded for its statements: instance columns and values, history rows,
-#: attempt row, outbox update (``None`` where the step has none).
+#: attempt row, outbox update (``None`` where the step has none), large context values.
 Encoded = tuple[tuple[str, ...], builtins.list[Any], builtins.list[builtins.list[Any]],
-                "builtins.list[Any] | None", "tuple[str, float, str] | None"]
+                "builtins.list[Any] | None", "tuple[str, float, str] | None", Blobs]
 UNENCODABLE = (TypeError, ValueError, OverflowError, RecursionError)
 
 
 def encode_step(index: int, step: StepCommit) -> Encoded:
     """Every value ``step`` writes, encoded before any statement runs; ``StepRejected``
     (with ``index``, the step's place in its batch) when one has no strict JSON form."""
+    blobs: Blobs = []
     try:
-        cols, values = changes(step.before, step.record)
+        cols, values = changes(step.before, step.record, blobs)
         history = [HISTORY.values(h) for h in step.history]
         attempt = None if step.attempt is None else ATTEMPT.values(step.attempt)
         outbox = None
@@ -218,7 +337,7 @@ def encode_step(index: int, step: StepCommit) -> Encoded:
                            f"cannot encode as strict JSON at {culprit(step)}: "
                            f"{type(exc).__name__}: {exc}", index=index,
                            instance_id=step.record.id) from None
-    return cols, values, history, attempt, outbox
+    return cols, values, history, attempt, outbox, blobs
 
 
 def culprit(step: StepCommit) -> str:

@@ -108,7 +108,13 @@ def _v8(cur: Any) -> None:
                 "WHERE status IN ('pending', 'running')")
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+def _v9(cur: Any) -> None:
+    """Format 9: large context values beside the row (``context_refs``, values in ``blobs``)."""
+    from .schema import CONTEXT_REFS
+    cur.execute(CONTEXT_REFS)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -32,7 +32,8 @@ from .rates import RateRequest
 from .claims import ClaimRequest, adopted, select
 from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
-    SELECT_INSTANCES, WORKER, Codec, Encoded, changes, dumps, encode_step, marks, update_sql,
+    SELECT_INSTANCES, WORKER, Blobs, Codec, Encoded, changes, dumps, encode_step, instance_row,
+    marks, resolve, update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
     PUT_REPLY, REPLY, SELECT_REPLY,
     reviews_where,
@@ -98,7 +99,7 @@ class _ClaimTxn:
             prior = data.pop("prior_heartbeat")
             rec = INSTANCE.decode(data)
             new = adopted(rec, req.owner, req.now, prior)
-            cols, values = changes(rec, new)
+            cols, values = changes(rec, new, [])  # a claim leaves the context alone
             writes.append((marks(update_sql(cols, True)),
                            [*values, rec.key, rec.id, rec.version]))
             new.version = rec.version + 1
@@ -231,13 +232,15 @@ class PostgresStore:
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         if not records:
             return
+        blobs: Blobs = []
         rows = []
         for rec in records:
-            row = INSTANCE.values(rec)
+            row = instance_row(rec, blobs)
             del row[_KEY]
             rows.append(row)
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
+            self._put_blobs(conn, blobs)
             keys = self._keys(conn, rows)
             with conn.cursor() as cur:
                 by_id = {r.id: k for r, k in zip(records, keys)}
@@ -267,11 +270,13 @@ class PostgresStore:
         return keys
 
     def _insert(self, conn: psycopg.Connection[Any], records: Sequence[InstanceRecord]) -> None:
+        blobs: Blobs = []
         rows = []
         for rec in records:
-            row = INSTANCE.values(rec)
+            row = instance_row(rec, blobs)
             del row[_KEY]
             rows.append(row)
+        self._put_blobs(conn, blobs)
         for rec, key in zip(records, self._keys(conn, rows)):
             rec.key = key
 
@@ -279,7 +284,21 @@ class PostgresStore:
         rows = self._rows(_SQL_INSTANCE_BY_ID, (instance_id,))
         if not rows:
             raise InstanceNotFound(instance_id)
-        return INSTANCE.decode(rows[0])
+        return self._full([INSTANCE.decode(rows[0])])[0]
+
+    def _full(self, records: builtins.list[InstanceRecord]) -> builtins.list[InstanceRecord]:
+        """``records`` with their large context values read back from ``blobs``."""
+        def fetch(hashes: builtins.list[str]) -> dict[str, str]:
+            rows = self._rows("SELECT hash, data FROM blobs WHERE hash = ANY(%s)", (hashes,))
+            return {r["hash"]: r["data"] for r in rows}
+        return resolve(records, fetch)
+
+    @staticmethod
+    def _put_blobs(conn: psycopg.Connection[Any], blobs: Blobs) -> None:
+        if blobs:
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO blobs(hash, data) VALUES (%s, %s) "
+                                "ON CONFLICT DO NOTHING", blobs)
 
     def list(self, *, statuses: Sequence[str] | None = None,
              machine: str | None = None, owner: str | None = None) -> builtins.list[InstanceRecord]:
@@ -293,7 +312,7 @@ class PostgresStore:
         if machine:
             sql += " AND machine=%s"
             args.append(machine)
-        return [INSTANCE.decode(r) for r in self._rows(sql + " ORDER BY key", args)]
+        return self._full([INSTANCE.decode(r) for r in self._rows(sql + " ORDER BY key", args)])
 
     # -- the hot path -------------------------------------------------------------------
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
@@ -395,7 +414,7 @@ class PostgresStore:
     def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
         rows = self._rows(marks(SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key"),
                           (parent_id,))
-        return [INSTANCE.decode(r) for r in rows]
+        return self._full([INSTANCE.decode(r) for r in rows])
 
     def child_states(self, parent_id: str) -> builtins.list[ChildState]:
         def go(conn: psycopg.Connection[Any]) -> builtins.list[ChildState]:
@@ -448,7 +467,9 @@ class PostgresStore:
                  steps: Sequence[tuple[StepCommit, Encoded]]) -> None:
         """History, attempt and outbox rows of the applied ``steps`` (batched)."""
         history, attempts, done, opened = [], [], [], []  # type: ignore[var-annotated]
-        for step, (_, _, rows, attempt, outbox) in steps:
+        blobs: Blobs = []
+        for step, (_, _, rows, attempt, outbox, large) in steps:
+            blobs += large
             for h, encoded_row in zip(step.history, rows):
                 row = list(encoded_row)
                 row[0] = step.record.key
@@ -461,6 +482,7 @@ class PostgresStore:
                 done.append(outbox)
             if step.review_open is not None:
                 opened.append(REVIEW.values(step.review_open))
+        self._put_blobs(conn, blobs)
         with conn.cursor() as cur:
             for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
                               (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened)):
@@ -520,7 +542,8 @@ class PostgresStore:
 
     # -- leases -----------------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
-        return self._run(lambda conn: claims.claim(request, _ClaimTxn(conn, request)), txn=True)
+        return self._full(self._run(
+            lambda conn: claims.claim(request, _ClaimTxn(conn, request)), txn=True))
 
     def held(self, owner: str) -> dict[str, str]:
         def go(conn: psycopg.Connection[Any]) -> dict[str, str]:
@@ -637,7 +660,8 @@ class PostgresStore:
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
               limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
-        return self._run(lambda c: pg_read.query(c, where, order, descending, limit, offset))
+        return self._full(self._run(
+            lambda c: pg_read.query(c, where, order, descending, limit, offset)))
 
     def count(self, where: InstanceFilter, by: str | None = None) -> dict[str | None, int]:
         return self._run(lambda c: pg_read.count(c, where, by))

@@ -17,7 +17,7 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"
@@ -83,6 +83,13 @@ class InstanceRecord:
     #: The partition key given at start (e.g. a tenant id; children inherit it): workers
     #: limit how many instances of one key they hold at once (``None``: no partition).
     partition_key: str | None = None
+    #: Context fields stored beside the row (format 9): field name → SHA-256 of the
+    #: value's JSON in the store's ``blobs`` (values whose JSON exceeds the store's
+    #: ``context_threshold``). ``context`` holds every value in memory; the stored
+    #: ``context`` column holds the others, so a step that leaves a large value alone
+    #: never rewrites it (keys ``"$input.FIELD"``: large ``input`` values). Maintained
+    #: by the store; ``{}`` for small contexts.
+    context_refs: dict[str, str] = field(default_factory=dict)
 
     @property
     def final(self) -> bool:

@@ -183,7 +183,17 @@ def _v8(db: sqlite_utils.Database) -> None:
         db.execute(sql.format(real="REAL"))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
+#: Format 9: large context values beside the instance row (``InstanceRecord.context_refs``).
+CONTEXT_REFS = "ALTER TABLE instances ADD COLUMN context_refs TEXT NOT NULL DEFAULT '{}'"
+
+
+def _v9(db: sqlite_utils.Database) -> None:
+    """Large context values live in ``blobs`` (by SHA-256), named in ``context_refs``: a
+    step that leaves them alone rewrites only the small rest of the row."""
+    db.execute(CONTEXT_REFS)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

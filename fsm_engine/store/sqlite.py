@@ -33,7 +33,8 @@ from .codec import (
     ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
     INSERT_HISTORY as _INSERT_HISTORY, INSTANCE as _INSTANCE, JSON_COLUMNS,
     SELECT_HISTORY as _SELECT_HISTORY, SELECT_INSTANCES as _SELECT_INSTANCES, WORKER as _WORKER,
-    Encoded, changes as _changes, dumps as _dumps, encode_step as _encode,
+    Blobs, Encoded, changes as _changes, dumps as _dumps, encode_step as _encode,
+    instance_row as _instance_row, resolve as _resolve,
     update_sql as _update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
     PUT_REPLY, REPLY, SELECT_REPLY,
@@ -184,7 +185,19 @@ class SqliteStore:
         rows = self._read(_SELECT_INSTANCES + " WHERE id=?", (instance_id,))
         if not rows:
             raise InstanceNotFound(instance_id)
-        return _decode(InstanceRecord, rows[0])
+        return self._full([_decode(InstanceRecord, rows[0])])[0]
+
+    def _full(self, records: builtins.list[InstanceRecord]) -> builtins.list[InstanceRecord]:
+        """``records`` with their large context values read back from ``blobs``."""
+        def fetch(hashes: builtins.list[str]) -> dict[str, str]:
+            return dict(self._read(f"SELECT hash, data FROM blobs WHERE hash IN "
+                                   f"({','.join('?' * len(hashes))})", hashes, tuples=True))
+        return _resolve(records, fetch)
+
+    @staticmethod
+    def _put_blobs(conn: sqlite3.Connection, blobs: Blobs) -> None:
+        if blobs:
+            conn.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", blobs)
 
     def list(self, *, statuses: Sequence[str] | None = None,
              machine: str | None = None, owner: str | None = None) -> builtins.list[InstanceRecord]:
@@ -198,7 +211,8 @@ class SqliteStore:
         if machine:
             sql += " AND machine=?"
             args.append(machine)
-        return [_decode(InstanceRecord, r) for r in self._read(sql + " ORDER BY key", args)]
+        return self._full([_decode(InstanceRecord, r)
+                           for r in self._read(sql + " ORDER BY key", args)])
 
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
         encoded = [_encode(i, step) for i, step in enumerate(steps)]  # refusals before any write
@@ -259,11 +273,14 @@ class SqliteStore:
         last = conn.execute("SELECT COALESCE(MAX(key), 0) FROM instances").fetchone()[0]
         for i, rec in enumerate(records, start=last + 1):
             rec.key = i
-        conn.executemany(self._insert_instance_sql, map(_INSTANCE.values, records))
+        blobs: Blobs = []
+        rows = [_instance_row(rec, blobs) for rec in records]
+        self._put_blobs(conn, blobs)
+        conn.executemany(self._insert_instance_sql, rows)
 
     def children(self, parent_id: str) -> builtins.list[InstanceRecord]:
         rows = self._read(_SELECT_INSTANCES + " WHERE parent_id=? ORDER BY key", (parent_id,))
-        return [_decode(InstanceRecord, r) for r in rows]
+        return self._full([_decode(InstanceRecord, r) for r in rows])
 
     def child_states(self, parent_id: str) -> builtins.list[ChildState]:
         rows = self._read(f"SELECT {CHILD_STATE_COLUMNS} FROM instances WHERE parent_id=? "
@@ -286,7 +303,7 @@ class SqliteStore:
         return ok
 
     def _apply_step(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
-        cols, values, history, attempt, outbox = enc
+        cols, values, history, attempt, outbox, blobs = enc
         key = step.record.key
         if key is not None:
             values += (key, step.record.id, step.expected_version)
@@ -299,6 +316,7 @@ class SqliteStore:
                 return False
             key = step.record.key = found[0][0]
         step.record.version = step.expected_version + 1
+        self._put_blobs(conn, blobs)
         for h, row in zip(step.history, history):
             row[0] = key  # the instance's key in place of its id
             if len(row[_DELTA]) > self.blob_threshold:
@@ -383,7 +401,8 @@ class SqliteStore:
     # -- leases ---------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> builtins.list[InstanceRecord]:
         with self._write() as conn:  # BEGIN IMMEDIATE: claimers take turns, none shares a row
-            return claims.claim(request, _ClaimTxn(conn, request))
+            out = claims.claim(request, _ClaimTxn(conn, request))
+        return self._full(out)
 
     def held(self, owner: str) -> dict[str, str]:
         return dict(self._read("SELECT id, status FROM instances WHERE owner=?", (owner,)))
@@ -457,7 +476,7 @@ class SqliteStore:
               limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:
         sql, args = sqlite_read.query_sql(_SELECT_INSTANCES, where, order, descending,
                                           limit, offset)
-        return [_decode(InstanceRecord, r) for r in self._read(sql, args)]
+        return self._full([_decode(InstanceRecord, r) for r in self._read(sql, args)])
 
     def count(self, where: InstanceFilter, by: str | None = None) -> dict[str | None, int]:
         sql, args = sqlite_read.count_sql(where, by)
@@ -527,7 +546,9 @@ class _ClaimTxn:
             prior = data.pop("prior_heartbeat")
             rec = _INSTANCE.decode(data)
             new = adopted(rec, req.owner, req.now, prior)
-            cols, values = _changes(rec, new)
+            blobs: Blobs = []
+            cols, values = _changes(rec, new, blobs)
+            SqliteStore._put_blobs(self.conn, blobs)
             self.conn.execute(_update_sql(cols, True), [*values, rec.key, rec.id, rec.version])
             new.version = rec.version + 1
             out.append(new)

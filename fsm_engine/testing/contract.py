@@ -192,10 +192,11 @@ class ReadSideContract:
 
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
 from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
+from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
 
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,
-                    QueueContract):
+                    QueueContract, LargeValueContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a

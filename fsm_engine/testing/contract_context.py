@@ -1,0 +1,90 @@
+"""Contract cases for large context values stored beside the instance row (format 9).
+
+A value whose JSON is longer than ``codec.CONTEXT_THRESHOLD`` lives in ``blobs``
+by SHA-256 and ``InstanceRecord.context_refs`` names it; every read gives the
+whole context back, and a step that leaves such a value alone keeps its hash
+(nothing is encoded or rewritten for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..store import ClaimRequest, InstanceFilter, StepCommit, Store
+from ..store.codec import CONTEXT_THRESHOLD, INPUT_REF
+from .contract import hist, live, moved, record
+
+#: A value well above the threshold, with text a JSON encoder must escape.
+BIG = "line \"quoted\" ☃\n" * (CONTEXT_THRESHOLD // 8)
+
+
+def big_record(iid: str, **kw: object) -> object:
+    rec = record(iid, **kw)  # type: ignore[arg-type]
+    rec.context = {"n": 0, "doc": BIG, "items": [{"k": i} for i in range(600)]}
+    rec.input = {"doc": BIG, "n": 0}
+    return rec
+
+
+class LargeValueContract:
+    """Large context values round-trip through every read and survive steps unchanged."""
+
+    def test_large_values_go_beside_the_row_and_read_back_everywhere(self, store: Store) -> None:
+        rec = big_record("a", status="running")
+        store.create(rec)
+        assert set(rec.context_refs) == {"doc", "items", INPUT_REF + "doc"}
+        got = store.get("a")
+        assert got == rec and got.context["doc"] == BIG and got.input == {"doc": BIG, "n": 0}
+        assert store.list()[0].context == rec.context
+        assert store.query(InstanceFilter())[0].context == rec.context
+        live(store, "w1")
+        [claimed] = store.claim(ClaimRequest("w1", now=1500.0))
+        assert claimed.context == rec.context and claimed.input == rec.input
+        assert store.get("a").context_refs == rec.context_refs
+
+    def test_a_step_that_leaves_a_large_value_alone_keeps_its_hash(self, store: Store) -> None:
+        store.create(big_record("a"))
+        base = store.get("a")
+        new = moved(base, "next", context={**base.context, "n": 1})  # the same objects
+        assert store.commit([StepCommit(new, 0, [hist("a", 1, "start", "next")],
+                                        before=base)]) == [True]
+        assert new.context_refs == base.context_refs
+        got = store.get("a")
+        assert got.context == {**base.context, "n": 1} and got.context_refs == base.context_refs
+
+    def test_a_changed_large_value_gets_a_new_hash_and_reads_back(self, store: Store) -> None:
+        store.create(big_record("a"))
+        base = store.get("a")
+        doc = BIG + "more"
+        new = moved(base, "next", context={**base.context, "doc": doc})
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        assert new.context_refs["doc"] != base.context_refs["doc"]
+        assert new.context_refs["items"] == base.context_refs["items"]
+        assert store.get("a").context["doc"] == doc
+
+    def test_a_large_value_that_shrinks_comes_back_inline(self, store: Store) -> None:
+        store.create(big_record("a"))
+        base = store.get("a")
+        new = moved(base, "next", context={**base.context, "doc": "short", "items": []})
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        assert new.context_refs == {INPUT_REF + "doc": base.context_refs[INPUT_REF + "doc"]}
+        got = store.get("a")
+        assert (got.context["doc"], got.context["items"], got.input) == ("short", [], {"doc": BIG, "n": 0})
+
+    def test_a_large_value_edited_in_place_in_a_shared_dict_is_written(self,
+                                                                        store: Store) -> None:
+        store.create(big_record("a"))
+        base = store.get("a")
+        new = replace(base, seq=1)  # shares base.context
+        new.context["doc"] = BIG + "edited"
+        assert store.commit([StepCommit(new, 0, before=base)]) == [True]
+        assert store.get("a").context["doc"] == BIG + "edited"
+
+    def test_children_and_equal_values_share_one_stored_copy(self, store: Store) -> None:
+        store.create(big_record("a"), big_record("b"))
+        a, b = store.get("a"), store.get("b")
+        assert a.context_refs == b.context_refs  # by content: one copy for both
+        parent = store.get("a")
+        kid = replace(big_record("a.1.0"), parent_id="a", branch="0")
+        new = moved(parent, "fan", status="waiting", reason="children")
+        assert store.commit([StepCommit(new, 0, create=[kid], before=parent)]) == [True]
+        assert store.children("a")[0].context["doc"] == BIG
