@@ -201,3 +201,18 @@ def check(db: str = DB,
     else:
         out.print("ok: no problems found")
     raise typer.Exit(1 if problems else 0)
+
+
+def viewer_hint(db: str | None) -> str:
+    """The line ``fsm run`` ends with: the command that opens the viewer on its store,
+    e.g. ``view: fsm ui --db fsm.db`` (``db`` as given, else ``$FSM_DB``, else ``fsm.db``;
+    shell-quoted; a URL's password left out: libpq takes it from ``PGPASSWORD`` or
+    ``~/.pgpass``)."""
+    import shlex
+    from .store import is_postgres, store_url
+    url = store_url(db)
+    if is_postgres(url):  # psycopg is installed: the run used it
+        from .store.postgres import redact
+        url = redact(url)
+    return f"view: fsm ui --db {shlex.quote(url)}"
+
