@@ -62,11 +62,14 @@ def _print_stats(stats: Any) -> None:
     for key, value in lines:
         out.print(f"  {key}: {value}", highlight=False, markup=False)
     counts = Table(title=f"states of {stats.machine}", title_justify="left")
-    for col in ("state", "now", "entered", "steps", "retries", "fallbacks", "re-asks", "errors"):
+    taken = any(st.recoveries for st in stats.states.values())  # a column only when any
+    for col in ("state", "now", "entered", "steps", "retries", "fallbacks", "re-asks", "errors",
+                *(("takeovers",) if taken else ())):
         counts.add_column(col, justify="left" if col == "state" else "right", overflow="fold")
     for st in stats.states.values():
-        counts.add_row(st.state, *(str(v) for v in (st.now, st.entered, st.steps, st.retries,
-                                                      st.fallbacks, st.reasks, st.errors)))
+        values = (st.now, st.entered, st.steps, st.retries, st.fallbacks, st.reasks, st.errors,
+                  *((st.recoveries,) if taken else ()))
+        counts.add_row(st.state, *(str(v) for v in values))
     out.print(counts)
     spread = Table(title=f"per step of {stats.machine}", title_justify="left")
     for col in ("state", "figure", "p50", "p95", "max", "mean"):
