@@ -88,6 +88,27 @@ def test_run_exit_codes_completed_failed_and_not_final(tmp_path: Path, monkeypat
     assert "waiting" in waiting.stdout
 
 
+def test_wait_exit_codes_completed_failed_and_not_final(tmp_path: Path, monkeypatch) -> None:
+    """``fsm wait`` on a SQLite store: 0 all completed, 1 any failed, 3 any still not final
+    (here: one waiting for an event)."""
+    monkeypatch.setenv("FSM_NOTIFY_FILE", str(tmp_path / "n.jsonl"))
+    db = str(tmp_path / "w.db")
+    topic = tmp_path / "topic.json"
+    topic.write_text("{}")
+    holds = tmp_path / "holds.py"
+    holds.write_text(WAITING)
+    done, failed, waiting = [
+        json.loads(invoke("run", module, "--input", str(topic), "--db", db, "--llm",
+                          script(tmp_path, *replies), "--json").stdout)[0]["id"]
+        for module, replies in ((ROUTER, [{"text": "finish"}]),
+                                (ROUTER, [{"text": "to_review"}, {"text": "revise"}]),
+                                (str(holds), [{"text": "unused"}]))]
+    assert invoke("wait", done, "--db", db, "-q").exit_code == 0
+    assert invoke("wait", done, failed[:8], "--db", db, "-q").exit_code == 1
+    late = invoke("wait", done, waiting, "--db", db, "--timeout", "0.2", "-q")
+    assert late.exit_code == 3 and "waiting" in late.stdout  # settled, not final
+
+
 def test_run_ends_with_the_command_that_opens_the_viewer(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("FSM_NOTIFY_FILE", str(tmp_path / "n.jsonl"))
     monkeypatch.delenv("FSM_DB", raising=False)
