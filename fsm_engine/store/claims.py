@@ -68,15 +68,11 @@ class ClaimRequest:
     skip_queues: Sequence[str] = ()
     queue_limit: int | None = None
     partition_limit: int | None = None
-    #: Why the claimer judged an owner dead, by worker id (e.g. ``{"h:12:ab": "process_gone"}``);
-    #: recorded in the takeover's history row (default ``process_gone`` for ``dead``).
-    causes: dict[str, str] | None = None
 
     def cause(self, prior_owner: str, prior_heartbeat: float | None) -> str:
-        """Why ``prior_owner`` no longer holds its instances, as the claim saw it:
-        ``process_gone`` (in ``dead``), ``deregistered`` (no worker row) or ``lease_expired``."""
-        if self.causes and prior_owner in self.causes:
-            return self.causes[prior_owner]
+        """Why ``prior_owner`` no longer holds its instances, as this claim sees it (for the
+        takeover's history row): ``process_gone`` (in ``dead``), ``deregistered`` (no
+        worker row) or ``lease_expired``."""
         if prior_owner in self.dead:
             return "process_gone"
         return "deregistered" if prior_heartbeat is None else "lease_expired"
