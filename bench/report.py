@@ -182,8 +182,11 @@ def w3_table(out: Outcome | None) -> str:
             ["committed steps executed twice (max)", fmt(max(x["executed_twice"] for x in s))],
             ["uncommitted actions re-run after the kill (median; at-least-once, expected)",
              fmt(med(x["reruns"] for x in s))],
-            ["history rows at the end / expected", f"{s[-1]['committed_total']:,} / "
+            ["transition rows at the end / expected", f"{s[-1]['committed_total']:,} / "
                                                     f"{s[-1]['expected_transitions']:,}"]]
+    if "takeovers" in s[-1]:  # one ``recovery`` row per instance resume() took over
+        rows.append(["takeover (recovery) rows written by resume()",
+                     fmt(s[-1]["takeovers"])])
     text = table(["W3 (fsm_engine, synchronous=FULL)", "value"], rows)
     return text + (f"\n\nLater repetitions failed: {out.error}" if out.error else "")
 

@@ -204,7 +204,10 @@ def exit_code(records: list[Any]) -> int:
     return 0 if all(r.status == "completed" for r in records) else 3
 
 
-def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = ()) -> None:
+def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = (),
+            hint: str | None = None) -> None:
+    """Print the closing table and tally (or JSON), then ``hint`` (unless JSON); exit with
+    ``exit_code``."""
     if as_json:
         _print_json([instance_json(r) if not isinstance(r, FsmError) else
                              {"error": str(r), "id": r.instance_id} for r in records])
@@ -213,6 +216,8 @@ def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = ()) -> Non
         print_records(out, records)
         for line in _tally(records, tally):
             out.print(_safe(line), highlight=False)
+        if hint:
+            out.print(_safe(hint), highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(exit_code(records))
 
 
@@ -261,7 +266,9 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         raise InvalidInput(f"{_safe(input[at])}: {exc}" if at is not None else str(exc)) from None
     if not quiet:
         typer.echo(header, err=True)
-    _finish(_drive(engine, ids, False, quiet), as_json, machine.tally)
+    from .cli_observe import viewer_hint
+    _finish(_drive(engine, ids, False, quiet), as_json, machine.tally,
+            None if quiet else viewer_hint(db))
 
 
 def _header(machine: str, count: int, engine: Engine) -> str:

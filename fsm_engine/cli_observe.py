@@ -62,11 +62,14 @@ def _print_stats(stats: Any) -> None:
     for key, value in lines:
         out.print(f"  {key}: {value}", highlight=False, markup=False)
     counts = Table(title=f"states of {stats.machine}", title_justify="left")
-    for col in ("state", "now", "entered", "steps", "retries", "fallbacks", "re-asks", "errors"):
+    taken = any(st.recoveries for st in stats.states.values())  # a column only when any
+    for col in ("state", "now", "entered", "steps", "retries", "fallbacks", "re-asks", "errors",
+                *(("takeovers",) if taken else ())):
         counts.add_column(col, justify="left" if col == "state" else "right", overflow="fold")
     for st in stats.states.values():
-        counts.add_row(st.state, *(str(v) for v in (st.now, st.entered, st.steps, st.retries,
-                                                      st.fallbacks, st.reasks, st.errors)))
+        values = (st.now, st.entered, st.steps, st.retries, st.fallbacks, st.reasks, st.errors,
+                  *((st.recoveries,) if taken else ()))
+        counts.add_row(st.state, *(str(v) for v in values))
     out.print(counts)
     spread = Table(title=f"per step of {stats.machine}", title_justify="left")
     for col in ("state", "figure", "p50", "p95", "max", "mean"):
@@ -201,3 +204,18 @@ def check(db: str = DB,
     else:
         out.print("ok: no problems found")
     raise typer.Exit(1 if problems else 0)
+
+
+def viewer_hint(db: str | None) -> str:
+    """The line ``fsm run`` ends with: the command that opens the viewer on its store,
+    e.g. ``view: fsm ui --db fsm.db`` (``db`` as given, else ``$FSM_DB``, else ``fsm.db``;
+    shell-quoted; a URL's password left out: libpq takes it from ``PGPASSWORD`` or
+    ``~/.pgpass``)."""
+    import shlex
+    from .store import is_postgres, store_url
+    url = store_url(db)
+    if is_postgres(url):  # psycopg is installed: the run used it
+        from .store.postgres import redact
+        url = redact(url)
+    return f"view: fsm ui --db {shlex.quote(url)}"
+

@@ -63,13 +63,16 @@ def follow(store: Store, ids: list[str], *, timeout: float | None, quiet: bool,
             time.sleep(interval)
 
 
-def _exit_for(records: list[Any], settled: bool, as_json: bool) -> None:
+def _exit_for(records: list[Any], settled: bool, as_json: bool,
+              hint: str | None = None) -> None:
     from .cli import _print_json, exit_code
     if as_json:
         _print_json([instance_json(r) for r in records])
     else:
         from .cli_tables import print_records
         print_records(out, records)
+        if hint:
+            out.print(hint, highlight=False, soft_wrap=True, markup=False)
     if not settled:
         typer.echo(f"fsm: timed out with {sum(1 for r in records if not _settled(r))} "
                    "instance(s) still running", err=True)
@@ -98,7 +101,8 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
         records, settled = follow(engine.store, ids, timeout=None, quiet=quiet)
     finally:
         engine.close()
-    _exit_for(records, settled, as_json)
+    from .cli_observe import viewer_hint
+    _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
 
 
 @app.command()

@@ -14,7 +14,10 @@ Definitions (units in the field names: ``_ms`` milliseconds, ``_s`` seconds):
   to leaving it: retries, backoff and waiting for a turn included;
 * ``retries`` counts failed attempts before a step (``attempt - 1``);
   ``fallbacks`` the steps of kind ``fallback``; ``reasks`` the structured-output
-  re-asks; ``errors`` the steps that carry an error;
+  re-asks; ``errors`` the steps that carry an error; ``recoveries`` the takeovers
+  by another worker while the instance stood in the state (history rows of kind
+  ``recovery``: not steps, moves or edges; time spent before one counts in the
+  step that follows it);
 * an **edge** is a (source, trigger, dest, kind) move; ``taken`` counts rows,
   ``instances`` the distinct instances that took it;
 * ``fallback_rate`` / ``reask_rate``: the share of instances with history that
@@ -42,7 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
 from .store.base import Store
-from .store.records import FINAL_STATUSES, InstanceFilter, StepRow
+from .store.records import FINAL_STATUSES, RECOVERY, InstanceFilter, StepRow
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -86,6 +89,7 @@ class StateStats:
     fallbacks: int = 0
     reasks: int = 0
     errors: int = 0
+    recoveries: int = 0
     tokens: Dist = field(default_factory=Dist)
     action_ms: Dist = field(default_factory=Dist)
     wall_s: Dist = field(default_factory=Dist)
@@ -161,6 +165,9 @@ class _Accumulator:
     def finish(self) -> None:
         """Fold the rows of the instance read last."""
         rows, self._rows = self._rows, []
+        for row in rows:
+            self.counts[row.source]["recoveries"] += row.kind == RECOVERY
+        rows = [r for r in rows if r.kind != RECOVERY]  # a takeover is not a step
         if not rows:
             return
         entered = rows[0].created_at
@@ -200,6 +207,7 @@ def _states(acc: _Accumulator, by_state: dict[str, int]) -> dict[str, StateStats
             name, now=by_state.get(name, 0), entered=c.get("entered", 0), steps=c.get("steps", 0),
             retries=c.get("retries", 0), fallbacks=c.get("fallbacks", 0),
             reasks=c.get("reasks", 0), errors=c.get("errors", 0),
+            recoveries=c.get("recoveries", 0),
             tokens=Dist.of(s.get("tokens", ())), action_ms=Dist.of(s.get("action_ms", ())),
             wall_s=Dist.of(s.get("wall_s", ())))
     return out

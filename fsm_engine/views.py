@@ -116,3 +116,31 @@ def guard_reading(name: str, result: Any) -> tuple[str, bool]:
     if name.startswith("!"):
         return f"not {name[1:]}", not bool(result)
     return name, bool(result)
+
+
+_CAUSES = {"process_gone": "its process was gone", "lease_expired": "its lease expired",
+           "deregistered": "it had stopped without giving the instance back"}
+
+
+def _worker(wid: Any, host: Any, pid: Any) -> str:
+    return f"{host} pid {pid}" if host and pid is not None else str(wid)
+
+
+def recovery_note(detail: dict[str, Any]) -> str | None:
+    """A ``recovery`` history row's ``detail`` as one sentence (``None`` for other rows):
+    ``taken over by hostB pid 7 from hostA pid 41 (its process was gone) mid-step: the
+    step runs again``."""
+    info = detail.get("recovery")
+    if not isinstance(info, dict):
+        return None
+    text = (f"taken over by {_worker(info.get('to'), info.get('to_host'), info.get('to_pid'))}"
+            f" from {_worker(info.get('from'), info.get('from_host'), info.get('from_pid'))}")
+    cause = _CAUSES.get(str(info.get("cause")))
+    if cause:
+        text += f" ({cause})"
+    if info.get("mid_step"):
+        text += f" mid-step: the step runs again (recovery {info.get('recoveries', 1)})"
+    else:
+        text += f" while {info.get('status', 'idle')}"
+    return text
+

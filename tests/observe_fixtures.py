@@ -95,3 +95,37 @@ def build_fleet(db: str, tmp: Path) -> Fleet:
     fleet.ids["quoted"] = engine.start_many(_machine(engine, module), [{}])
     asyncio.run(_run(engine, fleet.ids["quoted"]))
     return fleet
+
+
+@dataclass
+class Family:
+    """What ``build_family`` made: a fan-out parent, its fork, and an adopted instance."""
+
+    db: str
+    parent: str = ""
+    children: list[str] = field(default_factory=list)
+    fork: str = ""
+    adopted: str = ""
+
+
+def build_family(db: str) -> Family:
+    """On ``db``: a ``Map`` parent over 3 words (two children call the scripted model, one
+    fails: the parent fails ``branch_failed``), a fork of it after its first row (run: it
+    gets children of its own), and an instance started by an engine that went away without
+    running it, then run by another (one ``recovery`` row, cause ``deregistered``)."""
+    from parallel_machines import __file__ as module
+    fam = Family(db)
+    reply = [{"text": "hi", "prompt_tokens": 3, "completion_tokens": 2}]
+    engine = Engine(db, llm=Scripted.from_replies(reply), seed=3)
+    fam.parent = engine.start(module, {"words": ["llm-a", "fail", "llm-c"]})
+    asyncio.run(engine.run(fam.parent))
+    fam.children = [c.id for c in engine.store.children(fam.parent)]
+    fam.fork = engine.fork(fam.parent, from_seq=1)
+    asyncio.run(engine.run(fam.fork))
+    engine.close()
+    first = Engine(db, seed=3)
+    fam.adopted = first.start(module, {"words": ["x"]})
+    first.close()  # deregistered, the instance still its own
+    second = Engine(db, seed=3)
+    asyncio.run(_run(second, [fam.adopted]))
+    return fam

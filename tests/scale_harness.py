@@ -185,20 +185,31 @@ def audit(url: str, table: str) -> list[dict[str, Any]]:
         return conn.cursor(row_factory=dict_row).execute(f"SELECT * FROM {table}").fetchall()
 
 
-def check_books(store: Any, ids: list[str], sink: Sink) -> dict[str, int]:
+def check_books(store: Any, ids: list[str], sink: Sink) -> dict[str, Any]:
     """Every instance completed along the reference path, each step recorded once with
-    no gap, one outbox row done per instance, the sink holding each key; returns counts."""
+    no gap (takeovers by another worker as ``recovery`` rows in between), one outbox row
+    done per instance, the sink holding each key; returns counts and ``takeovers``, the
+    ``(instance id, from worker, to worker)`` of each recovery row."""
     records = {r.id: r for r in store.list()}
     statuses = {(records[i].status, records[i].reason) for i in ids}
-    assert statuses == {("completed", None)}, statuses
+    assert statuses == {("completed", None)}, (statuses, [
+        [(h.kind, h.source, h.dest, h.detail.get("recovery") or h.error) for h in store.history(i)]
+        for i in ids if records[i].status != "completed"][:3])
+    takeovers = []
     for iid in ids:
         rows = store.history(iid)
-        assert [h.seq for h in rows] == list(range(1, len(PATH) + 1)), iid
-        assert [(h.source, h.dest) for h in rows] == PATH, iid
+        assert [h.seq for h in rows] == list(range(1, len(rows) + 1)), iid
+        steps = [h for h in rows if h.kind != "recovery"]
+        assert [(h.source, h.dest) for h in steps] == PATH, iid
+        for h in rows:
+            if h.kind == "recovery":
+                info = h.detail["recovery"]
+                assert h.source == h.dest and info["from"] != info["to"], (iid, info)
+                takeovers.append((iid, info["from"], info["to"]))
     box = store.outbox()
     assert sorted(b.instance_id for b in box) == sorted(ids)  # one key per instance
     assert {b.status for b in box} == {"done"}
     keys = {b.key for b in box}
     assert set(sink.keys) == keys  # every key delivered, and nothing else
     return {"deliveries": len(sink.keys), "repeats": len(sink.keys) - len(keys),
-            "outbox_attempts": sum(b.attempts for b in box)}
+            "outbox_attempts": sum(b.attempts for b in box), "takeovers": takeovers}

@@ -88,6 +88,82 @@ def test_run_exit_codes_completed_failed_and_not_final(tmp_path: Path, monkeypat
     assert "waiting" in waiting.stdout
 
 
+def test_wait_exit_codes_completed_failed_and_not_final(tmp_path: Path, monkeypatch) -> None:
+    """``fsm wait`` on a SQLite store: 0 all completed, 1 any failed, 3 any still not final
+    (here: one waiting for an event)."""
+    monkeypatch.setenv("FSM_NOTIFY_FILE", str(tmp_path / "n.jsonl"))
+    db = str(tmp_path / "w.db")
+    topic = tmp_path / "topic.json"
+    topic.write_text("{}")
+    holds = tmp_path / "holds.py"
+    holds.write_text(WAITING)
+    done, failed, waiting = [
+        json.loads(invoke("run", module, "--input", str(topic), "--db", db, "--llm",
+                          script(tmp_path, *replies), "--json").stdout)[0]["id"]
+        for module, replies in ((ROUTER, [{"text": "finish"}]),
+                                (ROUTER, [{"text": "to_review"}, {"text": "revise"}]),
+                                (str(holds), [{"text": "unused"}]))]
+    assert invoke("wait", done, "--db", db, "-q").exit_code == 0
+    assert invoke("wait", done, failed[:8], "--db", db, "-q").exit_code == 1
+    late = invoke("wait", done, waiting, "--db", db, "--timeout", "0.2", "-q")
+    assert late.exit_code == 3 and "waiting" in late.stdout  # settled, not final
+
+
+def test_run_ends_with_the_command_that_opens_the_viewer(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FSM_NOTIFY_FILE", str(tmp_path / "n.jsonl"))
+    monkeypatch.delenv("FSM_DB", raising=False)
+    topic = tmp_path / "topic.json"
+    topic.write_text("{}")
+    looping = script(tmp_path, {"text": "to_review"}, {"text": "revise"})
+    db = str(tmp_path / "odd name [1].db")
+    shown = invoke("run", ROUTER, "--input", str(topic), "--db", db, "--llm", looping)
+    assert shown.exit_code == 1, shown.output  # failed (loop_limit): the hint all the same
+    last = shown.stdout.strip().splitlines()[-1]
+    assert last == f"view: fsm ui --db '{db}'"
+    for quiet in (["-q"], ["--json"]):
+        result = invoke("run", ROUTER, "--input", str(topic), "--db", db, "--llm", looping,
+                        *quiet)
+        assert "view:" not in result.stdout
+    monkeypatch.chdir(tmp_path)
+    default = invoke("run", ROUTER, "--input", str(topic), "--llm", looping)
+    assert default.stdout.strip().splitlines()[-1] == "view: fsm ui --db fsm.db"
+    monkeypatch.setenv("FSM_DB", "sqlite:///env.db")
+    env = invoke("run", ROUTER, "--input", str(topic), "--llm", looping)
+    assert env.stdout.strip().splitlines()[-1] == "view: fsm ui --db sqlite:///env.db"
+    assert (tmp_path / "env.db").exists()
+
+
+def test_a_takeover_reads_in_history_and_is_no_step_in_stats(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    engine = Engine(db)
+    machine, ref = load_machine(ROUTER)
+    engine.register(machine, ref)
+    iid = engine.start(machine, {})
+    gone = engine.worker.id
+    engine.close()  # went away holding it: the next run takes it over
+    assert invoke("resume", "--db", db, "--llm",
+                  script(tmp_path, {"text": "finish"}), "-q").exit_code == 0
+    rows = json.loads(invoke("history", iid, "--db", db, "--json").stdout)
+    kinds = [r["kind"] for r in rows]
+    assert kinds[0] == "recovery" and kinds[1:] == ["transition"] * (len(rows) - 1) != []
+    info = rows[0]["detail"]["recovery"]
+    assert (info["from"], info["cause"], info["status"], info["mid_step"]) == (
+        gone, "deregistered", "pending", False)
+    table = invoke("history", iid, "--db", db, env={"COLUMNS": "200"}).stdout
+    host, pid = gone.split(":")[:2]
+    assert f"from {host} pid {pid}" in table and "while pending" in table
+    stats = json.loads(invoke("stats", "--db", db, "--json").stdout)
+    figures = stats["router"]
+    steps = sum(st["steps"] for st in figures["states"].values())
+    assert steps == len(rows) - 1 and figures["states"][rows[0]["source"]]["recoveries"] == 1
+    assert all(e["kind"] != "recovery" for e in figures["edges"])
+    rec = SqliteStore(db)
+    try:
+        assert (rec.get(iid).loop_count, rec.get(iid).seq) == (len(rows) - 1, len(rows))
+    finally:
+        rec.close()
+
+
 def test_resume_exit_codes(tmp_path: Path) -> None:
     db = str(tmp_path / "r.db")
     engine = Engine(db)

@@ -140,6 +140,7 @@ class Runner:
         (tmp / "cfg.json").write_text(json.dumps(cfg))
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.launches = 0
+        self.pids: list[int] = []
 
     def launch(self, wait_ready: bool = True) -> subprocess.Popen:
         self.launches += 1
@@ -147,6 +148,7 @@ class Runner:
         proc = subprocess.Popen([sys.executable, str(self.tmp / "runner.py"),
                                  str(self.tmp / "cfg.json")], stdout=subprocess.PIPE,
                                 stderr=err, text=True, env=self.env)
+        self.pids.append(proc.pid)
         err.close()
         if wait_ready:
             assert proc.stdout.readline().strip() == "ready", self.stderr()
@@ -183,8 +185,10 @@ def history(db: str, iid: str) -> list:
 INITIAL = {"linear7": "s1", "router": "draft", "moderation": "init", "suicide": "start"}
 
 
-def audit(db: str) -> list[InstanceRecord]:
-    """Check every instance's steps were atomic; return the records."""
+def audit(db: str, pids: list[int] | None = None) -> list[InstanceRecord]:
+    """Check every instance's steps were atomic, and that each takeover by a later run is
+    one ``recovery`` row naming the killed run and the run that took over (both among
+    ``pids``, the runs launched); return the records."""
     store = SqliteStore(db)
     try:
         recs = store.list()
@@ -196,9 +200,19 @@ def audit(db: str) -> list[InstanceRecord]:
             assert rec.context == (context_after(rec, rows)[-1] if rows else rec.input), rec.id
             for before, after in zip(rows, rows[1:]):
                 assert after.source == before.dest, rec.id
+            for row in recoveries(rows):
+                info = row.detail["recovery"]
+                assert (row.source, row.tokens, row.delta) == (row.dest, 0, {}), rec.id
+                assert info["cause"] == "process_gone" and info["from_pid"] != info["to_pid"]
+                assert pids is None or {info["from_pid"], info["to_pid"]} <= set(pids), info
         return recs
     finally:
         store.close()
+
+
+def recoveries(rows: list) -> list:
+    """The ``recovery`` rows (takeovers) of a history."""
+    return [r for r in rows if r.kind == "recovery"]
 
 
 def test_steps_are_atomic_across_random_kills(tmp_path):
@@ -213,18 +227,25 @@ def test_steps_are_atomic_across_random_kills(tmp_path):
         proc = runner.launch()
         time.sleep(rng.uniform(0.0, 0.25))
         kills += kill(proc)
-        recs = audit(runner.db)
+        recs = audit(runner.db, runner.pids)
         assert len(recs) == n
         assert not all(r.final for r in recs), f"the batch finished after only {kills} kills"
     print(f"\n{runner.launches} launches, {kills} kills; then {sum(r.seq for r in recs)} of "
           f"{6 * n} steps done")
     runner.finish()
-    recs = audit(runner.db)
+    recs = audit(runner.db, runner.pids)
     assert [r.status for r in recs] == ["completed"] * n
+    taken = 0
     for rec in recs:
         assert rec.context == {"n": rec.input["n"], "trail": ["s1", "s2", "s3", "s4", "s5"],
                                "total": rec.input["n"] * 2 + 1, "said": "pong"}
-        assert rec.seq == 6 and rec.loop_count == 6 and rec.tokens_used == 10
+        rows = history(runner.db, rec.id)
+        steps = [r for r in rows if r.kind != "recovery"]
+        assert [r.trigger for r in steps] == ["t1", "t2", "t3", "t4", "t5", "t6"]
+        taken += len(recoveries(rows))
+        assert rec.seq == 6 + len(recoveries(rows))  # a takeover is a row, not a step
+        assert rec.loop_count == 6 and rec.tokens_used == 10
+    assert taken >= 1  # the kills interrupted instances that a later run took over
 
 
 def _wait_for(db: str, ok: Any, timeout: float = 30.0) -> list[InstanceRecord]:
@@ -254,7 +275,9 @@ def test_loop_cap_survives_kills(tmp_path):
         assert (rec.status, rec.reason, rec.state) == ("failed", "loop_limit", "failed")
         assert rec.loop_count == rec.max_transitions == 12
         rows = history(runner.db, rec.id)
-        assert len(rows) == 13 and rows[-1].kind == "loop_limit"
+        steps = [r for r in rows if r.kind != "recovery"]  # takeovers do not count
+        assert len(steps) == 13 and rows[-1].kind == "loop_limit"
+        assert 1 <= len(recoveries(rows)) <= 2  # taken over after each kill it was under
 
 
 class Receiver:
@@ -376,5 +399,13 @@ def test_crash_loop_fails_the_instance(tmp_path):
     assert codes == [-signal.SIGKILL] * (max_recoveries + 1) + [0], runner.stderr()
     assert (rec.status, rec.reason, rec.state) == ("failed", "crash_loop", "failed")
     assert rec.recoveries == max_recoveries + 1
-    last = history(runner.db, rec.id)[-1]
+    rows = history(runner.db, rec.id)
+    last = rows[-1]
     assert (last.kind, last.reason, last.source) == ("fail", "crash_loop", "die")
+    # go, then one takeover per killed run, each mid-step in ``die`` and none progress
+    assert [r.kind for r in rows] == ["transition"] + ["recovery"] * (max_recoveries + 1) + ["fail"]
+    assert [r.detail["recovery"]["recoveries"] for r in recoveries(rows)] == list(
+        range(1, max_recoveries + 2))
+    assert all(r.detail["recovery"]["mid_step"] and r.source == "die" for r in recoveries(rows))
+    assert [r.detail["recovery"]["from_pid"] for r in recoveries(rows)] == runner.pids[
+        :max_recoveries + 1]

@@ -294,3 +294,47 @@ def test_render_without_dot_binary(tmp_path, monkeypatch) -> None:
 def test_public_api() -> None:
     assert {"build_graph", "to_dot", "to_mermaid", "render"} <= set(diagram.__all__)
     assert all(hasattr(diagram, name) for name in diagram.__all__)
+
+def test_instance_overlay_figures_equal_the_store(fleet, tmp_path) -> None:
+    """``fsm diagram --instance``: per state, attempts (steps leaving it + failed attempts),
+    tokens (the same, billed) and a takeover line where another worker adopted it."""
+    from collections import Counter
+
+    from typer.testing import CliRunner
+
+    from fsm_engine import SqliteStore
+    from fsm_engine.cli import app
+    from fsm_engine.diagram.overlays import instance_overlay
+    from fsm_engine.store.records import HistoryRow
+
+    store = SqliteStore(fleet.db, readonly=True)
+    try:
+        rec = next(r for r in store.list(machine="moderation") if store.attempts(r.id))
+        history, attempts = store.history(rec.id), store.attempts(rec.id)
+    finally:
+        store.close()
+    tries = Counter(h.source for h in history) + Counter(a.state for a in attempts)
+    tokens: Counter[str] = Counter()
+    for h in history:
+        tokens[h.source] += h.tokens
+    for a in attempts:
+        tokens[a.state] += a.tokens
+    figures = instance_overlay(rec, history, attempts)["figures"]
+    for state, n in tries.items():
+        line = figures[state][0]
+        assert line.startswith(f"{n} attempt{'s' * (n != 1)} · "), (state, line)
+        assert line.endswith(f" · {tokens[state]} tok") if tokens[state] else " tok" not in line
+    assert any(a.state in figures and tries[a.state] > 1 for a in attempts)  # a retried state
+    out = tmp_path / "i.dot"
+    result = CliRunner().invoke(app, ["diagram", str(rec.module), "-o", str(out), "--instance",
+                                      rec.id, "--db", fleet.db])
+    assert result.exit_code == 0, result.output
+    dot = out.read_text(encoding="utf-8")
+    assert all(f"{n} attempt" in dot for n in tries.values())
+    # a takeover is a figure of the state it happened in, not an attempt or a move
+    where = history[-1].source  # taken over there, before its last step
+    taken = HistoryRow(rec.id, 0, where, where, "recovery", history[-2].at, kind="recovery",
+                       detail={"recovery": {}})
+    again = instance_overlay(rec, [*history[:-1], taken, history[-1]], attempts)
+    assert again["figures"][where] == [figures[where][0], "1 takeover"]
+    assert again["history"] == instance_overlay(rec, history, attempts)["history"]

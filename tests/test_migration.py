@@ -65,10 +65,14 @@ def test_v1_instances_are_upcast_with_their_next_step_and_complete(
         a, b = done
         assert (a.context["lang"], a.context["checked"], a.context["words"]) == ("en", True, 3)
         ha, hb = engine.store.history(fresh), engine.store.history(moved)
-        # the fresh one: upcast, then its first step, in one commit (consecutive rows)
+        # the fresh one: taken over from the engine that started it and went away (a
+        # recovery row, written under version 1), then upcast and its first step in one
+        # commit (consecutive rows)
         assert [(h.kind, h.source, h.dest, h.machine_version) for h in ha] == [
-            ("migration", "start", "start", 2), ("transition", "start", "validate", 2),
-            ("transition", "validate", "done", 2)]
+            ("recovery", "start", "start", 1), ("migration", "start", "start", 2),
+            ("transition", "start", "validate", 2), ("transition", "validate", "done", 2)]
+        assert ha[0].detail["recovery"]["cause"] == "deregistered"
+        ha = ha[1:]
         assert ha[0].delta == {"lang": "en", "checked": False}  # defaults filled in too
         assert ha[0].detail["from_version"] == 1
         # the moved one keeps the version its first row was written in; "check" maps
@@ -286,8 +290,13 @@ def test_a_kill_between_the_lazy_upcast_and_its_step_leaves_it_unmigrated(
         assert "lang" not in rec.context and len(engine.store.history(iid)) == 1
         done = asyncio.run(engine.run(iid))  # the next run upcasts it with its step
         assert (done.status, done.machine_version) == ("completed", 2)
-        assert [h.kind for h in engine.store.history(iid)] == [
-            "transition", "migration", "transition"]
+        rows = engine.store.history(iid)
+        # taken over from the killed resume, mid-step (that step runs again, upcast first)
+        assert [h.kind for h in rows] == ["transition", "recovery", "migration", "transition"]
+        info = rows[1].detail["recovery"]
+        assert (info["from_pid"], info["cause"], info["mid_step"]) == (proc.pid, "process_gone",
+                                                                       True)
+        assert rows[1].machine_version == 1 and rows[2].machine_version == 2
     finally:
         engine.close()
 

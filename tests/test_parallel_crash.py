@@ -109,13 +109,23 @@ def test_map_of_50_survives_random_kills(tmp_path, store_url):
         parent = parents[0]
         assert (parent.status, parent.context["total"]) == ("completed", sum(range(50)))
         assert [k.branch for k in kids] == [str(i) for i in range(50)]
+        taken = 0
         for kid in kids:  # each branch's two steps committed once, nothing lost
             rows = store.history(kid.id)
-            assert [(r.source, r.dest) for r in rows] == [("first", "second"), ("second", "done")]
+            steps = [r for r in rows if r.kind != "recovery"]
+            assert [(r.source, r.dest) for r in steps] == [("first", "second"), ("second", "done")]
             assert kid.tokens_used == 10 and kid.loop_count == 2
+            for row in (r for r in rows if r.kind == "recovery"):  # each takeover: one row
+                info = row.detail["recovery"]
+                assert row.source == row.dest != "done" and row.tokens == 0, kid.id
+                assert {info["from_pid"], info["to_pid"]} <= set(runner.pids), info
+                taken += 1
         assert [p["a"] + p["b"] for p in parent.context["parts"]] == ["pongpong"] * 50
         rows = store.history(parent.id)
         assert [r.kind for r in rows].count("join") == 1
+        assert [r.trigger for r in rows if r.kind != "recovery"] == ["ok", "joined", "ok"]
+        taken += sum(r.kind == "recovery" for r in rows)
+        assert taken >= 1  # the kills left the family to later runs, which took it over
         assert parent.tokens_used == 5 + sum(k.tokens_used for k in kids) == 505
     finally:
         store.close()

@@ -66,6 +66,26 @@ def test_unchanged_machine_replays_identically(tmp_path) -> None:
     engine.close()
 
 
+def test_a_takeover_row_is_skipped_by_replay_and_fork(tmp_path) -> None:
+    """An instance adopted by a second engine (its first went away holding it) replays as
+    identical, and a fork copies the takeover row without counting it as a transition."""
+    db = str(tmp_path / "fsm.db")
+    first = Engine(db)
+    iid = first.start(make(), {})
+    first.close()
+    engine = Engine(db)
+    engine.register(make())
+    rec = asyncio.run(engine.run(iid))
+    history = engine.store.history(iid)
+    assert [h.kind for h in history] == ["recovery", "transition", "transition", "transition"]
+    report = replay(compile_machine(make()), rec, history)
+    assert report.identical and report.steps == 4 and report.divergence is None
+    fork = engine.store.get(engine.fork(iid, from_state="start"))  # entered by row 2
+    assert (fork.state, fork.forked_at_seq, fork.loop_count, fork.seq) == ("start", 2, 1, 2)
+    assert engine.store.check() == []
+    engine.close()
+
+
 def test_changed_guard_renamed_and_inserted_states_are_reported_at_their_seq(tmp_path) -> None:
     engine, rec, history = _recorded(tmp_path)
     guard = replay(compile_machine(make(guard=huge)), rec, history)

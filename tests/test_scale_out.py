@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,13 @@ def test_four_workers_survive_a_kill_and_a_pause(pg_cluster, tmp_path: Path, sin
         store.close()
     owners = audit(url, "audit_owner")
     history = audit(url, "audit_history")
-    assert len(history) == n * 7  # every step committed exactly once (no rolled-back extras)
+    # every step committed exactly once (no rolled-back extras), and each change of hands
+    # from one worker to another is one recovery row written with it, naming both
+    assert len(history) == n * 7 + len(books["takeovers"])
+    by_key = {key: iid for iid, key in keys.items()}
+    handed = Counter((by_key[o["instance"]], o["old_owner"], o["new_owner"]) for o in owners
+                     if o["old_owner"] is not None)
+    assert handed == Counter(books["takeovers"]) and handed  # the kill forced takeovers
     # never two live leases: an instance changes hands only from nobody, from an owner whose
     # lease had run out, or from the SIGKILLed worker (dead: its pid is gone)
     killed_ids = {o["old_owner"] for o in owners
@@ -100,8 +107,12 @@ def test_four_workers_survive_a_kill_and_a_pause(pg_cluster, tmp_path: Path, sin
     taken = {o["instance"]: o["at"] for o in owners
              if o["old_owner"] and _pid(o["old_owner"]) == paused.pid and o["at"] > stopped_at}
     assert taken, "the paused worker held nothing when it was stopped"
+    # ... until it claimed one back (a takeover of its own, whose row is legitimate)
+    back = {i: min([o["at"] for o in owners if o["instance"] == i and o["at"] > at
+                    and _pid(o["new_owner"] or "") == paused.pid], default=float("inf"))
+            for i, at in taken.items()}
     late = [h for h in history if h["app"] == paused_app and h["instance"] in taken
-            and h["at"] > taken[h["instance"]]]
+            and taken[h["instance"]] < h["at"] < back[h["instance"]]]
     assert late == []
     # repeats of a delivery (same key) only for instances in flight on the killed/paused workers
     assert books["repeats"] <= 2 * 40

@@ -172,6 +172,34 @@ def test_fsm_ui_refuses_an_exposed_host_without_token_and_a_missing_db(tmp_path)
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_an_exposed_viewer_answers_401_without_its_token(fleet: Fleet) -> None:
+    """``fsm ui --host 0.0.0.0 --token T`` as a user starts it, reached over loopback."""
+    import urllib.error
+    import urllib.request
+    proc = subprocess.Popen([*ENTRY, "ui", "--db", fleet.db, "--host", "0.0.0.0", "--port", "0",
+                             "--token", TOKEN, "--refresh", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""  # printed once it listens
+        match = re.search(r"http://0\.0\.0\.0:(\d+)/\?token=", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        base = f"http://127.0.0.1:{match.group(1)}"
+        for url in (f"{base}/", f"{base}/machines/router", f"{base}/?token=wrong"):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(url, timeout=10)
+            assert info.value.code == 401 and fleet.ids["router"][0] not in info.value.read().decode()
+        ok = urllib.request.Request(f"{base}/", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(ok, timeout=10) as response:
+            assert response.status == 200 and fleet.ids["router"][0] in response.read().decode()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet: Fleet) -> None:
     from fsm_engine.store import InstanceRecord
     db = str(tmp_path / "live.db")

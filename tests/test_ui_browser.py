@@ -25,7 +25,7 @@ import pytest
 
 from fsm_engine import SqliteStore
 from fsm_engine.store import InstanceFilter
-from observe_fixtures import QUOTED_STATE, XSS, Fleet
+from observe_fixtures import QUOTED_STATE, XSS, Family, Fleet, build_family
 
 pytestmark = pytest.mark.browser
 
@@ -49,11 +49,11 @@ def _need_browser() -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="module")
-def server(fleet: Fleet) -> Iterator[str]:
-    """``fsm ui --port 0 --token … --refresh 0`` in a subprocess; yields its base URL (no
-    reload of running instances' pages races the form: the reload is tested in test_ui.py)."""
-    proc = subprocess.Popen([*ENTRY, "ui", "--db", fleet.db, "--port", "0", "--token", TOKEN,
+def _serve(db: str) -> Iterator[str]:
+    """``fsm ui --port 0 --token … --refresh 0`` on ``db`` in a subprocess; yields its base
+    URL (no reload of running instances' pages races the form: the reload is tested in
+    test_ui.py)."""
+    proc = subprocess.Popen([*ENTRY, "ui", "--db", db, "--port", "0", "--token", TOKEN,
                              "--refresh", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -68,6 +68,24 @@ def server(fleet: Fleet) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(fleet: Fleet) -> Iterator[str]:
+    """The viewer on the session's fleet."""
+    yield from _serve(fleet.db)
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    return build_family(str(tmp_path_factory.mktemp("family") / "family.db"))
+
+
+@pytest.fixture(scope="module")
+def family_server(family: Family) -> Iterator[str]:
+    """The viewer on the family database (same token: the browser's cookie, set for the
+    host 127.0.0.1 whatever the port, opens it too)."""
+    yield from _serve(family.db)
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +259,53 @@ def test_a_fresh_browser_without_the_token_sees_401(browser: object, server: str
         assert "401" in d.find_element("tag name", "body").text  # type: ignore[attr-defined]
     finally:
         d.get(f"{server}/?token={TOKEN}")  # type: ignore[attr-defined]
+
+
+def _cells(row: object, css: str) -> str:
+    from selenium.webdriver.common.by import By
+    return row.find_element(By.CSS_SELECTOR, css).text  # type: ignore[attr-defined]
+
+
+def test_instance_page_shows_children_and_lineage(browser: object, family_server: str,
+                                                  family: Family) -> None:
+    from selenium.webdriver.common.by import By
+    store = SqliteStore(family.db, readonly=True)
+    kids = {k.id: k for k in store.children(family.parent)}
+    fork = store.get(family.fork)
+    store.close()
+    assert len(kids) == 3 and {k.status for k in kids.values()} == {"completed", "failed"}
+    d = browser
+    d.get(f"{family_server}/instances/{family.parent}")  # type: ignore[attr-defined]
+    shown = {}
+    for row in d.find_elements(By.CSS_SELECTOR, "#children tr.child"):  # type: ignore[attr-defined]
+        link = row.find_element(By.TAG_NAME, "a")
+        shown[link.text] = (_cells(row, ".branch"), _cells(row, ".status"),
+                            _cells(row, ".state"), int(_cells(row, ".tokens")),
+                            link.get_attribute("href"))
+    assert shown == {k.id: (k.branch, k.status, k.state, k.tokens_used,
+                            f"{family_server}/instances/{k.id}") for k in kids.values()}
+    assert sum(v[3] for v in shown.values()) == 10  # two children called the model: 5 each
+    forks = [a.text for a in d.find_elements(By.CSS_SELECTOR, "#forks tr.fork a")]  # type: ignore[attr-defined]
+    assert forks == [family.fork]
+    d.find_element(By.CSS_SELECTOR, "#forks tr.fork a").click()  # type: ignore[attr-defined]
+    assert d.find_element(By.ID, "instance-id").text == family.fork  # type: ignore[attr-defined]
+    lineage = d.find_element(By.ID, "forked-from")  # type: ignore[attr-defined]
+    assert lineage.find_element(By.TAG_NAME, "a").text == family.parent
+    assert d.find_element(By.ID, "forked-at-seq").text == str(fork.forked_at_seq) == "1"  # type: ignore[attr-defined]
+    assert len(d.find_elements(By.CSS_SELECTOR, "#children tr.child")) == 3  # type: ignore[attr-defined]
+    d.get(f"{family_server}/instances/{next(iter(kids))}")  # type: ignore[attr-defined]
+    assert d.find_element(By.CSS_SELECTOR, "#parent a").text == family.parent  # type: ignore[attr-defined]
+    assert not d.find_elements(By.ID, "forks")  # type: ignore[attr-defined]
+
+
+def test_a_takeover_shows_as_a_history_row(browser: object, family_server: str,
+                                           family: Family) -> None:
+    from selenium.webdriver.common.by import By
+    d = browser
+    d.get(f"{family_server}/instances/{family.adopted}")  # type: ignore[attr-defined]
+    rows = d.find_elements(By.CSS_SELECTOR, "tr.history-row.kind-recovery")  # type: ignore[attr-defined]
+    assert len(rows) == 1
+    assert "taken over by" in rows[0].text and "without giving the instance back" in rows[0].text
+    labels = [t.text for t in d.find_elements(By.CSS_SELECTOR, "#diagram svg text")]  # type: ignore[attr-defined]
+    assert not any(t.startswith("recovery") for t in labels), labels  # not drawn as a move
+    assert any("1 takeover" in t for t in labels), labels

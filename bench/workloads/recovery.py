@@ -162,7 +162,10 @@ async def _resume(path: str, profile: str | None) -> dict[str, Any]:
     twice = sum(1 for key, pids in runs.items() if key in before and me in pids)
     reruns = sum(1 for key, pids in runs.items() if key not in before and len(pids) > 1)
     after = _committed_steps(path)
-    return {"first_step_s": (first[0] - started) if first else None,
+    conn = sqlite3.connect(path)
+    takeovers = conn.execute("SELECT count(*) FROM history WHERE kind='recovery'").fetchone()[0]
+    conn.close()
+    return {"takeovers": takeovers, "first_step_s": (first[0] - started) if first else None,
             "all_final_s": finished - started, "resumed": len(results),
             "not_completed": len(bad), "executed_twice": twice, "reruns": reruns,
             "committed_total": len(after)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..store.records import AttemptRow, HistoryRow, InstanceRecord
+from ..store.records import RECOVERY, AttemptRow, HistoryRow, InstanceRecord
 
 if TYPE_CHECKING:
     from ..stats import MachineStats
@@ -31,10 +31,15 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
                      attempts: Sequence[AttemptRow] = ()) -> dict[str, Any]:
     """One instance's path; each visited state gets its attempts (steps + failed
     attempts), wall time in it (entering to leaving, or to now's last update for the
-    current state) and tokens (steps + failed attempts)."""
+    current state) and tokens (steps + failed attempts), and ``N takeovers`` where
+    another worker adopted it there (``recovery`` rows: not moves, not attempts)."""
     tries: dict[str, int] = defaultdict(int)
     tokens: dict[str, int] = defaultdict(int)
     wall: dict[str, float] = defaultdict(float)
+    recoveries: dict[str, int] = defaultdict(int)
+    for row in history:
+        recoveries[row.source] += row.kind == RECOVERY
+    history = [h for h in history if h.kind != RECOVERY]  # takeovers are not moves
     entered = rec.created_at
     for row in history:
         tries[row.source] += 1
@@ -55,6 +60,9 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
         if tokens.get(state):
             lines.append(f"{tokens[state]} tok")
         figures[state] = [" · ".join(lines)]
+        if recoveries.get(state):
+            n = recoveries[state]
+            figures[state].append(f"{n} takeover{'s' * (n != 1)}")
     for row in history:  # a fan-out's join: how its branches ended
         counts = row.detail.get("branches") if row.kind == "join" else None
         if counts:

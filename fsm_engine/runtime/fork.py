@@ -19,7 +19,7 @@ from typing import Sequence
 
 from ..errors import InvalidInput
 from ..store.records import (
-    PENDING, RUNNING, AttemptRow, HistoryRow, InstanceRecord, OutboxRow,
+    PENDING, RECOVERY, RUNNING, AttemptRow, HistoryRow, InstanceRecord, OutboxRow,
 )
 from .compiled import CompiledMachine
 
@@ -37,7 +37,8 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
             raise InvalidInput(f"--from-seq {seq} is outside 0..{len(history)}")
         return seq
     if state is not None:
-        entered = [h.seq for h in history if h.dest == state and h.kind != "cancel"]
+        entered = [h.seq for h in history
+                   if h.dest == state and h.kind not in ("cancel", RECOVERY)]
         if not entered:
             raise InvalidInput(f"the instance never entered state {state!r}")
         return entered[-1]

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 from ..errors import FsmError, StoreError
 from ..store import RUNNING, Store
-from ..store.claims import ClaimRequest, adopted
+from ..store.claims import ClaimRequest, adopted, takeover_row
 from ..store.records import InstanceRecord, StepCommit, WorkerRow
 from .workers import live_ids, new_worker, pid_alive
 
@@ -225,22 +225,26 @@ class Ownership:
             queue_limit=queue_limit, partition_limit=partition_limit))
 
     def adoption(self, rec: InstanceRecord) -> StepCommit:
-        """The compare-and-set commit making this worker the owner of ``rec``.
+        """The compare-and-set commit making this worker the owner of ``rec`` (with its
+        ``recovery`` history row when it takes ``rec`` over from another owner).
 
         Raises ``FsmError`` when a live worker holds it.
         """
         now = self.clock()
-        if rec.owner is not None and rec.owner != self.id:
-            self._view = None  # judged on fresh rows: a cached lease may have been renewed
-            workers, live = self.view(now)
-            if rec.owner in live:
-                raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
-                               instance_id=rec.id)
-            prior = workers.get(rec.owner)
-            new = adopted(rec, self.id, now, None if prior is None else prior.heartbeat_at)
-        else:
-            new = adopted(rec, self.id, now, None)
-        return StepCommit(new, rec.version, before=rec)
+        if rec.owner is None or rec.owner == self.id:
+            return StepCommit(adopted(rec, self.id, now, None), rec.version, before=rec)
+        self._view = None  # judged on fresh rows: a cached lease may have been renewed
+        workers, live = self.view(now)
+        if rec.owner in live:
+            raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
+                           instance_id=rec.id)
+        prior = workers.get(rec.owner)
+        beat = None if prior is None else prior.heartbeat_at
+        cause = ("deregistered" if prior is None
+                 else "process_gone" if not pid_alive(prior) else "lease_expired")
+        new = adopted(rec, self.id, now, beat)
+        row = takeover_row(rec, new, now, beat, cause)
+        return StepCommit(new, rec.version, history=[row] if row else [], before=rec)
 
     def can_take(self, rec: InstanceRecord) -> bool:
         """True when ``rec`` is unowned, owned here, or owned by a worker known dead."""

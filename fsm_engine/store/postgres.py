@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from . import claims, rates
 from .rates import RateRequest
-from .claims import ClaimRequest, adopted, select
+from .claims import ClaimRequest, select, take
 from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
     SELECT_INSTANCES, WORKER, Blobs, Codec, Encoded, changes, dumps, encode_step, instance_row,
@@ -98,10 +98,14 @@ class _ClaimTxn:
         for data in rows:
             prior = data.pop("prior_heartbeat")
             rec = INSTANCE.decode(data)
-            new = adopted(rec, req.owner, req.now, prior)
+            new, row = take(rec, req, prior)
             cols, values = changes(rec, new, [])  # a claim leaves the context alone
             writes.append((marks(update_sql(cols, True)),
                            [*values, rec.key, rec.id, rec.version]))
+            if row is not None:  # a takeover: its history row, in the claim's transaction
+                encoded = HISTORY.values(row)
+                encoded[0] = rec.key
+                writes.append((_SQL_INSERT_HISTORY, encoded))
             new.version = rec.version + 1
             out.append(new)
         if writes:

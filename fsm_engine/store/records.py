@@ -16,6 +16,11 @@ COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
+#: History kind of a takeover: another worker adopted the instance from an owner that died,
+#: lost its lease or went away (``store.claims.takeover_row``).  Not a transition: it counts
+#: neither against ``max_transitions`` nor as a step in statistics, diagrams or replay.
+RECOVERY = "recovery"
+
 #: Version of the stored record format; bumped with a migration.
 FORMAT_VERSION = 9
 
@@ -131,7 +136,8 @@ class HistoryRow:
     ``kind`` is ``transition`` (a declared transition), ``fallback``,
     ``skip``, or a runtime-forced move: ``fail``, ``cancel``, ``loop_limit``,
     ``migration`` (an upcast to a newer machine version: ``detail`` holds
-    ``from_version``, ``to_version``, ``renamed`` and ``removed``).
+    ``from_version``, ``to_version``, ``renamed`` and ``removed``);
+    ``recovery`` (``RECOVERY``) records a takeover by another worker (source = dest).
     ``machine_version`` is the machine version the row was written under.
     ``guards`` lists ``[name, result]`` for each guard evaluated, in order;
     ``delta`` holds the context fields the step changed (the context after

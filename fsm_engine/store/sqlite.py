@@ -42,7 +42,7 @@ from .codec import (
 )
 from . import claims, rates
 from .rates import RateRequest
-from .claims import ClaimRequest, adopted, select
+from .claims import ClaimRequest, select, take
 from .schema import migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
@@ -545,11 +545,15 @@ class _ClaimTxn:
             data = dict(row)
             prior = data.pop("prior_heartbeat")
             rec = _INSTANCE.decode(data)
-            new = adopted(rec, req.owner, req.now, prior)
+            new, history = take(rec, req, prior)
             blobs: Blobs = []
             cols, values = _changes(rec, new, blobs)
             SqliteStore._put_blobs(self.conn, blobs)
             self.conn.execute(_update_sql(cols, True), [*values, rec.key, rec.id, rec.version])
+            if history is not None:  # a takeover: its history row, in the claim's transaction
+                encoded = _HISTORY.values(history)
+                encoded[0] = rec.key
+                self.conn.execute(_INSERT_HISTORY, encoded)
             new.version = rec.version + 1
             out.append(new)
         return out

@@ -603,9 +603,62 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
         fresh = record("fresh", status="pending")
         store.create(mid, asleep, fresh)
         got = {r.id: r for r in store.claim(ClaimRequest("me", now=200.0, due_by=float("inf")))}
-        assert (got["mid"].recoveries, got["mid"].recovered_seq) == (1, 0)
+        # the takeover's history row is seq 1, and it is no progress: recovered_seq is past it
+        assert (got["mid"].recoveries, got["mid"].seq, got["mid"].recovered_seq) == (1, 1, 1)
         assert got["asleep"].recoveries == 0 and got["fresh"].recoveries == 0
         assert store.get("mid") == got["mid"]
+        assert [h.kind for h in store.history("mid")] == ["recovery"]
+        assert [h.kind for h in store.history("asleep")] == ["recovery"]
+        assert store.history("fresh") == []  # nobody held it: nothing to record
+
+    def test_claim_records_a_takeover_as_a_recovery_row(self, store: Store) -> None:
+        now = 5000.0
+        store.put_worker(WorkerRow("hostA:41:aa", "hostA", 41, "9", 0.0, now - 9,
+                                   lease_until=now - 1))
+        store.put_worker(WorkerRow("hostA:42:bb", "hostA", 42, "9", 0.0, now - 1,
+                                   lease_until=now + 5))
+        expired, gone = record("exp", status="running", owner="hostA:41:aa"), record(
+            "gone", status="running", owner="hostA:42:bb")
+        expired.seq = gone.seq = 0
+        ghost = record("ghost", status="pending", owner="no-such-worker")
+        mine, free = record("mine", status="running", owner="hostB:7:cc"), record("free")
+        store.create(expired, gone, ghost, mine, free)
+        live(store, "hostB:7:cc")
+        got = store.claim(ClaimRequest("hostB:7:cc", now=now, own=True, dead=["hostA:42:bb"]))
+        assert [r.id for r in got] == ["exp", "gone", "ghost", "mine", "free"]
+        assert store.history("mine") == [] and store.history("free") == []  # no takeover
+        rows = {iid: store.history(iid) for iid in ("exp", "gone", "ghost")}
+        assert all(len(r) == 1 for r in rows.values())
+        row = rows["exp"][0]
+        assert (row.seq, row.kind, row.trigger, row.source, row.dest, row.tokens, row.delta,
+                row.at) == (1, "recovery", "recovery", "start", "start", 0, {}, now)
+        assert row.detail["recovery"] == {
+            "from": "hostA:41:aa", "from_host": "hostA", "from_pid": 41, "to": "hostB:7:cc",
+            "to_host": "hostB", "to_pid": 7, "cause": "lease_expired", "status": "running",
+            "mid_step": True, "last_heartbeat": now - 9, "recoveries": 1}
+        assert rows["gone"][0].detail["recovery"]["cause"] == "process_gone"
+        info = rows["ghost"][0].detail["recovery"]
+        assert (info["cause"], info["status"], info["mid_step"], info["from_host"],
+                info["last_heartbeat"], info["recoveries"]) == (
+                    "deregistered", "pending", False, None, None, 0)
+        assert store.get("ghost").recoveries == 0  # never started: not a crash recovery
+        assert store.check() == []  # seq gap-free, state equals the last row's dest
+
+    def test_recovery_rows_are_not_progress(self, store: Store) -> None:
+        """Takeovers without a committed step in between keep counting; a step resets."""
+        store.create(record("i", status="running", owner="w0"))
+        for n in (1, 2):
+            rec = store.claim(ClaimRequest(f"w{n}", now=100.0 * n))[0]
+            assert (rec.seq, rec.recoveries, rec.recovered_seq) == (n, n, n)
+        step = moved(rec, "next")
+        assert store.commit([StepCommit(step, rec.version, history=[HistoryRow(
+            "i", step.seq, "start", "next", "go", 250.0)], before=rec)]) == [True]
+        rec = store.claim(ClaimRequest("w3", now=300.0))[0]
+        assert (rec.seq, rec.recoveries, rec.recovered_seq) == (4, 1, 4)
+        assert [h.kind for h in store.history("i")] == [
+            "recovery", "recovery", "transition", "recovery"]
+        assert [h.seq for h in store.history("i")] == [1, 2, 3, 4]
+        assert store.check() == []
 
     def test_claim_own_and_machines_filters(self, store: Store) -> None:
         live(store, "me")

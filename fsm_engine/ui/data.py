@@ -23,10 +23,14 @@ from ..diagram.overlays import aggregate_overlay, instance_overlay
 from ..errors import FsmError, InvalidInput
 from ..runtime.workers import live_ids
 from ..store.base import Store
-from ..store.records import ORDERS, STATUSES, HistoryRow, InstanceFilter, InstanceRecord
-from ..views import guard_reading, history_json, iso_time, shown_status, when
+from ..store.records import (
+    ORDERS, RECOVERY, STATUSES, HistoryRow, InstanceFilter, InstanceRecord,
+)
+from ..views import guard_reading, history_json, iso_time, recovery_note, shown_status, when
 
 PAGE_SIZES = (20, 50, 100, 200)
+#: Forks of one instance listed on its page (the newest; the page says how many there are).
+FORKS_SHOWN = 50
 _SVG_HEAD = re.compile(r"^.*?(?=<svg\b)", re.S)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
 
@@ -153,8 +157,22 @@ class Viewer:
                 "machines": self.machines(), "statuses": (*STATUSES, "orphaned"),
                 "orders": ORDERS, "sizes": PAGE_SIZES, "running": running}
 
+    def family(self, rec: InstanceRecord, live: set[str], now: float) -> dict[str, Any]:
+        """``rec``'s relatives: ``children`` (its fan-outs' child instances, as list rows
+        with their ``branch``), ``parent`` (the fan-out parent's id, or None), ``forks``
+        (up to ``FORKS_SHOWN`` newest instances forked from it, as list rows) and
+        ``forks_total``; its own lineage is ``rec.forked_from`` / ``rec.forked_at_seq``."""
+        kids = [(self._row(k, live, now), k.branch or "") for k in self.store.children(rec.id)]
+        where = InstanceFilter(forked_from=rec.id)
+        forks = self.store.query(where, limit=FORKS_SHOWN)
+        total = len(forks) if len(forks) < FORKS_SHOWN else self.store.count(where).get(None, 0)
+        return {"children": kids, "parent": rec.parent_id,
+                "forks": [self._row(f, live, now) for f in forks], "forks_total": total,
+                "forked_from": rec.forked_from, "forked_at_seq": rec.forked_at_seq}
+
     def instance(self, instance_id: str) -> dict[str, Any]:
-        """One instance: record, diagram, history, attempts and outbox rows."""
+        """One instance: record, diagram, history, attempts, outbox rows and its family
+        (``family``: fan-out children and parent, fork lineage)."""
         rec = self.store.get(instance_id)
         history = self.store.history(rec.id)
         attempts = self.store.attempts(rec.id)
@@ -171,7 +189,8 @@ class Viewer:
                            for o in self.store.outbox(rec.id)],
                 "context": _pretty(rec.context), "input": _pretty(rec.input),
                 "svg": svg, "svg_error": svg_error, "diagram_note": note,
-                "refresh": not rec.final and status != "orphaned"}
+                "refresh": not rec.final and status != "orphaned",
+                "family": self.family(rec, live, now)}
 
     def machine(self, name: str, status: str = "") -> dict[str, Any]:
         """One machine: the aggregate diagram and the statistics behind it."""
@@ -249,6 +268,8 @@ def observed_export(machine: str, history: Iterable[Any],
     moves: dict[tuple[str, str, str], None] = {}
     for row in history:
         get = row.get if isinstance(row, dict) else lambda k, r=row: getattr(r, k)
+        if get("kind") == RECOVERY:
+            continue  # a takeover, not a move
         src, dst, trig = str(get("source")), str(get("dest")), str(get("trigger"))
         states.update({src: None, dst: None})
         moves[(src, dst, trig)] = None
@@ -290,7 +311,8 @@ def _history_row(row: dict[str, Any], now: float) -> dict[str, Any]:
                   "guards_text": [guard_reading(str(g[0]), g[1] if len(g) > 1 else False)
                                   for g in row.get("guards") or ()],
                   "delta_text": _pretty(row["delta"]) if row["delta"] else "",
-                  "detail_text": _pretty(detail) if detail else "", "outputs": raw}
+                  "detail_text": _pretty(detail) if detail else "", "outputs": raw,
+                  "note": recovery_note(detail) or ""}
 
 
 __all__ = ["Viewer", "ListQuery", "observed_export", "HistoryRow"]
