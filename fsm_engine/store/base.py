@@ -34,6 +34,10 @@ class Store(Protocol):
     #: Where the data lives, as a URL (``sqlite:///abs/path``, ``postgresql://host/db``;
     #: no password).
     url: str
+    #: True when calls wait on a network (PostgreSQL): the runtime then makes its hot-path
+    #: calls (group commits, outbox, breakers) from threads so the event loop goes on;
+    #: False (SQLite: a local file) keeps them on the loop, where they are cheaper.
+    remote: bool
 
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         """Insert new instances in one transaction (all or none; a duplicate id fails all);

@@ -1,15 +1,17 @@
 """PostgreSQL store (psycopg 3): the same records and contract as the SQLite store.
 
-One connection for reads and writes (guarded by a lock: the runtime and its
-heartbeat may call from different threads) and, once a worker waits for work,
-a second one that ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
+Reads and writes take a connection from a small pool of idle ones (opened on
+demand, one per call in progress: the group commit's thread, a breaker's or an
+outbox call's thread and the event loop's each have their own, so none waits
+behind another's transaction), the heartbeat has its own, and once a worker
+waits for work one more ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
 the batch's compare-and-set UPDATEs go out in one pipeline (one round trip),
 then the applied steps' history, attempt and outbox rows in another, all in one
 transaction, so each step is all-or-nothing and fenced by its version.
 ``claim`` takes rows with ``SELECT … FOR UPDATE SKIP LOCKED``: concurrent
 claimers skip each other's rows instead of waiting on them.  A dropped
-connection (the server restarted) surfaces as ``StoreError`` once; the next
-call reconnects.
+connection (the server restarted) surfaces as ``StoreError`` once (the idle
+ones are dropped with it); the next call reconnects.
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ class PostgresStore:
         NotAnFsmDatabase: the database holds another application's tables.
     """
 
+    remote = True
+
     def __init__(self, url: str, *, create: bool = True, connect_timeout: float = 5.0,
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self._dsn = url
@@ -157,24 +161,27 @@ class PostgresStore:
         self.url = redact(url)
         self.connect_timeout = connect_timeout
         self.blob_threshold = blob_threshold
-        self._lock = threading.RLock()
+        self._pool_lock = threading.Lock()
+        self._idle: builtins.list[psycopg.Connection[Any]] = []
+        self._generation = 0  # bumped by close(): connections of older ones are not kept
         self._listener: psycopg.Connection[Any] | None = None
         #: The heartbeat's own connection (``put_worker``, ``held``): a lease is renewed
         #: even while the main connection is busy with a group commit.
         self._side: psycopg.Connection[Any] | None = None
         self._side_lock = threading.Lock()
-        self._conn: psycopg.Connection[Any] | None = self._connect()
+        conn = self._connect()
         try:
             if readonly:
-                require_current(self._conn, self.url)
+                require_current(conn, self.url)
             else:
-                migrate(self._conn, self.url, create=create)
+                migrate(conn, self.url, create=create)
         except psycopg.Error as exc:
-            self._conn.close()
+            conn.close()
             raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
         except (StoreError, NotAnFsmDatabase):
-            self._conn.close()
+            conn.close()
             raise
+        self._idle.append(conn)
 
     # -- connections -------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
@@ -185,27 +192,47 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None
 
-    def _live(self) -> psycopg.Connection[Any]:
-        """The connection, reconnected when the last one was lost."""
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
-            self._conn = self._connect()
-        return self._conn
+    def _take(self) -> tuple[psycopg.Connection[Any], int]:
+        """An idle connection (a new one when none is idle) and the pool's generation."""
+        with self._pool_lock:
+            generation = self._generation
+            while self._idle:
+                conn = self._idle.pop()
+                if not (conn.closed or conn.broken):
+                    return conn, generation
+                conn.close()
+        return self._connect(), generation
+
+    def _give(self, conn: psycopg.Connection[Any], generation: int) -> None:
+        """Back to the pool; a broken connection is closed with every idle one (a server
+        that dropped one has most likely dropped them all)."""
+        if conn.closed or conn.broken:
+            conn.close()
+            with self._pool_lock:
+                stale, self._idle = self._idle, []
+            for other in stale:
+                other.close()
+            return
+        with self._pool_lock:
+            if generation == self._generation:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def _run(self, fn: Callable[[psycopg.Connection[Any]], T], *, txn: bool = False) -> T:
-        """``fn(conn)`` under the lock (in one transaction when ``txn``); psycopg errors
-        become one-line ``StoreError``s; a lost connection is replaced on the next call."""
-        with self._lock:
-            conn = self._live()
-            try:
-                if not txn:
-                    return fn(conn)
-                with conn.transaction():
-                    return fn(conn)
-            except psycopg.Error as exc:
-                raise StoreError(f"database {self.url}: {_why(exc)}") from None
+        """``fn(conn)`` on a pooled connection (in one transaction when ``txn``); psycopg
+        errors become one-line ``StoreError``s; a lost connection is replaced on the next
+        call."""
+        conn, generation = self._take()
+        try:
+            if not txn:
+                return fn(conn)
+            with conn.transaction():
+                return fn(conn)
+        except psycopg.Error as exc:
+            raise StoreError(f"database {self.url}: {_why(exc)}") from None
+        finally:
+            self._give(conn, generation)
 
     def _on_side(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on the heartbeat connection (reconnected when lost)."""
@@ -653,11 +680,12 @@ class PostgresStore:
         return self._run(pg_read.check)
 
     def close(self) -> None:
-        with self._lock, self._side_lock:
-            for conn in (self._conn, self._listener, self._side):
+        with self._pool_lock, self._side_lock:
+            self._generation += 1
+            for conn in (*self._idle, self._listener, self._side):
                 if conn is not None:
                     conn.close()
-            self._conn = self._listener = self._side = None
+            self._idle, self._listener, self._side = [], None, None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r}, format={FORMAT_VERSION})"

@@ -101,6 +101,8 @@ class SqliteStore:
         StoreError: the file is corrupt, locked for too long or unwritable.
     """
 
+    remote = False
+
     def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL",
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self.path = path
