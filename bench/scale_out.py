@@ -2,12 +2,20 @@
 pickup latency from `fsm start`-style enqueue to the first step, and takeover time after a
 SIGKILL.
 
-    python bench/scale_out.py [--n 2000] [--workers 1,2,4] [--delay 0.05] [--lease 5]
+    python bench/scale_out.py [--n 2000] [--workers 1,2,4] [--delay 0.05] [--lease 5] [--no-dbos]
 
 Runs a throwaway cluster (``fsm_engine.testing.postgres``: fsync and
 synchronous_commit on, loopback) and the reference machine with a scripted model
 answering after ``--delay`` seconds.  Prints one line per figure; nothing is
 asserted (the properties are asserted by ``tests/test_scale_out.py``).
+
+Besides the rate (which depends on what else the 2 cores run), each fsm run
+prints two figures that do not: the workers' CPU time per transition (from
+``/proc``) and the database transactions per transition
+(``pg_stat_database.xact_commit``).  The peer, DBOS Transact with its system
+database on the same cluster (``bench/peers/dbos_scale.py``), runs the same
+shape (7 durable steps, a 50 ms model step) from a queue served by the same
+number of processes; the ratio fsm/DBOS is printed per worker count.
 """
 
 from __future__ import annotations
@@ -16,10 +24,12 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -41,8 +51,29 @@ def _first_steps(url: str) -> dict[str, float]:
     return {r[0]: r[1] for r in rows}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def commits(cluster: PostgresCluster) -> int:
+    """Transactions committed in the cluster's ``postgres`` database so far."""
+    time.sleep(1.5)  # backends report their counts when idle, at most once a second
+    return int(cluster.sql("SELECT xact_commit FROM pg_stat_database "
+                           "WHERE datname = 'postgres'")[0][0])
+
+
+class Rate(NamedTuple):
+    """One throughput run: transitions/s, worker CPU ms and transactions per transition."""
+
+    per_s: float
+    cpu_ms: float
+    xacts: float
+
+
 def throughput(cluster: PostgresCluster, sink: Sink, workers: int, n: int, delay: float,
-               lease: float, folder: Path) -> float:
+               lease: float, folder: Path) -> Rate:
     url = cluster.database()
     open_store(url).close()
     fleet = Fleet(url, folder, sink, lease=lease, concurrency=100, delay_s=delay)
@@ -50,14 +81,58 @@ def throughput(cluster: PostgresCluster, sink: Sink, workers: int, n: int, delay
     store = open_store(url)
     try:
         time.sleep(2.0)  # workers up and idle, listening
+        cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
+        xact0 = commits(cluster)
         start = time.time()
         enqueue(url, n)
         wait_until(lambda: completed(store) == n, 1800, "every instance", interval=0.25)
         elapsed = time.time() - start
+        cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
+        xacts = commits(cluster) - xact0  # (the bench's polls, ~4/s, are counted too)
     finally:
         store.close()
         fleet.stop()
-    return n * STEPS / elapsed
+    total = n * STEPS
+    return Rate(total / elapsed, cpu / total * 1000, xacts / total)
+
+
+def dbos_throughput(cluster: PostgresCluster, workers: int, n: int, delay: float,
+                    folder: Path) -> Rate:
+    """The same shape on DBOS: ``workers`` processes serving one queue on the cluster."""
+    import psycopg
+    from peers.dbos_scale import done, enqueue as dbos_enqueue
+    name = f"dbos_{workers}_{int(time.time())}"
+    cluster.sql(f"CREATE DATABASE {name}")
+    url = cluster.url(name)
+    procs = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT)]))
+    try:
+        for i in range(workers):
+            log = open(folder / f"dbos{i}.log", "wb")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "peers.dbos_scale", url, f"bench-{i}", "100", "0.2",
+                 str(delay)], cwd=ROOT / "bench", env=env, stdout=log,
+                stderr=subprocess.STDOUT))
+        wait_until(lambda: all((folder / f"dbos{i}.log").read_text().startswith("ready")
+                               for i in range(workers)), 120, "DBOS workers launched")
+        with psycopg.connect(url, autocommit=True) as conn:
+            cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+            start = time.time()
+            dbos_enqueue(url, n)
+            wait_until(lambda: done(conn) == n, 1800, "every workflow", interval=0.25)
+            elapsed = time.time() - start
+            cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    total = n * STEPS
+    return Rate(total / elapsed, cpu / total * 1000, float("nan"))
 
 
 def pickup(cluster: PostgresCluster, sink: Sink, folder: Path, lease: float) -> list[float]:
@@ -119,6 +194,7 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--delay", type=float, default=0.05)
     ap.add_argument("--lease", type=float, default=5.0)
+    ap.add_argument("--no-dbos", action="store_true", help="Skip the DBOS peer.")
     args = ap.parse_args()
     sink = Sink()
     folder = Path(tempfile.mkdtemp(prefix="fsm-scale-"))
@@ -126,9 +202,17 @@ def main() -> None:
         base = None
         for w in [int(x) for x in args.workers.split(",")]:
             rate = throughput(cluster, sink, w, args.n, args.delay, args.lease, folder)
-            base = base or rate
+            base = base or rate.per_s
             print(f"{w} worker(s), {args.n} instances, {args.delay * 1000:.0f} ms model: "
-                  f"{rate:,.0f} durable transitions/s ({rate / base:.2f}x one worker)")
+                  f"{rate.per_s:,.0f} durable transitions/s ({rate.per_s / base:.2f}x one "
+                  f"worker); worker CPU {rate.cpu_ms:.2f} ms and {rate.xacts:.2f} database "
+                  "transactions per transition", flush=True)
+            if not args.no_dbos:
+                peer = dbos_throughput(cluster, w, args.n, args.delay, folder)
+                print(f"  DBOS, {w} process(es), same workload: {peer.per_s:,.0f} durable "
+                      f"transitions/s ({peer.per_s / STEPS:,.0f} workflows/s), CPU "
+                      f"{peer.cpu_ms:.2f} ms per transition; fsm/DBOS "
+                      f"{rate.per_s / peer.per_s:.2f}x", flush=True)
         lat = pickup(cluster, sink, folder, args.lease)
         print(f"pickup latency enqueue -> first step: p50 {statistics.median(lat) * 1000:.1f} ms,"
               f" max {max(lat) * 1000:.1f} ms (30 single instances, LISTEN/NOTIFY)")

@@ -29,13 +29,14 @@ with the load instead of the loop stalling on each round trip (measured with
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, TypeVar
+from typing import Callable, Generic, Sequence, TypeVar
 
 from ..errors import StepRejected, StoreError
 from ..store.base import Store
 from ..store.records import StepCommit
 
-T = TypeVar("T")
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class GroupCommitter:
@@ -150,9 +151,39 @@ class GroupCommitter:
                 fut.set_exception(exc)
 
 
-async def store_call(store: Store, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` (a call on ``store``): from a thread when the store is remote (the loop
-    goes on while it waits for the server), else right here."""
-    if getattr(store, "remote", False):
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
+class Coalesced(Generic[A, R]):
+    """Calls made in one event-loop iteration, answered by one batch call.
+
+    ``await coalesced(item)`` queues ``item``; at the end of the iteration
+    ``batch([item, …])`` runs once (on the loop: one transaction, one round trip
+    for the lot) and each caller gets its own result, in order; an exception
+    reaches every caller of that batch.  Used for the outbox rows of side
+    effects starting together (``Store.outbox_begins``).
+    """
+
+    def __init__(self, batch: Callable[[list[A]], Sequence[R]]) -> None:
+        self.batch = batch
+        self._pending: list[tuple[A, asyncio.Future[R]]] = []
+        self.batches = 0
+
+    async def __call__(self, item: A) -> R:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[R] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        self._pending.append((item, fut))
+        return await fut
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        try:
+            results = self.batch([item for item, _ in pending])
+        except Exception as exc:  # noqa: BLE001 - every caller of the batch hears it
+            for _, fut in pending:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        self.batches += 1
+        for (_, fut), result in zip(pending, results):
+            if not fut.done():
+                fut.set_result(result)

@@ -23,10 +23,10 @@ from ..errors import (
 )
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
-from ..store.records import InstanceRecord, StepCommit
+from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
-from .commit import GroupCommitter, store_call
+from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
 from .step import MeteredLLM, Step
 from .threads import ActionThreads
@@ -153,6 +153,9 @@ class Driver:
         self.clock = clock
         self.rng = rng
         self.threads = threads
+        #: Side effects starting in one loop iteration record their outbox rows together.
+        self.begins: Coalesced[OutboxBegin, OutboxRow] = Coalesced(
+            lambda items: store.outbox_begins(items))
         #: Upcasts of instances loaded to step (id -> ``migration.Upcast``), written with
         #: their next commit (``attach``).
         self.upcasts: dict[str, migration.Upcast] = {}
@@ -313,8 +316,8 @@ class Driver:
             replayed = self._delivered_by_original(cm, rec, state, step)
             if replayed is not None:
                 return replayed
-            row = await store_call(self.store, self.store.outbox_begin, step.idempotency_key,
-                                   rec.id, state.name, step.visit, self.clock())
+            row = await self.begins(OutboxBegin(step.idempotency_key, rec.id, state.name,
+                                                step.visit, self.clock()))
             step.outbox_attempt = row.attempts
         started = time.perf_counter()
         error: BaseException | None = None

@@ -10,7 +10,8 @@ from .base import Store
 from .claims import ClaimRequest
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow, ReviewDecision,
+    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin, OutboxRow, ReplyRow,
+    ReviewDecision,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
 )

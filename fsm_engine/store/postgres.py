@@ -44,7 +44,7 @@ from .pg_schema import migrate, require_current
 from .records import (
     CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
     InstanceFilter, InstanceRecord,
-    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
+    OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 
 T = TypeVar("T")
@@ -67,6 +67,11 @@ _SQL_WAKE = ("UPDATE instances SET status='running', updated_at=%s, version=vers
              "WHERE id=%s AND status='waiting' AND reason='children'")
 _SQL_OUTBOX_DONE = "UPDATE outbox SET status='done', result=%s, updated_at=%s WHERE key=%s"
 _SQL_OUTBOX = f"SELECT {', '.join(OUTBOX.columns)} FROM outbox"
+_SQL_OUTBOX_BEGIN = (
+    "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, created_at, "
+    "updated_at) VALUES (%s,%s,%s,%s,'pending',1,%s,%s) ON CONFLICT (key) DO UPDATE SET "
+    "attempts = outbox.attempts + 1, updated_at = excluded.updated_at "
+    f"WHERE outbox.status = 'pending' RETURNING {', '.join(OUTBOX.columns)}")
 _SQL_ATTEMPTS = (f"SELECT {', '.join(ATTEMPT.columns)} FROM attempts WHERE instance_id=%s "
                  "ORDER BY at, attempt, ord")
 _SQL_WORKERS = f"SELECT {', '.join(WORKER.columns)} FROM workers"
@@ -523,21 +528,26 @@ class PostgresStore:
     # -- outbox -----------------------------------------------------------------------
     def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
                      now: float) -> OutboxRow:
-        def go(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            with conn.cursor(row_factory=dict_row) as cur:  # one statement, one round trip
-                cur.execute(
-                    "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, "
-                    "created_at, updated_at) VALUES (%s,%s,%s,%s,'pending',1,%s,%s) "
-                    "ON CONFLICT (key) DO UPDATE SET attempts = outbox.attempts + 1, "
-                    "updated_at = excluded.updated_at WHERE outbox.status = 'pending' "
-                    f"RETURNING {', '.join(OUTBOX.columns)}",
-                    (key, instance_id, state, visit, now, now))
-                row = cur.fetchone()
+        return self.outbox_begins([OutboxBegin(key, instance_id, state, visit, now)])[0]
+
+    def outbox_begins(self, begins: Sequence[OutboxBegin]) -> builtins.list[OutboxRow]:
+        """One transaction, one pipeline: each upsert returns its row, or nothing for a row
+        already done, which is then read (rare: a replayed side effect)."""
+        if not begins:
+            return []
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[dict[str, Any]]:
+            with conn.pipeline():
+                curs = [conn.cursor(row_factory=dict_row).execute(
+                    _SQL_OUTBOX_BEGIN, (b.key, b.instance_id, b.state, b.visit, b.now, b.now))
+                    for b in begins]
+            rows = [cur.fetchone() for cur in curs]
+            for i, row in enumerate(rows):
                 if row is None:  # already done: nothing changed
-                    cur.execute(_SQL_OUTBOX + " WHERE key=%s", (key,))
-                    row = cur.fetchone()
-                return row  # type: ignore[return-value]
-        return OUTBOX.decode(self._run(go))
+                    rows[i] = conn.cursor(row_factory=dict_row).execute(
+                        _SQL_OUTBOX + " WHERE key=%s", (begins[i].key,)).fetchone()
+            return rows  # type: ignore[return-value]
+        return [OUTBOX.decode(r) for r in self._run(go, txn=True)]
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         sql, args = _SQL_OUTBOX, ()  # type: tuple[str, tuple[str, ...]]
