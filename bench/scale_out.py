@@ -57,6 +57,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def server_cpu(cluster: PostgresCluster) -> dict[int, float]:
+    """CPU seconds of each live process of the server (the postmaster's children)."""
+    master = int(Path(cluster.data, "postmaster.pid").read_text().split()[0])
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == master:
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf(
+                "SC_CLK_TCK")
+    return out
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the server spent between two ``server_cpu`` readings (processes that
+    ended meanwhile are missed: read ``after`` before the clients disconnect)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
 def commits(cluster: PostgresCluster) -> int:
     """Transactions committed in the cluster's ``postgres`` database so far."""
     time.sleep(1.5)  # backends report their counts when idle, at most once a second
@@ -65,10 +86,12 @@ def commits(cluster: PostgresCluster) -> int:
 
 
 class Rate(NamedTuple):
-    """One throughput run: transitions/s, worker CPU ms and transactions per transition."""
+    """One throughput run: transitions/s, worker and server CPU ms and transactions per
+    transition."""
 
     per_s: float
     cpu_ms: float
+    server_ms: float
     xacts: float
 
 
@@ -82,18 +105,42 @@ def throughput(cluster: PostgresCluster, sink: Sink, workers: int, n: int, delay
     try:
         time.sleep(2.0)  # workers up and idle, listening
         cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
-        xact0 = commits(cluster)
+        xact0, server0 = commits(cluster), server_cpu(cluster)
         start = time.time()
         enqueue(url, n)
         wait_until(lambda: completed(store) == n, 1800, "every instance", interval=0.25)
         elapsed = time.time() - start
         cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
+        server = spent(server0, server_cpu(cluster))
         xacts = commits(cluster) - xact0  # (the bench's polls, ~4/s, are counted too)
     finally:
         store.close()
         fleet.stop()
     total = n * STEPS
-    return Rate(total / elapsed, cpu / total * 1000, xacts / total)
+    return Rate(total / elapsed, cpu / total * 1000, server / total * 1000, xacts / total)
+
+
+def sqlite_throughput(sink: Sink, workers: int, n: int, delay: float, lease: float,
+                      folder: Path) -> Rate:
+    """The same run on one SQLite file shared by ``workers`` processes on this host."""
+    url = str(folder / f"sqlite-{workers}-{int(time.time())}.db")
+    open_store(url).close()
+    fleet = Fleet(url, folder, sink, lease=lease, concurrency=100, delay_s=delay)
+    fleet.spawn(workers)
+    store = open_store(url)
+    try:
+        time.sleep(2.0)
+        cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
+        start = time.time()
+        enqueue(url, n)
+        wait_until(lambda: completed(store) == n, 1800, "every instance", interval=0.25)
+        elapsed = time.time() - start
+        cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
+    finally:
+        store.close()
+        fleet.stop()
+    total = n * STEPS
+    return Rate(total / elapsed, cpu / total * 1000, 0.0, float("nan"))
 
 
 def dbos_throughput(cluster: PostgresCluster, workers: int, n: int, delay: float,
@@ -116,12 +163,13 @@ def dbos_throughput(cluster: PostgresCluster, workers: int, n: int, delay: float
         wait_until(lambda: all((folder / f"dbos{i}.log").read_text().startswith("ready")
                                for i in range(workers)), 120, "DBOS workers launched")
         with psycopg.connect(url, autocommit=True) as conn:
-            cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+            cpu0, server0 = sum(cpu_seconds(p.pid) for p in procs), server_cpu(cluster)
             start = time.time()
             dbos_enqueue(url, n)
             wait_until(lambda: done(conn) == n, 1800, "every workflow", interval=0.25)
             elapsed = time.time() - start
             cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+            server = spent(server0, server_cpu(cluster))
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -132,7 +180,7 @@ def dbos_throughput(cluster: PostgresCluster, workers: int, n: int, delay: float
                 p.kill()
                 p.wait()
     total = n * STEPS
-    return Rate(total / elapsed, cpu / total * 1000, float("nan"))
+    return Rate(total / elapsed, cpu / total * 1000, server / total * 1000, float("nan"))
 
 
 def pickup(cluster: PostgresCluster, sink: Sink, folder: Path, lease: float) -> list[float]:
@@ -195,6 +243,8 @@ def main() -> None:
     ap.add_argument("--delay", type=float, default=0.05)
     ap.add_argument("--lease", type=float, default=5.0)
     ap.add_argument("--no-dbos", action="store_true", help="Skip the DBOS peer.")
+    ap.add_argument("--sqlite", type=int, default=3,
+                    help="Also run this many workers on one SQLite file (0: skip).")
     args = ap.parse_args()
     sink = Sink()
     folder = Path(tempfile.mkdtemp(prefix="fsm-scale-"))
@@ -205,14 +255,20 @@ def main() -> None:
             base = base or rate.per_s
             print(f"{w} worker(s), {args.n} instances, {args.delay * 1000:.0f} ms model: "
                   f"{rate.per_s:,.0f} durable transitions/s ({rate.per_s / base:.2f}x one "
-                  f"worker); worker CPU {rate.cpu_ms:.2f} ms and {rate.xacts:.2f} database "
-                  "transactions per transition", flush=True)
+                  f"worker); per transition: worker CPU {rate.cpu_ms:.2f} ms, server CPU "
+                  f"{rate.server_ms:.2f} ms, {rate.xacts:.2f} database transactions",
+                  flush=True)
             if not args.no_dbos:
                 peer = dbos_throughput(cluster, w, args.n, args.delay, folder)
                 print(f"  DBOS, {w} process(es), same workload: {peer.per_s:,.0f} durable "
-                      f"transitions/s ({peer.per_s / STEPS:,.0f} workflows/s), CPU "
-                      f"{peer.cpu_ms:.2f} ms per transition; fsm/DBOS "
+                      f"transitions/s ({peer.per_s / STEPS:,.0f} workflows/s); per "
+                      f"transition: worker CPU {peer.cpu_ms:.2f} ms, server CPU "
+                      f"{peer.server_ms:.2f} ms; fsm/DBOS "
                       f"{rate.per_s / peer.per_s:.2f}x", flush=True)
+        if args.sqlite:
+            lite = sqlite_throughput(sink, args.sqlite, args.n, args.delay, args.lease, folder)
+            print(f"SQLite, {args.sqlite} workers on one file: {lite.per_s:,.0f} durable "
+                  f"transitions/s; worker CPU {lite.cpu_ms:.2f} ms per transition", flush=True)
         lat = sorted(pickup(cluster, sink, folder, args.lease))
         p95 = lat[int(len(lat) * 0.95) - 1]
         print(f"pickup latency enqueue -> first step: p50 {statistics.median(lat) * 1000:.1f} ms,"
