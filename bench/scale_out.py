@@ -15,7 +15,10 @@ prints two figures that do not: the workers' CPU time per transition (from
 (``pg_stat_database.xact_commit``).  The peer, DBOS Transact with its system
 database on the same cluster (``bench/peers/dbos_scale.py``), runs the same
 shape (7 durable steps, a 50 ms model step) from a queue served by the same
-number of processes; the ratio fsm/DBOS is printed per worker count.
+number of processes; the ratio fsm/DBOS is printed per worker count (``dbos``
+from ``bench/requirements.txt`` in the venv running this script; ``--no-dbos``
+skips it).  ``--sqlite 3`` (the default) also runs three workers on one SQLite
+file, the single-host path.
 """
 
 from __future__ import annotations
@@ -246,6 +249,13 @@ def main() -> None:
     ap.add_argument("--sqlite", type=int, default=3,
                     help="Also run this many workers on one SQLite file (0: skip).")
     args = ap.parse_args()
+    if not args.no_dbos:
+        try:
+            import dbos  # noqa: F401
+        except ImportError:
+            print("DBOS is not installed (pip install -r bench/requirements.txt): "
+                  "the peer is skipped", flush=True)
+            args.no_dbos = True
     sink = Sink()
     folder = Path(tempfile.mkdtemp(prefix="fsm-scale-"))
     with PostgresCluster() as cluster:

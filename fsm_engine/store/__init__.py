@@ -82,7 +82,8 @@ def open_store(url: str | None = None, *, create: bool = True,
 
 
 __all__ = ["Store", "SqliteStore", "open_store", "store_url", "is_postgres", "ClaimRequest",
-           "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxRow", "WorkerRow", "BreakerRow",
+           "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxBegin", "OutboxRow", "WorkerRow",
+           "BreakerRow",
            "StepCommit", "InstanceFilter", "StepRow", "ReviewItem", "ReviewDecision", "ReplyRow",
            "PENDING", "RUNNING", "WAITING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]
