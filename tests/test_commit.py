@@ -179,7 +179,7 @@ def test_a_remote_store_commits_from_a_thread_one_batch_in_flight(pg_cluster) ->
     pg = open_store(pg_cluster.database())
     recs = _seed(pg, 31)
     wrapped = Gated(pg)
-    committer = GroupCommitter(wrapped, solo=lambda: True)  # type: ignore[arg-type]
+    committer = GroupCommitter(wrapped)  # type: ignore[arg-type]
     assert committer.offload  # PostgresStore.remote
 
     async def main() -> list[bool]:

@@ -20,7 +20,8 @@ writer waits up to the interpreter's switch interval to get it back (the GIL
 A store whose calls wait on a network (``Store.remote``: PostgreSQL) is the
 opposite case: a batch spends most of its time waiting for the server, so it
 is written by a thread while the loop goes on (the GIL is free while the
-socket waits).  One batch is in flight at a time; steps submitted meanwhile
+socket waits); a lone instance (``solo``) still commits inline, having nothing
+to overlap with.  One batch is in flight at a time; steps submitted meanwhile
 form the next batch, written as soon as the first returns, so batches grow
 with the load instead of the loop stalling on each round trip (measured with
 ``bench/scale_out.py``: see ``bench/RESULTS.md``).
@@ -69,7 +70,7 @@ class GroupCommitter:
         committed without it.  Any other store error (disk full, I/O error,
         database gone) reaches every step of the failed batch.
         """
-        if not self.offload and not self._pending and self.solo():  # commit right here
+        if not self._pending and not self._writing and self.solo():  # commit right here
             self.batches += 1
             self.steps += 1
             return self.store.commit([step])[0]
