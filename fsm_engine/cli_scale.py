@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -155,6 +156,21 @@ def wait(ids: list[str] = typer.Argument(..., help="Instance ids (unambiguous pr
     _exit_for(records, settled, as_json)
 
 
+def _profiled(fn: Callable[[], None]) -> None:
+    """``fn()``, under cProfile when ``FSM_PROFILE`` names a file prefix (the stats go to
+    ``PREFIX.PID``, read with ``python -m pstats``)."""
+    prefix = os.environ.get("FSM_PROFILE")
+    if not prefix:
+        fn()
+        return
+    import cProfile
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(fn)
+    finally:
+        prof.dump_stats(f"{prefix}.{os.getpid()}")
+
+
 @app.command()
 def worker(db: Optional[str] = DB,
            concurrency: list[str] = typer.Option(
@@ -210,7 +226,7 @@ def worker(db: Optional[str] = DB,
         finally:
             await engine.aclose()
     typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
-    asyncio.run(serve())
+    _profiled(lambda: asyncio.run(serve()))
     typer.echo(f"fsm worker {engine.worker.id} stopped ({runner.completed} completed)", err=True)
 
 

@@ -11,17 +11,36 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
 import httpx
 
 from .errors import ClientError, ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
 
+_clients: dict[int, httpx.Client] = {}  # pid -> the process's client (a fork makes its own)
+_clients_lock = threading.Lock()
+
+
+def _client() -> httpx.Client:
+    """This process's webhook client, shared by every thread: its connections and TLS
+    context are reused (``httpx.post`` built a new client, and loaded the CA bundle,
+    per call: about a third of a worker's CPU in ``bench/scale_out.py``)."""
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is None:
+        with _clients_lock:
+            client = _clients.get(pid)
+            if client is None:
+                client = _clients[pid] = httpx.Client()
+    return client
+
 
 def post_webhook(url: str, payload: dict[str, Any], key: str, *, timeout: float = 10.0) -> dict[str, Any]:
     """POST ``payload`` as JSON with header ``Idempotency-Key: key``; return ``{"sink", "status"}``."""
     try:
-        resp = httpx.post(url, json=payload, headers={"Idempotency-Key": key}, timeout=timeout)
+        resp = _client().post(url, json=payload, headers={"Idempotency-Key": key},
+                              timeout=timeout)
     except httpx.TimeoutException as exc:
         raise ProviderTimeout(f"webhook timed out: {type(exc).__name__}") from None
     except httpx.TransportError as exc:

@@ -158,3 +158,94 @@ def test_a_lone_run_still_commits_inline(tmp_path: Path) -> None:
     asyncio.run(eng.run(iid))
     assert eng.committer.batches == eng.committer.steps  # one transaction per step, no wait
     eng.close()
+
+
+class Gated(Recording):
+    """A Recording whose first commit waits until ``gate`` is set (a slow server)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def commit(self, steps: Sequence[StepCommit]) -> list[bool]:
+        if not self.sizes:
+            self.entered.set()
+            assert self.gate.wait(30)
+        return super().commit(steps)
+
+
+def test_a_remote_store_commits_from_a_thread_one_batch_in_flight(pg_cluster) -> None:
+    from fsm_engine.store import open_store
+    pg = open_store(pg_cluster.database())
+    recs = _seed(pg, 31)
+    wrapped = Gated(pg)
+    committer = GroupCommitter(wrapped)  # type: ignore[arg-type]
+    assert committer.offload  # PostgresStore.remote
+
+    async def main() -> list[bool]:
+        first = asyncio.ensure_future(committer.submit(_step(recs[0])))
+        await asyncio.to_thread(wrapped.entered.wait, 30)  # the loop runs on meanwhile
+        rest = [asyncio.ensure_future(committer.submit(_step(r))) for r in recs[1:]]
+        await asyncio.sleep(0)
+        wrapped.gate.set()
+        return await asyncio.gather(first, *rest)
+
+    assert asyncio.run(main()) == [True] * 31
+    assert wrapped.sizes == [1, 30]  # the 30 waiting behind the first went as one batch
+    assert threading.main_thread().name not in wrapped.threads
+    assert {r.state for r in pg.list()} == {"next"}
+    pg.close()
+
+
+def test_coalesced_calls_of_one_iteration_make_one_batch() -> None:
+    from fsm_engine.runtime.commit import Coalesced
+    batches: list[list[int]] = []
+
+    def double(items: list[int]) -> list[int]:
+        batches.append(items)
+        if 13 in items:
+            raise StoreError("database gone")
+        return [2 * i for i in items]
+    calls = Coalesced(double)
+
+    async def main() -> tuple[list[int], list[object]]:
+        ok = await asyncio.gather(*(calls(i) for i in range(5)))
+        bad = await asyncio.gather(calls(12), calls(13), return_exceptions=True)
+        return ok, bad
+
+    ok, bad = asyncio.run(main())
+    assert ok == [0, 2, 4, 6, 8] and batches == [[0, 1, 2, 3, 4], [12, 13]]
+    assert all(isinstance(x, StoreError) for x in bad)  # every caller of the batch hears it
+
+
+class Counting:
+    """A store wrapper counting breaker reads and writes."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store, self.reads, self.writes = store, 0, 0
+
+    def get_breaker(self, name: str) -> Any:
+        self.reads += 1
+        return self.store.get_breaker(name)
+
+    def put_breaker(self, row: Any, expected: int) -> bool:
+        self.writes += 1
+        return self.store.put_breaker(row, expected)
+
+
+def test_breaker_outcomes_of_one_iteration_share_one_write(store: SqliteStore) -> None:
+    from fsm_engine import BreakerPolicy
+    from fsm_engine.runtime.breaker import Breaker
+    counting = Counting(store)
+    br = Breaker(counting, "p:m", BreakerPolicy(failure_rate=0.5, min_calls=4))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await br.before_call()
+        await br.before_call()  # a closed row read just now is trusted: no second read
+        assert counting.reads == 1
+        await asyncio.gather(*(br.record(ok) for ok in (True, False, True, False)))
+
+    asyncio.run(main())
+    assert (counting.reads, counting.writes) == (2, 1)
+    row = store.get_breaker("p:m")
+    assert row.state == "open" and [e[1] for e in row.events] == [True, False, True, False]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
+import _thread
 import time
 from typing import Any, Callable, Mapping
 
@@ -23,10 +23,10 @@ from ..errors import (
 )
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
-from ..store.records import InstanceRecord, StepCommit
+from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
-from .commit import GroupCommitter
+from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
 from .step import MeteredLLM, Step
 from .threads import ActionThreads
@@ -99,7 +99,12 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
 def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
                    args: tuple[Any, ...]) -> asyncio.Future[Any]:
     """Run ``fn(*args)`` in a new daemon thread; its outcome lands in the returned future
-    (dropped when the future was cancelled or the loop is gone)."""
+    (dropped when the future was cancelled or the loop is gone).
+
+    Started with ``_thread.start_new_thread``, which returns at once:
+    ``threading.Thread.start`` waits until the new thread runs, and with other
+    threads holding the GIL that wait was ~11 ms of a stalled loop per call
+    (profiled under ``bench/scale_out.py``)."""
     fut: asyncio.Future[Any] = loop.create_future()
 
     def settle(result: Any, exc: BaseException | None) -> None:
@@ -119,7 +124,7 @@ def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
             loop.call_soon_threadsafe(settle, result, exc)
         except RuntimeError:  # the loop closed while this thread hung: nobody waits
             pass
-    threading.Thread(target=work, daemon=True, name="fsm-timed-action").start()
+    _thread.start_new_thread(work, ())  # never joined: like a daemon thread
     return fut
 
 
@@ -157,6 +162,9 @@ class Driver:
         self.clock = clock
         self.rng = rng
         self.threads = threads
+        #: Side effects starting in one loop iteration record their outbox rows together.
+        self.begins: Coalesced[OutboxBegin, OutboxRow] = Coalesced(
+            lambda items: store.outbox_begins(items))
         #: Upcasts of instances loaded to step (id -> ``migration.Upcast``), written with
         #: their next commit (``attach``).
         self.upcasts: dict[str, migration.Upcast] = {}
@@ -317,8 +325,8 @@ class Driver:
             replayed = self._delivered_by_original(cm, rec, state, step)
             if replayed is not None:
                 return replayed
-            row = self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
-                                          self.clock())
+            row = await self.begins(OutboxBegin(step.idempotency_key, rec.id, state.name,
+                                                step.visit, self.clock()))
             step.outbox_attempt = row.attempts
         started = time.perf_counter()
         error: BaseException | None = None

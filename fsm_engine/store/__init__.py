@@ -10,7 +10,8 @@ from .base import Store
 from .claims import ClaimRequest
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow, ReviewDecision,
+    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin, OutboxRow, ReplyRow,
+    ReviewDecision,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
 )
@@ -81,7 +82,8 @@ def open_store(url: str | None = None, *, create: bool = True,
 
 
 __all__ = ["Store", "SqliteStore", "open_store", "store_url", "is_postgres", "ClaimRequest",
-           "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxRow", "WorkerRow", "BreakerRow",
+           "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxBegin", "OutboxRow", "WorkerRow",
+           "BreakerRow",
            "StepCommit", "InstanceFilter", "StepRow", "ReviewItem", "ReviewDecision", "ReplyRow",
            "PENDING", "RUNNING", "WAITING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]

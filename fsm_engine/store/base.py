@@ -9,7 +9,8 @@ from typing import Iterator, Protocol, Sequence
 from .claims import ClaimRequest
 from .rates import RateRequest
 from .records import (
-    AttemptRow, BreakerRow, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxRow, ReplyRow,
+    AttemptRow, BreakerRow, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
+    OutboxRow, ReplyRow,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
 )
@@ -34,6 +35,10 @@ class Store(Protocol):
     #: Where the data lives, as a URL (``sqlite:///abs/path``, ``postgresql://host/db``;
     #: no password).
     url: str
+    #: True when calls wait on a network (PostgreSQL): the runtime then makes its hot-path
+    #: calls (group commits, outbox, breakers) from threads so the event loop goes on;
+    #: False (SQLite: a local file) keeps them on the loop, where they are cheaper.
+    remote: bool
 
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         """Insert new instances in one transaction (all or none; a duplicate id fails all);
@@ -77,6 +82,10 @@ class Store(Protocol):
     def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
                      now: float) -> OutboxRow:
         """Record that a side effect under ``key`` is about to run (attempts += 1)."""
+
+    def outbox_begins(self, begins: Sequence[OutboxBegin]) -> builtins.list[OutboxRow]:
+        """``outbox_begin`` for each item, in order, in one transaction; the rows as they
+        stand after each (the runtime's batch of side effects starting together)."""
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         """Outbox rows, oldest first."""

@@ -1,15 +1,17 @@
 """PostgreSQL store (psycopg 3): the same records and contract as the SQLite store.
 
-One connection for reads and writes (guarded by a lock: the runtime and its
-heartbeat may call from different threads) and, once a worker waits for work,
-a second one that ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
+Reads and writes take a connection from a small pool of idle ones (opened on
+demand, one per call in progress: the group commit's thread, a breaker's or an
+outbox call's thread and the event loop's each have their own, so none waits
+behind another's transaction), the heartbeat has its own, and once a worker
+waits for work one more ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
 the batch's compare-and-set UPDATEs go out in one pipeline (one round trip),
 then the applied steps' history, attempt and outbox rows in another, all in one
 transaction, so each step is all-or-nothing and fenced by its version.
 ``claim`` takes rows with ``SELECT … FOR UPDATE SKIP LOCKED``: concurrent
 claimers skip each other's rows instead of waiting on them.  A dropped
-connection (the server restarted) surfaces as ``StoreError`` once; the next
-call reconnects.
+connection (the server restarted) surfaces as ``StoreError`` once (the idle
+ones are dropped with it); the next call reconnects.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .pg_schema import migrate, require_current
 from .records import (
     CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
     InstanceFilter, InstanceRecord,
-    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
+    OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 
 T = TypeVar("T")
@@ -66,6 +68,11 @@ _SQL_WAKE = ("UPDATE instances SET status='running', updated_at=%s, version=vers
              "WHERE id=%s AND status='waiting' AND reason='children'")
 _SQL_OUTBOX_DONE = "UPDATE outbox SET status='done', result=%s, updated_at=%s WHERE key=%s"
 _SQL_OUTBOX = f"SELECT {', '.join(OUTBOX.columns)} FROM outbox"
+_SQL_OUTBOX_BEGIN = (
+    "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, created_at, "
+    "updated_at) VALUES (%s,%s,%s,%s,'pending',1,%s,%s) ON CONFLICT (key) DO UPDATE SET "
+    "attempts = outbox.attempts + 1, updated_at = excluded.updated_at "
+    f"WHERE outbox.status = 'pending' RETURNING {', '.join(OUTBOX.columns)}")
 _SQL_ATTEMPTS = (f"SELECT {', '.join(ATTEMPT.columns)} FROM attempts WHERE instance_id=%s "
                  "ORDER BY at, attempt, ord")
 _SQL_WORKERS = f"SELECT {', '.join(WORKER.columns)} FROM workers"
@@ -154,6 +161,8 @@ class PostgresStore:
         NotAnFsmDatabase: the database holds another application's tables.
     """
 
+    remote = True
+
     def __init__(self, url: str, *, create: bool = True, connect_timeout: float = 5.0,
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self._dsn = url
@@ -162,24 +171,27 @@ class PostgresStore:
         self.url = redact(url)
         self.connect_timeout = connect_timeout
         self.blob_threshold = blob_threshold
-        self._lock = threading.RLock()
+        self._pool_lock = threading.Lock()
+        self._idle: builtins.list[psycopg.Connection[Any]] = []
+        self._generation = 0  # bumped by close(): connections of older ones are not kept
         self._listener: psycopg.Connection[Any] | None = None
         #: The heartbeat's own connection (``put_worker``, ``held``): a lease is renewed
         #: even while the main connection is busy with a group commit.
         self._side: psycopg.Connection[Any] | None = None
         self._side_lock = threading.Lock()
-        self._conn: psycopg.Connection[Any] | None = self._connect()
+        conn = self._connect()
         try:
             if readonly:
-                require_current(self._conn, self.url)
+                require_current(conn, self.url)
             else:
-                migrate(self._conn, self.url, create=create)
+                migrate(conn, self.url, create=create)
         except psycopg.Error as exc:
-            self._conn.close()
+            conn.close()
             raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
         except (StoreError, NotAnFsmDatabase):
-            self._conn.close()
+            conn.close()
             raise
+        self._idle.append(conn)
 
     # -- connections -------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
@@ -190,27 +202,47 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None
 
-    def _live(self) -> psycopg.Connection[Any]:
-        """The connection, reconnected when the last one was lost."""
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
-            self._conn = self._connect()
-        return self._conn
+    def _take(self) -> tuple[psycopg.Connection[Any], int]:
+        """An idle connection (a new one when none is idle) and the pool's generation."""
+        with self._pool_lock:
+            generation = self._generation
+            while self._idle:
+                conn = self._idle.pop()
+                if not (conn.closed or conn.broken):
+                    return conn, generation
+                conn.close()
+        return self._connect(), generation
+
+    def _give(self, conn: psycopg.Connection[Any], generation: int) -> None:
+        """Back to the pool; a broken connection is closed with every idle one (a server
+        that dropped one has most likely dropped them all)."""
+        if conn.closed or conn.broken:
+            conn.close()
+            with self._pool_lock:
+                stale, self._idle = self._idle, []
+            for other in stale:
+                other.close()
+            return
+        with self._pool_lock:
+            if generation == self._generation:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def _run(self, fn: Callable[[psycopg.Connection[Any]], T], *, txn: bool = False) -> T:
-        """``fn(conn)`` under the lock (in one transaction when ``txn``); psycopg errors
-        become one-line ``StoreError``s; a lost connection is replaced on the next call."""
-        with self._lock:
-            conn = self._live()
-            try:
-                if not txn:
-                    return fn(conn)
-                with conn.transaction():
-                    return fn(conn)
-            except psycopg.Error as exc:
-                raise StoreError(f"database {self.url}: {_why(exc)}") from None
+        """``fn(conn)`` on a pooled connection (in one transaction when ``txn``); psycopg
+        errors become one-line ``StoreError``s; a lost connection is replaced on the next
+        call."""
+        conn, generation = self._take()
+        try:
+            if not txn:
+                return fn(conn)
+            with conn.transaction():
+                return fn(conn)
+        except psycopg.Error as exc:
+            raise StoreError(f"database {self.url}: {_why(exc)}") from None
+        finally:
+            self._give(conn, generation)
 
     def _on_side(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on the heartbeat connection (reconnected when lost)."""
@@ -522,21 +554,26 @@ class PostgresStore:
     # -- outbox -----------------------------------------------------------------------
     def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
                      now: float) -> OutboxRow:
-        def go(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            with conn.cursor(row_factory=dict_row) as cur:  # one statement, one round trip
-                cur.execute(
-                    "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, "
-                    "created_at, updated_at) VALUES (%s,%s,%s,%s,'pending',1,%s,%s) "
-                    "ON CONFLICT (key) DO UPDATE SET attempts = outbox.attempts + 1, "
-                    "updated_at = excluded.updated_at WHERE outbox.status = 'pending' "
-                    f"RETURNING {', '.join(OUTBOX.columns)}",
-                    (key, instance_id, state, visit, now, now))
-                row = cur.fetchone()
+        return self.outbox_begins([OutboxBegin(key, instance_id, state, visit, now)])[0]
+
+    def outbox_begins(self, begins: Sequence[OutboxBegin]) -> builtins.list[OutboxRow]:
+        """One transaction, one pipeline: each upsert returns its row, or nothing for a row
+        already done, which is then read (rare: a replayed side effect)."""
+        if not begins:
+            return []
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[dict[str, Any]]:
+            with conn.pipeline():
+                curs = [conn.cursor(row_factory=dict_row).execute(
+                    _SQL_OUTBOX_BEGIN, (b.key, b.instance_id, b.state, b.visit, b.now, b.now))
+                    for b in begins]
+            rows = [cur.fetchone() for cur in curs]
+            for i, row in enumerate(rows):
                 if row is None:  # already done: nothing changed
-                    cur.execute(_SQL_OUTBOX + " WHERE key=%s", (key,))
-                    row = cur.fetchone()
-                return row  # type: ignore[return-value]
-        return OUTBOX.decode(self._run(go))
+                    rows[i] = conn.cursor(row_factory=dict_row).execute(
+                        _SQL_OUTBOX + " WHERE key=%s", (begins[i].key,)).fetchone()
+            return rows  # type: ignore[return-value]
+        return [OUTBOX.decode(r) for r in self._run(go, txn=True)]
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         sql, args = _SQL_OUTBOX, ()  # type: tuple[str, tuple[str, ...]]
@@ -681,11 +718,12 @@ class PostgresStore:
         return self._run(pg_read.check)
 
     def close(self) -> None:
-        with self._lock, self._side_lock:
-            for conn in (self._conn, self._listener, self._side):
+        with self._pool_lock, self._side_lock:
+            self._generation += 1
+            for conn in (*self._idle, self._listener, self._side):
                 if conn is not None:
                     conn.close()
-            self._conn = self._listener = self._side = None
+            self._idle, self._listener, self._side = [], None, None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r}, format={FORMAT_VERSION})"

@@ -192,6 +192,16 @@ class OutboxRow:
     last_error: str | None = None
 
 
+class OutboxBegin(NamedTuple):
+    """One ``Store.outbox_begins`` item: a side effect under ``key`` about to run at ``now``."""
+
+    key: str
+    instance_id: str
+    state: str
+    visit: int
+    now: float
+
+
 @dataclass(slots=True)
 class WorkerRow:
     """A live or dead runtime process; it holds its instances' leases until ``lease_until``.

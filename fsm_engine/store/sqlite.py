@@ -27,7 +27,7 @@ from . import sqlite_read
 from .records import (
     CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
     InstanceFilter, InstanceRecord,
-    OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
+    OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
 from .codec import (
     ATTEMPT as _ATTEMPT, BREAKER as _BREAKER, DELTA as _DELTA, HISTORY as _HISTORY,
@@ -101,6 +101,8 @@ class SqliteStore:
         NotAnFsmDatabase: the file is not SQLite, or is SQLite without fsm_engine's tables.
         StoreError: the file is corrupt, locked for too long or unwritable.
     """
+
+    remote = False
 
     def __init__(self, path: str = "fsm.db", *, synchronous: str = "FULL",
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
@@ -363,14 +365,20 @@ class SqliteStore:
     # -- outbox ---------------------------------------------------------------
     def outbox_begin(self, key: str, instance_id: str, state: str, visit: int,
                      now: float) -> OutboxRow:
+        return self.outbox_begins([OutboxBegin(key, instance_id, state, visit, now)])[0]
+
+    def outbox_begins(self, begins: Sequence[OutboxBegin]) -> builtins.list[OutboxRow]:
+        out = []
         with self._write() as conn:
-            conn.execute(
-                "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, created_at,"
-                " updated_at) VALUES (?,?,?,?, 'pending', 1, ?, ?) ON CONFLICT(key) DO UPDATE"
-                " SET attempts = attempts + 1, updated_at = excluded.updated_at"
-                " WHERE status = 'pending'", (key, instance_id, state, visit, now, now))
-            row = conn.execute("SELECT * FROM outbox WHERE key=?", (key,)).fetchone()
-        return _decode(OutboxRow, row)
+            for key, instance_id, state, visit, now in begins:
+                conn.execute(
+                    "INSERT INTO outbox(key, instance_id, state, visit, status, attempts, "
+                    "created_at, updated_at) VALUES (?,?,?,?, 'pending', 1, ?, ?) ON "
+                    "CONFLICT(key) DO UPDATE SET attempts = attempts + 1, updated_at = "
+                    "excluded.updated_at WHERE status = 'pending'",
+                    (key, instance_id, state, visit, now, now))
+                out.append(conn.execute("SELECT * FROM outbox WHERE key=?", (key,)).fetchone())
+        return [_decode(OutboxRow, row) for row in out]
 
     def outbox(self, instance_id: str | None = None) -> builtins.list[OutboxRow]:
         sql, args = "SELECT * FROM outbox", ()  # type: tuple[str, tuple[str, ...]]

@@ -23,8 +23,8 @@ import pytest
 
 from ..errors import InstanceNotFound, InvalidInput, StepRejected, StoreError
 from ..store import (
-    AttemptRow, BreakerRow, ClaimRequest, HistoryRow, InstanceFilter, InstanceRecord, StepCommit,
-    Store, WorkerRow,
+    AttemptRow, BreakerRow, ClaimRequest, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
+    StepCommit, Store, WorkerRow,
 )
 
 
@@ -492,6 +492,24 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
         assert [r.key for r in store.outbox()] == ["a:notify:1", "b:notify:1"]
         assert [r.status for r in store.outbox("b")] == ["pending"]
         assert store.outbox("nobody") == []
+
+    def test_outbox_begins_in_order_in_one_batch(self, store: Store) -> None:
+        store.create(record("a"))
+        store.create(record("b"))
+        store.outbox_begin("a:notify:1", "a", "notify", 1, 10.0)
+        step = StepCommit(moved(store.get("a"), "done", status="completed"), 0,
+                          outbox_done=("a:notify:1", {"visit": 1}))
+        assert store.commit([step]) == [True]
+        rows = store.outbox_begins([OutboxBegin("b:notify:1", "b", "notify", 1, 20.0),
+                                    OutboxBegin("a:notify:1", "a", "notify", 1, 21.0),
+                                    OutboxBegin("b:notify:1", "b", "notify", 1, 22.0)])
+        assert [(r.key, r.status, r.attempts) for r in rows] == [
+            ("b:notify:1", "pending", 1),  # new
+            ("a:notify:1", "done", 1),  # done: left as it was
+            ("b:notify:1", "pending", 2)]  # the same key twice counts twice
+        assert (rows[0].updated_at, rows[2].updated_at, rows[2].created_at) == (20.0, 22.0, 20.0)
+        assert store.outbox_begins([]) == []
+        assert [r.attempts for r in store.outbox("b")] == [2]
 
     # -- workers -----------------------------------------------------------------------
     def test_workers_put_list_update_delete(self, store: Store) -> None:
