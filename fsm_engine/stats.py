@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
 from .store.base import Store
-from .store.records import FINAL_STATUSES, RECOVERY, InstanceFilter, StepRow
+from .store.records import FINAL_STATUSES, NOT_MOVES, RECOVERY, InstanceFilter, StepRow
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -167,7 +167,7 @@ class _Accumulator:
         rows, self._rows = self._rows, []
         for row in rows:
             self.counts[row.source]["recoveries"] += row.kind == RECOVERY
-        rows = [r for r in rows if r.kind != RECOVERY]  # a takeover is not a step
+        rows = [r for r in rows if r.kind not in NOT_MOVES]  # a takeover, a migration: no step
         if not rows:
             return
         entered = rows[0].created_at

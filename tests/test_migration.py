@@ -84,6 +84,12 @@ def test_v1_instances_are_upcast_with_their_next_step_and_complete(
         assert engine.store.check() == []
     finally:
         engine.close()
+    # a migration row is a record of the runtime, not a step: fsm stats counts only moves
+    stats = fsm("stats", "--db", store_url, "--json")
+    assert stats.returncode == 0, stats.stderr
+    figures = json.loads(stats.stdout)[next(iter(json.loads(stats.stdout)))]
+    assert sum(st["steps"] for st in figures["states"].values()) == 4  # 7 rows: 1 takeover, 2 migrations
+    assert all(e["kind"] not in ("migration", "recovery") for e in figures["edges"])
 
 
 def test_unmapped_removed_state_needs_migration_and_is_left_untouched(

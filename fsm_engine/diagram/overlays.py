@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..store.records import RECOVERY, AttemptRow, HistoryRow, InstanceRecord
+from ..store.records import NOT_MOVES, RECOVERY, AttemptRow, HistoryRow, InstanceRecord
 
 if TYPE_CHECKING:
     from ..stats import MachineStats
@@ -39,7 +39,7 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
     recoveries: dict[str, int] = defaultdict(int)
     for row in history:
         recoveries[row.source] += row.kind == RECOVERY
-    history = [h for h in history if h.kind != RECOVERY]  # takeovers are not moves
+    history = [h for h in history if h.kind not in NOT_MOVES]  # takeovers, migrations
     entered = rec.created_at
     for row in history:
         tries[row.source] += 1

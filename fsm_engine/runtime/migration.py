@@ -30,15 +30,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..errors import FingerprintMismatch, InvalidInput, NeedsMigration, VersionTooNew
-from ..store.records import HistoryRow, InstanceRecord, StepCommit
+from ..store.records import MIGRATION, HistoryRow, InstanceRecord, StepCommit
 from . import values
 from .compiled import CompiledMachine
 
 #: The reason an instance that cannot be upcast is left with (``fsm list --reason``).
 NEEDS_MIGRATION = "needs_migration"
 
-#: The ``trigger`` and ``kind`` of a migration's history row.
-MIGRATION = "migration"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,11 @@ STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 #: lost its lease or went away (``store.claims.takeover_row``).  Not a transition: it counts
 #: neither against ``max_transitions`` nor as a step in statistics, diagrams or replay.
 RECOVERY = "recovery"
+#: History kind of a migration: the instance was upcast to its machine's current version
+#: (``runtime.migration``); like a takeover, a record of the runtime, not a move.
+MIGRATION = "migration"
+#: History kinds that are not moves: statistics, diagrams and the viewer skip them.
+NOT_MOVES = frozenset({RECOVERY, MIGRATION})
 
 #: Version of the stored record format; bumped with a migration.
 FORMAT_VERSION = 9

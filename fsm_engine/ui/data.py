@@ -24,7 +24,7 @@ from ..errors import FsmError, InvalidInput
 from ..runtime.workers import live_ids
 from ..store.base import Store
 from ..store.records import (
-    ORDERS, RECOVERY, STATUSES, HistoryRow, InstanceFilter, InstanceRecord,
+    NOT_MOVES, ORDERS, STATUSES, HistoryRow, InstanceFilter, InstanceRecord,
 )
 from ..views import guard_reading, history_json, iso_time, recovery_note, shown_status, when
 
@@ -268,8 +268,8 @@ def observed_export(machine: str, history: Iterable[Any],
     moves: dict[tuple[str, str, str], None] = {}
     for row in history:
         get = row.get if isinstance(row, dict) else lambda k, r=row: getattr(r, k)
-        if get("kind") == RECOVERY:
-            continue  # a takeover, not a move
+        if get("kind") in NOT_MOVES:
+            continue  # a takeover or a migration, not a move
         src, dst, trig = str(get("source")), str(get("dest")), str(get("trigger"))
         states.update({src: None, dst: None})
         moves[(src, dst, trig)] = None
