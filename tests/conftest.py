@@ -77,3 +77,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
         return build_fleet(str(tmp / "fleet.db"), tmp)
     finally:
         mp.undo()
+
+
+@pytest.fixture
+def sink():
+    """A loopback HTTP webhook sink (``scale_harness.Sink``) that counts deliveries by key."""
+    from scale_harness import Sink
+    s = Sink()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fleets():
+    """``scale_harness.Fleet``s made by a test; any worker still running at its end is
+    stopped (SIGTERM, then SIGKILL after 15 s)."""
+    made: list = []
+    yield made
+    for fleet in made:
+        fleet.stop(timeout=15)

@@ -20,26 +20,11 @@ import pytest
 from fsm_engine import Engine
 from fsm_engine.store import open_store
 
-from scale_harness import MODERATION, Fleet, Sink, inputs, wait_until
+from scale_harness import MODERATION, Fleet, inputs, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 TENANT = "tests/tenant_machine.py"
-
-
-@pytest.fixture
-def sink():
-    s = Sink()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def fleets():
-    made: list[Fleet] = []
-    yield made
-    for fleet in made:
-        fleet.stop(timeout=15)
 
 
 class Sampler:

@@ -20,29 +20,13 @@ import pytest
 from fsm_engine.store import open_store
 
 from scale_harness import (
-    FSM, ROOT, Fleet, Sink, audit, check_books, completed, enqueue, final, install_audit,
+    FSM, ROOT, Fleet, audit, check_books, completed, enqueue, final, install_audit,
     wait_until,
 )
 
 pytestmark = pytest.mark.timeout(300)
 
 LEASE = 3.0  # generous: CI shares 2 cores, and a starved worker rightly loses its lease
-
-
-@pytest.fixture
-def sink():
-    s = Sink()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def fleets():
-    """Fleets made by a test; any worker still running at its end is stopped."""
-    made: list[Fleet] = []
-    yield made
-    for fleet in made:
-        fleet.stop(timeout=5)
 
 
 @pytest.fixture(autouse=True)

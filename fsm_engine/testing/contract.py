@@ -18,6 +18,7 @@ subclassing :class:`StoreContract` with a ``store`` fixture::
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import pytest
 
@@ -69,6 +70,21 @@ def attempt(iid: str, n: int = 1) -> AttemptRow:
 
 
 # -- the read side ----------------------------------------------------------------------
+def concurrently(target: Callable[[int, Store], None], store: Store,
+                 others: list[Store]) -> None:
+    """Run ``target(n, s)`` for ``store`` and each of ``others`` (other connections to the
+    same database) in a thread each, wait for all, then close ``others``."""
+    import threading
+    threads = [threading.Thread(target=target, args=(n, s))
+               for n, s in enumerate([store, *others])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in others:
+        s.close()
+
+
 def fleet(store: Store) -> None:
     """Five instances of two machines in several states, with history, attempts and outbox."""
     specs = [("a", "m1", "completed", "done", None, 30, 3, 1000.0, {"src": "model", "n": 1}),
@@ -704,27 +720,20 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
         store.wait_for_work(0.05)  # nothing happens: it returns anyway
 
     def test_concurrent_claimers_never_share_an_instance(self, store: Store, reopen) -> None:
-        import threading
         store.create(*[record(f"i{n:03}") for n in range(120)])
         live(store, "w0", "w1", "w2", "w3")
         others = [reopen() for _ in range(3)]
         taken: dict[str, list[str]] = {}
 
-        def claim_all(name: str, s: Store) -> None:
+        def claim_all(n: int, s: Store) -> None:
+            name = f"w{n}"
             mine = taken.setdefault(name, [])
             while True:
                 got = s.claim(ClaimRequest(name, now=1.0, limit=7))
                 if not got:
                     return
                 mine.extend(r.id for r in got)
-        threads = [threading.Thread(target=claim_all, args=(f"w{n}", s))
-                   for n, s in enumerate([store, *others])]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for s in others:
-            s.close()
+        concurrently(claim_all, store, others)
         every = [i for ids in taken.values() for i in ids]
         assert sorted(every) == [f"i{n:03}" for n in range(120)]  # each exactly once
         owners = {r.id: r.owner for r in store.list()}

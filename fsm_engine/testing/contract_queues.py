@@ -95,27 +95,20 @@ class QueueContract:
     def test_concurrent_claimers_keep_the_queue_and_partition_limits(self, store: Store,
                                                                      reopen: Callable[[], Store]
                                                                      ) -> None:
-        from .contract import live
+        from .contract import concurrently, live
         store.create(*[_rec(f"i{n:03}", "llm", f"t{n % 3}") for n in range(60)])
         live(store, "w0", "w1", "w2", "w3")
         others = [reopen() for _ in range(3)]
         taken: list[str] = []
         lock = threading.Lock()
 
-        def claim(name: str, s: Store) -> None:
+        def claim(n: int, s: Store) -> None:
             for _ in range(5):
-                got = s.claim(ClaimRequest(name, now=1.0, limit=4, queues=["llm"],
+                got = s.claim(ClaimRequest(f"w{n}", now=1.0, limit=4, queues=["llm"],
                                            queue_limit=5, partition_limit=2))
                 with lock:
                     taken.extend(r.id for r in got)
-        threads = [threading.Thread(target=claim, args=(f"w{n}", s))
-                   for n, s in enumerate([store, *others])]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for s in others:
-            s.close()
+        concurrently(claim, store, others)
         held = [r for r in store.list() if r.owner is not None]
         assert len(taken) == len(held) == len(set(taken)) == 5  # the queue's limit
         per_key: dict[str | None, int] = {}
@@ -146,6 +139,7 @@ class QueueContract:
 
     def test_concurrent_admissions_never_pass_the_limit(self, store: Store,
                                                         reopen: Callable[[], Store]) -> None:
+        from .contract import concurrently
         others = [reopen() for _ in range(3)]
         admitted: list[int] = []
         lock = threading.Lock()
@@ -156,12 +150,5 @@ class QueueContract:
                 if wait == 0.0:
                     with lock:
                         admitted.append(7)
-        threads = [threading.Thread(target=ask, args=(n, s))
-                   for n, s in enumerate([store, *others])]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for s in others:
-            s.close()
+        concurrently(ask, store, others)
         assert sum(admitted) == 98  # 14 calls of 7 tokens: never more than 100
