@@ -9,9 +9,10 @@ so a wake of a 1,000-child family costs a millisecond, not a decode of every
 child's context): undecided, it creates more (``max_concurrency``) and waits
 again, its commit fenced on the versions of the children still running (a child
 finishing meanwhile makes it stale: the parent reads again); decided, it reads
-the children in full once and joins in one commit fenced on every child it
-read, cancelling the ones still running (``StepCommit.also``), adding the
-family's tokens to its own.
+the final children's outputs (``Store.child_outputs``; the children in full
+only when some still run, to cancel them) and joins in one commit fenced on
+every child it counted, cancelling the ones still running (``StepCommit.also``),
+adding the family's tokens to its own.
 
 Children that the parent's own engine will run (``Engine.run`` continuing the
 family) are created owned by that engine's worker, so they need no claim of
