@@ -9,9 +9,10 @@ so a wake of a 1,000-child family costs a millisecond, not a decode of every
 child's context): undecided, it creates more (``max_concurrency``) and waits
 again, its commit fenced on the versions of the children still running (a child
 finishing meanwhile makes it stale: the parent reads again); decided, it reads
-the children in full once and joins in one commit fenced on every child it
-read, cancelling the ones still running (``StepCommit.also``), adding the
-family's tokens to its own.
+the final children's outputs (``Store.child_outputs``; the children in full
+only when some still run, to cancel them) and joins in one commit fenced on
+every child it counted, cancelling the ones still running (``StepCommit.also``),
+adding the family's tokens to its own.
 
 Children that the parent's own engine will run (``Engine.run`` continuing the
 family) are created owned by that engine's worker, so they need no claim of
@@ -33,7 +34,7 @@ from ..definition.spec import BUDGET_EXHAUSTED
 from ..errors import InvalidInput
 from ..store.base import Store
 from ..store.records import (
-    COMPLETED, PENDING, RUNNING, WAITING, ChildState, InstanceRecord, StepCommit,
+    COMPLETED, PENDING, RUNNING, WAITING, ChildOutput, ChildState, InstanceRecord, StepCommit,
 )
 from . import outcome
 from .compiled import CompiledMachine, FanOutPlan
@@ -184,7 +185,8 @@ def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
     total = len(work_total(plan, rec))
     tally = Tally(plan, [k for k in store.child_states(rec.id) if k.id.startswith(mine)])
     decided = plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed)
-    if decided is not None:  # the outputs are needed now: read the children in full, once
+    outs = _final_outputs(store, rec, tally) if decided is not None else None
+    if decided is not None and outs is None:  # some to cancel: read the children in full
         tally = Tally(plan, [k for k in store.children(rec.id) if k.id.startswith(mine)])
         decided = plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed)
     if decided is None:
@@ -195,7 +197,19 @@ def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
         except InvalidInput as exc:  # the context cannot change while waiting: defensive
             return outcome.failed(cm, rec, "invalid_item", now, error=str(exc))
         return _wait(rec, tally, todo, now, owner)
-    return join(cm, store, plan, rec, tally, decided, now)
+    return join(cm, store, plan, rec, tally, decided, now, outs)
+
+
+def _final_outputs(store: Store, rec: InstanceRecord,
+                   tally: Tally) -> dict[str, ChildOutput] | None:
+    """The outputs by id of ``tally``'s children when all are final (the join's commit is
+    fenced on the versions counted, so a child that moved since makes it stale); ``None``
+    when some still run (to cancel: the caller reads them in full) or one is not final now."""
+    if tally.running:
+        return None
+    mine = prefix(rec)
+    outs = {o.id: o for o in store.child_outputs(rec.id) if o.id.startswith(mine)}
+    return outs if all(k.id in outs for k in tally.kids) else None
 
 
 def needs_step(cm: CompiledMachine, rec: InstanceRecord, states: Sequence[ChildState]) -> bool:
@@ -221,24 +235,30 @@ def _wait(rec: InstanceRecord, tally: Tally, todo: list[Work], now: float,
                       fence=[(k.id, k.version) for k in tally.running])
 
 
-def output(plan: FanOutPlan, kid: InstanceRecord) -> Any:
-    """What a finished child contributes: a skipped one its default, a failed one ``None``."""
+def output(plan: FanOutPlan, kid: InstanceRecord | ChildState,
+           out: InstanceRecord | ChildOutput | None = None) -> Any:
+    """What a finished child contributes: a skipped one its default, a failed one ``None``
+    (``out``: where its context and input are, ``kid`` itself by default)."""
     bp = Tally._plan(plan, kid)
     if kid.status != COMPLETED:
         return dict(bp.spec.default_output) if bp.spec.skippable else None
+    data = kid if out is None else out
     if bp.wrapped:  # an action's output: the fields it changed
-        return {k: v for k, v in kid.context.items() if kid.input.get(k) != v}
-    return dict(kid.context)
+        return {k: v for k, v in data.context.items() if data.input.get(k) != v}
+    return dict(data.context)
 
 
-def _outputs(plan: FanOutPlan, kids: list[InstanceRecord], total: int) -> Any:
+def _outputs(plan: FanOutPlan, kids: list[Any], total: int,
+             outs: dict[str, ChildOutput] | None) -> Any:
+    def out(kid: Any) -> Any:
+        return output(plan, kid, None if outs is None else outs[kid.id])
     if plan.is_map:
         values: list[Any] = [None] * total
         for kid in kids:
-            values[int(kid.id.rsplit(".", 1)[1])] = output(plan, kid) if kid.final else None
+            values[int(kid.id.rsplit(".", 1)[1])] = out(kid) if kid.final else None
         return values
     return {bp.name: None for bp in plan.branches} | {
-        kid.branch or "": output(plan, kid) for kid in kids if kid.final}
+        kid.branch or "": out(kid) for kid in kids if kid.final}
 
 
 def _update(plan: FanOutPlan, outputs: Any) -> dict[str, Any]:
@@ -256,14 +276,16 @@ def _update(plan: FanOutPlan, outputs: Any) -> dict[str, Any]:
 
 
 def join(cm: CompiledMachine, store: Store, plan: FanOutPlan, rec: InstanceRecord,
-         tally: Tally, decided: bool, now: float) -> StepCommit:
+         tally: Tally, decided: bool, now: float,
+         outs: dict[str, ChildOutput] | None = None) -> StepCommit:
     """The join: take ``joined``/``branch_failed`` with the reduced outputs, the children's
-    tokens, their cancellation when still running; fenced on every child read."""
+    tokens, their cancellation when still running; fenced on every child read (``outs``:
+    the final children's outputs by id when ``tally`` holds ``ChildState``s, all final)."""
     also, tokens = cancel_running(store, tally.kids, now, "join")
     base = outcome.clone(rec)
     base.reason = None
     detail = {"branches": tally.counts(), "children_tokens": tokens}
-    step = _decide_join(cm, plan, base, tally, decided, now, tokens, detail)
+    step = _decide_join(cm, plan, base, tally, decided, now, tokens, detail, outs)
     step.expected_version, step.before = rec.version, rec
     step.fence = [(k.id, k.version) for k in tally.kids if k.final]
     step.also = also
@@ -296,14 +318,15 @@ def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
 
 
 def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, tally: Tally,
-                 decided: bool, now: float, tokens: int, detail: dict[str, Any]) -> StepCommit:
+                 decided: bool, now: float, tokens: int, detail: dict[str, Any],
+                 outs: dict[str, ChildOutput] | None) -> StepCommit:
     from .driver import apply_update
     state = base.state
     fail = dict(tokens=tokens, detail=detail)
     if decided:
         total = len(work_total(plan, base))
         try:
-            update = _update(plan, _outputs(plan, tally.kids, total))
+            update = _update(plan, _outputs(plan, tally.kids, total, outs))
             _, ctx, delta = apply_update(cm.spec.context, base.context, update, cm.fields)
         except ValueError as exc:
             return outcome.failed(cm, base, "reducer_error", now, error=str(exc), **fail)

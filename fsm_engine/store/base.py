@@ -9,7 +9,7 @@ from typing import Iterator, Protocol, Sequence
 from .claims import ClaimRequest
 from .rates import RateRequest
 from .records import (
-    AttemptRow, BreakerRow, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
+    AttemptRow, BreakerRow, ChildOutput, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
     OutboxRow, ReplyRow,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
@@ -72,6 +72,11 @@ class Store(Protocol):
     def child_states(self, parent_id: str) -> builtins.list[ChildState]:
         """``children(parent_id)`` without their JSON columns (id, version, status, reason,
         branch, tokens used, owner), in creation order: what a join counts on every wake."""
+
+    def child_outputs(self, parent_id: str) -> builtins.list[ChildOutput]:
+        """The id, context and input (large values read back) of each of ``parent_id``'s
+        children that is final (completed, failed or cancelled), in creation order, and
+        nothing else: what a join merges, without decoding whole records."""
 
     def history(self, instance_id: str) -> builtins.list[HistoryRow]:
         """The instance's history ordered by ``seq``."""

@@ -15,13 +15,13 @@ import hashlib
 import json
 import operator
 from dataclasses import fields
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 import pydantic_core
 
 from ..errors import StepRejected, StoreError
 from .records import (
-    AttemptRow, BreakerRow, HistoryRow, InstanceRecord, ReplyRow, ReviewItem, StepCommit,
+    AttemptRow, BreakerRow, ChildOutput, HistoryRow, InstanceRecord, ReplyRow, ReviewItem, StepCommit,
     WorkerRow,
 )
 
@@ -302,6 +302,25 @@ def resolve(records: builtins.list[InstanceRecord],
             else:
                 rec.context[key] = json.loads(found[digest])
     return records
+
+
+def child_outputs(rows: Sequence[Sequence[Any]],
+                  fetch: Callable[[builtins.list[str]], dict[str, str]]
+                  ) -> builtins.list[ChildOutput]:
+    """``ChildOutput``s of rows of ``CHILD_OUTPUT_COLUMNS`` (JSON text), their large values
+    put back as ``resolve`` does; ``StoreError`` when one is gone."""
+    def loads(text: str | None) -> Any:
+        return {} if text is None else json.loads(text)
+    outs = [_Refs(r[0], loads(r[1]), loads(r[2]), loads(r[3])) for r in rows]
+    resolve(outs, fetch)  # type: ignore[arg-type]
+    return [ChildOutput(o.id, o.context, o.input) for o in outs]
+
+
+class _Refs(NamedTuple):
+    id: str
+    context: dict[str, Any]
+    input: dict[str, Any]
+    context_refs: dict[str, str]
 
 
 @functools.lru_cache(maxsize=512)

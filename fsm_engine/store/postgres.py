@@ -35,7 +35,7 @@ from .claims import ClaimRequest, select, take
 from .codec import (
     ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
     SELECT_INSTANCES, WORKER, Blobs, Codec, Encoded, changes, dumps, encode_step, instance_row,
-    marks, resolve, update_sql,
+    child_outputs, marks, resolve, update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
     PUT_REPLY, REPLY, SELECT_REPLY,
     reviews_where,
@@ -43,7 +43,8 @@ from .codec import (
 from . import pg_read
 from .pg_schema import migrate, require_current
 from .records import (
-    CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
+    CHILD_OUTPUT_COLUMNS, CHILD_STATE_COLUMNS, FINAL_STATUSES, FORMAT_VERSION, AttemptRow,
+    BreakerRow, ChildOutput, ChildState, HistoryRow,
     InstanceFilter, InstanceRecord,
     OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
@@ -324,10 +325,12 @@ class PostgresStore:
 
     def _full(self, records: builtins.list[InstanceRecord]) -> builtins.list[InstanceRecord]:
         """``records`` with their large context values read back from ``blobs``."""
-        def fetch(hashes: builtins.list[str]) -> dict[str, str]:
-            rows = self._rows("SELECT hash, data FROM blobs WHERE hash = ANY(%s)", (hashes,))
-            return {r["hash"]: r["data"] for r in rows}
-        return resolve(records, fetch)
+        return resolve(records, self._fetch_blobs)
+
+    def _fetch_blobs(self, hashes: builtins.list[str]) -> dict[str, str]:
+        """hash → JSON text of the ``blobs`` rows of ``hashes``."""
+        rows = self._rows("SELECT hash, data FROM blobs WHERE hash = ANY(%s)", (hashes,))
+        return {r["hash"]: r["data"] for r in rows}
 
     @staticmethod
     def _put_blobs(conn: psycopg.Connection[Any], blobs: Blobs) -> None:
@@ -459,6 +462,15 @@ class PostgresStore:
                             "ORDER BY key", (parent_id,))
                 return [ChildState(*r) for r in cur.fetchall()]
         return self._run(go)
+
+    def child_outputs(self, parent_id: str) -> builtins.list[ChildOutput]:
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[Any]:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {CHILD_OUTPUT_COLUMNS} FROM instances WHERE parent_id=%s "
+                            "AND status = ANY(%s) ORDER BY key",
+                            (parent_id, sorted(FINAL_STATUSES)))
+                return cur.fetchall()
+        return child_outputs(self._run(go), self._fetch_blobs)
 
     def _updates(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
                  encoded: Sequence[Encoded]) -> builtins.list[bool]:

@@ -134,6 +134,19 @@ class ChildState(NamedTuple):
 CHILD_STATE_COLUMNS = ", ".join(ChildState._fields)
 
 
+class ChildOutput(NamedTuple):
+    """What a join merges of one finished child (``Store.child_outputs``): its id and its
+    context and input, decoded (large values read back), nothing else."""
+
+    id: str
+    context: dict[str, Any]
+    input: dict[str, Any]
+
+
+#: The columns ``Store.child_outputs`` reads (``context_refs`` to resolve large values).
+CHILD_OUTPUT_COLUMNS = "id, context, input, context_refs"
+
+
 @dataclass(slots=True)
 class HistoryRow:
     """One transition of one instance; ``seq`` runs 1, 2, 3 … with no gaps.

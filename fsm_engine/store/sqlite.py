@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from . import sqlite_read
 from .records import (
-    CHILD_STATE_COLUMNS, FORMAT_VERSION, AttemptRow, BreakerRow, ChildState, HistoryRow,
+    CHILD_OUTPUT_COLUMNS, CHILD_STATE_COLUMNS, FINAL_STATUSES, FORMAT_VERSION, AttemptRow,
+    BreakerRow, ChildOutput, ChildState, HistoryRow,
     InstanceFilter, InstanceRecord,
     OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
@@ -34,7 +35,7 @@ from .codec import (
     INSERT_HISTORY as _INSERT_HISTORY, INSTANCE as _INSTANCE, JSON_COLUMNS,
     SELECT_HISTORY as _SELECT_HISTORY, SELECT_INSTANCES as _SELECT_INSTANCES, WORKER as _WORKER,
     Blobs, Encoded, changes as _changes, dumps as _dumps, encode_step as _encode,
-    instance_row as _instance_row, resolve as _resolve,
+    instance_row as _instance_row, resolve as _resolve, child_outputs as _child_outputs,
     update_sql as _update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
     PUT_REPLY, REPLY, SELECT_REPLY,
@@ -46,6 +47,9 @@ from .claims import ClaimRequest, select, take
 from .schema import migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
+
+#: The final statuses as an SQL list (``child_outputs``).
+_FINAL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATUSES))
 
 #: ``StepCommit.wake``: a parent waiting for its children becomes claimable.
 _WAKE = ("UPDATE instances SET status='running', updated_at=?, version=version+1 "
@@ -191,10 +195,12 @@ class SqliteStore:
 
     def _full(self, records: builtins.list[InstanceRecord]) -> builtins.list[InstanceRecord]:
         """``records`` with their large context values read back from ``blobs``."""
-        def fetch(hashes: builtins.list[str]) -> dict[str, str]:
-            return dict(self._read(f"SELECT hash, data FROM blobs WHERE hash IN "
-                                   f"({','.join('?' * len(hashes))})", hashes, tuples=True))
-        return _resolve(records, fetch)
+        return _resolve(records, self._fetch_blobs)
+
+    def _fetch_blobs(self, hashes: builtins.list[str]) -> dict[str, str]:
+        """hash → JSON text of the ``blobs`` rows of ``hashes``."""
+        return dict(self._read(f"SELECT hash, data FROM blobs WHERE hash IN "
+                               f"({','.join('?' * len(hashes))})", hashes, tuples=True))
 
     @staticmethod
     def _put_blobs(conn: sqlite3.Connection, blobs: Blobs) -> None:
@@ -288,6 +294,11 @@ class SqliteStore:
         rows = self._read(f"SELECT {CHILD_STATE_COLUMNS} FROM instances WHERE parent_id=? "
                           "ORDER BY key", (parent_id,), tuples=True)
         return [ChildState(*r) for r in rows]
+
+    def child_outputs(self, parent_id: str) -> builtins.list[ChildOutput]:
+        rows = self._read(f"SELECT {CHILD_OUTPUT_COLUMNS} FROM instances WHERE parent_id=? "
+                          f"AND status IN ({_FINAL}) ORDER BY key", (parent_id,), tuples=True)
+        return _child_outputs(rows, self._fetch_blobs)
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale

@@ -769,6 +769,21 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
                 for c in store.children("p")] == [tuple(c) for c in got]
         assert store.child_states("q") == [] and store.child_states("nobody") == []
 
+    def test_child_outputs_are_the_final_childrens_context_and_input(self, store: Store) -> None:
+        store.create(record("p"), *[replace(record(f"p.1.{n}"), parent_id="p", branch=str(n))
+                                    for n in range(3)], record("q"))
+        for n, status in ((2, "failed"), (0, "completed")):
+            kid = store.get(f"p.1.{n}")
+            store.commit([StepCommit(moved(kid, "end", status=status,
+                                           context={"n": n + 1, "s": "y"}), kid.version)])
+        got = store.child_outputs("p")  # p.1.1 still pending: not there
+        assert [tuple(o) for o in got] == [
+            ("p.1.0", {"n": 1, "s": "y"}, {"n": 0, "s": "x"}),
+            ("p.1.2", {"n": 3, "s": "y"}, {"n": 0, "s": "x"})]
+        full = {c.id: c for c in store.children("p")}
+        assert all(full[o.id].context == o.context and full[o.id].input == o.input for o in got)
+        assert store.child_outputs("q") == [] and store.child_outputs("nobody") == []
+
     def test_a_stale_parent_creates_no_children(self, store: Store) -> None:
         store.create(record("p"))
         parent = store.get("p")

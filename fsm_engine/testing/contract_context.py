@@ -88,3 +88,8 @@ class LargeValueContract:
         new = moved(parent, "fan", status="waiting", reason="children")
         assert store.commit([StepCommit(new, 0, create=[kid], before=parent)]) == [True]
         assert store.children("a")[0].context["doc"] == BIG
+        done = store.get("a.1.0")
+        assert store.commit([StepCommit(moved(done, "end", status="completed"),
+                                        done.version, before=done)]) == [True]
+        [out] = store.child_outputs("a")  # a join's read puts the large values back too
+        assert out.context == big_record("a").context and out.input == {"doc": BIG, "n": 0}
