@@ -252,6 +252,8 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
     """
     blobs = [] if blobs is None else blobs
     text, refs = split_context(before, after, blobs, threshold)
+    if before is None:  # the input column is not rewritten: its large values stay beside it
+        refs.update((k, h) for k, h in after.context_refs.items() if k.startswith(INPUT_REF))
     after.context_refs = refs
     if before is None:
         values = [*_SCALAR_VALUES(after), dumps(after.visits), text, dumps(refs)]

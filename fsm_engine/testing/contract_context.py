@@ -41,6 +41,14 @@ class LargeValueContract:
         assert claimed.context == rec.context and claimed.input == rec.input
         assert store.get("a").context_refs == rec.context_refs
 
+    def test_a_commit_without_before_keeps_the_large_input(self, store: Store) -> None:
+        store.create(big_record("a"))
+        base = store.get("a")
+        new = replace(base, seq=1, context={**base.context, "n": 1})
+        assert store.commit([StepCommit(new, base.version)]) == [True]  # no ``before``
+        got = store.get("a")
+        assert got.input == {"doc": BIG, "n": 0} and got.context == new.context
+
     def test_a_step_that_leaves_a_large_value_alone_keeps_its_hash(self, store: Store) -> None:
         store.create(big_record("a"))
         base = store.get("a")
