@@ -145,10 +145,16 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
                   TimeElapsedColumn(), console=Console(stderr=True),
                   disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("running", total=total)
+        plain = not quiet and not sys.stderr.isatty()  # a log: a line per instance instead
+        ended: set[str] = set()
 
         def on_step(rec: Any) -> None:
             if rec.final or rec.status == "waiting":
                 bar.advance(task)
+            if plain and rec.final and rec.id not in ended:
+                ended.add(rec.id)
+                print(f"fsm: {len(ended)}/{total} {rec.id} {rec.status}"
+                      + (f" ({rec.reason})" if rec.reason else ""), file=sys.stderr, flush=True)
         try:
             if resume:
                 return await engine.resume(on_step)

@@ -7,7 +7,9 @@ what it needs when it runs, so ``fsm --help`` stays light.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import sys
 import time
 from typing import Any, Optional
 
@@ -217,5 +219,21 @@ def viewer_hint(db: str | None) -> str:
     if is_postgres(url):  # psycopg is installed: the run used it
         from .store.postgres import redact
         url = redact(url)
-    return f"view: fsm ui --db {shlex.quote(url)}"
+    return f"view: {_fsm_command()} ui --db {shlex.quote(url)}"
+
+
+def _fsm_command() -> str:
+    """How to call this ``fsm`` again from the current directory: ``fsm`` when that name
+    on ``PATH`` is this program, else its path (e.g. ``.venv/bin/fsm`` of a venv that was
+    not activated, or ``python -m fsm_engine.cli``)."""
+    import shlex
+    import shutil
+    me = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not me or me.endswith(".py") or not os.path.isfile(me):
+        return f"{shlex.quote(sys.executable)} -m fsm_engine.cli"
+    found = shutil.which("fsm")
+    if found and os.path.realpath(found) == os.path.realpath(me):
+        return "fsm"
+    rel = os.path.relpath(me)
+    return shlex.quote(rel if not rel.startswith("..") else me)
 

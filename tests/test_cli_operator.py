@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from conftest import MACHINES, license_files, scripted
 from fsm_engine import Engine, SqliteStore, load_machine
 from fsm_engine.cli import app
+from fsm_engine.cli_observe import _fsm_command
 from fsm_engine.cli_tables import COLUMNS
 from fsm_engine.store import InstanceFilter
 from observe_fixtures import Fleet
@@ -118,19 +119,38 @@ def test_run_ends_with_the_command_that_opens_the_viewer(tmp_path: Path, monkeyp
     db = str(tmp_path / "odd name [1].db")
     shown = invoke("run", ROUTER, "--input", str(topic), "--db", db, "--llm", looping)
     assert shown.exit_code == 1, shown.output  # failed (loop_limit): the hint all the same
+    # not a terminal (a log): a line per instance that ended instead of a progress bar
+    assert re.search(r"^fsm: 1/1 \w+ failed \(loop_limit\)$", shown.stderr, re.M), shown.stderr
     last = shown.stdout.strip().splitlines()[-1]
-    assert last == f"view: fsm ui --db '{db}'"
+    assert last == f"view: {_fsm_command()} ui --db '{db}'"
     for quiet in (["-q"], ["--json"]):
         result = invoke("run", ROUTER, "--input", str(topic), "--db", db, "--llm", looping,
                         *quiet)
         assert "view:" not in result.stdout
     monkeypatch.chdir(tmp_path)
     default = invoke("run", ROUTER, "--input", str(topic), "--llm", looping)
-    assert default.stdout.strip().splitlines()[-1] == "view: fsm ui --db fsm.db"
+    assert default.stdout.strip().splitlines()[-1] == f"view: {_fsm_command()} ui --db fsm.db"
     monkeypatch.setenv("FSM_DB", "sqlite:///env.db")
     env = invoke("run", ROUTER, "--input", str(topic), "--llm", looping)
-    assert env.stdout.strip().splitlines()[-1] == "view: fsm ui --db sqlite:///env.db"
+    assert env.stdout.strip().splitlines()[-1] == \
+        f"view: {_fsm_command()} ui --db sqlite:///env.db"
     assert (tmp_path / "env.db").exists()
+
+
+def test_the_viewer_hint_names_this_fsm_as_it_can_be_called_again(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    script_path = tmp_path / "venv" / "bin" / "fsm"
+    script_path.parent.mkdir(parents=True)
+    script_path.write_text("#!/bin/sh\n")
+    script_path.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(script_path), "run"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a venv that was not activated
+    assert _fsm_command() == "venv/bin/fsm"
+    monkeypatch.setenv("PATH", f"{script_path.parent}:/usr/bin:/bin")  # activated
+    assert _fsm_command() == "fsm"
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "cli.py")])  # python -m fsm_engine.cli
+    assert _fsm_command().endswith(" -m fsm_engine.cli")
 
 
 def test_a_takeover_reads_in_history_and_is_no_step_in_stats(tmp_path: Path) -> None:
