@@ -269,12 +269,7 @@ class PostgresStore:
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         if not records:
             return
-        blobs: Blobs = []
-        rows = []
-        for rec in records:
-            row = instance_row(rec, blobs)
-            del row[_KEY]
-            rows.append(row)
+        rows, blobs = self._instance_rows(records)
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
             self._put_blobs(conn, blobs)
@@ -306,13 +301,21 @@ class PostgresStore:
                     break
         return keys
 
-    def _insert(self, conn: psycopg.Connection[Any], records: Sequence[InstanceRecord]) -> None:
+    @staticmethod
+    def _instance_rows(records: Sequence[InstanceRecord]
+                       ) -> tuple[builtins.list[builtins.list[Any]], Blobs]:
+        """The INSERT rows of ``records`` (without ``key``: the database assigns it) and
+        the large values they put beside themselves."""
         blobs: Blobs = []
         rows = []
         for rec in records:
             row = instance_row(rec, blobs)
             del row[_KEY]
             rows.append(row)
+        return rows, blobs
+
+    def _insert(self, conn: psycopg.Connection[Any], records: Sequence[InstanceRecord]) -> None:
+        rows, blobs = self._instance_rows(records)
         self._put_blobs(conn, blobs)
         for rec, key in zip(records, self._keys(conn, rows)):
             rec.key = key
