@@ -437,7 +437,7 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
     out.print(f"wrote {output}")
 
 
-from . import cli_scale  # noqa: E402,F401 - registers worker, start, wait, workers
+from . import cli_limits, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers
 from . import cli_fork, cli_inspect, cli_migrate, cli_observe, cli_review  # noqa: E402,F401  (register list, history, outbox,
 #                                         stats, ui, prune, check)
 

@@ -181,3 +181,49 @@ def test_ten_workers_never_pass_a_shared_tokens_per_window_limit(pg_cluster, tmp
           f"busiest {window:g}s window {worst} tokens (limit {tpm}); "
           f"{len(waited)} instances waited for the limit")
     assert fleet.stop() == [0] * 10
+
+
+def test_workers_without_flags_obey_the_stored_limits_and_follow_a_change(
+        pg_cluster, tmp_path: Path, sink, fleets) -> None:
+    """`fsm limits` once for the fleet: two workers started with no limit flags keep one
+    llm lease at a time; raised to 3 while they run, they use more within a refresh."""
+    url = pg_cluster.database()
+    open_store(url).close()
+    assert _fsm_limits(url, "--queue-limit", "llm=1") == {"queue_limits": {"llm": 1}}
+    fleet = Fleet(url, tmp_path, sink, lease=3.0, concurrency=16, delay_s=0.4)
+    fleets.append(fleet)
+    fleet.spawn(2)
+    store = open_store(url)
+    sampler = Sampler(url, LEASED.format(col="queue"))
+    try:
+        ids = _enqueue(url, 16)
+        wait_until(lambda: sum(1 for i in ids if _at(store, i, "infer")) >= 4, 90,
+                   "four model calls under the limit of 1")
+        changed = time.time()
+        assert _fsm_limits(url, "--queue-limit", "llm=3") == {"queue_limits": {"llm": 3}}
+        wait_until(lambda: completed_of(store, ids) == len(ids), 120, "every instance")
+    finally:
+        sampler.stop()
+        store.close()
+    before = [n for at, rows in sampler.rows if at < changed for q, n in rows if q == "llm"]
+    after = [n for at, rows in sampler.rows if at > changed for q, n in rows if q == "llm"]
+    assert before and max(before) == 1  # two workers, 32 slots, one llm lease at a time
+    assert max(after) <= 3 and max(after) >= 2, after  # the new limit, read while running
+    assert fleet.stop() == [0, 0]
+    print(f"\nllm leases peak {max(before)} under the stored limit 1, {max(after)} after it "
+          f"was raised to 3 ({len(sampler.rows)} samples)")
+
+
+def completed_of(store: Any, ids: list[str]) -> int:
+    wanted = set(ids)
+    return sum(1 for r in store.list(statuses=["completed"]) if r.id in wanted)
+
+
+def _fsm_limits(url: str, *args: str) -> dict[str, Any]:
+    import subprocess
+
+    from scale_harness import FSM, ROOT
+    done = subprocess.run([FSM, "limits", "--db", url, *args, "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

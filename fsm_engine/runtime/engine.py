@@ -33,7 +33,7 @@ from ..store.records import (
     RATE_LIMITED, REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
 )
 from . import migration, outcome, reviews as review_queue, values
-from . import fanout
+from . import fanout, fleet
 from ..definition.fanout import CHILDREN
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
@@ -148,6 +148,7 @@ class Engine:
         self._modules: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[InstanceRecord]] = {}
         self._known: dict[str, InstanceRecord] = {}
+        self._limits_read = False  # the fleet's stored rate limits, read at the first run
         #: Children this engine runs for parents waiting in ``run`` (id -> task).
         self._kids: dict[str, asyncio.Future[Any]] = {}
         #: Parents a ``run`` here continues (their children's ends must not start another).
@@ -302,7 +303,17 @@ class Engine:
         self.ownership.register()
 
     def _ensure_worker(self) -> None:
+        if not self._limits_read:
+            self._limits_read = True
+            self.use_limits(fleet.read(self.store))
         self.ownership.start_heartbeat(self._lost, lambda: list(self._tasks))
+
+    def use_limits(self, limits: "fleet.FleetLimits | None") -> None:
+        """Obey the fleet's stored rate limits (``runtime.fleet``; ``None``: keep the
+        current ones).  Read by itself when the engine first runs; ``fsm worker`` reads
+        them again every ``fleet.REFRESH_S`` seconds."""
+        if limits is not None:
+            self.models.use_stored_rates(limits.rate_limits)
 
     def _lost(self, instance_id: str, status: str | None) -> None:
         """The heartbeat found ``instance_id`` cancelled or taken over: stop its task."""

@@ -54,7 +54,16 @@ class Models:
         self._breakers: dict[str, Breaker] = {}
         #: Rate limits as given: by model name (``"*"``: the default) or ``provider:model``.
         self.rate_limits: dict[str, RateLimit] = dict(rate_limits or {})
+        self._own_rates = dict(self.rate_limits)
         self._limiters: dict[str, RateLimiter | None] = {}
+
+    def use_stored_rates(self, stored: Mapping[str, RateLimit]) -> None:
+        """Obey the fleet's stored rate limits (``runtime.fleet``), tightened by the ones
+        this engine was given; the limiters are rebuilt when the result changed."""
+        from .fleet import merge_rates
+        rates = merge_rates(self._own_rates, stored)
+        if rates != self.rate_limits:
+            self.rate_limits, self._limiters = rates, {}
 
     def set_default(self, provider: Any) -> None:
         """Make ``provider`` the default (key ``"*"``)."""

@@ -17,18 +17,22 @@ the other queues together.  When a step moves an instance into a queue this work
 does not serve, or one that is limited (globally, or here and full), the same
 commit gives the instance back (``Driver.hand_off``): it is claimed again under
 that queue's limits, by whichever worker has room.  Moving between unlimited queues
-it serves, a worker simply goes on.  Every worker of a store should be given the
-same global and partition limits: a worker without them does not count them.
+it serves, a worker simply goes on.  Global and partition limits are best stored
+once for the whole fleet (``fsm limits``, ``runtime.fleet``): every worker obeys
+those, tightened by its own flags (``QueuePlan.tightened``).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Mapping
 
 from ..errors import InvalidInput
+
+if TYPE_CHECKING:
+    from .fleet import FleetLimits
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
@@ -59,6 +63,16 @@ class QueuePlan:
     def limited(self) -> tuple[str, ...]:
         """Queues with a limit of their own (claimed one by one), sorted."""
         return tuple(sorted(set(self.per_queue) | set(self.global_limits)))
+
+    def tightened(self, fleet: "FleetLimits") -> "QueuePlan":
+        """This plan under the fleet's stored limits: per queue and for partitions, the
+        smaller of this worker's limit and the stored one."""
+        from .fleet import tighter
+        queues = set(self.global_limits) | set(fleet.queue_limits)
+        limits = {q: tighter(self.global_limits.get(q), fleet.queue_limits.get(q))
+                  for q in sorted(queues)}
+        return replace(self, global_limits={q: n for q, n in limits.items() if n is not None},
+                       partition_limit=tighter(self.partition_limit, fleet.partition_limit))
 
     def serves(self, queue: str) -> bool:
         """True when this worker takes instances in ``queue``."""

@@ -12,19 +12,23 @@ expired).  A store error (the database restarting, the network gone) is
 survived: claims back off and retry, and an instance whose step failed to
 commit is given back once the store answers again, then claimed afresh (its
 step runs again; a commit either applied or not, never half).  Queues, per-queue
-and per-partition limits: see ``runtime.queues``.
+and per-partition limits: see ``runtime.queues``; the fleet's stored limits
+(``fsm limits``, ``runtime.fleet``) are read again every ``fleet.REFRESH_S`` seconds
+and tighten the worker's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from typing import Any, Sequence
 
 from ..errors import FsmError, StaleWrite, StoreError
 from ..store.records import InstanceRecord
 from .engine import Engine
+from . import fleet
 from .queues import QueuePlan
 
 log = logging.getLogger("fsm_engine")
@@ -52,7 +56,11 @@ class Worker:
                  machines: Sequence[str] | None = None, poll: float = 1.0,
                  grace: float = 10.0, plan: QueuePlan | None = None) -> None:
         self.engine = engine
-        self.plan = plan or QueuePlan(total=concurrency)
+        #: The plan as given (flags); ``plan`` is it under the fleet's stored limits.
+        self.own_plan = self.plan = plan or QueuePlan(total=concurrency)
+        self._limits_at = float("-inf")  # monotonic time the stored limits were read
+        self.limits: fleet.FleetLimits | None = None
+        engine._limits_read = True  # read here, off the loop, before each claim round
         self.concurrency = self.plan.total
         self.machines = None if machines is None else list(machines)
         #: The queue of each instance running here (moved on when it stays across a boundary).
@@ -113,10 +121,27 @@ class Worker:
         free = self.concurrency - len(self._running)
         if free <= 0:
             return False
+        await self._refresh_limits()
         batch = await self._call(self._claim, self._load())
         for rec in batch:
             self._start(rec)
         return len(batch) == free
+
+    async def _refresh_limits(self) -> None:
+        """Read the fleet's stored limits when the last read is ``fleet.REFRESH_S`` old;
+        an unreadable store keeps the previous ones (the claim then says why)."""
+        if time.monotonic() - self._limits_at < fleet.REFRESH_S:
+            return
+        self._limits_at = time.monotonic()
+        limits = await self._call(fleet.read, self.engine.store)
+        if limits is None or limits == self.limits:
+            return
+        if self.limits is not None or not limits.empty:
+            log.info("worker %s: fleet limits %s", self.id, limits.to_json() or "none")
+        self.limits = limits
+        self.plan = self.own_plan.tightened(limits)
+        self.engine._limits_read = True
+        self.engine.use_limits(limits)
 
     def _load(self) -> Counter[str]:
         """How many instances of each queue run here now."""

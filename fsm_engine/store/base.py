@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from .claims import ClaimRequest
 from .rates import RateRequest
@@ -152,6 +152,14 @@ class Store(Protocol):
     def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
         """Record what the admitted call ``key`` really took (tokens) and until when it
         counts (epoch seconds); a call no longer there (expired) is ignored."""
+
+    def get_limits(self) -> dict[str, Any] | None:
+        """The fleet's limits as stored (``runtime.fleet.FleetLimits.to_json()``; ``None``:
+        none set); ``StoreError`` when the stored value is not a JSON object."""
+
+    def put_limits(self, limits: dict[str, Any] | None) -> None:
+        """Replace the fleet's limits with ``limits`` (a JSON object; ``None`` or ``{}``
+        removes them), in one transaction."""
 
     # -- read side: the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
     # backend, so 100,000 instances stay fast) and maintenance (``fsm prune``/``fsm check``)

@@ -713,6 +713,18 @@ class PostgresStore:
     def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
         self._run(lambda conn: conn.execute(marks(rates.SETTLE), (tokens, until, name, key)))
 
+    def get_limits(self) -> dict[str, Any] | None:
+        return rates.decode_limits(self._run(
+            lambda conn: conn.execute(rates.GET_LIMITS).fetchall()))
+
+    def put_limits(self, limits: dict[str, Any] | None) -> None:
+        def go(conn: psycopg.Connection[Any]) -> None:
+            conn.execute(rates.DROP_LIMITS)
+            if limits:
+                conn.execute("INSERT INTO fsm_meta(key, value) VALUES (%s, %s)",
+                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True)))
+        self._run(go, txn=True)
+
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
               limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:

@@ -490,6 +490,16 @@ class SqliteStore:
         with self._write() as conn:
             conn.execute(rates.SETTLE, (tokens, until, name, key))
 
+    def get_limits(self) -> dict[str, Any] | None:
+        return rates.decode_limits(self._read(rates.GET_LIMITS, tuples=True))
+
+    def put_limits(self, limits: dict[str, Any] | None) -> None:
+        with self._write() as conn:
+            conn.execute(rates.DROP_LIMITS)
+            if limits:
+                conn.execute("INSERT INTO fsm_meta(key, value) VALUES (?, ?)",
+                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True)))
+
     # -- read side ------------------------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
               limit: int | None = 50, offset: int = 0) -> builtins.list[InstanceRecord]:

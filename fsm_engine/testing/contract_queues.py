@@ -152,3 +152,17 @@ class QueueContract:
                         admitted.append(7)
         concurrently(ask, store, others)
         assert sum(admitted) == 98  # 14 calls of 7 tokens: never more than 100
+
+    def test_fleet_limits_round_trip_replace_and_clear(self, store: Store) -> None:
+        assert store.get_limits() is None
+        limits = {"queue_limits": {"llm": 8}, "partition_limit": 2,
+                  "rate_limits": {"*": {"rpm": 5, "tpm": None, "window_s": 60.0,
+                                        "hold_s": 300.0}}}
+        store.put_limits(limits)
+        assert store.get_limits() == limits
+        store.put_limits({"queue_limits": {"io": 3}})  # replaces, never merges
+        assert store.get_limits() == {"queue_limits": {"io": 3}}
+        store.put_limits(None)
+        assert store.get_limits() is None
+        store.put_limits({})
+        assert store.get_limits() is None
