@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..errors import BudgetExhausted, FsmError, ProviderError, RateLimitWait, StructuredOutputError
 from ..llm.base import accepts_timeout, estimate_prompt_tokens
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .breaker import Breaker
     from .rates import RateLimiter
 
+T = TypeVar("T")
 log = logging.getLogger("fsm_engine")
 
 
@@ -140,7 +141,7 @@ class MeteredLLM:
         from .reply_cache import reply_key
         key = reply_key(provider, messages, kwargs)  # recorded with the reply: a fork finds it
         for source, mark in ((self.recorded, "replayed"), (self.cache, "cached")):
-            hit = None if source is None else source.get(key)
+            hit = None if source is None else await _store_io(source.store, source.get, key)
             if hit is not None:  # answered from the store: no tokens, no breaker, no call
                 call = self._bill(0, hit.finish_reason, None, provider, hit.model)
                 call.update({mark: True, "key": key, "reply": hit.text})
@@ -155,7 +156,8 @@ class MeteredLLM:
         ticket = None
         if limiter is not None:
             try:
-                ticket = limiter.acquire(prompt + int(kwargs.get("max_tokens", 256)))
+                ticket = await _store_io(limiter.store, limiter.acquire,
+                                         prompt + int(kwargs.get("max_tokens", 256)))
             except RateLimitWait as exc:
                 self.rate_wait = exc
                 raise
@@ -174,12 +176,14 @@ class MeteredLLM:
         except ProviderError as exc:
             self._bill(exc.prompt_tokens + exc.completion_tokens, None, repr(exc), provider)
             if limiter is not None:
-                limiter.settle(ticket, exc.prompt_tokens + exc.completion_tokens)
+                await _store_io(limiter.store, limiter.settle, ticket,
+                                exc.prompt_tokens + exc.completion_tokens)
             if breaker is not None and exc.retryable:
                 await breaker.record(False)
             raise
         if limiter is not None:
-            limiter.settle(ticket, out.prompt_tokens + out.completion_tokens)
+            await _store_io(limiter.store, limiter.settle, ticket,
+                            out.prompt_tokens + out.completion_tokens)
         call = self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None,
                           provider, out.model)
         call["key"], call["reply"] = key, out.text
@@ -191,7 +195,7 @@ class MeteredLLM:
         if breaker is not None:
             await breaker.record(True)
         if self.cache is not None:
-            self.cache.put(key, provider, out)
+            await _store_io(self.cache.store, self.cache.put, key, provider, out)
         return out
 
     def complete_sync(self, messages: list[dict[str, str]], **kwargs: Any) -> "Completion":
@@ -305,3 +309,12 @@ class Step:
         if self.state_token_budget is None:
             return None
         return max(0, self.state_token_budget - self.state_tokens_used - self.llm.used)
+
+
+async def _store_io(store: Any, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: in a thread when ``store`` waits on a network (``Store.remote``), so
+    a model call's rate-limit and reply-cache round trips never stall the event loop;
+    inline for a local file, where the thread hand-off would cost more than the call."""
+    if getattr(store, "remote", False):
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
