@@ -10,6 +10,13 @@ instance's version, so a worker that lost an instance (paused past its lease,
 its database connection gone) can never commit over the new owner; its
 heartbeat then finds the instance missing from ``Store.held`` and stops the
 local task.
+
+A lease is renewed only while it holds (``Store.renew_worker``; a takeover ends
+it for good, ``store.leases``).  A worker whose renewal is refused has lost
+every instance it held, all at once: it stops every local task (``on_lost``
+for each), logs a warning and goes on under a new id with a fresh lease
+(``rollover``), so it claims work again; the rows of its earlier ids are
+deleted once they own nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 from ..errors import FsmError, StoreError
@@ -66,6 +74,13 @@ class Ownership:
         #: later must not).
         self.release_idle = False
         self._idle: set[str] = set()
+        #: Serialises renewals: the heartbeat thread's and a claim's (``register``).
+        self._lock = threading.RLock()
+        #: Earlier ids of this worker, whose leases were lost (rows deleted once they own
+        #: nothing: ``prune``).
+        self.retired: list[str] = []
+        #: Stops every local task of a lost lease (set by ``start_heartbeat``).
+        self._abandon: Callable[[], int] = lambda: 0
 
     @property
     def id(self) -> str:
@@ -73,17 +88,57 @@ class Ownership:
         return self.worker.id
 
     # -- the worker row --------------------------------------------------------------
-    def renew(self) -> None:
-        """Write the worker row with a fresh heartbeat and lease."""
-        now = self.clock()
-        self.worker.heartbeat_at, self.worker.lease_until = now, now + self.lease_seconds
-        self.store.put_worker(self.worker)
-        self.registered = True
+    def renew(self) -> bool:
+        """Register the worker row (a new id: an insert), or renew its lease.
+
+        Returns False when the store refused the renewal (the lease had run out by
+        this worker's clock, or a takeover ended it): every instance held under the
+        old id is lost; this worker has stopped its local tasks and goes on under a
+        new id (``rollover``).  ``StoreError`` when the store cannot be reached.
+        """
+        with self._lock:
+            now = self.clock()
+            if not self.registered:
+                self.worker.heartbeat_at, self.worker.lease_until = now, now + self.lease_seconds
+                self.store.put_worker(self.worker)
+                self.registered = True
+                return True
+            fresh = replace(self.worker, heartbeat_at=now, lease_until=now + self.lease_seconds)
+            if self.store.renew_worker(fresh, now):
+                self.worker.heartbeat_at, self.worker.lease_until = now, fresh.lease_until
+                return True
+            self.rollover(now)
+            return False
+
+    def rollover(self, now: float) -> None:
+        """The lease is lost: stop every local task, then register as a new worker."""
+        old = self.worker
+        dropped = self._abandon()
+        self.retired.append(old.id)
+        self.unreleased.clear()  # held under the old id: not ours to give back
+        self._idle.clear()
+        self._view = None
+        self.worker = new_worker(now)
+        self.worker.queues = list(old.queues)
+        self.registered = False
+        late = now - (old.lease_until or now)
+        log.warning("worker %s lost its lease (%s): dropped the %d instance(s) it ran, going "
+                    "on as %s", old.id, f"it ran out {late:.1f} s ago" if late > 0 else
+                    "another worker ended it", dropped, self.id)
+        self.renew()
 
     def register(self) -> None:
-        """Register the worker row once (before it owns anything)."""
-        if not self.registered:
+        """Register the worker row once (before it owns anything); renew a lease that ran
+        out by this worker's clock (a paused process) before anything is claimed under it."""
+        if not self.registered or self.clock() > (self.worker.lease_until or 0.0):
             self.renew()
+
+    def prune(self) -> None:
+        """Delete the rows of this worker's earlier ids that own no instance any more."""
+        for old in list(self.retired):
+            if not self.store.held(old):
+                self.store.delete_worker(old)
+                self.retired.remove(old)
 
     def start_heartbeat(self, on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
         """Register and keep renewing (idempotent; call from the running loop).
@@ -98,6 +153,7 @@ class Ownership:
         if self._heartbeat is not None and not self._heartbeat.done():
             return
         loop = asyncio.get_running_loop()
+        self._abandon = lambda: self._drop_all(loop, on_lost, running)
         self._tick = time.monotonic()
         self._heartbeat = loop.create_task(self._ticks())
         self._stop = threading.Event()
@@ -131,13 +187,37 @@ class Ownership:
                 except RuntimeError:  # the loop has closed
                     return
 
+    @staticmethod
+    def _drop_all(loop: asyncio.AbstractEventLoop, on_lost: OnLost,
+                  running: Callable[[], Iterable[str]]) -> int:
+        """``on_lost(id, None)`` on ``loop`` for every instance running here (from any
+        thread); how many."""
+        for _ in range(3):
+            try:
+                ids = list(running())
+                break
+            except RuntimeError:  # changed size while read from this thread: read again
+                continue
+        else:
+            return 0
+        for iid in ids:
+            try:
+                loop.call_soon_threadsafe(on_lost, iid, None)
+            except RuntimeError:  # the loop has closed: nothing runs any more
+                return 0
+        return len(ids)
+
     def check(self, running: Sequence[str]) -> list[tuple[str, str | None]]:
         """Renew, then compare what runs here with what the store says we hold.
 
         Returns ``(id, status)`` for each running instance lost: ``cancelled``
-        (released here), or ``None`` when another worker owns it now.
+        (released here), or ``None`` when another worker owns it now.  A refused
+        renewal returns ``[]``: every local task was stopped already (``rollover``).
         """
-        self.renew()
+        if not self.renew():
+            return []
+        if self.retired:
+            self.prune()
         if self.unreleased:  # the store works again: give back what a failed run held
             self.release(sorted(set(self.unreleased) - set(running)))
         held = self.store.held(self.id)
@@ -191,6 +271,8 @@ class Ownership:
     def close(self) -> None:
         """Deregister (the instances it still owns become claimable at once)."""
         self.stop_heartbeat()
+        if self.retired:
+            self.prune()
         if self.registered:
             self.store.delete_worker(self.id)
             self.registered = False
@@ -239,6 +321,10 @@ class Ownership:
             raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
                            instance_id=rec.id)
         prior = workers.get(rec.owner)
+        if prior is not None and pid_alive(prior) and not self.store.end_lease(
+                rec.owner, now, self.lease_seconds):  # it renewed since: not ours to take
+            raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
+                           instance_id=rec.id)
         beat = None if prior is None else prior.heartbeat_at
         cause = ("deregistered" if prior is None
                  else "process_gone" if not pid_alive(prior) else "lease_expired")

@@ -129,7 +129,22 @@ class Store(Protocol):
         claimable (created or released); a backend without notifications polls."""
 
     def put_worker(self, worker: WorkerRow) -> None:
-        """Insert or update a worker's row (its heartbeat renews its leases)."""
+        """Insert (or replace) a worker's row: how a worker registers under a new id.  Its
+        heartbeats go through ``renew_worker``."""
+
+    def renew_worker(self, worker: WorkerRow, now: float) -> bool:
+        """Renew ``worker.id``'s lease to ``worker.heartbeat_at``/``lease_until`` (and its
+        ``queues``) while it holds; True when renewed.  False, nothing written, when the
+        stored lease ran out before ``now`` (the renewer's ``time.time()``, the clock a
+        claim judges expiry by: ``ClaimRequest.now``), when a takeover ended it, or when
+        the row is gone: the worker has lost every instance it held (see
+        ``store.leases``; a claim ending the lease and this renewal never both succeed)."""
+
+    def end_lease(self, worker_id: str, now: float, lease_seconds: float) -> bool:
+        """End ``worker_id``'s lease for good when it ran out before ``now`` (so no renewal
+        succeeds afterwards), before taking one of its instances over outside ``claim``;
+        True when the lease is over (also when there is no such row), False while it
+        holds (``lease_seconds``: the lease of a row from before format 3)."""
 
     def workers(self) -> builtins.list[WorkerRow]:
         """Every registered worker."""

@@ -22,6 +22,7 @@ import operator
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, Sequence
 
+from . import leases
 from .records import RATE_LIMITED, RECOVERY, RUNNING, WAITING, HistoryRow, InstanceRecord
 
 _FIELDS = operator.attrgetter(*(f.name for f in fields(InstanceRecord)))
@@ -174,6 +175,23 @@ def claim(req: ClaimRequest, txn: ClaimTxn) -> list[InstanceRecord]:
             ("i.partition_key = ?", [key])
         out += txn.take(f"{cond} AND {extra}", [*args, *more], n)
     return out
+
+
+def takeable(req: ClaimRequest, found: list[tuple[InstanceRecord, float | None]],
+             txn: ClaimTxn) -> list[tuple[InstanceRecord, float | None]]:
+    """Of a claim's candidates (each with its owner's last heartbeat, ``None``: no row),
+    those it may take: it ends the lease of every expired owner it takes from, in its
+    transaction (``leases.ending``: no renewal of that owner succeeds afterwards), and
+    drops the candidates of an owner that renewed meanwhile.  Unowned ones, its own,
+    those of an owner without a row or known dead are kept as they are."""
+    owners = sorted({rec.owner for rec, prior in found
+                     if rec.owner is not None and rec.owner != req.owner
+                     and rec.owner not in req.dead and prior is not None})
+    if not owners:
+        return found
+    sql, args = leases.ending(owners, req.now, req.lease_seconds)
+    renewed = set(owners) - {row[0] for row in txn.rows(sql, args)}
+    return [(rec, prior) for rec, prior in found if rec.owner not in renewed]
 
 
 def share(groups: Sequence[tuple[str | None, int, int]], loads: dict[str, int],

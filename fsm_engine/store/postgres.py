@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
-from . import claims, rates
+from . import claims, leases, rates
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
 from .codec import (
@@ -79,6 +79,7 @@ _SQL_ATTEMPTS = (f"SELECT {', '.join(ATTEMPT.columns)} FROM attempts WHERE insta
 _SQL_WORKERS = f"SELECT {', '.join(WORKER.columns)} FROM workers"
 _SQL_PUT_WORKER = (marks(WORKER.insert_sql("workers")) + " ON CONFLICT (id) DO UPDATE SET "
                    + ", ".join(f"{c}=excluded.{c}" for c in WORKER.columns[1:]))
+_SQL_RENEW = marks(leases.RENEW)
 _SQL_BREAKER = f"SELECT {', '.join(BREAKER.columns)} FROM breakers WHERE name=%s"
 
 
@@ -103,9 +104,11 @@ class _ClaimTxn:
             rows = cur.fetchall()
         out, writes = [], []
         req = self.request
+        found = []
         for data in rows:
             prior = data.pop("prior_heartbeat")
-            rec = INSTANCE.decode(data)
+            found.append((INSTANCE.decode(data), prior))
+        for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, row = take(rec, req, prior)
             cols, values = changes(rec, new, [])  # a claim leaves the context alone
             writes.append((marks(update_sql(cols, True)),
@@ -176,7 +179,7 @@ class PostgresStore:
         self._idle: builtins.list[psycopg.Connection[Any]] = []
         self._generation = 0  # bumped by close(): connections of older ones are not kept
         self._listener: psycopg.Connection[Any] | None = None
-        #: The heartbeat's own connection (``put_worker``, ``held``): a lease is renewed
+        #: The heartbeat's own connection (``renew_worker``, ``held``): a lease is renewed
         #: even while the main connection is busy with a group commit.
         self._side: psycopg.Connection[Any] | None = None
         self._side_lock = threading.Lock()
@@ -647,6 +650,21 @@ class PostgresStore:
     # -- workers ------------------------------------------------------------------------
     def put_worker(self, worker: WorkerRow) -> None:
         self._on_side(lambda conn: conn.execute(_SQL_PUT_WORKER, WORKER.values(worker)))
+
+    def renew_worker(self, worker: WorkerRow, now: float) -> bool:
+        # autocommit, one UPDATE on the heartbeat's connection: see ``store.leases`` for
+        # why a concurrent claim and this can never both succeed
+        return self._on_side(
+            lambda conn: conn.execute(_SQL_RENEW, leases.renewal(worker, now)).rowcount == 1)
+
+    def end_lease(self, worker_id: str, now: float, lease_seconds: float) -> bool:
+        sql, args = leases.ending([worker_id], now, lease_seconds)
+
+        def go(conn: psycopg.Connection[Any]) -> bool:
+            if conn.execute(marks(sql), args).fetchall():
+                return True
+            return not conn.execute("SELECT 1 FROM workers WHERE id=%s", (worker_id,)).fetchall()
+        return self._run(go, txn=True)
 
     def workers(self) -> builtins.list[WorkerRow]:
         out = []

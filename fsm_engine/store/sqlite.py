@@ -41,7 +41,7 @@ from .codec import (
     PUT_REPLY, REPLY, SELECT_REPLY,
     reviews_where,
 )
-from . import claims, rates
+from . import claims, leases, rates
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
 from .schema import migrate, read_version, refuse_foreign
@@ -452,6 +452,17 @@ class SqliteStore:
         with self._write() as conn:
             conn.execute(_WORKER.insert_sql("workers", "INSERT OR REPLACE"), _WORKER.values(worker))
 
+    def renew_worker(self, worker: WorkerRow, now: float) -> bool:
+        with self._write() as conn:  # BEGIN IMMEDIATE: after or before a claim, never amid
+            return conn.execute(leases.RENEW, leases.renewal(worker, now)).rowcount == 1
+
+    def end_lease(self, worker_id: str, now: float, lease_seconds: float) -> bool:
+        sql, args = leases.ending([worker_id], now, lease_seconds)
+        with self._write() as conn:
+            if conn.execute(sql, args).fetchall():
+                return True
+            return not conn.execute("SELECT 1 FROM workers WHERE id=?", (worker_id,)).fetchall()
+
     def workers(self) -> builtins.list[WorkerRow]:
         return [_decode_worker(r) for r in self._read("SELECT * FROM workers")]
 
@@ -570,10 +581,11 @@ class _ClaimTxn:
         sql = select(_INSTANCE.columns) + cond + " ORDER BY i.key LIMIT ?"
         out: builtins.list[InstanceRecord] = []
         req = self.request
-        for row in self.conn.execute(sql, [*args, limit]).fetchall():
-            data = dict(row)
+        found = []
+        for data in map(dict, self.conn.execute(sql, [*args, limit]).fetchall()):
             prior = data.pop("prior_heartbeat")
-            rec = _INSTANCE.decode(data)
+            found.append((_INSTANCE.decode(data), prior))
+        for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, history = take(rec, req, prior)
             blobs: Blobs = []
             cols, values = _changes(rec, new, blobs)

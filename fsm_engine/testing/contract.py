@@ -209,10 +209,11 @@ class ReadSideContract:
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
 from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
 from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
+from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
 
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,
-                    QueueContract, LargeValueContract):
+                    QueueContract, LargeValueContract, LeaseContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a
