@@ -170,6 +170,15 @@ CREATE FUNCTION audit_owner() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
 CREATE TRIGGER audit_owner AFTER UPDATE ON instances FOR EACH ROW
     WHEN (NEW.owner IS NOT NULL AND OLD.owner IS DISTINCT FROM NEW.owner)
     EXECUTE FUNCTION audit_owner();
+CREATE TABLE audit_lease (worker TEXT, heartbeat_at DOUBLE PRECISION,
+    lease_until DOUBLE PRECISION,
+    at DOUBLE PRECISION DEFAULT extract(epoch FROM clock_timestamp()));
+CREATE FUNCTION audit_lease() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    INSERT INTO audit_lease(worker, heartbeat_at, lease_until)
+    VALUES (NEW.id, NEW.heartbeat_at, NEW.lease_until);
+    RETURN NEW; END $$;
+CREATE TRIGGER audit_lease AFTER INSERT OR UPDATE ON workers FOR EACH ROW
+    EXECUTE FUNCTION audit_lease();
 """
 
 
@@ -178,6 +187,16 @@ def install_audit(url: str) -> None:
     import psycopg
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(AUDIT)
+
+
+def leases_granted(url: str) -> dict[str, float]:
+    """Worker id -> the furthest ``lease_until`` any registration or renewal of it ever
+    wrote (from ``audit_lease``; a takeover's end of a lease grants nothing)."""
+    out: dict[str, float] = {}
+    for row in audit(url, "audit_lease"):
+        if row["lease_until"] is not None and row["lease_until"] > row["heartbeat_at"]:
+            out[row["worker"]] = max(out.get(row["worker"], 0.0), row["lease_until"])
+    return out
 
 
 def audit(url: str, table: str) -> list[dict[str, Any]]:

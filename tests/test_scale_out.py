@@ -21,7 +21,7 @@ from fsm_engine.store import open_store
 
 from scale_harness import (
     FSM, ROOT, Fleet, audit, check_books, completed, enqueue, final, install_audit,
-    wait_until,
+    leases_granted, wait_until,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -86,6 +86,12 @@ def test_four_workers_survive_a_kill_and_a_pause(pg_cluster, tmp_path: Path, sin
         if o["old_owner"] is None or o["old_owner"] in killed_ids:
             continue
         assert o["old_lease"] is None or o["old_lease"] < o["at"], o
+    # ... and as every heartbeat wrote it: no lease the old owner was ever granted (before
+    # the takeover, or by a renewal racing it) reached past the moment it was taken over
+    granted = leases_granted(url)
+    for o in owners:
+        if o["old_owner"] is not None and o["old_owner"] not in killed_ids:
+            assert granted.get(o["old_owner"], 0.0) < o["at"], (o, granted.get(o["old_owner"]))
     # the paused worker lost instances, and committed nothing to any of them afterwards
     paused_app = f"fsm_engine:{paused.pid}"
     taken = {o["instance"]: o["at"] for o in owners
