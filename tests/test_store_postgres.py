@@ -4,6 +4,7 @@ on both backends."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import psycopg
@@ -52,3 +53,69 @@ def test_steps_in_small_batches_are_the_same_rows(store_url: str, batch: int) ->
         assert list(store.steps(InstanceFilter(), batch=batch)) == every  # type: ignore[call-arg]
     finally:
         store.close()
+
+
+# -- a takeover and a renewal of the same lease, both orders forced ---------------------------
+def _lease_race(url: str) -> tuple:
+    from fsm_engine.testing.contract import live, record
+    from fsm_engine.testing.contract_leases import _worker
+    store, other = open_store(url), open_store(url)
+    old = _worker("old", 100.0, 110.0)
+    store.put_worker(old)
+    store.create(record("i", status="running", owner="old"))
+    live(store, "new")
+    return store, other, old
+
+
+def test_a_renewal_that_commits_first_keeps_the_instance(pg_cluster, monkeypatch) -> None:  # noqa: ANN001
+    """The claim has read the owner as expired and holds its candidates when the renewal
+    (by a clock that says the lease holds) commits: the claim's end of the lease finds
+    the renewed row, and it takes nothing."""
+    from fsm_engine.store import ClaimRequest
+    from fsm_engine.testing.contract_leases import _renewed, in_thread, pause_claim
+    store, other, old = _lease_race(pg_cluster.database())
+    try:
+        reached, go = pause_claim(monkeypatch, after_ending=False)
+        claimer, took = in_thread(lambda: store.claim(ClaimRequest("new", now=111.0)))
+        assert reached.wait(60)
+        assert other.renew_worker(_renewed(old, 109.0), 109.0) is True  # the row is not locked
+        go.set()
+        claimer.join()
+        assert took["value"] == [] and store.get("i").owner == "old"
+        assert {w.id: w.lease_until for w in store.workers()}["old"] == 119.0
+    finally:
+        store.close()
+        other.close()
+
+
+def test_a_renewal_waiting_on_a_takeover_is_refused_once_it_commits(pg_cluster,  # noqa: ANN001
+                                                                    monkeypatch) -> None:
+    """The claim has ended the lease (the worker row is locked by its UPDATE) when the
+    renewal comes: the renewal waits on the row lock (seen in ``pg_stat_activity``), then
+    re-checks its WHERE on the ended row (EvalPlanQual) and updates nothing."""
+    from fsm_engine.store import ClaimRequest
+    from fsm_engine.testing.contract_leases import _renewed, in_thread, pause_claim
+    url = pg_cluster.database()
+    store, other, old = _lease_race(url)
+    try:
+        reached, go = pause_claim(monkeypatch, after_ending=True)
+        claimer, took = in_thread(lambda: store.claim(ClaimRequest("new", now=111.0)))
+        assert reached.wait(60)
+        renewer, renewed = in_thread(lambda: other.renew_worker(_renewed(old, 109.0), 109.0))
+        with psycopg.connect(url, autocommit=True) as watch:
+            for _ in range(3000):  # poll (10 ms) until the renewal waits on the row lock
+                if watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = "
+                                 "'Lock' AND query LIKE 'UPDATE workers SET heartbeat_at%'"
+                                 ).fetchall():
+                    break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the renewal never waited on the takeover's row lock")
+        go.set()
+        claimer.join()
+        renewer.join()
+        assert [r.id for r in took["value"]] == ["i"] and renewed["value"] is False
+        assert store.get("i").owner == "new"
+    finally:
+        store.close()
+        other.close()
