@@ -51,6 +51,7 @@ class Background:
         self.loop.call_soon_threadsafe(self.worker.stop)
         self.thread.join(30)
         assert not self.thread.is_alive()
+        self.loop.run_until_complete(asyncio.sleep(0))  # the heartbeat task's cancellation
         self.loop.close()
 
 
@@ -95,3 +96,40 @@ def test_a_worker_that_lost_its_lease_goes_on_under_a_new_id(engine_factory,
     assert all([h.kind for h in store.history(i)] == ["transition"] for i in more)
     lost = [r.getMessage() for r in caplog.records if "lost its lease" in r.getMessage()]
     assert len(lost) == 1 and old in lost[0] and a.worker.id in lost[0], lost
+
+
+def test_a_local_run_that_lost_its_lease_takes_its_instance_back(engine_factory) -> None:
+    """``Engine.run`` (``fsm run``), its loop stalled past the lease with nobody else
+    about: the run drops the step under the old id, takes the instance over under the new
+    one (a recovery row between the two ids) and finishes it."""
+    engine = engine_factory(lease_seconds=LEASE)
+    store = engine.store
+    lm.ENTERED.clear()
+    lm.OPEN.clear()
+    iid = engine.start(lm.gated, {})
+    loop = asyncio.new_event_loop()
+    done = loop.create_task(engine.run(iid))
+    thread = threading.Thread(target=loop.run_until_complete, args=(done,), daemon=True)
+    thread.start()
+    try:
+        until(lambda: lm.ENTERED == [iid], "the step to start")
+        old = engine.worker.id
+        resume = threading.Event()
+        loop.call_soon_threadsafe(resume.wait, 60)
+        until(lambda: all(w.lease_until < time.time() for w in store.workers()),
+              "the lease to run out")
+        resume.set()
+        until(lambda: len(lm.ENTERED) == 2, "the step to run again under the new id")
+        lm.OPEN.set()
+    finally:
+        lm.OPEN.set()
+        resume.set()
+        thread.join(30)
+        engine.ownership.stop_heartbeat()
+        loop.run_until_complete(asyncio.sleep(0))  # the heartbeat task's cancellation
+        loop.close()
+    assert done.result().status == "completed" and engine.worker.id != old
+    rows = store.history(iid)
+    assert [(h.kind, h.detail.get("recovery", {}).get("from")) for h in rows] == [
+        ("recovery", old), ("transition", None)]
+    assert rows[0].detail["recovery"]["to"] == engine.worker.id

@@ -404,7 +404,7 @@ class Engine:
             return await asyncio.shield(other)
         if task is not None:  # before the claim: resume() must see it as ours and busy
             self._tasks[instance_id] = task  # type: ignore[assignment]
-        fan = False
+        fan = again = False
         try:
             cm, rec = await self._claim(instance_id)
             fan = bool(cm.fan_outs) and instance_id not in self._parents
@@ -443,6 +443,9 @@ class Engine:
             rec = self.store.get(instance_id)
             if rec.status != "cancelled" and rec.owner == self.worker.id:
                 raise  # cancelled from here, not by a cancel or a takeover
+            # this worker lost its lease and nobody took the instance: a run here (not a
+            # worker's, which leaves it to the next claim) takes it over again and goes on
+            again = family and not rec.final and rec.owner in self.ownership.retired
         except (InstanceFinished, InstanceNotFound, FingerprintMismatch):
             raise  # nothing was claimed
         except Exception:  # a store failure or an unexpected error: don't keep the claim
@@ -454,7 +457,7 @@ class Engine:
             if fan:
                 self._parents.discard(instance_id)
                 self._hosts.discard(instance_id)
-        return rec
+        return await self._run(instance_id, on_step, family) if again else rec
 
     async def _rate_wait(self, instance_id: str, rec: InstanceRecord
                          ) -> tuple[CompiledMachine, InstanceRecord]:

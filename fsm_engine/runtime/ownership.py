@@ -113,7 +113,6 @@ class Ownership:
     def rollover(self, now: float) -> None:
         """The lease is lost: stop every local task, then register as a new worker."""
         old = self.worker
-        dropped = self._abandon()
         self.retired.append(old.id)
         self.unreleased.clear()  # held under the old id: not ours to give back
         self._idle.clear()
@@ -121,6 +120,7 @@ class Ownership:
         self.worker = new_worker(now)
         self.worker.queues = list(old.queues)
         self.registered = False
+        dropped = self._abandon()  # after the switch: a stopped task sees the old id as lost
         late = now - (old.lease_until or now)
         log.warning("worker %s lost its lease (%s): dropped the %d instance(s) it ran, going "
                     "on as %s", old.id, f"it ran out {late:.1f} s ago" if late > 0 else
