@@ -4,7 +4,9 @@
 number of hosts, may share one store: each claims instances through
 ``Store.claim`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write lock on
 SQLite), so no instance is run by two workers at once, and each holds its
-instances by a lease its heartbeat renews.  An idle worker sleeps in
+instances by a lease its heartbeat renews (a worker refused a renewal, paused past
+its lease, has lost them all: it drops them and goes on under a new id, see
+``runtime.ownership``).  An idle worker sleeps in
 ``Store.wait_for_work`` (PostgreSQL ``LISTEN``: woken the moment an instance
 is started or released; SQLite: polled) and claims again at least every
 ``poll`` seconds, which also picks up instances whose owner died (lease

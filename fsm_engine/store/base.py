@@ -26,10 +26,11 @@ class Store(Protocol):
     ``NotAnFsmDatabase``) when the database is unusable.
 
     Ownership is leased: an instance's ``owner`` is a worker id, and the
-    worker's row (``put_worker``) says until when its lease holds.  ``claim``
-    hands runnable instances to one worker at a time (concurrent claimers
-    never get the same instance), ``held`` is what a heartbeat checks, and
-    ``release`` gives instances back.
+    worker's row (``put_worker``, renewed by ``renew_worker`` while the lease
+    holds) says until when its lease holds.  ``claim`` hands runnable instances
+    to one worker at a time (concurrent claimers never get the same instance;
+    taking one over ends its owner's lease for good, ``store.leases``), ``held``
+    is what a heartbeat checks, and ``release`` gives instances back.
     """
 
     #: Where the data lives, as a URL (``sqlite:///abs/path``, ``postgresql://host/db``;
