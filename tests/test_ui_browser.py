@@ -330,7 +330,7 @@ def test_a_takeover_shows_as_a_history_row(browser: object, family_server: str,
     load(d, f"{family_server}/instances/{family.adopted}")
     rows = read(d, "tr.history-row.kind-recovery")
     assert len(rows) == 1
-    assert "taken over by" in rows[0] and "without giving the instance back" in rows[0]
+    assert "taken over by" in rows[0] and "its process was gone" in rows[0]
     labels = read(d, "#diagram svg text")
     assert not any(t.startswith("recovery") for t in labels), labels  # not drawn as a move
     assert any("1 takeover" in t for t in labels), labels
