@@ -73,10 +73,11 @@ def read_only(dsn: str) -> dict[str, str]:
 
 
 #: A text search's test of the context values stored beside the row (as on SQLite:
-#: ``sqlite_read.BESIDE_SQL``; one argument, the ILIKE pattern).
-BESIDE_SQL = ("(context_refs <> '{}' AND EXISTS (SELECT 1 FROM json_each_text(context_refs::json) r"
-              " WHERE left(r.key, 7) <> '$input.' AND r.value IN"
-              " (SELECT hash FROM blobs WHERE data ILIKE %s)))")
+#: ``sqlite_read.BESIDE_SQL``; two arguments, the ILIKE pattern twice).
+BESIDE_SQL = ("(EXISTS (SELECT 1 FROM blobs WHERE data ILIKE %s)"
+              " AND context_refs <> '{}' AND EXISTS (SELECT 1 FROM"
+              " json_each_text(context_refs::json) r WHERE left(r.key, 7) <> '$input.'"
+              " AND r.value IN (SELECT hash FROM blobs WHERE data ILIKE %s)))")
 
 
 def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[Any]]:
@@ -100,7 +101,7 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
     if f.text:
         clauses.append("(id ILIKE %s OR context ILIKE %s OR last_error ILIKE %s OR "
                        + BESIDE_SQL + ")")
-        args.extend([like_anywhere(f.text)] * 4)
+        args.extend([like_anywhere(f.text)] * 5)
     for column, op, value in (("created_at", ">=", f.created_after),
                               ("created_at", "<", f.created_before),
                               ("updated_at", ">=", f.updated_after),

@@ -37,9 +37,11 @@ STEPS_SQL = (
 
 
 #: A text search's test of the context values stored beside the row (``context_refs``,
-#: not the ``$input.`` ones; one argument: the LIKE pattern).  Only rows holding refs look;
-#: the blobs that match are found once per query (an uncorrelated subquery), not per row.
-BESIDE_SQL = ("(context_refs != '{}' AND EXISTS (SELECT 1 FROM json_each(context_refs) r"
+#: not the ``$input.`` ones; two arguments: the LIKE pattern twice).  Whether any blob
+#: matches, and which, is found once per query (uncorrelated subqueries); only when one
+#: does, rows holding refs look theirs up.
+BESIDE_SQL = ("(EXISTS (SELECT 1 FROM blobs WHERE data LIKE ? ESCAPE '\\')"
+              " AND context_refs != '{}' AND EXISTS (SELECT 1 FROM json_each(context_refs) r"
               " WHERE substr(r.key, 1, 7) != '$input.' AND r.value IN"
               " (SELECT hash FROM blobs WHERE data LIKE ? ESCAPE '\\')))")
 
@@ -82,7 +84,7 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
     if f.text:
         clauses.append("(id LIKE ? ESCAPE '\\' OR context LIKE ? ESCAPE '\\'"
                        " OR last_error LIKE ? ESCAPE '\\' OR " + BESIDE_SQL + ")")
-        args.extend([like_anywhere(f.text)] * 4)
+        args.extend([like_anywhere(f.text)] * 5)
     for column, op, value in (("created_at", ">=", f.created_after),
                               ("created_at", "<", f.created_before),
                               ("updated_at", ">=", f.updated_after),
