@@ -410,6 +410,7 @@ class Engine:
         fan = False
         try:
             cm, rec = await self._claim(instance_id)
+            self._interrupted.discard(instance_id)  # run again here: no longer cut short
             fan = bool(cm.fan_outs) and instance_id not in self._parents
             if fan:  # this run continues the family
                 self._parents.add(instance_id)
