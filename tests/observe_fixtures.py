@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +100,27 @@ def build_fleet(db: str, tmp: Path) -> Fleet:
     return fleet
 
 
+_HOLD_AND_DIE = """
+import json, os, signal, sys
+from fsm_engine import Engine
+engine = Engine(sys.argv[1])
+print(json.dumps([engine.start(sys.argv[2], json.loads(sys.argv[3])), engine.worker.id]),
+      flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # gone holding it, its worker row left behind
+"""
+
+
+def hold_and_die(db: str, module: str, data: dict | None = None) -> tuple[str, str]:
+    """Start an instance of ``module`` on ``db`` in a child process that is then SIGKILLed
+    holding it (never run); return ``(instance id, the dead worker's id)``.  The next
+    claim takes it over with cause ``process_gone``."""
+    proc = subprocess.run([sys.executable, "-c", _HOLD_AND_DIE, db, module,
+                           json.dumps(data or {})], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    iid, worker = json.loads(proc.stdout)
+    return iid, worker
+
+
 @dataclass
 class Family:
     """What ``build_family`` made: a fan-out parent, its fork, and an adopted instance."""
@@ -111,8 +135,8 @@ class Family:
 def build_family(db: str) -> Family:
     """On ``db``: a ``Map`` parent over 3 words (two children call the scripted model, one
     fails: the parent fails ``branch_failed``), a fork of it after its first row (run: it
-    gets children of its own), and an instance started by an engine that went away without
-    running it, then run by another (one ``recovery`` row, cause ``deregistered``)."""
+    gets children of its own), and an instance started by a process SIGKILLed before it
+    ran it, then run by another (one ``recovery`` row, cause ``process_gone``)."""
     from parallel_machines import __file__ as module
     fam = Family(db)
     reply = [{"text": "hi", "prompt_tokens": 3, "completion_tokens": 2}]
@@ -123,9 +147,7 @@ def build_family(db: str) -> Family:
     fam.fork = engine.fork(fam.parent, from_seq=1)
     asyncio.run(engine.run(fam.fork))
     engine.close()
-    first = Engine(db, seed=3)
-    fam.adopted = first.start(module, {"words": ["x"]})
-    first.close()  # deregistered, the instance still its own
+    fam.adopted, _ = hold_and_die(db, module, {"words": ["x"]})
     second = Engine(db, seed=3)
     asyncio.run(_run(second, [fam.adopted]))
     return fam

@@ -25,7 +25,7 @@ from fsm_engine.cli import app
 from fsm_engine.cli_observe import _fsm_command
 from fsm_engine.cli_tables import COLUMNS
 from fsm_engine.store import InstanceFilter
-from observe_fixtures import Fleet
+from observe_fixtures import Fleet, hold_and_die
 
 ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
 ROUTER = str(MACHINES / "router.py")
@@ -155,12 +155,7 @@ def test_the_viewer_hint_names_this_fsm_as_it_can_be_called_again(tmp_path: Path
 
 def test_a_takeover_reads_in_history_and_is_no_step_in_stats(tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
-    engine = Engine(db)
-    machine, ref = load_machine(ROUTER)
-    engine.register(machine, ref)
-    iid = engine.start(machine, {})
-    gone = engine.worker.id
-    engine.close()  # went away holding it: the next run takes it over
+    iid, gone = hold_and_die(db, ROUTER)  # SIGKILLed holding it: the next run takes it over
     assert invoke("resume", "--db", db, "--llm",
                   script(tmp_path, {"text": "finish"}), "-q").exit_code == 0
     rows = json.loads(invoke("history", iid, "--db", db, "--json").stdout)
@@ -168,7 +163,7 @@ def test_a_takeover_reads_in_history_and_is_no_step_in_stats(tmp_path: Path) -> 
     assert kinds[0] == "recovery" and kinds[1:] == ["transition"] * (len(rows) - 1) != []
     info = rows[0]["detail"]["recovery"]
     assert (info["from"], info["cause"], info["status"], info["mid_step"]) == (
-        gone, "deregistered", "pending", False)
+        gone, "process_gone", "pending", False)
     table = invoke("history", iid, "--db", db, env={"COLUMNS": "200"}).stdout
     host, pid = gone.split(":")[:2]
     assert f"from {host} pid {pid}" in table and "while pending" in table
@@ -186,11 +181,7 @@ def test_a_takeover_reads_in_history_and_is_no_step_in_stats(tmp_path: Path) -> 
 
 def test_resume_exit_codes(tmp_path: Path) -> None:
     db = str(tmp_path / "r.db")
-    engine = Engine(db)
-    machine, ref = load_machine(ROUTER)
-    engine.register(machine, ref)
-    engine.start(machine, {})
-    engine.close()  # its worker is gone: the pending instance is orphaned
+    hold_and_die(db, ROUTER)  # its worker is gone: the pending instance is orphaned
     shown = json.loads(invoke("list", "--db", db, "--status", "orphaned", "--json").stdout)
     assert [r["shown_status"] for r in shown] == ["orphaned"]
     looping = script(tmp_path, {"text": "revise"})
@@ -198,9 +189,10 @@ def test_resume_exit_codes(tmp_path: Path) -> None:
     nothing = invoke("resume", "--db", db, "--llm", looping, "-q")
     assert nothing.exit_code == 0 and "nothing to resume" in nothing.stdout
     engine = Engine(db)
+    machine, ref = load_machine(ROUTER)
     engine.register(machine, ref)
     engine.start(machine, {})
-    engine.close()
+    engine.close()  # given back: resumed as a pending instance
     finish = script(tmp_path, {"text": "finish"})
     assert invoke("resume", "--db", db, "--llm", finish, "-q").exit_code == 0
 

@@ -65,14 +65,11 @@ def test_v1_instances_are_upcast_with_their_next_step_and_complete(
         a, b = done
         assert (a.context["lang"], a.context["checked"], a.context["words"]) == ("en", True, 3)
         ha, hb = engine.store.history(fresh), engine.store.history(moved)
-        # the fresh one: taken over from the engine that started it and went away (a
-        # recovery row, written under version 1), then upcast and its first step in one
-        # commit (consecutive rows)
+        # the fresh one: given back by the engine that started it and closed (no takeover
+        # row), then upcast and its first step in one commit (consecutive rows)
         assert [(h.kind, h.source, h.dest, h.machine_version) for h in ha] == [
-            ("recovery", "start", "start", 1), ("migration", "start", "start", 2),
+            ("migration", "start", "start", 2),
             ("transition", "start", "validate", 2), ("transition", "validate", "done", 2)]
-        assert ha[0].detail["recovery"]["cause"] == "deregistered"
-        ha = ha[1:]
         assert ha[0].delta == {"lang": "en", "checked": False}  # defaults filled in too
         assert ha[0].detail["from_version"] == 1
         # the moved one keeps the version its first row was written in; "check" maps

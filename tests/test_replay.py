@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -67,12 +68,13 @@ def test_unchanged_machine_replays_identically(tmp_path) -> None:
 
 
 def test_a_takeover_row_is_skipped_by_replay_and_fork(tmp_path) -> None:
-    """An instance adopted by a second engine (its first went away holding it) replays as
-    identical, and a fork copies the takeover row without counting it as a transition."""
+    """An instance adopted by a second engine (its first went away holding it, its lease
+    expired) replays as identical, and a fork copies the takeover row without counting it
+    as a transition."""
     db = str(tmp_path / "fsm.db")
-    first = Engine(db)
+    first = Engine(db, clock=lambda: time.time() - 60)  # its lease ran out 50 s ago
     iid = first.start(make(), {})
-    first.close()
+    first.store.close()  # gone without Engine.close: it never gave the instance back
     engine = Engine(db)
     engine.register(make())
     rec = asyncio.run(engine.run(iid))

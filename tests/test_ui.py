@@ -226,3 +226,29 @@ def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet
     assert 'http-equiv="refresh"' not in done.get(f"/instances/{fleet.ids['router'][0]}").text
     assert 'http-equiv="refresh"' not in done.get("/").text
 
+
+
+def test_text_search_finds_a_large_value_stored_beside_the_row(tmp_path) -> None:
+    """The list page's ``q`` and ``fsm list --text`` look inside context values kept in
+    ``blobs`` (format 9), not only in the row."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from fsm_engine.cli import app
+    from fsm_engine.testing.contract_context import BIG, big_record
+    db = str(tmp_path / "big.db")
+    rw = SqliteStore(db)
+    found = big_record("aa01")
+    found.context["doc"] = BIG + "a needle far down"
+    rw.create(found, big_record("aa02"))
+    assert "doc" in rw.get("aa01").context_refs
+    rw.close()
+    ro = SqliteStore(db, readonly=True)
+    try:
+        assert row_ids(TestClient(create_app(ro)).get("/?q=NEEDLE far").text) == ["aa01"]
+    finally:
+        ro.close()
+    listed = CliRunner().invoke(app, ["list", "--db", db, "--text", "needle far", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [r["id"] for r in json.loads(listed.stdout)] == ["aa01"]

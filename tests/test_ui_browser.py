@@ -105,48 +105,85 @@ def browser(server: str) -> Iterator[object]:
     driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
     driver.set_page_load_timeout(30)
     try:
-        driver.get(f"{server}/?token={TOKEN}")  # the cookie it sets opens every other page
+        load(driver, f"{server}/?token={TOKEN}")  # the cookie it sets opens every other page
         yield driver
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def ids_on_page(driver: object) -> list[str]:
-    from selenium.webdriver.common.by import By
-    return [row.get_attribute("data-id")
-            for row in driver.find_elements(By.CSS_SELECTOR, "tr.instance-row")]  # type: ignore[attr-defined]
+def loaded(driver: object, expect: str = "") -> None:
+    """Wait until the current document has finished loading and its URL contains
+    ``expect`` (a path or query fragment), so nothing read next belongs to a page that is
+    about to be replaced."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(driver, 20).until(  # type: ignore[arg-type]
+        lambda d: d.execute_script("return document.readyState") == "complete"
+        and expect in d.current_url)
 
 
-def submit(driver: object) -> None:
-    """Click the form's apply button and wait until the next page replaced this one."""
+def load(driver: object, url: str) -> None:
+    """Open ``url`` and wait until it is the loaded page."""
+    driver.get(url)  # type: ignore[attr-defined]
+    loaded(driver, url.split("://", 1)[-1].split("/", 1)[-1])
+
+
+def navigate(driver: object, css: str, expect: str) -> None:
+    """Click the element at ``css`` and wait until the page it leads to (its URL holding
+    ``expect``) replaced this one and has loaded."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
     old = driver.find_element(By.TAG_NAME, "html")  # type: ignore[attr-defined]
-    driver.find_element(By.ID, "f-apply").click()  # type: ignore[attr-defined]
+    driver.find_element(By.CSS_SELECTOR, css).click()  # type: ignore[attr-defined]
     WebDriverWait(driver, 20).until(ec.staleness_of(old))
-    WebDriverWait(driver, 20).until(  # type: ignore[arg-type]
-        lambda d: d.execute_script("return document.readyState") == "complete")
+    loaded(driver, expect)
+
+
+def submit(driver: object, expect: str) -> None:
+    """Click the form's apply button and wait until the result page (its URL holding
+    ``expect``) replaced this one and has loaded."""
+    navigate(driver, "#f-apply", expect)
+
+
+READ = """
+const [css, attrs] = arguments;
+const text = e => (e.innerText === undefined ? e.textContent : e.innerText).trim();
+return Array.from(document.querySelectorAll(css), e => attrs.length
+  ? attrs.map(a => a === "text" ? text(e) : a === "cells"
+      ? Array.from(e.querySelectorAll("td"), text) : (e.getAttribute(a) || ""))
+  : text(e));
+"""
+
+
+def read(driver: object, css: str, *attrs: str) -> list:
+    """Every element at ``css`` in ONE script run, as plain values (no element handle
+    outlives the call): its text, or with ``attrs`` a list of those attributes per element
+    (``"text"``: its text, ``"cells"``: its ``td`` texts)."""
+    return driver.execute_script(READ, css, list(attrs))  # type: ignore[attr-defined]
+
+
+def ids_on_page(driver: object) -> list[str]:
+    return [row[0] for row in read(driver, "tr.instance-row", "data-id")]
 
 
 def test_list_filters_through_the_form(browser: object, server: str, fleet: Fleet) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
     d = browser
-    d.get(f"{server}/")  # type: ignore[attr-defined]
+    load(d, f"{server}/")
     assert len(ids_on_page(d)) == sum(map(len, fleet.ids.values()))
     Select(d.find_element(By.ID, "f-machine")).select_by_value("router")  # type: ignore[attr-defined]
-    submit(d)
+    submit(d, "machine=router&")
     assert sorted(ids_on_page(d)) == sorted(fleet.ids["router"])
     Select(d.find_element(By.ID, "f-machine")).select_by_value("")  # type: ignore[attr-defined]
     Select(d.find_element(By.ID, "f-status")).select_by_value("completed")  # type: ignore[attr-defined]
-    submit(d)
+    submit(d, "machine=&status=completed&")
     assert sorted(ids_on_page(d)) == sorted(fleet.ids["moderation"] + fleet.ids["quoted"])
     box = d.find_element(By.ID, "f-q")  # type: ignore[attr-defined]
     box.clear()
     box.send_keys(fleet.ids["quoted"][0][:8])
-    submit(d)
+    submit(d, f"q={fleet.ids['quoted'][0][:8]}&")
     assert ids_on_page(d) == fleet.ids["quoted"]
 
 
@@ -158,20 +195,18 @@ def test_instance_page_shows_the_path_with_edge_counts(browser: object, server: 
     moves = Counter(h.trigger for h in store.history(rec.id))
     store.close()
     d = browser
-    d.get(f"{server}/instances/{rec.id}")  # type: ignore[attr-defined]
+    load(d, f"{server}/instances/{rec.id}")
     svg = d.find_element(By.CSS_SELECTOR, "#diagram svg")  # type: ignore[attr-defined]
     assert svg.size["width"] > 300
-    labels = [t.text for t in svg.find_elements(By.TAG_NAME, "text")]
+    labels = read(d, "#diagram svg text")
     for trigger, n in moves.items():
         assert any(t.startswith(trigger) and t.endswith(f"×{n}") for t in labels), (trigger, labels)
     current = [t for t in labels if t == rec.state]
     assert current, labels
-    rows = d.find_elements(By.CSS_SELECTOR, "tr.history-row")  # type: ignore[attr-defined]
-    assert len(rows) == sum(moves.values())
+    assert len(read(d, "tr.history-row")) == sum(moves.values())
 
 
 def test_machine_page_counts_equal_the_store(browser: object, server: str, fleet: Fleet) -> None:
-    from selenium.webdriver.common.by import By
     store = SqliteStore(fleet.db, readonly=True)
     where = InstanceFilter(machine="moderation")
     by_status, by_state = store.count(where, "status"), store.count(where, "state")
@@ -179,20 +214,15 @@ def test_machine_page_counts_equal_the_store(browser: object, server: str, fleet
                     for h in store.history(r.id))
     store.close()
     d = browser
-    d.get(f"{server}/machines/moderation")  # type: ignore[attr-defined]
-    assert d.find_element(By.ID, "machine-total").text == str(sum(by_status.values()))  # type: ignore[attr-defined]
-    shown = {row.get_attribute("data-key"): int(row.find_elements(By.TAG_NAME, "td")[1].text)
-             for row in d.find_elements(By.CSS_SELECTOR, "#by-status tr")}  # type: ignore[attr-defined]
+    load(d, f"{server}/machines/moderation")
+    assert read(d, "#machine-total") == [str(sum(by_status.values()))]
+    shown = {key: int(cells[1]) for key, cells in read(d, "#by-status tr", "data-key", "cells")}
     assert shown == by_status
-    now = {row.get_attribute("data-state"): int(row.get_attribute("data-now"))
-           for row in d.find_elements(By.CSS_SELECTOR, "tr.state-row")}  # type: ignore[attr-defined]
+    now = {state: int(n) for state, n in read(d, "tr.state-row", "data-state", "data-now")}
     assert {k: v for k, v in now.items() if v} == by_state
-    edges = {}
-    for row in d.find_elements(By.CSS_SELECTOR, "tr.edge-row"):  # type: ignore[attr-defined]
-        cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-        edges[(cells[0], cells[1], cells[2])] = int(cells[4])
+    edges = {(c[0], c[1], c[2]): int(c[4]) for [c] in read(d, "tr.edge-row", "cells")}
     assert edges == dict(taken)
-    labels = [t.text for t in d.find_elements(By.CSS_SELECTOR, "#diagram svg text")]  # type: ignore[attr-defined]
+    labels = read(d, "#diagram svg text")
     for (_, trigger, _), n in taken.items():
         assert any(t.startswith(trigger) and t.endswith(f"×{n}") for t in labels), trigger
 
@@ -211,7 +241,7 @@ def _png_pixels(png: bytes) -> bytes:
 
 def test_screenshot_is_not_blank(browser: object, server: str, tmp_path) -> None:
     d = browser
-    d.get(f"{server}/machines/moderation")  # type: ignore[attr-defined]
+    load(d, f"{server}/machines/moderation")
     png = d.get_screenshot_as_png()  # type: ignore[attr-defined]
     (tmp_path / "machine.png").write_bytes(png)
     width, height = struct.unpack(">II", png[16:24])
@@ -222,22 +252,20 @@ def test_screenshot_is_not_blank(browser: object, server: str, tmp_path) -> None
 
 def test_no_script_from_the_database_runs(browser: object, server: str, fleet: Fleet) -> None:
     from selenium.common.exceptions import NoAlertPresentException
-    from selenium.webdriver.common.by import By
     d = browser
     pages = [f"/instances/{fleet.ids['quoted'][0]}", "/machines/quoted", "/?q=__xss"]
     pages += [f"/instances/{i}" for i in fleet.ids["moderation"]]
     for page in pages:
-        d.get(server + page)  # type: ignore[attr-defined]
+        load(d, server + page)
         assert d.execute_script("return typeof window.__xss") == "undefined"  # type: ignore[attr-defined]
         assert d.execute_script("return document.scripts.length") == 0  # type: ignore[attr-defined]
         with pytest.raises(NoAlertPresentException):
             d.switch_to.alert.text  # type: ignore[attr-defined]
         logs = d.get_log("browser")  # type: ignore[attr-defined]
         assert not [entry for entry in logs if "alert" in entry.get("message", "")], logs
-    d.get(f"{server}/instances/{fleet.ids['quoted'][0]}")  # type: ignore[attr-defined]
-    assert XSS in d.find_element(By.ID, "context").text  # type: ignore[attr-defined]
-    body = d.find_element(By.TAG_NAME, "body").text  # type: ignore[attr-defined]
-    assert QUOTED_STATE in body  # the quoted, marked-up state name shows as plain text
+    load(d, f"{server}/instances/{fleet.ids['quoted'][0]}")
+    assert XSS in read(d, "#context")[0]
+    assert QUOTED_STATE in read(d, "body")[0]  # the quoted, marked-up state name shows as plain text
 
 
 def test_requests_without_the_token_get_401(server: str) -> None:
@@ -255,57 +283,54 @@ def test_a_fresh_browser_without_the_token_sees_401(browser: object, server: str
     d = browser
     d.delete_all_cookies()  # type: ignore[attr-defined]
     try:
-        d.get(f"{server}/machines/moderation")  # type: ignore[attr-defined]
-        assert "401" in d.find_element("tag name", "body").text  # type: ignore[attr-defined]
+        load(d, f"{server}/machines/moderation")
+        assert "401" in read(d, "body")[0]
     finally:
-        d.get(f"{server}/?token={TOKEN}")  # type: ignore[attr-defined]
+        load(d, f"{server}/?token={TOKEN}")
 
 
-def _cells(row: object, css: str) -> str:
-    from selenium.webdriver.common.by import By
-    return row.find_element(By.CSS_SELECTOR, css).text  # type: ignore[attr-defined]
+CHILDREN = """
+return Array.from(document.querySelectorAll("#children tr.child"), row => {
+  const cell = css => row.querySelector(css).innerText.trim();
+  const link = row.querySelector("a");
+  return [link.innerText.trim(), cell(".branch"), cell(".status"), cell(".state"),
+          cell(".tokens"), link.href];
+});
+"""
 
 
 def test_instance_page_shows_children_and_lineage(browser: object, family_server: str,
                                                   family: Family) -> None:
-    from selenium.webdriver.common.by import By
     store = SqliteStore(family.db, readonly=True)
     kids = {k.id: k for k in store.children(family.parent)}
     fork = store.get(family.fork)
     store.close()
     assert len(kids) == 3 and {k.status for k in kids.values()} == {"completed", "failed"}
     d = browser
-    d.get(f"{family_server}/instances/{family.parent}")  # type: ignore[attr-defined]
-    shown = {}
-    for row in d.find_elements(By.CSS_SELECTOR, "#children tr.child"):  # type: ignore[attr-defined]
-        link = row.find_element(By.TAG_NAME, "a")
-        shown[link.text] = (_cells(row, ".branch"), _cells(row, ".status"),
-                            _cells(row, ".state"), int(_cells(row, ".tokens")),
-                            link.get_attribute("href"))
+    load(d, f"{family_server}/instances/{family.parent}")
+    rows = d.execute_script(CHILDREN)  # type: ignore[attr-defined]
+    shown = {r[0]: (r[1], r[2], r[3], int(r[4]), r[5]) for r in rows}
     assert shown == {k.id: (k.branch, k.status, k.state, k.tokens_used,
                             f"{family_server}/instances/{k.id}") for k in kids.values()}
     assert sum(v[3] for v in shown.values()) == 10  # two children called the model: 5 each
-    forks = [a.text for a in d.find_elements(By.CSS_SELECTOR, "#forks tr.fork a")]  # type: ignore[attr-defined]
-    assert forks == [family.fork]
-    d.find_element(By.CSS_SELECTOR, "#forks tr.fork a").click()  # type: ignore[attr-defined]
-    assert d.find_element(By.ID, "instance-id").text == family.fork  # type: ignore[attr-defined]
-    lineage = d.find_element(By.ID, "forked-from")  # type: ignore[attr-defined]
-    assert lineage.find_element(By.TAG_NAME, "a").text == family.parent
-    assert d.find_element(By.ID, "forked-at-seq").text == str(fork.forked_at_seq) == "1"  # type: ignore[attr-defined]
-    assert len(d.find_elements(By.CSS_SELECTOR, "#children tr.child")) == 3  # type: ignore[attr-defined]
-    d.get(f"{family_server}/instances/{next(iter(kids))}")  # type: ignore[attr-defined]
-    assert d.find_element(By.CSS_SELECTOR, "#parent a").text == family.parent  # type: ignore[attr-defined]
-    assert not d.find_elements(By.ID, "forks")  # type: ignore[attr-defined]
+    assert read(d, "#forks tr.fork a") == [family.fork]
+    navigate(d, "#forks tr.fork a", f"/instances/{family.fork}")
+    assert read(d, "#instance-id") == [family.fork]
+    assert read(d, "#forked-from a") == [family.parent]
+    assert read(d, "#forked-at-seq") == [str(fork.forked_at_seq)] == ["1"]
+    assert len(read(d, "#children tr.child")) == 3
+    load(d, f"{family_server}/instances/{next(iter(kids))}")
+    assert read(d, "#parent a") == [family.parent]
+    assert read(d, "#forks") == []
 
 
 def test_a_takeover_shows_as_a_history_row(browser: object, family_server: str,
                                            family: Family) -> None:
-    from selenium.webdriver.common.by import By
     d = browser
-    d.get(f"{family_server}/instances/{family.adopted}")  # type: ignore[attr-defined]
-    rows = d.find_elements(By.CSS_SELECTOR, "tr.history-row.kind-recovery")  # type: ignore[attr-defined]
+    load(d, f"{family_server}/instances/{family.adopted}")
+    rows = read(d, "tr.history-row.kind-recovery")
     assert len(rows) == 1
-    assert "taken over by" in rows[0].text and "without giving the instance back" in rows[0].text
-    labels = [t.text for t in d.find_elements(By.CSS_SELECTOR, "#diagram svg text")]  # type: ignore[attr-defined]
+    assert "taken over by" in rows[0] and "its process was gone" in rows[0]
+    labels = read(d, "#diagram svg text")
     assert not any(t.startswith("recovery") for t in labels), labels  # not drawn as a move
     assert any("1 takeover" in t for t in labels), labels

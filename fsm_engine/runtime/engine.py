@@ -149,6 +149,9 @@ class Engine:
         self._tasks: dict[str, asyncio.Task[InstanceRecord]] = {}
         self._known: dict[str, InstanceRecord] = {}
         self._limits_read = False  # the fleet's stored rate limits, read at the first run
+        #: Instances whose run here was cancelled mid-step (still held): ``close`` keeps
+        #: them, so whoever takes them next records the takeover.
+        self._interrupted: set[str] = set()
         #: Children this engine runs for parents waiting in ``run`` (id -> task).
         self._kids: dict[str, asyncio.Future[Any]] = {}
         #: Parents a ``run`` here continues (their children's ends must not start another).
@@ -407,6 +410,7 @@ class Engine:
         fan = again = False
         try:
             cm, rec = await self._claim(instance_id)
+            self._interrupted.discard(instance_id)  # run again here: no longer cut short
             fan = bool(cm.fan_outs) and instance_id not in self._parents
             if fan:  # this run continues the family
                 self._parents.add(instance_id)
@@ -442,6 +446,7 @@ class Engine:
         except asyncio.CancelledError:
             rec = self.store.get(instance_id)
             if rec.status != "cancelled" and rec.owner == self.worker.id:
+                self._interrupted.add(instance_id)
                 raise  # cancelled from here, not by a cancel or a takeover
             # this worker lost its lease and nobody took the instance: a run here (not a
             # worker's, which leaves it to the next claim) takes it over again and goes on
@@ -786,7 +791,12 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        """Deregister this worker and close the store (also stops the heartbeat)."""
-        self.ownership.close()
+        """Give back the instances this engine holds between steps (started and never run,
+        or left between steps) in one ``Store.release``, so the next engine claims them
+        without a takeover row; deregister this worker and close the store (also stops the
+        heartbeat).  An instance whose step was under way here (its run still going, or
+        cancelled mid-step) stays held: taking it over is a recovery."""
+        busy = {iid for iid, task in self._tasks.items() if not task.done()}
+        self.ownership.close(keep=busy | self._interrupted)
         self._threads.shutdown()
         self.store.close()

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from ..errors import FsmError, StoreError
 from ..store import RUNNING, Store
@@ -268,12 +268,20 @@ class Ownership:
             self._heartbeat.cancel()
             self._heartbeat = None
 
-    def close(self) -> None:
-        """Deregister (the instances it still owns become claimable at once)."""
+    def close(self, keep: Collection[str] = ()) -> None:
+        """Give back every instance held here but ``keep`` (one ``Store.release``; a
+        store that refuses is logged), then deregister (what ``keep`` names stays owned by
+        a worker that is gone: the next claim records a takeover)."""
         self.stop_heartbeat()
         if self.retired:
             self.prune()
         if self.registered:
+            try:
+                ids = None if not keep else [i for i in self.store.held(self.id) if i not in keep]
+                if ids is None or ids:
+                    self.store.release(self.id, ids)
+            except FsmError as exc:
+                log.warning("worker %s cannot give its instances back: %s", self.id, exc)
             self.store.delete_worker(self.id)
             self.registered = False
 

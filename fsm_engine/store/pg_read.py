@@ -72,6 +72,14 @@ def read_only(dsn: str) -> dict[str, str]:
     return {"options": (given + " -c default_transaction_read_only=on").strip()}
 
 
+#: A text search's test of the context values stored beside the row (as on SQLite:
+#: ``sqlite_read.BESIDE_SQL``; two arguments, the ILIKE pattern twice).
+BESIDE_SQL = ("(EXISTS (SELECT 1 FROM blobs WHERE data ILIKE %s)"
+              " AND context_refs <> '{}' AND EXISTS (SELECT 1 FROM"
+              " json_each_text(context_refs::json) r WHERE left(r.key, 7) <> '$input.'"
+              " AND r.value IN (SELECT hash FROM blobs WHERE data ILIKE %s)))")
+
+
 def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[Any]]:
     """`` WHERE …`` (or ``""``) and its arguments for filter ``f``; with ``after_key`` a
     leading ``key > %s`` is added for keyset paging (its argument comes first)."""
@@ -91,8 +99,9 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
         clauses.append("(id = %s OR id LIKE %s)")
         args.extend([f.family, escape_like(f.family) + ".%"])
     if f.text:
-        clauses.append("(id ILIKE %s OR context ILIKE %s OR last_error ILIKE %s)")
-        args.extend([like_anywhere(f.text)] * 3)
+        clauses.append("(id ILIKE %s OR context ILIKE %s OR last_error ILIKE %s OR "
+                       + BESIDE_SQL + ")")
+        args.extend([like_anywhere(f.text)] * 5)
     for column, op, value in (("created_at", ">=", f.created_after),
                               ("created_at", "<", f.created_before),
                               ("updated_at", ">=", f.updated_after),

@@ -36,6 +36,16 @@ STEPS_SQL = (
     " ORDER BY h.instance, h.seq")
 
 
+#: A text search's test of the context values stored beside the row (``context_refs``,
+#: not the ``$input.`` ones; two arguments: the LIKE pattern twice).  Whether any blob
+#: matches, and which, is found once per query (uncorrelated subqueries); only when one
+#: does, rows holding refs look theirs up.
+BESIDE_SQL = ("(EXISTS (SELECT 1 FROM blobs WHERE data LIKE ? ESCAPE '\\')"
+              " AND context_refs != '{}' AND EXISTS (SELECT 1 FROM json_each(context_refs) r"
+              " WHERE substr(r.key, 1, 7) != '$input.' AND r.value IN"
+              " (SELECT hash FROM blobs WHERE data LIKE ? ESCAPE '\\')))")
+
+
 def escape_like(text: str) -> str:
     """``text`` with LIKE's ``%``, ``_`` and ``\\`` escaped by ``\\`` (both backends)."""
     return re.sub(r"([\\%_])", r"\\\1", text)
@@ -73,8 +83,8 @@ def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[
         args.extend([f.family, escape_like(f.family) + ".%"])
     if f.text:
         clauses.append("(id LIKE ? ESCAPE '\\' OR context LIKE ? ESCAPE '\\'"
-                       " OR last_error LIKE ? ESCAPE '\\')")
-        args.extend([like_anywhere(f.text)] * 3)
+                       " OR last_error LIKE ? ESCAPE '\\' OR " + BESIDE_SQL + ")")
+        args.extend([like_anywhere(f.text)] * 5)
     for column, op, value in (("created_at", ">=", f.created_after),
                               ("created_at", "<", f.created_before),
                               ("updated_at", ">=", f.updated_after),

@@ -101,3 +101,26 @@ class LargeValueContract:
                                         done.version, before=done)]) == [True]
         [out] = store.child_outputs("a")  # a join's read puts the large values back too
         assert out.context == big_record("a").context and out.input == {"doc": BIG, "n": 0}
+
+    def test_text_search_looks_inside_the_values_beside_the_row(self, store: Store) -> None:
+        found = big_record("a")
+        found.context["doc"] = BIG + "Needle in a 100% haystack"
+        given = big_record("b")  # the text only in its start input: not searched, as inline
+        given.input = {"doc": BIG + "needle only in the input", "n": 0}
+        store.create(found, given, big_record("c"), record("d"))
+        assert {k for k in given.context_refs if k.startswith(INPUT_REF)} == {INPUT_REF + "doc"}
+        ids = lambda text: sorted(  # noqa: E731
+            r.id for r in store.query(InstanceFilter(text=text), limit=None))
+        assert ids("NEEDLE in a 100%") == ["a"]  # case-insensitive, a literal %
+        assert ids("in a 1_0% h") == [] and ids("only in the input") == []
+        assert ids("line") == ["a", "b", "c"]  # one stored copy, every instance holding it
+        assert store.count(InstanceFilter(text="needle")) == {None: 1}
+        base = store.get("a")  # a step that keeps the value keeps it found
+        new = moved(base, "next", context={**base.context, "n": 1})
+        assert store.commit([StepCommit(new, 0, [hist("a", 1, "start", "next")],
+                                        before=base)]) == [True]
+        assert [s.instance_id for s in store.steps(InstanceFilter(text="needle"))] == ["a"]
+        base = store.get("a")  # the value changes: the search follows the row's new refs
+        new = moved(base, "end", context={**base.context, "doc": "short"})
+        assert store.commit([StepCommit(new, base.version, before=base)]) == [True]
+        assert ids("needle") == [] and ids("short") == ["a"]
