@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -40,7 +40,7 @@ os.environ.setdefault("FSM_MACHINES_ROOT", str(ROOT))
 
 from fsm_engine.store import open_store  # noqa: E402
 from fsm_engine.testing.postgres import PostgresCluster  # noqa: E402
-from scale_harness import Fleet, Sink, completed, enqueue, wait_until  # noqa: E402
+from scale_harness import MODERATION, Fleet, Sink, completed, enqueue, wait_until  # noqa: E402
 
 STEPS = 7  # transitions per instance of the reference machine
 
@@ -98,20 +98,39 @@ class Rate(NamedTuple):
     xacts: float
 
 
+#: Instances per worker run before the measured ones (connections opened, the webhook
+#: client and the validators built).
+WARM = 20
+
+
+def ready(url: str, store: Any, fleet: Fleet, workers: int) -> int:
+    """Once every worker is registered (each loads the machine at start, ``--machines``)
+    and a warm-up of ``WARM`` instances per worker has completed: how many completed."""
+    wait_until(lambda: len(store.workers()) >= workers, 300, "the workers registered")
+    enqueue(url, WARM * workers)
+    wait_until(lambda: completed(store) == WARM * workers, 300, "the warm-up", interval=0.1)
+    return WARM * workers
+
+
+def fleet_of(url: str, folder: Path, sink: Sink, lease: float, delay: float) -> Fleet:
+    return Fleet(url, folder, sink, lease=lease, concurrency=100, delay_s=delay,
+                 args=("--machines", MODERATION))
+
+
 def throughput(cluster: PostgresCluster, sink: Sink, workers: int, n: int, delay: float,
                lease: float, folder: Path) -> Rate:
     url = cluster.database()
     open_store(url).close()
-    fleet = Fleet(url, folder, sink, lease=lease, concurrency=100, delay_s=delay)
+    fleet = fleet_of(url, folder, sink, lease, delay)
     fleet.spawn(workers)
     store = open_store(url)
     try:
-        time.sleep(2.0)  # workers up and idle, listening
+        n0 = ready(url, store, fleet, workers)
         cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
         xact0, server0 = commits(cluster), server_cpu(cluster)
         start = time.time()
         enqueue(url, n)
-        wait_until(lambda: completed(store) == n, 1800, "every instance", interval=0.25)
+        wait_until(lambda: completed(store) == n0 + n, 1800, "every instance", interval=0.25)
         elapsed = time.time() - start
         cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
         server = spent(server0, server_cpu(cluster))
@@ -128,15 +147,15 @@ def sqlite_throughput(sink: Sink, workers: int, n: int, delay: float, lease: flo
     """The same run on one SQLite file shared by ``workers`` processes on this host."""
     url = str(folder / f"sqlite-{workers}-{int(time.time())}.db")
     open_store(url).close()
-    fleet = Fleet(url, folder, sink, lease=lease, concurrency=100, delay_s=delay)
+    fleet = fleet_of(url, folder, sink, lease, delay)
     fleet.spawn(workers)
     store = open_store(url)
     try:
-        time.sleep(2.0)
+        n0 = ready(url, store, fleet, workers)
         cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
         start = time.time()
         enqueue(url, n)
-        wait_until(lambda: completed(store) == n, 1800, "every instance", interval=0.25)
+        wait_until(lambda: completed(store) == n0 + n, 1800, "every instance", interval=0.25)
         elapsed = time.time() - start
         cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
     finally:

@@ -29,12 +29,13 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
-from . import claims, leases, rates
+from . import claims, leases, pg_commit, rates
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
 from .codec import (
-    ATTEMPT, BREAKER, DELTA, HISTORY, INSERT_HISTORY, INSTANCE, SELECT_HISTORY,
-    SELECT_INSTANCES, WORKER, Blobs, Codec, Encoded, changes, dumps, encode_step, instance_row,
+    ATTEMPT, BREAKER, CONTEXT_THRESHOLD, DELTA, HISTORY, INSERT_HISTORY, INSTANCE,
+    SELECT_HISTORY, SELECT_INSTANCES, WORKER, Blobs, Codec, Encoded, changes, dumps,
+    encode_step, instance_row,
     child_outputs, marks, resolve, update_sql,
     CLAIM_REVIEW, CLOSE_REVIEW, INSERT_REVIEW, REVIEW, SELECT_REVIEWS, close_review_args,
     PUT_REPLY, REPLY, SELECT_REPLY,
@@ -51,8 +52,13 @@ from .records import (
 
 T = TypeVar("T")
 
-#: History delta values whose JSON is longer than this are stored once in ``blobs``.
-BLOB_THRESHOLD = 64 * 1024
+#: History delta values whose JSON is longer than this are stored once in ``blobs``: the
+#: context's threshold, so a large value a step wrote to the context (already in ``blobs``)
+#: costs the history row a hash, not a second copy.  A history row over ~2 KB would
+#: otherwise be compressed (pglz) and TOASTed by the server on every insert: measured by
+#: ``bench/scale_out.py``, the collect step's 12–35 KB delta was most of the server's CPU
+#: per history row.
+BLOB_THRESHOLD = CONTEXT_THRESHOLD
 #: The channel workers LISTEN on; created and released instances NOTIFY it.
 CHANNEL = "fsm_work"
 
@@ -142,6 +148,18 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+def _fast_compression(conn: psycopg.Connection[Any]) -> None:
+    """Compress the large values this session writes with LZ4 instead of pglz (the
+    default): a step's context row over ~2 KB is compressed by the server on every
+    UPDATE, and pglz was the server's largest cost in ``bench/scale_out.py`` (perf: 14 %
+    of its samples).  Values of either method read back alike; a server built without
+    LZ4 keeps pglz."""
+    try:
+        conn.execute("SET default_toast_compression = 'lz4'")
+    except psycopg.Error:
+        pass
+
+
 def _why(exc: BaseException) -> str:
     """A psycopg error as one short line."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -200,11 +218,15 @@ class PostgresStore:
     # -- connections -------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
         try:
-            return psycopg.connect(self._dsn, autocommit=True,
+            conn = psycopg.connect(self._dsn, autocommit=True,
                                    connect_timeout=max(1, int(self.connect_timeout)),
-                                   application_name=f"fsm_engine:{os.getpid()}", **self._session)
+                                   application_name=f"fsm_engine:{os.getpid()}",
+                                   **self._session)
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None
+        if not self.readonly:
+            _fast_compression(conn)
+        return conn
 
     def _take(self) -> tuple[psycopg.Connection[Any], int]:
         """An idle connection (a new one when none is idle) and the pool's generation."""
@@ -364,6 +386,10 @@ class PostgresStore:
         if not steps:
             return []
         encoded = [encode_step(i, step) for i, step in enumerate(steps)]  # refusals first
+        if pg_commit.plain(steps):
+            applied = self._commit_plain(steps, encoded)
+            if applied is not None:
+                return applied
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[bool]:
             plain = [i for i, s in enumerate(steps)
@@ -405,6 +431,29 @@ class PostgresStore:
             if ok:
                 for s in [step, *step.also]:
                     s.record.version = s.expected_version + 1
+        return applied
+
+    def _commit_plain(self, steps: Sequence[StepCommit], encoded: Sequence[Encoded]
+                      ) -> builtins.list[bool] | None:
+        """``commit`` of a batch that fits one statement (``pg_commit``); ``None`` when the
+        statement broke a constraint (nothing applied: the general path finds the step)."""
+        batch = pg_commit.Batch()
+        for i, (step, enc) in enumerate(zip(steps, encoded)):
+            batch.add(i, step, enc, self.blob_threshold, self._shrink)
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[Any] | None:
+            try:
+                with psycopg.RawCursor(conn) as cur:
+                    return cur.execute(pg_commit.statement(), batch.params()).fetchall()
+            except psycopg.IntegrityError:
+                return None
+        rows = self._run(go)
+        if rows is None:
+            return None
+        applied = [False] * len(steps)
+        for (i,) in rows:
+            applied[i] = True
+            steps[i].record.version = steps[i].expected_version + 1
         return applied
 
     def _rejected(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
@@ -528,7 +577,7 @@ class PostgresStore:
                 row = list(encoded_row)
                 row[0] = step.record.key
                 if len(row[DELTA]) > self.blob_threshold:
-                    row[DELTA] = self._shrink(conn, h.delta)
+                    row[DELTA] = self._shrink(h.delta, large, blobs)
                 history.append(row)
             if attempt is not None:
                 attempts.append(attempt)
@@ -543,14 +592,18 @@ class PostgresStore:
                 if rows:
                     cur.executemany(sql, rows)
 
-    def _shrink(self, conn: psycopg.Connection[Any], delta: dict[str, Any]) -> str:
+    def _shrink(self, delta: dict[str, Any], known: Blobs, blobs: Blobs) -> str:
+        """``delta``'s JSON with each value longer than ``blob_threshold`` replaced by
+        ``{"$blob": hash}``; the value goes to ``blobs`` unless ``known`` (the step's
+        large context values, stored anyway) already holds it."""
         out: dict[str, Any] = {}
         for key, value in delta.items():
             text = dumps(value)
             if len(text) > self.blob_threshold:
-                digest = hashlib.sha256(text.encode()).hexdigest()
-                conn.execute("INSERT INTO blobs(hash, data) VALUES (%s, %s) "
-                             "ON CONFLICT DO NOTHING", (digest, text))
+                digest = next((d for d, data in known if data == text), None)
+                if digest is None:
+                    digest = hashlib.sha256(text.encode()).hexdigest()
+                    blobs.append((digest, text))
                 value = {"$blob": digest}
             out[key] = value
         return dumps(out)
