@@ -111,7 +111,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("9",)]
+        [(str(FORMAT_VERSION),)] == [("10",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -257,5 +257,31 @@ def test_postgres_format_8_is_migrated_with_its_rows_intact(pg_cluster) -> None:
         assert store.get("a").context["s"] == BIG and list(after.context_refs) == ["s"]
     finally:
         store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
+                          "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]
+
+
+def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine.store import open_store
+    from fsm_engine.store.pg_schema import FILLFACTOR
+    from fsm_engine.testing.contract import record
+    url = pg_cluster.database()
+    schema = url.rsplit("%3D", 1)[1]
+    options = f"SELECT reloptions FROM pg_class WHERE oid = '{schema}.instances'::regclass"
+    store = open_store(url)
+    store.create(record("a"))
+    store.close()
+    assert pg_cluster.sql(options) == [([f"fillfactor={FILLFACTOR}"],)]  # a new database
+    pg_cluster.sql(f"ALTER TABLE {schema}.instances RESET (fillfactor)")  # as format 9 left it
+    pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value = '9' WHERE key = 'schema_version'")
+    store = open_store(url)
+    try:
+        rec = store.get("a")
+        after = replace(rec, seq=1, state="b")
+        assert store.commit([StepCommit(after, rec.version, before=rec)]) == [True]
+        assert store.get("a").state == "b"
+    finally:
+        store.close()
+    assert pg_cluster.sql(options) == [([f"fillfactor={FILLFACTOR}"],)]
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
                           "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]

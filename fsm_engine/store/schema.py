@@ -193,7 +193,12 @@ def _v9(db: sqlite_utils.Database) -> None:
     db.execute(CONTEXT_REFS)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
+def _v10(db: sqlite_utils.Database) -> None:
+    """Nothing for SQLite: format 10 leaves room in PostgreSQL's instance pages
+    (``pg_schema._v10``); SQLite rewrites a row in place."""
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 
