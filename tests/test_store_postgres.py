@@ -119,3 +119,32 @@ def test_a_renewal_waiting_on_a_takeover_is_refused_once_it_commits(pg_cluster, 
     finally:
         store.close()
         other.close()
+
+
+def test_a_workers_batch_is_one_statement_and_the_rest_take_the_general_path(
+        pg_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Owned instances, one step each: one statement (``pg_commit``), which says what
+    applied; a batch it does not fit (an instance twice, a hand-off) commits as before."""
+    from fsm_engine.store import StepCommit, pg_commit
+    from fsm_engine.store.postgres import PostgresStore
+    from fsm_engine.testing.contract import hist, live, moved, record
+    store = open_store(pg_cluster.database())
+    ran: list[object] = []
+    plain = PostgresStore._commit_plain
+    monkeypatch.setattr(PostgresStore, "_commit_plain",
+                        lambda self, *a: ran.append(plain(self, *a)) or ran[-1])
+    try:
+        live(store, "w1")
+        store.create(*(record(i, status="running", owner="w1") for i in "abc"))
+        steps = [StepCommit(moved(store.get(i), "x"), 5 if i == "b" else 0,
+                            history=[hist(i, 1, "start", "x")]) for i in "abc"]
+        assert pg_commit.plain(steps)
+        assert store.commit(steps) == [True, False, True] and ran == [[True, False, True]]
+        a = store.get("a")
+        twice = [StepCommit(moved(a, "y"), 1), StepCommit(moved(a, "z"), 1)]
+        back = [StepCommit(moved(store.get("c"), "y", owner=None), 1)]
+        assert not pg_commit.plain(twice) and not pg_commit.plain(back)
+        assert store.commit(twice) == [True, False] and store.commit(back) == [True]
+        assert len(ran) == 1
+    finally:
+        store.close()

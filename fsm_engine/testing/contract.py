@@ -210,10 +210,11 @@ from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noq
 from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
 from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
 from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
+from .contract_batch import BatchContract  # noqa: E402 - uses the helpers above
 
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,
-                    QueueContract, LargeValueContract, LeaseContract):
+                    QueueContract, LargeValueContract, LeaseContract, BatchContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a
