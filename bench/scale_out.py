@@ -9,7 +9,9 @@ synchronous_commit on, loopback) and the reference machine with a scripted model
 answering after ``--delay`` seconds.  Prints one line per figure; nothing is
 asserted (the properties are asserted by ``tests/test_scale_out.py``).
 
-Besides the rate (which depends on what else the 2 cores run), each fsm run
+Each run waits for its workers to register (they load the machine at start,
+``--machines``) and for a warm-up of ``WARM`` instances per worker, then measures
+``--n`` more.  Besides the rate (which depends on what else the 2 cores run), each fsm run
 prints two figures that do not: the workers' CPU time per transition (from
 ``/proc``) and the database transactions per transition
 (``pg_stat_database.xact_commit``).  The peer, DBOS Transact with its system

@@ -5,9 +5,10 @@ demand, one per call in progress: the group commit's thread, a breaker's or an
 outbox call's thread and the event loop's each have their own, so none waits
 behind another's transaction), the heartbeat has its own, and once a worker
 waits for work one more ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
-the batch's compare-and-set UPDATEs go out in one pipeline (one round trip),
+a worker's batch (owned instances, one step each) is one statement, one round trip
+(``pg_commit``); any other batch sends its compare-and-set UPDATEs in one pipeline,
 then the applied steps' history, attempt and outbox rows in another, all in one
-transaction, so each step is all-or-nothing and fenced by its version.
+transaction.  Either way each step is all-or-nothing and fenced by its version.
 ``claim`` takes rows with ``SELECT … FOR UPDATE SKIP LOCKED``: concurrent
 claimers skip each other's rows instead of waiting on them.  A dropped
 connection (the server restarted) surfaces as ``StoreError`` once (the idle
