@@ -80,6 +80,20 @@ def _register() -> None:
 _register()
 _HISTORY = ("instance", *HISTORY.columns[1:])
 _ATTEMPT = ATTEMPT.columns
+# a column added to a record must be given its SQL type here (fails at import, not in a commit)
+assert set(MUTABLE) | set(_HISTORY) | set(_ATTEMPT) <= _TYPES.keys()
+
+def _arrays(types: Sequence[str]) -> list[list[Any]]:
+    """One empty array of the right class per column."""
+    return [_ARRAY[t]() for t in types]
+
+
+_STEP_TYPES = ("int4", "int8", "text", "int4", "int8", *(_TYPES[c] for c in MUTABLE))
+_HISTORY_TYPES = ("int4", *(_TYPES[c] for c in _HISTORY))
+_ATTEMPT_TYPES = ("int4", *(_TYPES[c] for c in _ATTEMPT))
+_OUTBOX_TYPES = ("int4", "text", "float8", "text")
+_BLOB_TYPES = ("int4", "text", "text")
+
 
 
 def _unnest(alias: str, cols: Sequence[str], types: Sequence[str], first: int) -> str:
@@ -130,17 +144,6 @@ def plain(steps: Sequence[StepCommit]) -> bool:
             return False
         keys.add(rec.key)
     return len(keys) == len(steps)
-
-
-def _arrays(types: Sequence[str]) -> list[list[Any]]:
-    return [_ARRAY[t]() for t in types]
-
-
-_STEP_TYPES = ("int4", "int8", "text", "int4", "int8", *(_TYPES[c] for c in MUTABLE))
-_HISTORY_TYPES = ("int4", *(_TYPES[c] for c in _HISTORY))
-_ATTEMPT_TYPES = ("int4", *(_TYPES[c] for c in _ATTEMPT))
-_OUTBOX_TYPES = ("int4", "text", "float8", "text")
-_BLOB_TYPES = ("int4", "text", "text")
 
 
 class Batch:
