@@ -569,6 +569,37 @@ def test_breaker_window_forgets_old_failures(db_path):
     store.close()
 
 
+def test_breaker_row_stays_small_whatever_the_call_rate(db_path):
+    from fsm_engine.runtime.breaker import BUCKETS
+    clock = Clock()
+    store = SqliteStore(db_path)
+    policy = BreakerPolicy(failure_rate=0.5, min_calls=5, window=10.0)
+    br = Breaker(store, "busy", policy, clock)
+
+    async def calls() -> None:
+        for n in range(3000):  # 100 calls per second for 30 s, one failure in ten
+            clock.t += 0.01
+            await br.record(n % 10 != 0)
+    run(calls())
+    row = store.get_breaker("busy")
+    assert row.state == "closed" and len(row.events) <= BUCKETS + 1
+    in_window = sum(s + f for _, s, f in row.events)
+    assert 1000 <= in_window <= 1000 + 3000 // 30 * policy.window / BUCKETS + 1
+    assert sum(f for *_, f in row.events) * 10 == pytest.approx(in_window, rel=0.02)
+    store.close()
+
+
+def test_a_breaker_row_of_one_entry_per_call_is_read_as_buckets(db_path):
+    from fsm_engine.store.records import BreakerRow
+    clock = Clock()
+    store = SqliteStore(db_path)
+    store.put_breaker(BreakerRow("old", events=[[clock.t - 1, False], [clock.t - 0.5, True]]), 0)
+    br = Breaker(store, "old", BreakerPolicy(failure_rate=0.5, min_calls=3, window=10.0), clock)
+    run(br.record(False))  # 2 of 3 failed, counting the two stored before buckets
+    assert br.state() == "open"
+    store.close()
+
+
 class Flaky:
     """A provider that fails with HTTP 500 while ``failing`` is set."""
 
