@@ -233,8 +233,9 @@ def takeover(cluster: PostgresCluster, sink: Sink, folder: Path, lease: float,
              delay: float) -> float:
     """Seconds from SIGKILL of a worker holding instances to one of them stepping elsewhere.
 
-    The killed worker's pid is gone, so a worker on the same host takes over at once;
-    the figure for other hosts is the lease."""
+    The other worker runs already (idle: the killed one holds every instance), as in a
+    fleet; the killed worker's pid is gone, so a worker on the same host takes it over at
+    its next claim (``--poll``); on other hosts, when the lease expires (+ a poll)."""
     url = cluster.database()
     open_store(url).close()
     slow = Fleet(url, folder, sink, lease=lease, concurrency=50, delay_s=max(delay, 1.0))
@@ -245,11 +246,13 @@ def takeover(cluster: PostgresCluster, sink: Sink, folder: Path, lease: float,
     try:
         wait_until(lambda: sum(len(store.held(w.id)) for w in store.workers()) == 50, 60,
                    "all held")
-        before = {i: len(store.history(i)) for i in ids}
-        slow.procs[0].send_signal(signal.SIGKILL)
-        killed = time.time()
         other = Fleet(url, folder, sink, lease=lease, concurrency=50, delay_s=delay)
         other.spawn(1)
+        wait_until(lambda: len(store.workers()) == 2, 60, "the other worker registered")
+        slow.procs[0].send_signal(signal.SIGKILL)
+        killed = time.time()
+        slow.procs[0].wait()  # no commit of the killed worker after this read
+        before = {i: len(store.history(i)) for i in ids}
         wait_until(lambda: any(len(store.history(i)) > before[i] for i in ids), 120,
                    "a step after the takeover", interval=0.01)
         return time.time() - killed
