@@ -32,7 +32,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Durable finite state machines for LLM workflows.")
 out = Console()
 DB = typer.Option(None, "--db", show_default=False,
-                  help="Store: a SQLite file or sqlite:///PATH, or postgresql://… "
+                  help="Store: a SQLite file, sqlite:///REL.db or sqlite:////ABS.db, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
 
 

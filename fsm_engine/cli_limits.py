@@ -31,15 +31,15 @@ def limits(db: Optional[str] = DB,
     from .runtime import fleet
     queues = fleet.parse_queue_limits(queue_limit)
     rates = fleet.parse_rate_limits(rate_limit)
-    partition = _partition(partition_limit)
+    partition = fleet.parse_partition_limit(partition_limit)
     changing = bool(queues or rates or clear) or partition != "keep"
     store = _open(db, create=changing)
     try:
-        current = fleet.FleetLimits.from_json(store.get_limits())
+        # --clear starts afresh without reading: it is also the way out of an unusable value
+        current = fleet.FleetLimits() if clear else _stored(store)
         if changing:
-            base = fleet.FleetLimits() if clear else current
-            current = base.changed(queue_limits=queues, partition_limit=partition,
-                                   rate_limits=rates)
+            current = current.changed(queue_limits=queues, partition_limit=partition,
+                                      rate_limits=rates)
             store.put_limits(current.to_json() or None)
     finally:
         store.close()
@@ -49,15 +49,14 @@ def limits(db: Optional[str] = DB,
         _show(current)
 
 
-def _partition(value: str | None) -> int | None | str:
-    """``--partition-limit``: ``"keep"`` when absent, ``None`` for ``none``, else N >= 1."""
-    if value is None:
-        return "keep"
-    if value == "none":
-        return None
-    if not value.isdigit() or int(value) < 1:
-        _fail(f"--partition-limit {value!r}: expected N (N >= 1) or none")
-    return int(value)
+def _stored(store: Any) -> Any:
+    """The stored limits; an unusable value is one error line that names the way out."""
+    from .errors import StoreError
+    from .runtime import fleet
+    try:
+        return fleet.FleetLimits.from_json(store.get_limits())
+    except StoreError as exc:
+        _fail(f"{exc} (replace them: fsm limits --clear [--queue-limit …])")
 
 
 def _show(limits: Any) -> None:

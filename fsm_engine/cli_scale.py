@@ -75,8 +75,11 @@ def _exit_for(records: list[Any], settled: bool, as_json: bool,
         if hint:
             out.print(hint, highlight=False, soft_wrap=True, markup=False)
     if not settled:
-        typer.echo(f"fsm: timed out with {sum(1 for r in records if not _settled(r))} "
-                   "instance(s) still running", err=True)
+        from collections import Counter
+        left = Counter(r.status for r in records if not _settled(r))
+        typer.echo("fsm: timed out with " + ", ".join(
+            f"{n} {status}" for status, n in sorted(left.items())) + " (not final yet)",
+            err=True)
         raise typer.Exit(EXIT_TIMEOUT)
     raise typer.Exit(exit_code(records))
 
@@ -182,7 +185,7 @@ def worker(db: Optional[str] = DB,
                [], "--queue-limit", metavar="QUEUE=N,…",
                help="Most instances of a queue at once over ALL workers (through the store)."),
            partition_limit: Optional[int] = typer.Option(
-               None, "--partition-limit", min=1,
+               None, "--partition-limit", min=1, max=1_000_000,
                help="Most instances of one partition key at once over all workers."),
            rate_limit: list[str] = typer.Option(
                [], "--rate-limit", metavar="MODEL=rpm:N,tpm:N[,window:S]",

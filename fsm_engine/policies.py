@@ -17,6 +17,8 @@ Sources:
 
 from __future__ import annotations
 
+import math
+
 import errno
 import random
 import socket
@@ -450,8 +452,8 @@ class RateLimit:
                if value is not None and (not isinstance(value, int) or value < 1)]
         if self.rpm is None and self.tpm is None:
             out.append("give rpm, tpm or both")
-        if not self.window_s > 0 or not self.hold_s > 0:
-            out.append("window_s and hold_s must be > 0 seconds")
+        if not 0 < self.window_s < math.inf or not 0 < self.hold_s < math.inf:
+            out.append("window_s and hold_s must be finite numbers of seconds > 0")
         return out
 
     @classmethod

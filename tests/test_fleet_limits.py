@@ -15,7 +15,7 @@ from fsm_engine.errors import StoreError
 from fsm_engine.policies import RateLimit
 from fsm_engine.runtime.fleet import FleetLimits, merge_rates, parse_queue_limits
 from fsm_engine.runtime.queues import QueuePlan
-from fsm_engine.store import open_store
+from fsm_engine.store import ClaimRequest, open_store
 
 from test_cli import run_main
 from test_queues import MACHINE, replies
@@ -106,6 +106,10 @@ def test_fsm_limits_sets_shows_removes_and_clears(tmp_path: Path, capsys) -> Non
     (["--queue-limit", "8"], "--queue-limit"),
     (["--partition-limit", "two"], "--partition-limit"),
     (["--rate-limit", "primary=tpm:nope"], "rate limit"),
+    (["--rate-limit", "default=rpm:3,window:inf"], "finite"),
+    (["--rate-limit", "default=rpm:3,hold:inf"], "finite"),
+    (["--queue-limit", "llm=99999999999999999999"], "1,000,000"),
+    (["--partition-limit", "0"], "--partition-limit"),
     ([], "no database"),
 ])
 def test_bad_limits_are_one_line_and_write_nothing(tmp_path: Path, capsys, argv,
@@ -115,3 +119,61 @@ def test_bad_limits_are_one_line_and_write_nothing(tmp_path: Path, capsys, argv,
     assert code == 2 and len(lines) == 1 and lines[0].startswith("fsm: error: "), err
     assert needle in lines[0]
     assert not (tmp_path / "x.db").exists()
+
+
+def test_an_unusable_stored_value_is_named_and_clear_replaces_it(tmp_path: Path, capsys) -> None:
+    db = str(tmp_path / "c.db")
+    store = open_store(db, create=True)
+    try:
+        with store._write() as conn:  # another tool (or a bad hand edit) wrote it
+            conn.execute("INSERT INTO fsm_meta(key, value) VALUES ('limits', 'not json')")
+    finally:
+        store.close()
+    for argv in (["limits"], ["limits", "--partition-limit", "3"]):
+        code, _, err = run_main([*argv, "--db", db], capsys)
+        assert code == 2 and "not JSON" in err and "--clear" in err, err
+    code, out, err = run_main(["limits", "--db", db, "--clear", "--partition-limit", "3",
+                               "--json"], capsys)
+    assert code == 0 and json.loads(out) == {"partition_limit": 3}, err
+
+
+def test_stored_limits_refuse_infinite_windows() -> None:
+    with pytest.raises(StoreError, match="finite"):
+        FleetLimits.from_json({"rate_limits": {"*": {"rpm": 3, "window_s": float("inf")}}})
+
+
+def test_a_limit_named_for_a_states_model_binds_the_default_provider(engine_factory) -> None:
+    """`llm="primary"` on a state, one unnamed provider serving it: a limit named
+    `primary` (the README's example) applies to it."""
+    from fsm_engine import Machine, State, Transition
+    from test_queues import Ctx, ask
+    named = Machine(name="named", context=Ctx, initial="ask",
+                    states=[State("ask", action=ask, llm="primary"), State("done", final=True)],
+                    transitions=[Transition("next", "ask", "done")])
+    engine = engine_factory(llm=replies(), rate_limits={"primary": RateLimit(tpm=40,
+                                                                             window_s=30.0)})
+    a, b = engine.start(named, {}), engine.start(named, {})
+    assert asyncio.run(engine.run(a, family=False)).status == "completed"
+    second = asyncio.run(engine.run(b, family=False))
+    assert (second.status, second.reason) == ("waiting", "rate_limited")
+    other = engine.start(MACHINE, {})  # a state that names no model: not this limit's
+    assert asyncio.run(engine.run(other, family=False)).status == "completed"
+
+
+def test_a_sweep_forgets_dead_workers_that_hold_nothing(engine_factory) -> None:
+    from fsm_engine.runtime.ownership import FORGET_S
+    from fsm_engine.store.records import WorkerRow
+    engine = engine_factory(llm=replies())
+    store, own = engine.store, engine.ownership
+    own.register()
+    now = engine.clock()
+    old = now - FORGET_S - 10
+    store.put_worker(WorkerRow("gone", "h2", 7, "1", old - 60, old - 5, lease_until=old))
+    store.put_worker(WorkerRow("holding", "h2", 8, "1", old - 60, old - 5, lease_until=old))
+    store.put_worker(WorkerRow("recent", "h2", 9, "1", now - 100, now - 90, lease_until=now - 60))
+    iid = engine.start(MACHINE, {})
+    store.release(own.id, [iid])
+    [rec] = store.claim(ClaimRequest("holding", now=old - 1, limit=1))
+    assert rec.owner == "holding"
+    assert own.sweep(now) == 1
+    assert sorted(w.id for w in store.workers()) == sorted([own.id, "holding", "recent"])

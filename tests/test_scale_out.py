@@ -223,7 +223,7 @@ def test_an_unloadable_machine_is_left_alone_with_a_reason(pg_cluster, tmp_path:
         store.close()
 
 
-@pytest.mark.parametrize("case", ["unreachable", "password", "foreign", "newer"])
+@pytest.mark.parametrize("case", ["unreachable", "password", "foreign", "newer", "privilege"])
 def test_bad_postgres_urls_are_one_line_exit_2(pg_cluster, case: str) -> None:
     """Unreachable, wrong password, another application's database, a newer schema: one
     ``fsm: error:`` line, exit 2, nothing written."""
@@ -236,9 +236,15 @@ def test_bad_postgres_urls_are_one_line_exit_2(pg_cluster, case: str) -> None:
         url = url.replace("fsm-test-password", "wrong")
     elif case == "foreign":
         pg_cluster.sql(f"CREATE TABLE {schema}.customers (id INT PRIMARY KEY, name TEXT)")
-    else:
+    elif case == "newer":
         open_store(url).close()
         pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value='99' WHERE key='schema_version'")
+    else:  # a role that may use the schema but not its tables (made by another role)
+        open_store(url).close()
+        role = "r" + schema
+        pg_cluster.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
+        pg_cluster.sql(f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {role}")
+        url = url.replace("postgres:fsm-test-password@", f"{role}:pw-{role}@")
     before = pg_cluster.sql(f"SELECT table_name FROM information_schema.tables "
                             f"WHERE table_schema = '{schema}' ORDER BY 1")
     lic = "/usr/share/common-licenses/GPL-3"
@@ -257,7 +263,8 @@ def test_bad_postgres_urls_are_one_line_exit_2(pg_cluster, case: str) -> None:
                            f"WHERE table_schema = '{schema}' ORDER BY 1")
     assert after == before
     expect = {"unreachable": "cannot connect", "password": "password authentication failed",
-              "foreign": "not an fsm database", "newer": "upgrade fsm_engine"}[case]
+              "foreign": "not an fsm database", "newer": "upgrade fsm_engine",
+              "privilege": "permission denied"}[case]
     assert expect in got.stderr
 
 

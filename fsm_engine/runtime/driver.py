@@ -12,6 +12,7 @@ import asyncio
 import random
 import _thread
 import time
+from functools import partial
 from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
@@ -288,7 +289,7 @@ class Driver:
         meter.loops_left = rec.max_transitions - rec.loop_count
         meter.caller_input = rec.input
         if self.models.rate_limits:
-            meter.rates = self.models.limiter
+            meter.rates = partial(self.models.limiter, alias=state.llm)
         if state.cache is not None:
             from .reply_cache import ReplyCache
             meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)

@@ -33,6 +33,8 @@ log = logging.getLogger("fsm_engine")
 
 #: Seconds a worker keeps the stored limits before reading them again.
 REFRESH_S = 2.0
+#: The largest count a limit may have (instances leased at once).
+MAX_COUNT = 1_000_000
 
 _QUEUE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _RATE_FIELDS = ("rpm", "tpm", "window_s", "hold_s")
@@ -116,7 +118,7 @@ class FleetLimits:
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT
 
 
 def _rate(spec: Any) -> RateLimit | str:
@@ -164,9 +166,9 @@ def parse_queue_limits(values: list[str]) -> dict[str, int | None]:
     for item in (i.strip() for v in values for i in v.split(",") if i.strip()):
         name, sep, count = item.partition("=")
         if not sep or not _QUEUE.fullmatch(name) or not (
-                count == "none" or (count.isdigit() and int(count) >= 1)):
-            raise InvalidInput(f"--queue-limit {item!r}: expected QUEUE=N (N >= 1) or "
-                               "QUEUE=none")
+                count == "none" or (count.isdigit() and 1 <= int(count) <= MAX_COUNT)):
+            raise InvalidInput(f"--queue-limit {item!r}: expected QUEUE=N (1 <= N <= "
+                               f"{MAX_COUNT:,}) or QUEUE=none")
         out[name] = None if count == "none" else int(count)
     return out
 
@@ -183,3 +185,16 @@ def parse_rate_limits(values: list[str]) -> dict[str, RateLimit | None]:
         key = "*" if name in ("*", "default") else name
         out[key] = None if spec.strip() == "none" else RateLimit.parse(spec)
     return out
+
+
+def parse_partition_limit(value: str | None) -> int | None | str:
+    """``--partition-limit``: ``"keep"`` when absent, ``None`` for ``none``, else N;
+    ``InvalidInput`` otherwise."""
+    if value is None:
+        return "keep"
+    if value == "none":
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_COUNT:
+        raise InvalidInput(f"--partition-limit {value!r}: expected N (1 <= N <= "
+                           f"{MAX_COUNT:,}) or none")
+    return int(value)

@@ -55,7 +55,7 @@ class Models:
         #: Rate limits as given: by model name (``"*"``: the default) or ``provider:model``.
         self.rate_limits: dict[str, RateLimit] = dict(rate_limits or {})
         self._own_rates = dict(self.rate_limits)
-        self._limiters: dict[str, RateLimiter | None] = {}
+        self._limiters: dict[tuple[str, str | None], RateLimiter | None] = {}
 
     def use_stored_rates(self, stored: Mapping[str, RateLimit]) -> None:
         """Obey the fleet's stored rate limits (``runtime.fleet``), tightened by the ones
@@ -87,20 +87,26 @@ class Models:
             found = self._breakers[key] = Breaker(self.store, key, self.policy, self.clock)
         return found
 
-    def limiter(self, provider: Any) -> RateLimiter | None:
+    def limiter(self, provider: Any, alias: str | None = None) -> RateLimiter | None:
         """The shared rate limit of ``provider``'s model (None: not limited).  A limit
-        given by model name applies to the provider that name maps to."""
+        given by model name applies to the provider that name maps to, and to the one
+        serving a state that names it (``alias``: the state's ``llm``; a state's
+        ``llm="primary"`` served by the default provider when no ``--llm primary=…`` is
+        given).  The window is kept per ``provider:model`` whichever name chose it."""
         if provider is None or not self.rate_limits:
             return None
         key = model_key(provider)
-        if key not in self._limiters:
+        if (key, alias) not in self._limiters:
             policy = self.rate_limits.get(key)
+            if policy is None and alias in self.rate_limits \
+                    and (self.by_name.get(alias) or self.default) is provider:
+                policy = self.rate_limits[alias]  # type: ignore[index]
             for name, limit in self.rate_limits.items():
                 if policy is None and self.by_name.get(name) is provider:
                     policy = limit
-            self._limiters[key] = (None if policy is None
-                                   else RateLimiter(self.store, key, policy, self.clock))
-        return self._limiters[key]
+            self._limiters[(key, alias)] = (None if policy is None
+                                            else RateLimiter(self.store, key, policy, self.clock))
+        return self._limiters[(key, alias)]
 
     def describe(self) -> dict[str, str]:
         """Each configured name and the ``provider:model`` it maps to (for headers, history)."""

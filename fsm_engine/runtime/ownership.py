@@ -36,6 +36,12 @@ from .workers import live_ids, new_worker, pid_alive
 
 log = logging.getLogger("fsm_engine")
 
+#: Seconds after its lease ended that a worker row holding nothing is deleted (by any
+#: live worker's heartbeat, at most every ``SWEEP_S``): ``fsm workers`` shows a dead
+#: worker as expired for that long, then forgets it.
+FORGET_S = 300.0
+SWEEP_S = 60.0
+
 #: ``on_lost(instance_id, status)``: the heartbeat found the instance no longer ours
 #: (``status`` ``"cancelled"``, or ``None`` when another worker took it over).
 OnLost = Callable[[str, "str | None"], None]
@@ -79,6 +85,7 @@ class Ownership:
         #: Earlier ids of this worker, whose leases were lost (rows deleted once they own
         #: nothing: ``prune``).
         self.retired: list[str] = []
+        self._swept = float("-inf")  # when ``sweep`` last ran (this worker's clock)
         #: Stops every local task of a lost lease (set by ``start_heartbeat``).
         self._abandon: Callable[[], int] = lambda: 0
 
@@ -132,6 +139,21 @@ class Ownership:
         out by this worker's clock (a paused process) before anything is claimed under it."""
         if not self.registered or self.clock() > (self.worker.lease_until or 0.0):
             self.renew()
+
+    def sweep(self, now: float) -> int:
+        """Delete the rows of other workers whose lease ended over ``FORGET_S`` seconds
+        before ``now`` and that own no instance (a SIGKILLed worker on another host);
+        how many.  Safe against one that comes back: its renewal finds no row, is
+        refused, and it goes on under a new id (``rollover``)."""
+        gone = 0
+        for w in self.store.workers():
+            until = w.lease_until if w.lease_until is not None \
+                else w.heartbeat_at + self.lease_seconds
+            if w.id == self.id or now - until <= FORGET_S or self.store.held(w.id):
+                continue
+            self.store.delete_worker(w.id)
+            gone += 1
+        return gone
 
     def prune(self) -> None:
         """Delete the rows of this worker's earlier ids that own no instance any more."""
@@ -218,6 +240,10 @@ class Ownership:
             return []
         if self.retired:
             self.prune()
+        now = self.clock()
+        if now - self._swept >= SWEEP_S:
+            self._swept = now
+            self.sweep(now)
         if self.unreleased:  # the store works again: give back what a failed run held
             self.release(sorted(set(self.unreleased) - set(running)))
         held = self.store.held(self.id)

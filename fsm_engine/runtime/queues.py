@@ -114,8 +114,9 @@ def parse_counts(values: list[str], what: str) -> tuple[int | None, dict[str, in
     total, per = None, {}
     for item in (i.strip() for v in values for i in v.split(",")):
         name, sep, count = item.rpartition("=")
-        if not count.isdigit() or int(count) < 1 or (sep and not _NAME.fullmatch(name)):
-            raise InvalidInput(f"{what} {item!r}: expected N or QUEUE=N (N >= 1)")
+        if not count.isdigit() or not 1 <= int(count) <= 1_000_000 or (
+                sep and not _NAME.fullmatch(name)):
+            raise InvalidInput(f"{what} {item!r}: expected N or QUEUE=N (1 <= N <= 1,000,000)")
         if sep:
             per[name] = int(count)
         else:

@@ -134,8 +134,10 @@ assert max(MIGRATIONS) == FORMAT_VERSION
 
 
 def _tables(cur: Any) -> set[str]:
-    cur.execute("SELECT table_name FROM information_schema.tables "
-                "WHERE table_schema = current_schema()")
+    # pg_catalog, not information_schema: the latter hides tables this role has no
+    # privilege on, and a database of such tables is not empty (a later query says why)
+    cur.execute("SELECT tablename FROM pg_catalog.pg_tables "
+                "WHERE schemaname = current_schema()")
     return {r[0] for r in cur.fetchall()}
 
 

@@ -794,7 +794,8 @@ class PostgresStore:
             conn.execute(rates.DROP_LIMITS)
             if limits:
                 conn.execute("INSERT INTO fsm_meta(key, value) VALUES (%s, %s)",
-                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True)))
+                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True,
+                                                           allow_nan=False)))
         self._run(go, txn=True)
 
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------

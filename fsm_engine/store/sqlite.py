@@ -509,7 +509,8 @@ class SqliteStore:
             conn.execute(rates.DROP_LIMITS)
             if limits:
                 conn.execute("INSERT INTO fsm_meta(key, value) VALUES (?, ?)",
-                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True)))
+                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True,
+                                                           allow_nan=False)))
 
     # -- read side ------------------------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,
