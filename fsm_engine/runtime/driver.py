@@ -12,7 +12,7 @@ import asyncio
 import random
 import _thread
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -199,33 +199,51 @@ class Driver:
         if self.hand_off is not None and new.queue != rec.queue and new.owner is not None \
                 and not new.final and self.hand_off(rec, new):
             new.owner = None
-        fanout.propagate(self.store, self.attach(step), self.clock())
-        if not await self.committer.submit(step):
+        if self.upcasts:
+            self.attach(step)
+        if new.final:  # a family's effects (``fanout.propagate``) start from an end
+            fanout.propagate(self.store, step, self.clock())
+        done = self.committer.enqueue(step)
+        if isinstance(done, asyncio.Future):
+            done = await done
+        if not done:
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
-        self._settled(step)
+        if self.upcasts:
+            self._settled(step)
         if step.create:
             self.born(step.create)
         return step.record
+
+    async def _record(self, cm: CompiledMachine, rec: InstanceRecord,
+                      step: StepCommit) -> InstanceRecord:
+        """``commit``, failing the step alone (``store_rejected``) when the store refuses
+        its values."""
+        try:
+            return await self.commit(rec, step)
+        except StepRejected as exc:  # the step's values, not the store: fail it alone
+            spent = max(0, step.record.tokens_used - rec.tokens_used)
+            return await self.commit(rec, outcome.failed(
+                cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
 
     #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
     tracer: Any = None
 
     async def step_once(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """Run the current state's action once and record what follows."""
-        async def record(rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
-            try:
-                return await self.commit(rec, step)
-            except StepRejected as exc:  # the step's values, not the store: fail it alone
-                spent = max(0, step.record.tokens_used - rec.tokens_used)
-                return await self.commit(rec, outcome.failed(
-                    cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
         if rec.state in cm.fan_outs:  # no action to trace: start, wait or join
             return await self._fan_out_step(cm, rec)
         if self.tracer is not None:
             from ..telemetry import traced_step
-            return await traced_step(self.tracer, self._decide, record, cm, rec)
-        return await record(rec, await self._decide(cm, rec))
+            return await traced_step(self.tracer, self._decide,
+                                     lambda rec, step: self._record(cm, rec, step), cm, rec)
+        step = await self._decide(cm, rec)
+        try:  # ``_record``, inline: one coroutine less per step
+            return await self.commit(rec, step)
+        except StepRejected as exc:
+            spent = max(0, step.record.tokens_used - rec.tokens_used)
+            return await self.commit(rec, outcome.failed(
+                cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
 
     async def _fan_out_step(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """A step in a fan-out state, read again while a child moves on under it (its
@@ -333,7 +351,9 @@ class Driver:
         result: Any = None
         try:
             if entry is not None:
-                result = await self._call(cm, entry, rec, state, step)
+                pending, result = self._call(cm, entry, rec, state, step)
+                if pending is not None:
+                    result = await pending
         except (Exception, asyncio.TimeoutError) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
@@ -373,8 +393,12 @@ class Driver:
         step.notes["delivered_by_original"] = done.key
         return self.advance(cm, rec, state, step, row.trigger, row.delta, 0.0)
 
-    async def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
-                    rec: InstanceRecord, state: State, step: Step | None) -> Any:
+    def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
+              rec: InstanceRecord, state: State, step: Step | None
+              ) -> tuple[Awaitable[Any] | None, Any]:
+        """Start the action: ``(None, result)`` when it ran here (inline), else ``(awaitable,
+        None)``: an ``async def`` without a timeout is its own coroutine, awaited by the
+        caller (no task, no wrapper coroutine per step); the rest go through ``_cut``."""
         fn, arity, is_async = entry
         ctx = cm.spec.context.model_validate(rec.context)
         args = (ctx, step) if arity == 2 else (ctx,)
@@ -383,9 +407,15 @@ class Driver:
             left = max(0.001, rec.deadline - self.clock())
             timeout = left if timeout is None else min(timeout, left)
         if is_async and timeout is None:
-            return await fn(*args)  # no task needed when nothing may cut it short
+            return fn(*args), None  # no task needed when nothing may cut it short
         if state.inline and not is_async:  # declared quick: on the loop, no thread hop
-            return self._inline(fn, args, step)
+            return None, self._inline(fn, args, step)
+        return self._cut(fn, args, is_async, timeout, rec, state, step), None
+
+    async def _cut(self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool,
+                   timeout: float | None, rec: InstanceRecord, state: State,
+                   step: Step | None) -> Any:
+        """An action in a thread and/or under a timeout (``StepTimeout`` when it fires)."""
         loop = asyncio.get_running_loop()
         if step is not None and timeout is not None:  # the model call's HTTP timeout follows
             step.llm.deadline = loop.time() + timeout
