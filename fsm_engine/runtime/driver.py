@@ -237,8 +237,11 @@ class Driver:
             from ..telemetry import traced_step
             return await traced_step(self.tracer, self._decide,
                                      lambda rec, step: self._record(cm, rec, step), cm, rec)
-        step = await self._decide(cm, rec)
-        try:  # ``_record``, inline: one coroutine less per step
+        state, now = cm.states[rec.state], self.clock()  # ``_decide`` and ``_record``, inline:
+        step = self._forced(cm, rec, state, now)      # two coroutines less per step
+        if step is None:
+            step = await self._attempt(cm, rec, state, now)
+        try:
             return await self.commit(rec, step)
         except StepRejected as exc:
             spent = max(0, step.record.tokens_used - rec.tokens_used)
@@ -262,28 +265,29 @@ class Driver:
 
     async def _decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
         """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
-        state = cm.states[rec.state]
-        now = self.clock()
+        state, now = cm.states[rec.state], self.clock()
+        step = self._forced(cm, rec, state, now)
+        return step if step is not None else await self._attempt(cm, rec, state, now)
+
+    def _forced(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                now: float) -> StepCommit | None:
+        """The commit of a step that runs no action (review, wait, deadline, loop cap,
+        fan-out), or ``None``: run the action (``_attempt``)."""
         if state.review is not None:
             if reviews.timer_due(rec, now):
-                step = reviews.timed_out(cm, rec, self.store, now, self.advance)
-            else:
-                step = outcome.awaiting_review(cm, rec, now)
-        elif state.wait:
+                return reviews.timed_out(cm, rec, self.store, now, self.advance)
+            return outcome.awaiting_review(cm, rec, now)
+        if state.wait:
             new = outcome.clone(rec)
             new.status, new.owner, new.updated_at = "waiting", None, now
-            step = StepCommit(new, rec.version, before=rec)
-        elif rec.deadline is not None and now >= rec.deadline:
-            step = outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
-        elif rec.loop_count >= rec.max_transitions:
-            step = outcome.loop_limited(cm, rec, now)
-        elif state.fan_out is not None:
-            step = fanout.step(cm, self.store, rec, now, self.host(rec))
-        else:
-            if rec.next_attempt_at is not None and rec.next_attempt_at > now:
-                await asyncio.sleep(rec.next_attempt_at - now)
-            step = await self._attempt(cm, rec, state)
-        return step
+            return StepCommit(new, rec.version, before=rec)
+        if rec.deadline is not None and now >= rec.deadline:
+            return outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
+        if rec.loop_count >= rec.max_transitions:
+            return outcome.loop_limited(cm, rec, now)
+        if state.fan_out is not None:
+            return fanout.step(cm, self.store, rec, now, self.host(rec))
+        return None
 
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
@@ -332,9 +336,12 @@ class Driver:
         return sum(a.tokens for a in self.store.attempts(rec.id)
                    if a.state == state.name and a.visit == visit)
 
-    async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
-                       state: State) -> StepCommit:
-        """Run the action under its policies; return the commit recording what happened."""
+    async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                       now: float) -> StepCommit:
+        """Run the action under its policies (after the retry's backoff, when one is due
+        later than ``now``); return the commit recording what happened."""
+        if rec.next_attempt_at is not None and rec.next_attempt_at > now:
+            await asyncio.sleep(rec.next_attempt_at - now)
         entry = cm.actions.get(state.name)
         # only actions that take ``step`` (and side effects, for their key) need a Step
         step = (self._make_step(cm, rec, state)
