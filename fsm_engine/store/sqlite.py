@@ -225,16 +225,40 @@ class SqliteStore:
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
         encoded = [_encode(i, step) for i, step in enumerate(steps)]  # refusals before any write
         applied: builtins.list[bool] = []
+        # history rows of the plain steps, inserted by one executemany at the end (~2 µs a
+        # row less than one execute each); (step index, row) so a refusal names its step
+        rows: builtins.list[tuple[int, builtins.list[Any]]] = []
         with self._write() as conn:
             for i, (step, enc) in enumerate(zip(steps, encoded)):
                 try:
-                    applied.append(self._compound(conn, step, enc) if step.compound
-                                   else self._apply(conn, step, enc) and self._wake(conn, step))
+                    if step.compound:
+                        applied.append(self._compound(conn, step, enc))
+                    else:
+                        defer = rows if step.review_close is None else None
+                        applied.append(self._apply(conn, step, enc, defer, i)
+                                       and self._wake(conn, step))
                 except (sqlite3.IntegrityError, OverflowError) as exc:  # the step's, not the disk's
-                    raise StepRejected(f"the store refused a step of instance {step.record.id}: "
-                                       f"{type(exc).__name__}: {exc}", index=i,
-                                       instance_id=step.record.id) from None
+                    raise _rejected(step, i, exc) from None
+            if rows:
+                self._insert_history(conn, rows, steps)
         return applied
+
+    @staticmethod
+    def _insert_history(conn: sqlite3.Connection, rows: builtins.list[tuple[int, Any]],
+                        steps: Sequence[StepCommit]) -> None:
+        """Insert the batch's deferred history rows at once; when one is refused, find it
+        (one at a time, in a savepoint) and raise ``StepRejected`` for its step."""
+        conn.execute("SAVEPOINT history")
+        try:
+            conn.executemany(_INSERT_HISTORY, [row for _, row in rows])
+        except (sqlite3.IntegrityError, OverflowError):
+            conn.execute("ROLLBACK TO history")
+            for i, row in rows:
+                try:
+                    conn.execute(_INSERT_HISTORY, row)
+                except (sqlite3.IntegrityError, OverflowError) as exc:
+                    raise _rejected(steps[i], i, exc) from None
+        conn.execute("RELEASE history")
 
     def _compound(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """A step with what it carries, in a savepoint: all of it applies, or none."""
@@ -300,11 +324,14 @@ class SqliteStore:
                           f"AND status IN ({_FINAL}) ORDER BY key", (parent_id,), tuples=True)
         return _child_outputs(rows, self._fetch_blobs)
 
-    def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
+    def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded,
+               defer: builtins.list[tuple[int, Any]] | None = None, index: int = 0) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale
-        (or when the review item it decides is no longer open to its claimer)."""
+        (or when the review item it decides is no longer open to its claimer).  With
+        ``defer`` its history rows are appended there (as ``(index, row)``) for the
+        caller to insert, else inserted here."""
         if step.review_close is None:
-            return self._apply_step(conn, step, enc)
+            return self._apply_step(conn, step, enc, defer, index)
         conn.execute("SAVEPOINT review_close")
         try:
             ok = (conn.execute(CLOSE_REVIEW, close_review_args(step.review_close)).rowcount == 1
@@ -315,7 +342,9 @@ class SqliteStore:
             conn.execute("RELEASE review_close")
         return ok
 
-    def _apply_step(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
+    def _apply_step(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded,
+                    defer: builtins.list[tuple[int, Any]] | None = None,
+                    index: int = 0) -> bool:
         cols, values, history, attempt, outbox, blobs = enc
         key = step.record.key
         if key is not None:
@@ -334,7 +363,10 @@ class SqliteStore:
             row[0] = key  # the instance's key in place of its id
             if len(row[_DELTA]) > self.blob_threshold:
                 row[_DELTA] = self._shrink(conn, h.delta)
-            conn.execute(_INSERT_HISTORY, row)
+            if defer is None:
+                conn.execute(_INSERT_HISTORY, row)
+            else:
+                defer.append((index, row))
         if attempt is not None:
             conn.execute(self._attempt_sql, attempt)
         if outbox is not None:
@@ -598,6 +630,12 @@ class _ClaimTxn:
             new.version = rec.version + 1
             out.append(new)
         return out
+
+
+def _rejected(step: StepCommit, index: int, exc: Exception) -> StepRejected:
+    """The error refusing ``step`` (``index`` in its batch) for a value or a constraint."""
+    return StepRejected(f"the store refused a step of instance {step.record.id}: "
+                        f"{type(exc).__name__}: {exc}", index=index, instance_id=step.record.id)
 
 
 class _Txn:
