@@ -223,13 +223,15 @@ class SqliteStore:
                            for r in self._read(sql + " ORDER BY key", args)])
 
     def commit(self, steps: Sequence[StepCommit]) -> builtins.list[bool]:
-        encoded = [_encode(i, step) for i, step in enumerate(steps)]  # refusals before any write
         applied: builtins.list[bool] = []
         # history rows of the plain steps, inserted by one executemany at the end (~2 µs a
         # row less than one execute each); (step index, row) so a refusal names its step
         rows: builtins.list[tuple[int, builtins.list[Any]]] = []
         with self._write() as conn:
-            for i, (step, enc) in enumerate(zip(steps, encoded)):
+            for i, step in enumerate(steps):
+                # encoded as it is written (a refusal rolls the whole batch back), so its
+                # values are garbage at once rather than piling up for the collector
+                enc = _encode(i, step)
                 try:
                     if step.compound:
                         applied.append(self._compound(conn, step, enc))
