@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import _thread
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -29,7 +28,7 @@ from .models import Models
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
 from .step import MeteredLLM, Step
-from .threads import ActionThreads
+from .threads import ActionThreads, in_own_thread
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
             StructuredOutputError: "invalid_output", InvalidInput: "invalid_update"}
@@ -94,38 +93,6 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
     delta = {k: new[k] for k in update}
     values.check_json(delta)
     return obj, new, delta
-
-
-def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
-                   args: tuple[Any, ...]) -> asyncio.Future[Any]:
-    """Run ``fn(*args)`` in a new daemon thread; its outcome lands in the returned future
-    (dropped when the future was cancelled or the loop is gone).
-
-    Started with ``_thread.start_new_thread``, which returns at once:
-    ``threading.Thread.start`` waits until the new thread runs, and with other
-    threads holding the GIL that wait was ~11 ms of a stalled loop per call
-    (profiled under ``bench/scale_out.py``)."""
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def settle(result: Any, exc: BaseException | None) -> None:
-        if fut.done():
-            return
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-
-    def work() -> None:
-        try:
-            result, exc = fn(*args), None
-        except BaseException as err:  # noqa: BLE001 - handed to the awaiting step
-            result, exc = None, err
-        try:
-            loop.call_soon_threadsafe(settle, result, exc)
-        except RuntimeError:  # the loop closed while this thread hung: nobody waits
-            pass
-    _thread.start_new_thread(work, ())  # never joined: like a daemon thread
-    return fut
 
 
 def _spent(step: Step | None) -> int:
@@ -222,9 +189,14 @@ class Driver:
         try:
             return await self.commit(rec, step)
         except StepRejected as exc:  # the step's values, not the store: fail it alone
-            spent = max(0, step.record.tokens_used - rec.tokens_used)
-            return await self.commit(rec, outcome.failed(
-                cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
+            return await self._rejected(cm, rec, step, exc)
+
+    async def _rejected(self, cm: CompiledMachine, rec: InstanceRecord, step: StepCommit,
+                        exc: StepRejected) -> InstanceRecord:
+        """Commit the failure (``store_rejected``) of a step whose values the store refused."""
+        spent = max(0, step.record.tokens_used - rec.tokens_used)
+        return await self.commit(rec, outcome.failed(
+            cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
 
     #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
     tracer: Any = None
@@ -244,9 +216,7 @@ class Driver:
         try:
             return await self.commit(rec, step)
         except StepRejected as exc:
-            spent = max(0, step.record.tokens_used - rec.tokens_used)
-            return await self.commit(rec, outcome.failed(
-                cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
+            return await self._rejected(cm, rec, step, exc)
 
     async def _fan_out_step(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """A step in a fan-out state, read again while a child moves on under it (its
@@ -431,7 +401,7 @@ class Driver:
         elif timeout is None:
             fut = self.threads.submit(fn, *args)
         else:  # its own thread: a hung one is abandoned without starving the pool
-            fut = _in_own_thread(loop, fn, args)
+            fut = in_own_thread(loop, fn, args)
         if timeout is None:
             return await fut
         done, _ = await asyncio.wait({fut}, timeout=timeout)

@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from typing import Any, Iterator, Sequence
 
-from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
+from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
 from . import sqlite_read
 from .records import (
     CHILD_OUTPUT_COLUMNS, CHILD_STATE_COLUMNS, FINAL_STATUSES, FORMAT_VERSION, AttemptRow,
@@ -42,6 +42,7 @@ from .codec import (
     reviews_where,
 )
 from . import claims, leases, rates
+from .sqlite_batch import REFUSED, Rows, insert_history, rejected
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
 from .schema import migrate, read_version, refuse_foreign
@@ -226,7 +227,7 @@ class SqliteStore:
         applied: builtins.list[bool] = []
         # history rows of the plain steps, inserted by one executemany at the end (~2 µs a
         # row less than one execute each); (step index, row) so a refusal names its step
-        rows: builtins.list[tuple[int, builtins.list[Any]]] = []
+        rows: Rows = []
         with self._write() as conn:
             for i, step in enumerate(steps):
                 # encoded as it is written (a refusal rolls the whole batch back), so its
@@ -239,28 +240,11 @@ class SqliteStore:
                         defer = rows if step.review_close is None else None
                         applied.append(self._apply(conn, step, enc, defer, i)
                                        and self._wake(conn, step))
-                except (sqlite3.IntegrityError, OverflowError) as exc:  # the step's, not the disk's
-                    raise _rejected(step, i, exc) from None
+                except REFUSED as exc:  # the step's, not the disk's
+                    raise rejected(step, i, exc) from None
             if rows:
-                self._insert_history(conn, rows, steps)
+                insert_history(conn, rows, steps)
         return applied
-
-    @staticmethod
-    def _insert_history(conn: sqlite3.Connection, rows: builtins.list[tuple[int, Any]],
-                        steps: Sequence[StepCommit]) -> None:
-        """Insert the batch's deferred history rows at once; when one is refused, find it
-        (one at a time, in a savepoint) and raise ``StepRejected`` for its step."""
-        conn.execute("SAVEPOINT history")
-        try:
-            conn.executemany(_INSERT_HISTORY, [row for _, row in rows])
-        except (sqlite3.IntegrityError, OverflowError):
-            conn.execute("ROLLBACK TO history")
-            for i, row in rows:
-                try:
-                    conn.execute(_INSERT_HISTORY, row)
-                except (sqlite3.IntegrityError, OverflowError) as exc:
-                    raise _rejected(steps[i], i, exc) from None
-        conn.execute("RELEASE history")
 
     def _compound(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded) -> bool:
         """A step with what it carries, in a savepoint: all of it applies, or none."""
@@ -327,7 +311,7 @@ class SqliteStore:
         return _child_outputs(rows, self._fetch_blobs)
 
     def _apply(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded,
-               defer: builtins.list[tuple[int, Any]] | None = None, index: int = 0) -> bool:
+               defer: Rows | None = None, index: int = 0) -> bool:
         """Write one step in the open transaction; False (nothing written) when stale
         (or when the review item it decides is no longer open to its claimer).  With
         ``defer`` its history rows are appended there (as ``(index, row)``) for the
@@ -345,7 +329,7 @@ class SqliteStore:
         return ok
 
     def _apply_step(self, conn: sqlite3.Connection, step: StepCommit, enc: Encoded,
-                    defer: builtins.list[tuple[int, Any]] | None = None,
+                    defer: Rows | None = None,
                     index: int = 0) -> bool:
         cols, values, history, attempt, outbox, blobs = enc
         key = step.record.key
@@ -632,12 +616,6 @@ class _ClaimTxn:
             new.version = rec.version + 1
             out.append(new)
         return out
-
-
-def _rejected(step: StepCommit, index: int, exc: Exception) -> StepRejected:
-    """The error refusing ``step`` (``index`` in its batch) for a value or a constraint."""
-    return StepRejected(f"the store refused a step of instance {step.record.id}: "
-                        f"{type(exc).__name__}: {exc}", index=index, instance_id=step.record.id)
 
 
 class _Txn:
