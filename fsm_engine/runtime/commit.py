@@ -70,6 +70,12 @@ class GroupCommitter:
         committed without it.  Any other store error (disk full, I/O error,
         database gone) reaches every step of the failed batch.
         """
+        done = self.enqueue(step)
+        return await done if isinstance(done, asyncio.Future) else done
+
+    def enqueue(self, step: StepCommit) -> "bool | asyncio.Future[bool]":
+        """``submit`` without its coroutine (the step hot path awaits one layer less): the
+        outcome at once (a lone instance, committed here), else a future settled with it."""
         if not self._pending and not self._writing and self.solo():  # commit right here
             self.batches += 1
             self.steps += 1
@@ -86,7 +92,7 @@ class GroupCommitter:
         elif not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await fut
+        return fut
 
     def _flush(self) -> None:
         self._scheduled = False

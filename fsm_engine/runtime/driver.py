@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-import _thread
 import time
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,7 +29,7 @@ from .models import Models
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
 from .step import MeteredLLM, Step
-from .threads import ActionThreads
+from .threads import ActionThreads, in_own_thread
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
             StructuredOutputError: "invalid_output", InvalidInput: "invalid_update"}
@@ -95,38 +94,6 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
     delta = {k: new[k] for k in update}
     values.check_json(delta)
     return obj, new, delta
-
-
-def _in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
-                   args: tuple[Any, ...]) -> asyncio.Future[Any]:
-    """Run ``fn(*args)`` in a new daemon thread; its outcome lands in the returned future
-    (dropped when the future was cancelled or the loop is gone).
-
-    Started with ``_thread.start_new_thread``, which returns at once:
-    ``threading.Thread.start`` waits until the new thread runs, and with other
-    threads holding the GIL that wait was ~11 ms of a stalled loop per call
-    (profiled under ``bench/scale_out.py``)."""
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def settle(result: Any, exc: BaseException | None) -> None:
-        if fut.done():
-            return
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-
-    def work() -> None:
-        try:
-            result, exc = fn(*args), None
-        except BaseException as err:  # noqa: BLE001 - handed to the awaiting step
-            result, exc = None, err
-        try:
-            loop.call_soon_threadsafe(settle, result, exc)
-        except RuntimeError:  # the loop closed while this thread hung: nobody waits
-            pass
-    _thread.start_new_thread(work, ())  # never joined: like a daemon thread
-    return fut
 
 
 def _spent(step: Step | None) -> int:
@@ -200,33 +167,57 @@ class Driver:
         if self.hand_off is not None and new.queue != rec.queue and new.owner is not None \
                 and not new.final and self.hand_off(rec, new):
             new.owner = None
-        fanout.propagate(self.store, self.attach(step), self.clock())
-        if not await self.committer.submit(step):
+        if self.upcasts:
+            self.attach(step)
+        if new.final:  # a family's effects (``fanout.propagate``) start from an end
+            fanout.propagate(self.store, step, self.clock())
+        done = self.committer.enqueue(step)
+        if isinstance(done, asyncio.Future):
+            done = await done
+        if not done:
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
-        self._settled(step)
+        if self.upcasts:
+            self._settled(step)
         if step.create:
             self.born(step.create)
         return step.record
+
+    async def _record(self, cm: CompiledMachine, rec: InstanceRecord,
+                      step: StepCommit) -> InstanceRecord:
+        """``commit``, failing the step alone (``store_rejected``) when the store refuses
+        its values."""
+        try:
+            return await self.commit(rec, step)
+        except StepRejected as exc:  # the step's values, not the store: fail it alone
+            return await self._rejected(cm, rec, step, exc)
+
+    async def _rejected(self, cm: CompiledMachine, rec: InstanceRecord, step: StepCommit,
+                        exc: StepRejected) -> InstanceRecord:
+        """Commit the failure (``store_rejected``) of a step whose values the store refused."""
+        spent = max(0, step.record.tokens_used - rec.tokens_used)
+        return await self.commit(rec, outcome.failed(
+            cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
 
     #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
     tracer: Any = None
 
     async def step_once(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """Run the current state's action once and record what follows."""
-        async def record(rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
-            try:
-                return await self.commit(rec, step)
-            except StepRejected as exc:  # the step's values, not the store: fail it alone
-                spent = max(0, step.record.tokens_used - rec.tokens_used)
-                return await self.commit(rec, outcome.failed(
-                    cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
         if rec.state in cm.fan_outs:  # no action to trace: start, wait or join
             return await self._fan_out_step(cm, rec)
         if self.tracer is not None:
             from ..telemetry import traced_step
-            return await traced_step(self.tracer, self._decide, record, cm, rec)
-        return await record(rec, await self._decide(cm, rec))
+            return await traced_step(self.tracer, self._decide,
+                                     lambda rec, step: self._record(cm, rec, step), cm, rec)
+        state, now = cm.states[rec.state], self.clock()  # ``_decide`` and ``_record``, inline:
+        step = self._forced(cm, rec, state, now)      # two coroutines less per step
+        if step is None:
+            step = await self._attempt(cm, rec, state, now)
+        try:
+            return await self.commit(rec, step)
+        except StepRejected as exc:
+            return await self._rejected(cm, rec, step, exc)
 
     async def _fan_out_step(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """A step in a fan-out state, read again while a child moves on under it (its
@@ -245,28 +236,29 @@ class Driver:
 
     async def _decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
         """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
-        state = cm.states[rec.state]
-        now = self.clock()
+        state, now = cm.states[rec.state], self.clock()
+        step = self._forced(cm, rec, state, now)
+        return step if step is not None else await self._attempt(cm, rec, state, now)
+
+    def _forced(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                now: float) -> StepCommit | None:
+        """The commit of a step that runs no action (review, wait, deadline, loop cap,
+        fan-out), or ``None``: run the action (``_attempt``)."""
         if state.review is not None:
             if reviews.timer_due(rec, now):
-                step = reviews.timed_out(cm, rec, self.store, now, self.advance)
-            else:
-                step = outcome.awaiting_review(cm, rec, now)
-        elif state.wait:
+                return reviews.timed_out(cm, rec, self.store, now, self.advance)
+            return outcome.awaiting_review(cm, rec, now)
+        if state.wait:
             new = outcome.clone(rec)
             new.status, new.owner, new.updated_at = "waiting", None, now
-            step = StepCommit(new, rec.version, before=rec)
-        elif rec.deadline is not None and now >= rec.deadline:
-            step = outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
-        elif rec.loop_count >= rec.max_transitions:
-            step = outcome.loop_limited(cm, rec, now)
-        elif state.fan_out is not None:
-            step = fanout.step(cm, self.store, rec, now, self.host(rec))
-        else:
-            if rec.next_attempt_at is not None and rec.next_attempt_at > now:
-                await asyncio.sleep(rec.next_attempt_at - now)
-            step = await self._attempt(cm, rec, state)
-        return step
+            return StepCommit(new, rec.version, before=rec)
+        if rec.deadline is not None and now >= rec.deadline:
+            return outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
+        if rec.loop_count >= rec.max_transitions:
+            return outcome.loop_limited(cm, rec, now)
+        if state.fan_out is not None:
+            return fanout.step(cm, self.store, rec, now, self.host(rec))
+        return None
 
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
         # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
@@ -315,9 +307,12 @@ class Driver:
         return sum(a.tokens for a in self.store.attempts(rec.id)
                    if a.state == state.name and a.visit == visit)
 
-    async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord,
-                       state: State) -> StepCommit:
-        """Run the action under its policies; return the commit recording what happened."""
+    async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                       now: float) -> StepCommit:
+        """Run the action under its policies (after the retry's backoff, when one is due
+        later than ``now``); return the commit recording what happened."""
+        if rec.next_attempt_at is not None and rec.next_attempt_at > now:
+            await asyncio.sleep(rec.next_attempt_at - now)
         entry = cm.actions.get(state.name)
         # only actions that take ``step`` (and side effects, for their key) need a Step
         step = (self._make_step(cm, rec, state)
@@ -334,7 +329,9 @@ class Driver:
         result: Any = None
         try:
             if entry is not None:
-                result = await self._call(cm, entry, rec, state, step)
+                pending, result = self._call(cm, entry, rec, state, step)
+                if pending is not None:
+                    result = await pending
         except (Exception, asyncio.TimeoutError) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
@@ -374,8 +371,12 @@ class Driver:
         step.notes["delivered_by_original"] = done.key
         return self.advance(cm, rec, state, step, row.trigger, row.delta, 0.0)
 
-    async def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
-                    rec: InstanceRecord, state: State, step: Step | None) -> Any:
+    def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
+              rec: InstanceRecord, state: State, step: Step | None
+              ) -> tuple[Awaitable[Any] | None, Any]:
+        """Start the action: ``(None, result)`` when it ran here (inline), else ``(awaitable,
+        None)``: an ``async def`` without a timeout is its own coroutine, awaited by the
+        caller (no task, no wrapper coroutine per step); the rest go through ``_cut``."""
         fn, arity, is_async = entry
         ctx = cm.spec.context.model_validate(rec.context)
         args = (ctx, step) if arity == 2 else (ctx,)
@@ -384,9 +385,15 @@ class Driver:
             left = max(0.001, rec.deadline - self.clock())
             timeout = left if timeout is None else min(timeout, left)
         if is_async and timeout is None:
-            return await fn(*args)  # no task needed when nothing may cut it short
+            return fn(*args), None  # no task needed when nothing may cut it short
         if state.inline and not is_async:  # declared quick: on the loop, no thread hop
-            return self._inline(fn, args, step)
+            return None, self._inline(fn, args, step)
+        return self._cut(fn, args, is_async, timeout, rec, state, step), None
+
+    async def _cut(self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool,
+                   timeout: float | None, rec: InstanceRecord, state: State,
+                   step: Step | None) -> Any:
+        """An action in a thread and/or under a timeout (``StepTimeout`` when it fires)."""
         loop = asyncio.get_running_loop()
         if step is not None and timeout is not None:  # the model call's HTTP timeout follows
             step.llm.deadline = loop.time() + timeout
@@ -395,7 +402,7 @@ class Driver:
         elif timeout is None:
             fut = self.threads.submit(fn, *args)
         else:  # its own thread: a hung one is abandoned without starving the pool
-            fut = _in_own_thread(loop, fn, args)
+            fut = in_own_thread(loop, fn, args)
         if timeout is None:
             return await fut
         done, _ = await asyncio.wait({fut}, timeout=timeout)

@@ -549,22 +549,18 @@ class Engine:
         limit = asyncio.Semaphore(self.concurrency) if self.concurrency and gate else None
 
         def one(iid: str) -> Coroutine[Any, Any, InstanceRecord | FsmError]:
-            self._scheduled += 1  # counted when scheduled, before it first runs
-            return counted(iid)
-
-        async def counted(iid: str) -> InstanceRecord | FsmError:
-            try:
-                return await guarded(iid)
-            finally:
-                self._scheduled -= 1
+            self._scheduled += 1  # counted when scheduled, before it first runs (and
+            return guarded(iid)   # uncounted when it ends, whatever it ended with)
 
         async def guarded(iid: str) -> InstanceRecord | FsmError:
             try:
+                # ``_run`` straight away unless tracing: a coroutine less per instance
+                run = self.run if self.tracer is not None else self._run
                 if limit is None:
-                    rec = await self.run(iid, on_step)
+                    rec = await run(iid, on_step)
                 else:
                     async with limit:
-                        rec = await self.run(iid, on_step)
+                        rec = await run(iid, on_step)
                 await self._continue_parent(rec, on_step)
                 return rec
             except InstanceFinished:  # e.g. cancelled while it waited for its turn
@@ -578,6 +574,8 @@ class Engine:
                                instance_id=iid)
                 err.__cause__ = exc
                 return err
+            finally:
+                self._scheduled -= 1
         return one
 
     async def run_many(self, ids: Iterable[str], on_step: OnStep | None = None

@@ -22,6 +22,7 @@ never blocks interpreter exit (its result is dropped when nobody waits).
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import threading
 from collections import deque
@@ -139,3 +140,35 @@ class ActionThreads:
             self._work.clear()
             self._cond.notify_all()
         self._outgoing.clear()
+
+
+def in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
+                  args: tuple[Any, ...]) -> asyncio.Future[Any]:
+    """Run ``fn(*args)`` in a new daemon thread; its outcome lands in the returned future
+    (dropped when the future was cancelled or the loop is gone).
+
+    Started with ``_thread.start_new_thread``, which returns at once:
+    ``threading.Thread.start`` waits until the new thread runs, and with other
+    threads holding the GIL that wait was ~11 ms of a stalled loop per call
+    (profiled under ``bench/scale_out.py``)."""
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+    def work() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting step
+            result, exc = None, err
+        try:
+            loop.call_soon_threadsafe(settle, result, exc)
+        except RuntimeError:  # the loop closed while this thread hung: nobody waits
+            pass
+    _thread.start_new_thread(work, ())  # never joined: like a daemon thread
+    return fut

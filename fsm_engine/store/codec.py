@@ -227,13 +227,27 @@ def _spill(inline: dict[str, Any], refs: dict[str, str], blobs: Blobs, threshold
     return dumps(inline)
 
 
+def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    """True when ``a`` holds exactly ``b``'s keys and very objects (so its JSON is ``b``'s:
+    encoded once, not twice)."""
+    if a is None or len(a) != len(b):
+        return False
+    for key, value in b.items():
+        if a.get(key, a) is not value:
+            return False
+    return True
+
+
 def instance_row(rec: InstanceRecord, blobs: Blobs,
                  threshold: int = CONTEXT_THRESHOLD) -> builtins.list[Any]:
     """``rec``'s values in column order for an INSERT (large context values to ``blobs``;
     ``rec.context_refs`` is set to where they went)."""
     text, rec.context_refs = split_context(None, rec, blobs, threshold)
     row = INSTANCE.values(rec, skip=CONTEXT + ("input",))
-    if rec.input is not None:  # large values beside the row too (the same blob as the context's)
+    if _same(rec.input, rec.context):  # a fresh start: the input's JSON is the context's
+        row[_INPUT_AT] = text
+        rec.context_refs.update([(INPUT_REF + k, h) for k, h in rec.context_refs.items()])
+    elif rec.input is not None:  # large values beside the row too (the context's blobs)
         row[_INPUT_AT] = _spill(rec.input, rec.context_refs, blobs, threshold, INPUT_REF)
     row[_CONTEXT_AT], row[_REFS_AT] = text, dumps(rec.context_refs)
     return row

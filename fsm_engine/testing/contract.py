@@ -328,6 +328,18 @@ class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContrac
         assert (store.get("b").state, store.get("b").version) == ("middle", 1)
         assert store.history("a") == [] and len(store.history("b")) == 1
 
+    def test_a_stale_step_amid_fresh_ones_fails_alone(self, store: Store) -> None:
+        """Each step of a batch learns its own outcome, however the store groups their
+        statements (SQLite writes like steps by one executemany, see ``sqlite_batch``)."""
+        ids = [f"i{k}" for k in range(5)]
+        store.create(*(record(i) for i in ids))
+        steps = [StepCommit(moved(store.get(i), "middle"), expected_version=7 if i == "i2" else 0,
+                            history=[hist(i, 1, "start", "middle")]) for i in ids]
+        assert store.commit(steps) == [True, True, False, True, True]
+        assert [s.record.version for s in steps] == [1, 1, 0, 1, 1]
+        assert [store.get(i).state for i in ids] == ["middle"] * 2 + ["start"] + ["middle"] * 2
+        assert [len(store.history(i)) for i in ids] == [1, 1, 0, 1, 1]
+
     def test_two_steps_from_the_same_version_only_the_first_applies(self, store: Store) -> None:
         store.create(record("a"))
         base = store.get("a")

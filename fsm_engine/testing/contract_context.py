@@ -41,6 +41,22 @@ class LargeValueContract:
         assert claimed.context == rec.context and claimed.input == rec.input
         assert store.get("a").context_refs == rec.context_refs
 
+    def test_an_input_of_the_contexts_very_values_shares_its_blobs(self, store: Store) -> None:
+        """A fresh start (``Engine.start``: the input holds the context's very values) is
+        encoded once: the input's large values are the context's blobs."""
+        rec = big_record("a")
+        rec.input = dict(rec.context)
+        store.create(rec)
+        assert set(rec.context_refs) == {"doc", "items", INPUT_REF + "doc", INPUT_REF + "items"}
+        assert rec.context_refs[INPUT_REF + "doc"] == rec.context_refs["doc"]
+        got = store.get("a")
+        assert got.input == rec.context and got.context == rec.context
+        new = moved(got, "next", context={**got.context, "n": 1, "doc": "short"})
+        assert store.commit([StepCommit(new, 0, [hist("a", 1, "start", "next")],
+                                        before=got)]) == [True]
+        got = store.get("a")
+        assert got.input == rec.context and got.context["doc"] == "short"
+
     def test_a_commit_without_before_keeps_the_large_input(self, store: Store) -> None:
         store.create(big_record("a"))
         base = store.get("a")
