@@ -197,9 +197,7 @@ class Worker:
             return
         engine._known[rec.id] = rec
         try:
-            done = await engine.run(rec.id, family=False)
-            if done is not None and done.final:
-                self.completed += 1
+            await engine.run(rec.id, self._count, family=False)
         except StaleWrite:
             pass  # taken over or cancelled meanwhile: its new owner goes on
         except StoreError as exc:
@@ -211,6 +209,12 @@ class Worker:
             log.exception("instance %s: unexpected %s, giving it back", rec.id,
                           type(exc).__name__)
             self._orphans.add(rec.id)
+
+    def _count(self, rec: InstanceRecord) -> None:
+        """``on_step``: a step this worker committed; counts the instances it ended (one
+        another worker finished after taking it over is not this worker's)."""
+        if rec.final:
+            self.completed += 1
 
     async def _park(self, rec: InstanceRecord, exc: FsmError) -> None:
         """Leave an instance this worker cannot run, saying why (``fsm list``/``show``)."""
