@@ -121,50 +121,45 @@ def fleet_of(url: str, folder: Path, sink: Sink, lease: float, delay: float) -> 
 
 def throughput(cluster: PostgresCluster, sink: Sink, workers: int, n: int, delay: float,
                lease: float, folder: Path) -> Rate:
-    url = cluster.database()
-    open_store(url).close()
-    fleet = fleet_of(url, folder, sink, lease, delay)
-    fleet.spawn(workers)
-    store = open_store(url)
-    try:
-        n0 = ready(url, store, fleet, workers)
-        cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
-        xact0, server0 = commits(cluster), server_cpu(cluster)
-        start = time.time()
-        enqueue(url, n)
-        wait_until(lambda: completed(store) == n0 + n, 1800, "every instance", interval=0.25)
-        elapsed = time.time() - start
-        cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
-        server = spent(server0, server_cpu(cluster))
-        xacts = commits(cluster) - xact0  # (the bench's polls, ~4/s, are counted too)
-    finally:
-        store.close()
-        fleet.stop()
-    total = n * STEPS
-    return Rate(total / elapsed, cpu / total * 1000, server / total * 1000, xacts / total)
+    return _fleet_rate(cluster.database(), sink, workers, n, delay, lease, folder, cluster)
 
 
 def sqlite_throughput(sink: Sink, workers: int, n: int, delay: float, lease: float,
                       folder: Path) -> Rate:
     """The same run on one SQLite file shared by ``workers`` processes on this host."""
     url = str(folder / f"sqlite-{workers}-{int(time.time())}.db")
+    return _fleet_rate(url, sink, workers, n, delay, lease, folder)
+
+
+def _fleet_rate(url: str, sink: Sink, workers: int, n: int, delay: float, lease: float,
+                folder: Path, cluster: PostgresCluster | None = None) -> Rate:
+    """``workers`` `fsm worker`s on ``url`` running ``n`` instances after the warm-up;
+    with ``cluster`` (PostgreSQL) also the server's CPU and transactions per transition
+    (else 0.0 and NaN)."""
     open_store(url).close()
     fleet = fleet_of(url, folder, sink, lease, delay)
     fleet.spawn(workers)
     store = open_store(url)
+    server, xacts = 0.0, float("nan")
     try:
         n0 = ready(url, store, fleet, workers)
         cpu0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
+        if cluster is not None:
+            xact0, server0 = commits(cluster), server_cpu(cluster)
         start = time.time()
         enqueue(url, n)
         wait_until(lambda: completed(store) == n0 + n, 1800, "every instance", interval=0.25)
         elapsed = time.time() - start
         cpu = sum(cpu_seconds(p.pid) for p in fleet.procs) - cpu0
+        if cluster is not None:
+            server = spent(server0, server_cpu(cluster))
+            xacts = commits(cluster) - xact0  # (the bench's polls, ~4/s, are counted too)
     finally:
         store.close()
         fleet.stop()
     total = n * STEPS
-    return Rate(total / elapsed, cpu / total * 1000, 0.0, float("nan"))
+    return Rate(total / elapsed, cpu / total * 1000, server / total * 1000,
+                xacts / total)
 
 
 def dbos_throughput(cluster: PostgresCluster, workers: int, n: int, delay: float,

@@ -236,4 +236,3 @@ def _fsm_command() -> str:
         return "fsm"
     rel = os.path.relpath(me)
     return shlex.quote(rel if not rel.startswith("..") else me)
-

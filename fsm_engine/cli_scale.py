@@ -185,7 +185,7 @@ def worker(db: Optional[str] = DB,
                [], "--queue-limit", metavar="QUEUE=N,…",
                help="Most instances of a queue at once over ALL workers (through the store)."),
            partition_limit: Optional[int] = typer.Option(
-               None, "--partition-limit", min=1, max=1_000_000,
+               None, "--partition-limit", min=1, max=1_000_000,  # runtime.queues.MAX_COUNT
                help="Most instances of one partition key at once over all workers."),
            rate_limit: list[str] = typer.Option(
                [], "--rate-limit", metavar="MODEL=rpm:N,tpm:N[,window:S]",

@@ -17,9 +17,8 @@ Sources:
 
 from __future__ import annotations
 
-import math
-
 import errno
+import math
 import random
 import socket
 import time

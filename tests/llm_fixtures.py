@@ -20,6 +20,11 @@ from pathlib import Path
 
 import pytest
 
+try:  # imported as a top-level module (tests/ on sys.path) or as tests.llm_fixtures
+    from procs import stop
+except ImportError:
+    from tests.procs import stop
+
 SERVER_START_TIMEOUT = 120.0  # seconds
 
 
@@ -65,15 +70,6 @@ def _tail(path: Path, size: int = 2000) -> str:
     return path.read_bytes()[-size:].decode("utf-8", "replace")
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def llama_server(gemma_path: str, tmp_path_factory) -> Iterator[str]:
     """Run ``python -m llama_cpp.server`` on a free port; yields its base URL (``.../v1``)."""
@@ -94,5 +90,5 @@ def llama_server(gemma_path: str, tmp_path_factory) -> Iterator[str]:
             raise RuntimeError(f"{exc}; log tail: {_tail(log_path)}") from None
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        _stop(process)
+        stop(process)
         log.close()

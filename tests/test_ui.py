@@ -18,6 +18,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from fsm_engine import SqliteStore, StoreError  # noqa: E402
 from fsm_engine.ui import create_app  # noqa: E402
+from procs import stop  # noqa: E402
 from observe_fixtures import QUOTED_STATE, XSS, Fleet  # noqa: E402
 
 ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
@@ -192,12 +193,7 @@ def test_an_exposed_viewer_answers_401_without_its_token(fleet: Fleet) -> None:
         with urllib.request.urlopen(ok, timeout=10) as response:
             assert response.status == 200 and fleet.ids["router"][0] in response.read().decode()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet: Fleet) -> None:

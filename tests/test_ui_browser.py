@@ -25,6 +25,7 @@ import pytest
 
 from fsm_engine import SqliteStore
 from fsm_engine.store import InstanceFilter
+from procs import stop  # noqa: E402
 from observe_fixtures import QUOTED_STATE, XSS, Family, Fleet, build_family
 
 pytestmark = pytest.mark.browser
@@ -62,12 +63,7 @@ def _serve(db: str) -> Iterator[str]:
         assert match, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
         yield f"http://127.0.0.1:{match.group(1)}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -22,21 +22,18 @@ Stored shape (JSON; every key optional)::
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from ..errors import InvalidInput, StoreError
 from ..policies import RateLimit
+from .queues import MAX_COUNT, QUEUE_NAME
+from .rates import parse_named
 
 log = logging.getLogger("fsm_engine")
 
 #: Seconds a worker keeps the stored limits before reading them again.
 REFRESH_S = 2.0
-#: The largest count a limit may have (instances leased at once).
-MAX_COUNT = 1_000_000
-
-_QUEUE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _RATE_FIELDS = ("rpm", "tpm", "window_s", "hold_s")
 
 
@@ -87,7 +84,7 @@ class FleetLimits:
             problems.append("queue_limits is not an object")
             queues = {}
         problems += [f"queue limit {q!r}: {n!r} is not a name and an int >= 1"
-                     for q, n in queues.items() if not _QUEUE.fullmatch(str(q)) or not _count(n)]
+                     for q, n in queues.items() if not QUEUE_NAME.fullmatch(str(q)) or not _count(n)]
         partition = value.get("partition_limit")
         if partition is not None and not _count(partition):
             problems.append(f"partition_limit {partition!r} is not an int >= 1")
@@ -165,7 +162,7 @@ def parse_queue_limits(values: list[str]) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for item in (i.strip() for v in values for i in v.split(",") if i.strip()):
         name, sep, count = item.partition("=")
-        if not sep or not _QUEUE.fullmatch(name) or not (
+        if not sep or not QUEUE_NAME.fullmatch(name) or not (
                 count == "none" or (count.isdigit() and 1 <= int(count) <= MAX_COUNT)):
             raise InvalidInput(f"--queue-limit {item!r}: expected QUEUE=N (1 <= N <= "
                                f"{MAX_COUNT:,}) or QUEUE=none")
@@ -176,15 +173,7 @@ def parse_queue_limits(values: list[str]) -> dict[str, int | None]:
 def parse_rate_limits(values: list[str]) -> dict[str, RateLimit | None]:
     """``["primary=tpm:40000", "default=none"]`` by model name (``default``/``*``: the
     default provider; ``none``: remove); ``InvalidInput`` naming the bad value."""
-    out: dict[str, RateLimit | None] = {}
-    for value in values:
-        name, sep, spec = value.partition("=")
-        if not sep or not name:
-            raise InvalidInput(f"--rate-limit {value!r}: expected MODEL=rpm:N,tpm:N or "
-                               "MODEL=none")
-        key = "*" if name in ("*", "default") else name
-        out[key] = None if spec.strip() == "none" else RateLimit.parse(spec)
-    return out
+    return dict(parse_named(value, removable=True) for value in values)
 
 
 def parse_partition_limit(value: str | None) -> int | None | str:

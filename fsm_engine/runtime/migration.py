@@ -38,7 +38,6 @@ from .compiled import CompiledMachine
 NEEDS_MIGRATION = "needs_migration"
 
 
-
 @dataclass(frozen=True, slots=True)
 class Upcast:
     """An instance as stored (``before``), as upcast (``record``: same ``version``, its

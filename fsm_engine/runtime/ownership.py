@@ -355,13 +355,14 @@ class Ownership:
             raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
                            instance_id=rec.id)
         prior = workers.get(rec.owner)
-        if prior is not None and pid_alive(prior) and not self.store.end_lease(
+        alive = prior is not None and pid_alive(prior)
+        if alive and not self.store.end_lease(
                 rec.owner, now, self.lease_seconds):  # it renewed since: not ours to take
             raise FsmError(f"instance {rec.id} is being run by live worker {rec.owner}",
                            instance_id=rec.id)
         beat = None if prior is None else prior.heartbeat_at
         cause = ("deregistered" if prior is None
-                 else "process_gone" if not pid_alive(prior) else "lease_expired")
+                 else "lease_expired" if alive else "process_gone")
         new = adopted(rec, self.id, now, beat)
         row = takeover_row(rec, new, now, beat, cause)
         return StepCommit(new, rec.version, history=[row] if row else [], before=rec)

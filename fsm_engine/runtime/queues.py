@@ -34,7 +34,10 @@ from ..errors import InvalidInput
 if TYPE_CHECKING:
     from .fleet import FleetLimits
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+#: A queue's name: a letter, then up to 63 letters, digits, ``_`` or ``-``.
+QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+#: The largest count a limit may have (instances at once).
+MAX_COUNT = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +71,10 @@ class QueuePlan:
         """This plan under the fleet's stored limits: per queue and for partitions, the
         smaller of this worker's limit and the stored one."""
         from .fleet import tighter
-        queues = set(self.global_limits) | set(fleet.queue_limits)
+        queues = sorted(set(self.global_limits) | set(fleet.queue_limits))
         limits = {q: tighter(self.global_limits.get(q), fleet.queue_limits.get(q))
-                  for q in sorted(queues)}
-        return replace(self, global_limits={q: n for q, n in limits.items() if n is not None},
+                  for q in queues}  # each is set on one side at least: never None
+        return replace(self, global_limits=limits,
                        partition_limit=tighter(self.partition_limit, fleet.partition_limit))
 
     def serves(self, queue: str) -> bool:
@@ -114,9 +117,10 @@ def parse_counts(values: list[str], what: str) -> tuple[int | None, dict[str, in
     total, per = None, {}
     for item in (i.strip() for v in values for i in v.split(",")):
         name, sep, count = item.rpartition("=")
-        if not count.isdigit() or not 1 <= int(count) <= 1_000_000 or (
-                sep and not _NAME.fullmatch(name)):
-            raise InvalidInput(f"{what} {item!r}: expected N or QUEUE=N (1 <= N <= 1,000,000)")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_COUNT or (
+                sep and not QUEUE_NAME.fullmatch(name)):
+            raise InvalidInput(f"{what} {item!r}: expected N or QUEUE=N (1 <= N <= "
+                               f"{MAX_COUNT:,})")
         if sep:
             per[name] = int(count)
         else:
@@ -126,7 +130,7 @@ def parse_counts(values: list[str], what: str) -> tuple[int | None, dict[str, in
 
 def check_queue(name: str) -> str:
     """``name`` when it is a queue name, else ``InvalidInput``."""
-    if not _NAME.fullmatch(name):
+    if not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(f"--queue {name!r}: a queue name is a letter, then letters, "
                            "digits, '_' or '-'")
     return name

@@ -82,14 +82,25 @@ def limits_from_specs(specs: list[str] | None,
     env = os.environ if environ is None else environ
     out: dict[str, RateLimit] = {}
     for value in specs or []:
-        name, sep, spec = value.partition("=")
-        if not sep or not name:
-            raise InvalidInput(f"--rate-limit {value!r}: expected NAME=rpm:N,tpm:N")
-        out[_name(name)] = RateLimit.parse(spec)
+        name, limit = parse_named(value)
+        out[name] = limit  # type: ignore[assignment]  (never None: not removable)
     for key, spec in env.items():
         if key.startswith(ENV_PREFIX) and len(key) > len(ENV_PREFIX):
             out.setdefault(_name(key[len(ENV_PREFIX):].lower()), RateLimit.parse(spec))
     return out
+
+
+def parse_named(value: str, *, removable: bool = False) -> tuple[str, RateLimit | None]:
+    """``NAME=rpm:…,tpm:…[,window:S]`` as (the model name, ``*`` for ``default``; its
+    limit); with ``removable``, ``NAME=none`` gives ``None`` (``fsm limits``: remove it).
+    Raises ``InvalidInput`` for a malformed value."""
+    name, sep, spec = value.partition("=")
+    if not sep or not name:
+        raise InvalidInput(f"--rate-limit {value!r}: expected NAME=rpm:N,tpm:N"
+                           + (" or NAME=none" if removable else ""))
+    if removable and spec.strip() == "none":
+        return _name(name), None
+    return _name(name), RateLimit.parse(spec)
 
 
 def _name(name: str) -> str:

@@ -142,7 +142,6 @@ class Worker:
             log.info("worker %s: fleet limits %s", self.id, limits.to_json() or "none")
         self.limits = limits
         self.plan = self.own_plan.tightened(limits)
-        self.engine._limits_read = True
         self.engine.use_limits(limits)
 
     def _load(self) -> Counter[str]:

@@ -83,6 +83,7 @@ _ATTEMPT = ATTEMPT.columns
 # a column added to a record must be given its SQL type here (fails at import, not in a commit)
 assert set(MUTABLE) | set(_HISTORY) | set(_ATTEMPT) <= _TYPES.keys()
 
+
 def _arrays(types: Sequence[str]) -> list[list[Any]]:
     """One empty array of the right class per column."""
     return [_ARRAY[t]() for t in types]
@@ -93,7 +94,6 @@ _HISTORY_TYPES = ("int4", *(_TYPES[c] for c in _HISTORY))
 _ATTEMPT_TYPES = ("int4", *(_TYPES[c] for c in _ATTEMPT))
 _OUTBOX_TYPES = ("int4", "text", "float8", "text")
 _BLOB_TYPES = ("int4", "text", "text")
-
 
 
 def _unnest(alias: str, cols: Sequence[str], types: Sequence[str], first: int) -> str:

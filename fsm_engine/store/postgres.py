@@ -31,6 +31,7 @@ from psycopg.rows import dict_row
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from . import claims, leases, pg_commit, rates
+from . import limits as limits_sql
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
 from .codec import (
@@ -786,16 +787,14 @@ class PostgresStore:
         self._run(lambda conn: conn.execute(marks(rates.SETTLE), (tokens, until, name, key)))
 
     def get_limits(self) -> dict[str, Any] | None:
-        return rates.decode_limits(self._run(
-            lambda conn: conn.execute(rates.GET_LIMITS).fetchall()))
+        return limits_sql.decode(self._run(
+            lambda conn: conn.execute(limits_sql.GET).fetchall()))
 
     def put_limits(self, limits: dict[str, Any] | None) -> None:
         def go(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(rates.DROP_LIMITS)
+            conn.execute(limits_sql.DROP)
             if limits:
-                conn.execute("INSERT INTO fsm_meta(key, value) VALUES (%s, %s)",
-                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True,
-                                                           allow_nan=False)))
+                conn.execute(marks(limits_sql.PUT), (limits_sql.encode(limits),))
         self._run(go, txn=True)
 
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------

@@ -21,29 +21,6 @@ LIVE = "SELECT until, tokens FROM rate_calls WHERE name = ?"
 ADMIT = "INSERT INTO rate_calls(name, key, at, until, tokens) VALUES (?, ?, ?, ?, ?)"
 SETTLE = "UPDATE rate_calls SET tokens = ?, until = ? WHERE name = ? AND key = ?"
 
-#: The fleet's limits (``runtime.fleet``): one JSON object in ``fsm_meta`` under this key.
-LIMITS_KEY = "limits"
-GET_LIMITS = "SELECT value FROM fsm_meta WHERE key = 'limits'"
-DROP_LIMITS = "DELETE FROM fsm_meta WHERE key = 'limits'"
-
-
-def decode_limits(rows: Sequence[Any]) -> dict[str, Any] | None:
-    """The stored limits object from ``GET_LIMITS``'s rows (``None``: none stored);
-    ``StoreError`` when the value is not a JSON object."""
-    import json
-
-    from ..errors import StoreError
-    if not rows:
-        return None
-    try:
-        value = json.loads(rows[0][0])
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"stored fleet limits are not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise StoreError("stored fleet limits are not a JSON object")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class RateRequest:
     """One call asking a limit for room.

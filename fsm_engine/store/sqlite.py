@@ -42,6 +42,7 @@ from .codec import (
     reviews_where,
 )
 from . import claims, leases, rates
+from . import limits as limits_sql
 from .sqlite_batch import REFUSED, Rows, insert_history, rejected
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
@@ -520,15 +521,13 @@ class SqliteStore:
             conn.execute(rates.SETTLE, (tokens, until, name, key))
 
     def get_limits(self) -> dict[str, Any] | None:
-        return rates.decode_limits(self._read(rates.GET_LIMITS, tuples=True))
+        return limits_sql.decode(self._read(limits_sql.GET, tuples=True))
 
     def put_limits(self, limits: dict[str, Any] | None) -> None:
         with self._write() as conn:
-            conn.execute(rates.DROP_LIMITS)
+            conn.execute(limits_sql.DROP)
             if limits:
-                conn.execute("INSERT INTO fsm_meta(key, value) VALUES (?, ?)",
-                             (rates.LIMITS_KEY, json.dumps(limits, sort_keys=True,
-                                                           allow_nan=False)))
+                conn.execute(limits_sql.PUT, (limits_sql.encode(limits),))
 
     # -- read side ------------------------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,

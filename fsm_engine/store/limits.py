@@ -1,0 +1,37 @@
+"""The fleet's limits in the store (``runtime.fleet``): shared SQL of every backend.
+
+One JSON object in ``fsm_meta`` under the key ``limits`` (no format change: an older
+fsm_engine ignores the row).  ``Store.put_limits`` replaces it in one transaction
+(``DROP`` then ``PUT``), ``Store.get_limits`` reads it back (``decode``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from ..errors import StoreError
+
+#: Statements (``?`` placeholders) both backends run.
+GET = "SELECT value FROM fsm_meta WHERE key = 'limits'"
+DROP = "DELETE FROM fsm_meta WHERE key = 'limits'"
+PUT = "INSERT INTO fsm_meta(key, value) VALUES ('limits', ?)"
+
+
+def encode(limits: dict[str, Any]) -> str:
+    """``PUT``'s argument: the limits as strict JSON (no NaN or infinity)."""
+    return json.dumps(limits, sort_keys=True, allow_nan=False)
+
+
+def decode(rows: Sequence[Any]) -> dict[str, Any] | None:
+    """The stored limits object from ``GET``'s rows (``None``: none stored);
+    ``StoreError`` when the value is not a JSON object."""
+    if not rows:
+        return None
+    try:
+        value = json.loads(rows[0][0])
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"stored fleet limits are not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise StoreError("stored fleet limits are not a JSON object")
+    return value
