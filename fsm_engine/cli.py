@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any, Optional
 
@@ -34,6 +34,12 @@ out = Console()
 DB = typer.Option(None, "--db", show_default=False,
                   help="Store: a SQLite file, sqlite:///REL.db or sqlite:////ABS.db, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
+#: ``--machines``: the modules a command may import for stored instances besides those
+#: under the machines root (``runtime.loader.Trust``).
+MACHINES = typer.Option([], "--machines", metavar="MODULE",
+                        help="Machine modules to load for stored instances (repeatable); "
+                             "others load only from under $FSM_MACHINES_ROOT (default: the "
+                             "current directory).")
 
 
 def _version(value: bool) -> None:
@@ -87,13 +93,40 @@ def _open(db: str | None, *, create: bool = False) -> Store:
 
 
 def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None = None,
-            seed: int | None = None, create: bool = False) -> Engine:
-    """An engine on ``db`` with the selected providers by model name (local ones load lazily)."""
+            seed: int | None = None, create: bool = False,
+            machines: Sequence[str] = ()) -> Engine:
+    """An engine on ``db`` with the selected providers by model name (local ones load
+    lazily) and the ``machines`` modules loaded (``trusting``)."""
     from .llm.select import providers_from_specs
     from .runtime.rates import limits_from_specs
     providers = providers_from_specs(llm, faults=faults, seed=seed)
     limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
-    return Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
+    engine = Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
+    return trusting(engine, machines)
+
+
+def trusting(engine: Engine, machines: Sequence[str]) -> Engine:
+    """``engine`` with each of ``machines`` (``--machines``) loaded, so the instances naming
+    them run; others load only from under the machines root (``runtime.loader.Trust``).
+    The engine is closed when one fails to load (``MachineLoadError``)."""
+    try:
+        for module in machines:
+            engine.load(module)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def refuse_untrusted(engine: Engine, records: Iterable[Any]) -> None:
+    """``MachineRefused`` (the engine closed) for the first of ``records`` whose machine
+    module this engine may not import: a command refuses it before running anything."""
+    try:
+        for rec in records:
+            engine.check_module(rec)
+    except BaseException:
+        engine.close()
+        raise
 
 
 def _find(store: Store, instance_id: str) -> Any:
@@ -315,14 +348,18 @@ def resume(db: str = DB,
            concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
                                                      help="Max instances at once (as for `fsm run`)."),
            as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
-           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
-    """Continue every unfinished instance whose worker died."""
-    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False)
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+           machines: list[str] = MACHINES) -> None:
+    """Continue every unfinished instance whose worker died (refused, nothing run, when
+    one names a machine module neither under the machines root nor given with --machines)."""
+    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False, machines=machines)
     engine.concurrency = concurrency or _default_concurrency(engine)
-    if not engine.resumable():
+    todo = engine.resumable()
+    if not todo:
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
         raise typer.Exit(0)
+    refuse_untrusted(engine, todo)
     _preload(engine)
     _finish(_drive(engine, [], True, quiet), as_json)
 
@@ -331,9 +368,10 @@ def resume(db: str = DB,
 def step(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
          db: str = DB,
          llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
-         as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON.")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON."),
+         machines: list[str] = MACHINES) -> None:
     """Run exactly one step of an instance."""
-    engine = _engine(db, llm=llm, create=False)
+    engine = _engine(db, llm=llm, create=False, machines=machines)
     instance_id = _find(engine.store, instance_id).id
 
     async def go() -> Any:

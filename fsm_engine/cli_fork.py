@@ -99,7 +99,8 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
 @app.command()
 def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
            module: Optional[str] = typer.Argument(None, help="Machine module to replay "
-                                                  "through (default: the instance's own)."),
+                                                  "through (default: the instance's own, "
+                                                  "when under the machines root)."),
            db: Optional[str] = DB,
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")
            ) -> None:
@@ -107,7 +108,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
     it diverges."""
     from .runtime.compiled import compile_machine
-    from .runtime.loader import load_machine
+    from .runtime.loader import Trust, load_machine
     from .runtime.replay import replay as run_replay
     store = _open(db)
     try:
@@ -115,6 +116,8 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
         history = store.history(rec.id)
     finally:
         store.close()
+    if module is None:  # the row's own: imported only from under the machines root
+        Trust().check(rec.module, rec.id)
     machine, _ = load_machine(module or rec.module)
     report = run_replay(compile_machine(machine), rec, history)
     if as_json:

@@ -30,7 +30,8 @@ from ..policies import BreakerPolicy, RateLimit
 from ..store import PENDING, Store, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
-    RATE_LIMITED, REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
+    RATE_LIMITED, REVIEW_OPEN, ChildState, DefinitionRow, InstanceRecord, ReviewItem,
+    StepCommit, WorkerRow,
 )
 from . import migration, outcome, reviews as review_queue, values
 from . import fanout, fleet
@@ -38,7 +39,7 @@ from ..definition.fanout import CHILDREN
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
-from .loader import load_machine, reference
+from .loader import Trust, load_machine, reference
 from .models import Models
 from .ownership import Ownership
 from .threads import ActionThreads
@@ -96,6 +97,13 @@ async def _done(value: Any) -> Any:
     return value
 
 
+def _definition_rows(cm: CompiledMachine, now: float) -> list[DefinitionRow]:
+    """What the store keeps of ``cm`` and its branch machines: each one's export, keyed by
+    (name, version, fingerprint), for the viewer to draw without importing anything."""
+    return [DefinitionRow(m.name, m.spec.version, m.fingerprint, m.spec.export(), now)
+            for m in cm.family()]
+
+
 def _module_ref(machine: Machine) -> str:
     """Where ``machine`` can be loaded again on any host (``loader.reference``)."""
     ns = machine.namespace or {}
@@ -127,6 +135,10 @@ class Engine:
             (off: see ``fsm_engine.telemetry``).
         rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.rates`.
+        trust: which machine modules named by stored instances may be imported (default
+            ``Trust()``: those this engine ``load``-ed and files under the machines root);
+            an instance naming another is refused with ``MachineRefused`` (see
+            :mod:`fsm_engine.runtime.loader`), and a worker leaves it alone.
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -135,8 +147,10 @@ class Engine:
                  breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time, tracer: Any = "env",
-                 rate_limits: Mapping[str, RateLimit] | None = None) -> None:
+                 rate_limits: Mapping[str, RateLimit] | None = None,
+                 trust: Trust | None = None) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.trust = trust or Trust()
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.concurrency = concurrency
@@ -191,7 +205,8 @@ class Engine:
 
     # -- definitions ------------------------------------------------------------
     def register(self, machine: Machine, module: str | None = None) -> CompiledMachine:
-        """Check and compile ``machine`` and remember where it came from.
+        """Check and compile ``machine``, remember where it came from, and keep its export
+        in the store (``Store.put_definitions``: what the viewer draws).
 
         Raises ``DefinitionError`` listing every problem.
         """
@@ -201,20 +216,32 @@ class Engine:
         ref = module or _module_ref(machine)
         for member in cm.family():  # branch machines load from the parent's module
             self.models.check(member.states)
+        self.store.put_definitions(_definition_rows(cm, self.clock()))
+        for member in cm.family():
             self._machines[member.name] = member
             self._modules[member.name] = ref
         return cm
 
     def load(self, ref: str) -> CompiledMachine:
-        """Load, check and register the machine in module ``ref`` (path or dotted name)."""
+        """Load, check and register the machine in module ``ref`` (path or dotted name),
+        which this engine then trusts (``trust``) wherever an instance names it."""
         machine, canonical = load_machine(ref)
+        self.trust.allow(canonical)
         return self.register(machine, canonical)
 
+    def check_module(self, rec: InstanceRecord) -> None:
+        """Return when ``rec``'s machine is registered or its module may be imported here
+        (``trust``); else ``MachineRefused`` naming the instance and the module."""
+        if rec.machine not in self._machines:
+            self.trust.check(rec.module, rec.id)
+
     def definition(self, rec: InstanceRecord) -> CompiledMachine:
-        """The compiled machine ``rec`` names (loaded from its module when not registered),
-        whatever version it has; ``DefinitionError`` when it cannot be had."""
+        """The compiled machine ``rec`` names (loaded from its module when not registered
+        and ``trust`` allows it), whatever version it has; ``DefinitionError`` when it
+        cannot be had (``MachineRefused``: its module may not be imported here)."""
         cm = self._machines.get(rec.machine)
         if cm is None:
+            self.check_module(rec)
             cm = self.load(rec.module)
             if cm.name != rec.machine:  # a branch machine: registered with its parent
                 cm = self._machines.get(rec.machine) or _no_branch(rec)
