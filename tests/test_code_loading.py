@@ -235,3 +235,37 @@ def test_the_row_module_loads_when_under_the_root_or_named(setup: Setup) -> None
     done = setup.fsm("resume", "--machines", str(outside), "--json")
     assert done.returncode == 0, done.stderr
     assert open_store(setup.url).get(iid).status == "completed"
+
+
+# -- the store keeps definitions (format 11) -------------------------------------------------
+def test_a_format_10_store_is_migrated_to_keep_definitions(store_url: str) -> None:
+    from fsm_engine.store import DefinitionRow
+    from fsm_engine.testing.contract import record
+    store = open_store(store_url)
+    store.create(record("a"))
+    store.close()
+    execute(store_url, "DROP TABLE definitions", ())  # as fsm_engine at format 10 left it
+    execute(store_url, "UPDATE fsm_meta SET value = '10' WHERE key = 'schema_version'", ())
+    store = open_store(store_url)  # a writer: migrated forward on open
+    try:
+        assert store.get("a").state == "start" and store.get_definition("m", 1, "f") is None
+        row = DefinitionRow("m", 1, "f", {"name": "m", "states": [{"name": "start"}]}, 1.0)
+        store.put_definitions([row])
+        assert store.get_definition("m", 1, "f") == row
+    finally:
+        store.close()
+
+
+def test_an_engine_keeps_the_export_of_each_machine_it_registers(store_url: str,
+                                                                  tmp_path: Path) -> None:
+    from fsm_engine import Engine
+    from fsm_engine.runtime.loader import load_machine
+    (tmp_path / "flow.py").write_text(FLOW)
+    machine, ref = load_machine(str(tmp_path / "flow.py"))
+    engine = Engine(store_url)
+    try:
+        cm = engine.register(machine, ref)
+        row = engine.store.get_definition("flow", 1, cm.fingerprint)
+        assert row is not None and row.export == machine.export()
+    finally:
+        engine.close()
