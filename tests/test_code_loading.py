@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
+from procs import stop
 
 from fsm_engine.store import open_store
-from procs import stop
 
 ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
 
@@ -82,7 +82,8 @@ class Setup:
                               capture_output=True, timeout=timeout)
 
     def started(self, run: bool) -> str:
-        verb = ["run", "machines/flow.py", "--json", "--local"] if run else ["start", "machines/flow.py"]
+        verb = ["run", "--json", "--local"] if run else ["start"]
+        verb.append("machines/flow.py")
         done = self.fsm(*verb, "--input", str(self.tmp / "in.json"))
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)[0]["id"] if run else done.stdout.split()[0]
@@ -149,7 +150,7 @@ def test_no_viewer_page_imports_what_a_row_names(setup: Setup) -> None:
     finally:
         stop(proc)
     assert not setup.imported(), "a viewer page imported the module a row names"
-    assert all(r.status_code == 200 for r in got.values()), {p: r.status_code for p, r in got.items()}
+    assert {p: r.status_code for p, r in got.items()} == {p: 200 for p in pages}
     page = got[f"/instances/{ran}"].text
     assert "<svg" in page and "spare_path" in page  # the stored definition: a state never visited
     assert "spare_path" in got["/machines/flow"].text
@@ -186,7 +187,8 @@ def test_commands_refuse_a_row_module_outside_the_root(setup: Setup, kind: str) 
     ref = _ref(setup, kind)
     setup.point(pending, ref)
     for args in (["migrate"], ["migrate", "--yes"], ["replay", pending], ["resume"],
-                 ["step", pending], ["fork", pending, "--from-seq", "0"]):
+                 ["step", pending], ["fork", pending, "--from-seq", "0"],
+                 ["rerun", pending, "--state", "work"]):
         done = setup.fsm(*args)
         assert not setup.imported(), (args, done.stdout, done.stderr)
         _one_error_line(done, pending, ref)

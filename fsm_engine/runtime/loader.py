@@ -23,9 +23,9 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterable
 from importlib.machinery import PathFinder
 from types import ModuleType
-from typing import Iterable
 
 from ..definition import Machine
 from ..errors import DefinitionError, MachineLoadError, MachineRefused
@@ -130,14 +130,15 @@ def _dotted_files(name: str) -> list[str] | None:
     if not all(p.isidentifier() for p in parts):
         return None
     files: list[str] = []
-    search: Iterable[str] | None = None
+    search: list[str] | None = None
     for i in range(len(parts)):
         spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
         if spec is None:
             return None
         if spec.origin and spec.has_location:  # a namespace package has no file
             files.append(spec.origin)
-        search = spec.submodule_search_locations
+        found = spec.submodule_search_locations
+        search = None if found is None else list(found)
         if search is None and i < len(parts) - 1:
             return None
     return files or None
@@ -196,7 +197,8 @@ def load_machine(ref: str) -> tuple[Machine, str]:
     """Load ``ref`` — ``path/to/file.py``, ``package.module`` or either with ``:attr``.
 
     Returns the machine and a portable reference to store with instances
-    (``reference``: a path relative to the machines root, or a dotted name).  Raises ``MachineLoadError`` (one line) when
+    (``reference``: a path relative to the machines root, or a dotted name).  Raises
+    ``MachineLoadError`` (one line) when
     the module is missing, fails to import or defines no machine;
     ``DefinitionError`` propagates from checks done at import time.
     """

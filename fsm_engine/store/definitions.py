@@ -11,7 +11,8 @@ checked to be a JSON object with a list of states, never executed.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import StoreError
 from .records import DefinitionRow

@@ -23,7 +23,8 @@ class DefinitionContract:
         store.put_definitions([first, other, DefinitionRow("m", 1, "f1", {"states": []}, 5.0)])
         assert store.get_definition("m", 1, "f1") == first  # the first under a key wins
         assert store.get_definition("m", 2, "f2") == other
-        assert store.get_definition("m", 1, "f2") is None and store.get_definition("x", 1, "f1") is None
+        assert store.get_definition("m", 1, "f2") is None
+        assert store.get_definition("x", 1, "f1") is None
         store.put_definitions([DefinitionRow("m", 1, "f1", {"states": [], "late": 1}, 9.0)])
         assert store.get_definition("m", 1, "f1") == first  # a later write keeps it
         store.put_definitions([])
