@@ -271,3 +271,48 @@ def test_an_engine_keeps_the_export_of_each_machine_it_registers(store_url: str,
         assert row is not None and row.export == machine.export()
     finally:
         engine.close()
+
+
+def test_trust_follows_symlinks_and_refuses_odd_references(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsm_engine.errors import MachineRefused
+    from fsm_engine.runtime.loader import Trust
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir(), outside.mkdir()
+    marker = tmp_path / "IMPORTED"
+    (outside / "evil.py").write_text(HOSTILE.format(marker=str(marker)))
+    (root / "link.py").symlink_to(outside / "evil.py")
+    (root / "ok.py").write_text(FLOW)
+    monkeypatch.setenv("FSM_MACHINES_ROOT", str(root))
+    monkeypatch.chdir(tmp_path)
+    trust = Trust()
+    for ref in ("link.py", str(root / "link.py"), "root/../outside/evil.py", "evil\x00.py",
+                "os", "no.such.module", "", ":attr"):
+        with pytest.raises(MachineRefused, match="not imported"):
+            trust.check(ref, "i1")
+    trust.check("ok.py", "i1")
+    trust.check(str(root / "ok.py") + ":machine", "i1")
+    trust.allow(str(outside / "evil.py"))
+    trust.check(str(outside / "evil.py"), "i1")  # named explicitly: the program's choice
+    assert not marker.exists()
+
+
+def test_a_hostile_stored_export_is_drawn_as_data_or_not_at_all(setup: Setup) -> None:
+    """The stored definition is a row like any other: a page over a malformed one still
+    answers, with the reason, and runs nothing."""
+    from starlette.testclient import TestClient
+
+    from fsm_engine.ui import create_app
+    ran = setup.started(run=True)
+    setup.point(ran, setup.evil)
+    execute(setup.url, "UPDATE definitions SET export = ? WHERE machine = ?",
+            (json.dumps({"name": "flow", "states": [7, {"name": "<b>x</b>"}]}), "flow"))
+    store = open_store(setup.url, readonly=True)
+    try:
+        client = TestClient(create_app(store))
+        pages = [client.get(p) for p in (f"/instances/{ran}", "/machines/flow")]
+    finally:
+        store.close()
+    assert [r.status_code for r in pages] == [200, 200]
+    assert all("<b>x</b>" not in r.text for r in pages)
+    assert not setup.imported()

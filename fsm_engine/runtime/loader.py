@@ -157,12 +157,12 @@ def refusal(ref: str) -> str | None:
     None when every file it would execute lies under the machines root."""
     root = os.path.realpath(machines_root())
     try:
-        files = _files(ref)
+        files = [os.path.realpath(f) for f in _files(ref) or ()]
     except (OSError, ValueError, ImportError):  # an embedded NUL, an unreadable folder
-        files = None
+        files = []
     if not files:
         return f"is not found under the machines root {root}"
-    if any(_under(os.path.realpath(f), root) is None for f in files):
+    if any(_under(f, root) is None for f in files):
         return f"lies outside the machines root {root}"
     return None
 
