@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .cli import DB, _fail, _find, _open, app
+from .cli import DB, MACHINES, _fail, _find, _open, app, trusting
 from .runtime import Engine
 from .store.records import InstanceFilter
 
@@ -37,10 +37,10 @@ def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or
          redeliver: bool = typer.Option(False, "--redeliver",
                                         help="Deliver again the side effects the original "
                                              "delivered (under the fork's own key)."),
-         ) -> None:
+         machines: list[str] = MACHINES) -> None:
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
     new id.  Side effects the original delivered are not repeated unless --redeliver."""
-    engine = Engine(_open(db))
+    engine = trusting(Engine(_open(db)), machines)
     try:
         if instance_id is None:
             if status is None:
@@ -82,10 +82,10 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
           in_place: bool = typer.Option(False, "--in-place",
                                         help="Reset this instance (appending to its history) "
                                              "instead of forking it."),
-          db: Optional[str] = DB) -> None:
+          db: Optional[str] = DB, machines: list[str] = MACHINES) -> None:
     """Force a state to run again (after its prompt or parameters changed): from just before
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`)."""
-    engine = Engine(_open(db))
+    engine = trusting(Engine(_open(db)), machines)
     try:
         orig = _find(engine.store, instance_id)
         new = engine.rerun(orig.id, state, in_place=in_place)

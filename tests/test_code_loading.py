@@ -234,9 +234,11 @@ def test_the_row_module_loads_when_under_the_root_or_named(setup: Setup) -> None
     _one_error_line(setup.fsm("replay", iid), iid, str(outside))
     assert setup.fsm("replay", iid, str(outside)).returncode == 0
     assert setup.fsm("migrate", "--machines", str(outside)).returncode == 0
+    _one_error_line(setup.fsm("fork", iid, "--from-seq", "0"), iid, str(outside))
+    assert setup.fsm("fork", iid, "--from-seq", "0", "--machines", str(outside)).returncode == 0
     done = setup.fsm("resume", "--machines", str(outside), "--json")
     assert done.returncode == 0, done.stderr
-    assert open_store(setup.url).get(iid).status == "completed"
+    assert open_store(setup.url).get(iid).status == "completed"  # the fork completed too
 
 
 # -- the store keeps definitions (format 11) -------------------------------------------------
