@@ -136,7 +136,7 @@ def _paths(m: Machine, names: list[str], problems: list[str]) -> None:
         return
     edges = _graph(m, names)
     # the runtime moves unhandled failures (and routed loop caps / open breakers) there
-    implicit = {m.failure_state, m.on_loop_limit, m.on_circuit_open} - {None}
+    implicit = {n for n in (m.failure_state, m.on_loop_limit, m.on_circuit_open) if n is not None}
     reachable = _reach({m.initial} | (implicit & set(names)), edges)
     for n in names:
         if n not in reachable and n not in implicit:
@@ -186,7 +186,7 @@ def _action(s: Any, ns: Mapping[str, Any], where: str, problems: list[str],
 
 def _kind_problems(s: Any, names: list[str]) -> list[str]:
     """What a final, failure, wait, fallback or inline state may not combine."""
-    out = []
+    out: list[str] = []
     if s.final and (s.action or s.wait):
         out.append("a final state cannot have an action or wait")
     if s.failure and not s.final:
@@ -204,7 +204,7 @@ def _kind_problems(s: Any, names: list[str]) -> list[str]:
 
 def _policy_problems(s: Any) -> list[str]:
     """The state's retry policy, token budget and skip default."""
-    out = []
+    out: list[str] = []
     if s.retry is not None:
         out.extend(f"retry policy: {p}" for p in s.retry.problems())
     if s.token_budget is not None and (not isinstance(s.token_budget, int) or s.token_budget < 0):
@@ -216,7 +216,7 @@ def _policy_problems(s: Any) -> list[str]:
 
 def _name_problems(s: Any) -> list[str]:
     """The state's reply cache, model names (``llm``, ``repair_llm``) and queue name."""
-    out = []
+    out: list[str] = []
     if s.cache is not None:
         out.extend(f"cache: {p}" for p in s.cache.problems())
         if s.side_effect:

@@ -72,8 +72,8 @@ class QueuePlan:
         smaller of this worker's limit and the stored one."""
         from .fleet import tighter
         queues = sorted(set(self.global_limits) | set(fleet.queue_limits))
-        limits = {q: tighter(self.global_limits.get(q), fleet.queue_limits.get(q))
-                  for q in queues}  # each is set on one side at least: never None
+        limits = {q: limit for q in queues  # each is set on one side at least: never None
+                  if (limit := tighter(self.global_limits.get(q), fleet.queue_limits.get(q))) is not None}
         return replace(self, global_limits=limits,
                        partition_limit=tighter(self.partition_limit, fleet.partition_limit))
 
