@@ -11,6 +11,7 @@ lazy import is still a dependency); imports under ``if TYPE_CHECKING:`` are not 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["module_names", "import_graph", "circles"]
@@ -79,41 +80,57 @@ def import_graph(package: Path) -> dict[str, set[str]]:
 def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     """The import circles of ``graph``: components of two or more modules that reach each
     other (Tarjan's algorithm, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[frozenset[str]] = []
+    search = _Tarjan(graph)
     for root in graph:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
+        if root not in search.index:
+            search.run(root)
+    return search.found
+
+
+class _Tarjan:
+    """Tarjan's strongly connected components, with an explicit stack of iterators."""
+
+    def __init__(self, graph: dict[str, set[str]]) -> None:
+        self.graph = graph
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.found: list[frozenset[str]] = []
+
+    def _enter(self, node: str, work: list[tuple[str, Iterator[str]]]) -> None:
+        self.index[node] = self.low[node] = len(self.index)
+        self.stack.append(node)
+        self.on_stack.add(node)
+        work.append((node, iter(sorted(self.graph.get(node, ())))))
+
+    def run(self, root: str) -> None:
+        work: list[tuple[str, Iterator[str]]] = []
+        self._enter(root, work)
         while work:
             node, children = work[-1]
             child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.add(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(frozenset(component))
-    return found
+            if child is None:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    self.low[parent] = min(self.low[parent], self.low[node])
+                self._close(node)
+            elif child not in self.index:
+                self._enter(child, work)
+            elif child in self.on_stack:
+                self.low[node] = min(self.low[node], self.index[child])
+
+    def _close(self, node: str) -> None:
+        """Pop ``node``'s component off the stack once ``node`` is its root."""
+        if self.low[node] != self.index[node]:
+            return
+        component = set()
+        while True:
+            member = self.stack.pop()
+            self.on_stack.discard(member)
+            component.add(member)
+            if member == node:
+                break
+        if len(component) > 1:
+            self.found.append(frozenset(component))
