@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -75,7 +75,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     typer.echo(f"fsm: error: {msg}", err=True)
     raise typer.Exit(2)
 

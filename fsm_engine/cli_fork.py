@@ -60,7 +60,7 @@ def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or
 
 
 def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
-          yes: bool, **options: bool) -> None:
+          yes: bool, *, reuse_llm: bool, redeliver: bool) -> None:
     if status != "failed":
         _fail("a bulk fork takes --status failed (each is forked from its last failure)")
     where = InstanceFilter(machine=machine, statuses=(status,),
@@ -72,7 +72,8 @@ def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
         typer.echo(f"{len(matches)} instance(s) match; --yes forks them")
         return
     for rec in matches:
-        new = engine.fork(rec.id, from_failure=status == "failed", **options)
+        new = engine.fork(rec.id, from_failure=status == "failed", reuse_llm=reuse_llm,
+                          redeliver=redeliver)
         typer.echo(f"{new}: forked from {rec.id}")
 
 

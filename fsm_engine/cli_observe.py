@@ -111,8 +111,8 @@ def stats(db: str = DB,
     if not figures:
         out.print("no instances" + (f" of machine {machine!r}" if machine else ""))
         return
-    for s in figures.values():
-        _print_stats(s)
+    for figure in figures.values():
+        _print_stats(figure)
 
 
 def _loopback(host: str) -> bool:

@@ -254,7 +254,7 @@ def workers(db: Optional[str] = DB,
     store = _open(db)
     try:
         now = time.time()
-        rows = []
+        rows: list[dict[str, Any]] = []
         for w in sorted(store.workers(), key=lambda w: w.started_at):
             until = w.lease_until if w.lease_until is not None else w.heartbeat_at + 10.0
             rows.append({"id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,

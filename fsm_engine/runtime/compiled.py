@@ -113,8 +113,9 @@ class CompiledMachine:
         self.triggers: dict[str, list[str]] = {s: [] for s in self.states}
         names = list(self.states)
         for t in machine.all_transitions():
-            conds = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.conditions)]
-            unless = [_recording(f"!{ref_name(g)}", checked.guards[g]) for g in as_refs(t.unless)]
+            conds: list[Any] = [_recording(ref_name(g) or "?", checked.guards[g])
+                                for g in as_refs(t.conditions)]
+            unless: list[Any] = [_recording(f"!{ref_name(g)}", checked.guards[g]) for g in as_refs(t.unless)]
             for src in t.sources(names, machine.finals):
                 self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
                 if t.trigger not in self.triggers[src]:

@@ -191,7 +191,7 @@ class PostgresStore:
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self._dsn = url
         self.readonly = readonly
-        self._session = pg_read.read_only(url) if readonly else {}
+        self._session: dict[str, Any] = pg_read.read_only(url) if readonly else {}
         self.url = redact(url)
         self.connect_timeout = connect_timeout
         self.blob_threshold = blob_threshold
@@ -571,7 +571,10 @@ class PostgresStore:
     def _appends(self, conn: psycopg.Connection[Any],
                  steps: Sequence[tuple[StepCommit, Encoded]]) -> None:
         """History, attempt and outbox rows of the applied ``steps`` (batched)."""
-        history, attempts, done, opened = [], [], [], []  # type: ignore[var-annotated]
+        history: list[list[Any]] = []
+        attempts: list[Any] = []
+        done: list[Any] = []
+        opened: list[Any] = []
         blobs: Blobs = []
         for step, (_, _, rows, attempt, outbox, large) in steps:
             blobs += large
