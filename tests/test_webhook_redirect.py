@@ -73,6 +73,7 @@ def test_a_2xx_is_a_delivery(status: int) -> None:
 
 class Ctx(BaseModel):
     n: int = 1
+    delivery: dict[str, Any] = {}
 
 
 def notify(ctx: Ctx, step: Step) -> dict[str, Any]:
