@@ -18,13 +18,18 @@ import json
 import os
 import threading
 from typing import Any
-
 from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import (ClientError, ProviderError, ProviderTimeout, ProviderUnavailable,
-                     RateLimited, ServerError)
+from .errors import (
+    ClientError,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    ServerError,
+)
 from .llm.http import bound
 
 #: the most of a webhook's reply body read (only its status counts); a longer one is cut
@@ -49,7 +54,8 @@ def _client() -> httpx.Client:
     return client
 
 
-def post_webhook(url: str, payload: dict[str, Any], key: str, *, timeout: float = 10.0) -> dict[str, Any]:
+def post_webhook(url: str, payload: dict[str, Any], key: str, *,
+                 timeout: float = 10.0) -> dict[str, Any]:
     """POST ``payload`` as JSON with header ``Idempotency-Key: key``; return ``{"sink", "status"}``
     for a 2xx answer.  ``timeout``: seconds for the whole exchange.
 

@@ -14,8 +14,8 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 Behaviour = Callable[[socket.socket, bytes, "Peer"], None]
 

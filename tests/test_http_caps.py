@@ -18,16 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import http_peers
 import pytest
+from http_peers import Peer
 from pydantic import BaseModel
 
-import http_peers
 from fsm_engine import Machine, State, Step, Transition
 from fsm_engine.errors import ProviderError, ProviderTimeout
 from fsm_engine.llm import OpenAICompatible
 from fsm_engine.policies import Disposition, RetryPolicy, classify
 from fsm_engine.sinks import post_webhook
-from http_peers import Peer
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 MSG = [{"role": "user", "content": "hi"}]

@@ -11,15 +11,15 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import http_peers
 import pytest
+from http_peers import Peer
 from pydantic import BaseModel
 
-import http_peers
 from fsm_engine import Machine, State, Step, Transition
 from fsm_engine.errors import ProviderError
 from fsm_engine.policies import Disposition, RetryPolicy, classify
 from fsm_engine.sinks import post_webhook
-from http_peers import Peer
 
 
 @pytest.fixture

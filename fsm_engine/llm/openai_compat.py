@@ -53,11 +53,18 @@ import logging
 import os
 import re
 import time
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
-from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
-                               ProviderUnavailable, RateLimited, ServerError)
+from fsm_engine.errors import (
+    ClientError,
+    InvalidInput,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    ServerError,
+)
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, estimate_tokens
 from fsm_engine.llm.http import Caps, bound, env_number
 from fsm_engine.policies import parse_retry_after
