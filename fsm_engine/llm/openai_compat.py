@@ -10,7 +10,9 @@ local servers need none), ``FSM_MODEL``, ``FSM_HTTP_TIMEOUT`` and
   exactly one (``ClientError`` naming the choices otherwise);
 - each request's timeout is what is left of the calling step's timeout when it
   has one (the engine passes ``timeout=``), else ``timeout`` (argument, else
-  ``FSM_HTTP_TIMEOUT``, else 600 s); time spent queueing counts;
+  ``FSM_HTTP_TIMEOUT``, else 600 s); time spent queueing counts.  It is a deadline
+  for the whole exchange (connect + head + body), also capped by ``FSM_HTTP_DEADLINE``,
+  and a reply body may hold ``FSM_HTTP_MAX_BYTES`` (see ``fsm_engine.llm.http``);
 - at most ``concurrency`` requests are in flight per provider (argument, else
   ``FSM_LLM_CONCURRENCY``, else 1 for a loopback server — llama.cpp's serves
   one request at a time, so more would only queue inside it until they time out —
@@ -25,6 +27,9 @@ onto the error tree:
 SDK exception                      fsm_engine error
 =================================  ====================
 APITimeoutError, HTTP 408          ProviderTimeout
+past the exchange's deadline       DeadlineExceeded (a ProviderTimeout)
+a body over FSM_HTTP_MAX_BYTES     ResponseTooLarge (not retryable)
+TLS certificate verification       CertificateError (not retryable)
 APIConnectionError                 ProviderUnavailable
 RateLimitError (429)               RateLimited (``retry_after`` from the headers)
 InternalServerError, HTTP >= 500   ServerError
