@@ -161,3 +161,27 @@ def huge_length(conn: socket.socket, request: bytes, peer: Peer) -> None:
     for _ in range(200):
         peer.send(conn, CHUNK)
         time.sleep(0.05)
+
+
+def slow_body(conn: socket.socket, request: bytes, peer: Peer) -> None:
+    """The head at once, then a valid body one byte per second (stops after 20 s)."""
+    body = completion()
+    peer.send(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n")
+    for i in range(min(len(body), 20)):
+        peer.send(conn, body[i:i + 1])
+        time.sleep(1.0)
+
+
+def gzipped(conn: socket.socket, request: bytes, peer: Peer) -> None:
+    """A gzip-compressed reply, whatever the request's Accept-Encoding."""
+    import gzip
+    body = gzip.compress(completion())
+    peer.send(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+              b"Content-Encoding: gzip\r\nContent-Length: " + str(len(body)).encode()
+              + b"\r\n\r\n" + body)
+
+
+def mute(conn: socket.socket, request: bytes, peer: Peer) -> None:
+    """Never answers (the request read already blocks on a TLS ClientHello)."""
+    time.sleep(20)

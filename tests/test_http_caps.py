@@ -125,9 +125,17 @@ def test_peak_memory_stays_bounded_by_the_cap(peer: Peer, tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     growth = (got["after"] - got["before"]) / MiB
-    print(f"peak RSS growth {growth:.1f} MiB, peer sent {peer.sent / MiB:.1f} MiB")
+    print(f"peak RSS {got['before'] / MiB:.1f} -> {got['after'] / MiB:.1f} MiB "
+          f"(growth {growth:.1f} MiB), peer sent {peer.sent / MiB:.1f} MiB")
     assert got["kind"] == "ResponseTooLarge"
     assert growth < 64, growth  # unbounded: 256 MiB and more
+
+
+@pytest.mark.parametrize("peer", ["gzipped"], indirect=True)
+def test_a_compressed_reply_is_refused_as_its_decoded_size_is_unbounded(peer: Peer) -> None:
+    err, _ = complete(peer.url, timeout=10)
+    assert type(err).__name__ == "ResponseTooLarge" and "gzip" in str(err), err
+    assert b"accept-encoding: identity" in peer.requests[0].lower()
 
 
 @pytest.mark.parametrize("peer", ["endless"], indirect=True)
@@ -165,6 +173,40 @@ def test_what_is_left_of_the_step_timeout_bounds_the_call(peer: Peer) -> None:
     err, took = complete(peer.url, timeout=1.2)
     assert isinstance(err, ProviderTimeout), err
     assert 1.0 < took < 2.2, took
+
+
+@pytest.mark.parametrize("peer", ["slow_body"], indirect=True)
+def test_a_body_sent_one_byte_per_second_is_cut_at_the_deadline(peer: Peer) -> None:
+    err, took = complete(peer.url, timeout=1.5)
+    assert type(err).__name__ == "DeadlineExceeded", err
+    assert "body bytes read" in str(err) and 1.3 < took < 2.5, (err, took)
+
+
+@pytest.mark.parametrize("peer", ["mute"], indirect=True)
+def test_the_deadline_covers_a_tls_handshake_that_never_ends(
+        peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FSM_HTTP_DEADLINE", "1.5")
+    url = peer.url.replace("http://", "https://")
+    err, took = complete(url)
+    assert type(err).__name__ == "DeadlineExceeded", err
+    assert 1.3 < took < 2.5, took
+
+
+@pytest.mark.parametrize("peer", ["trickle"], indirect=True)
+def test_proxies_from_the_environment_are_bounded_too(
+        peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from fsm_engine.llm.http import bound
+    monkeypatch.setenv("HTTP_PROXY", peer.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    started = time.monotonic()
+    with bound(httpx.Client(), httpx) as client, pytest.raises(ProviderError) as caught:
+        client.get("http://198.51.100.1/never", timeout=1.5)  # TEST-NET: only the proxy
+    assert type(caught.value).__name__ == "DeadlineExceeded", caught.value
+    assert time.monotonic() - started < 2.5
+    assert peer.requests[0].startswith(b"GET http://198.51.100.1/never")
 
 
 @pytest.mark.parametrize("peer", ["trickle"], indirect=True)
@@ -230,3 +272,22 @@ def test_a_certificate_error_is_not_retried_by_the_engine(
     assert rec.status == "failed", rec
     assert peer.connections == 1 and len(attempts) <= 1, (peer.connections, attempts)
     assert "certificate" in (rec.last_error or rec.reason or "").lower(), rec
+
+
+# -- the model listing (a command's header, no event loop) -----------------------------------
+
+def test_the_sync_model_listing_is_bounded_and_still_answers() -> None:
+    def models(conn: Any, request: bytes, peer: Peer) -> None:
+        body = json.dumps({"object": "list", "data": [{"id": "only-one"}]}).encode()
+        peer.send(conn, b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(body)).encode()
+                  + b"\r\n\r\n" + body)
+    listing, slow = Peer(models), Peer(http_peers.trickle)
+    try:
+        assert OpenAICompatible(base_url=f"{listing.url}/v1").resolve_model_sync() == "only-one"
+        started = time.monotonic()
+        with pytest.raises(ProviderTimeout):
+            OpenAICompatible(base_url=f"{slow.url}/v1", timeout=1.5).resolve_model_sync()
+        assert time.monotonic() - started < 2.5
+    finally:
+        listing.close()
+        slow.close()

@@ -240,6 +240,13 @@ class _SyncTransport:
     def close(self) -> None:
         self._inner.close()
 
+    def __enter__(self) -> _SyncTransport:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._inner.__exit__(*exc_info)
+
 
 class _AsyncTransport:
     """The async twin of :class:`_SyncTransport`."""
@@ -261,6 +268,13 @@ class _AsyncTransport:
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+    async def __aenter__(self) -> _AsyncTransport:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._inner.__aexit__(*exc_info)
 
 
 class _SyncStream:
