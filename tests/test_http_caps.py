@@ -246,6 +246,27 @@ def test_a_self_signed_certificate_fails_the_webhook_at_once(cert: tuple[str, st
     assert classify(err) is Disposition.FAIL and peer.connections == 1 and not peer.sent
 
 
+@pytest.mark.parametrize("client", ["httpx", "requests", "urllib"])
+def test_an_action_meeting_a_bad_certificate_is_not_retried(
+        client: str, cert: tuple[str, str]) -> None:
+    """classify() sees the certificate error however the action's library wraps it."""
+    peer = Peer(http_peers.ok, tls=cert)
+    try:
+        with pytest.raises(Exception) as caught:
+            if client == "httpx":
+                import httpx
+                httpx.get(peer.url, timeout=5)
+            elif client == "requests":
+                import requests
+                requests.get(peer.url, timeout=5)
+            else:
+                import urllib.request
+                urllib.request.urlopen(peer.url, timeout=5)
+    finally:
+        peer.close()
+    assert classify(caught.value) is Disposition.FAIL, repr(caught.value)
+
+
 class Ctx(BaseModel):
     answer: str = ""
 

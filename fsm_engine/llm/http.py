@@ -39,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from fsm_engine.errors import CertificateError, DeadlineExceeded, InvalidInput, ResponseTooLarge
+from fsm_engine.policies import certificate_error
 
 __all__ = ["Caps", "bound", "env_number", "DEFAULT_MAX_BYTES"]
 
@@ -93,15 +94,6 @@ def _left(timeout: float | None) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
-def _cert_failure(exc: BaseException | None) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification error in ``exc``'s cause chain, if any."""
-    for _ in range(8):
-        if exc is None or isinstance(exc, ssl.SSLCertVerificationError):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 @dataclass(slots=True)
 class _Exchange:
     """One request's bounds while it runs: where, its deadline, the body bytes so far."""
@@ -145,7 +137,7 @@ class _Exchange:
                 raise self.late() from None
             raise
         except (self.lib.TransportError, ssl.SSLError) as exc:
-            cert = _cert_failure(exc)
+            cert = certificate_error(exc)
             if cert is None:
                 raise
             reason = cert.verify_message or cert.reason or "verification failed"
