@@ -118,9 +118,8 @@ class _Exchange:
         return self.deadline is not None and time.monotonic() >= self.deadline - _MIN_WAIT
 
     def late(self) -> DeadlineExceeded:
-        return DeadlineExceeded(f"{self.what}: no complete response within the "
-                                f"{self.budget:.3g}s deadline (connect + head + body, "
-                                f"{self.received} body bytes read)")
+        return DeadlineExceeded(f"{self.what} timed out after {self.budget:.3g}s (one deadline "
+                                f"for connect + head + body; {self.received} body bytes read)")
 
     def too_large(self, size: str) -> ResponseTooLarge:
         return ResponseTooLarge(f"{self.what}: response body {size}, over the "
