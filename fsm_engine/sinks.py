@@ -104,10 +104,12 @@ def _outcome(resp: httpx.Response) -> dict[str, Any]:
 
 def _shown(location: str, limit: int = 200) -> str:
     """A peer's ``Location`` as one short printable line, without any user:password@."""
-    parts = urlsplit(location)
-    if "@" in parts.netloc:
-        parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-    text = "".join(ch if ch.isprintable() else "?" for ch in parts.geturl())
+    try:
+        parts = urlsplit(location)
+        shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    except ValueError:  # not a URL (e.g. "http://[::1"): shown as text, any "@" cut
+        shown = location.rpartition("@")[2]
+    text = "".join(ch if ch.isprintable() else "?" for ch in shown)
     return text if len(text) <= limit else text[:limit] + "..."
 
 

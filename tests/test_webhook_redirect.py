@@ -59,6 +59,16 @@ def test_a_hostile_location_is_shown_as_one_short_line(target: Peer) -> None:
     assert "pw@" not in text and len(text) < 400 and "\x1b" not in text, text
 
 
+def test_a_location_that_is_no_url_is_no_delivery_either() -> None:
+    """httpx itself refuses it (a RemoteProtocolError, before any status is seen)."""
+    peer = Peer(http_peers.redirect("http://[::1/x", 302))
+    try:
+        with pytest.raises(ProviderError, match="RemoteProtocolError"):
+            post_webhook(f"{peer.url}/hook", {"n": 1}, "k-1")
+    finally:
+        peer.close()
+
+
 @pytest.mark.parametrize("status", [200, 201, 202, 204])
 def test_a_2xx_is_a_delivery(status: int) -> None:
     def answer(conn: Any, request: bytes, peer: Peer) -> None:
