@@ -31,6 +31,9 @@ line that names the thing at fault.  Errors carry structured fields
     └── ProviderError            an LLM provider call failed (see ``fsm_engine.llm.errors``)
         ├── ProviderUnavailable  connection refused/reset, DNS  (retryable)
         ├── ProviderTimeout      the call took too long          (retryable)
+        │   └── DeadlineExceeded the whole exchange passed its deadline (retryable)
+        ├── ResponseTooLarge     the response passed FSM_HTTP_MAX_BYTES (not retryable)
+        ├── CertificateError     TLS certificate verification failed (not retryable)
         ├── RateLimited          HTTP 429, carries ``retry_after`` seconds (retryable)
         ├── ServerError          HTTP 5xx                        (retryable)
         └── ClientError          HTTP 4xx other than 429         (not retryable)
@@ -271,6 +274,22 @@ class ProviderTimeout(ProviderError):
     retryable = True
 
 
+class DeadlineExceeded(ProviderTimeout):
+    """An HTTP exchange (connect + head + body) passed its overall deadline: retryable."""
+
+
+class ResponseTooLarge(ProviderError):
+    """A response's body passed the byte cap (``FSM_HTTP_MAX_BYTES``): not retryable."""
+
+    retryable = False
+
+
+class CertificateError(ProviderError):
+    """The peer's TLS certificate failed verification: not retryable."""
+
+    retryable = False
+
+
 class RateLimited(ProviderError):
     """HTTP 429; ``retry_after`` (seconds) comes from the ``Retry-After`` header."""
 
@@ -295,5 +314,6 @@ __all__ = [
     "NeedsMigration", "InvalidInput",
     "InstanceFinished", "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen",
     "StructuredOutputError", "ProviderError", "ProviderUnavailable", "ProviderTimeout",
-    "RateLimited", "ServerError", "ClientError",
+    "RateLimited", "ServerError", "ClientError", "DeadlineExceeded", "ResponseTooLarge",
+    "CertificateError",
 ]
