@@ -17,11 +17,11 @@ import time
 from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .cli import DB, _fail, _find, _input_for, _open, app, out
+from .terminal import SafeFormatter, console, shown
 from .store import Store
 from .store.records import WAITING
 from .views import instance_json
@@ -45,7 +45,7 @@ def follow(store: Store, ids: list[str], *, timeout: float | None, quiet: bool,
     end = None if timeout is None else time.monotonic() + timeout
     latest: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True),
+                  TimeElapsedColumn(), console=console(stderr=True),
                   disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("waiting", total=len(ids))
         while True:
@@ -78,7 +78,7 @@ def _exit_for(records: list[Any], settled: bool, as_json: bool,
         from collections import Counter
         left = Counter(r.status for r in records if not _settled(r))
         typer.echo("fsm: timed out with " + ", ".join(
-            f"{n} {status}" for status, n in sorted(left.items())) + " (not final yet)",
+            f"{n} {shown(status)}" for status, n in sorted(left.items())) + " (not final yet)",
             err=True)
         raise typer.Exit(EXIT_TIMEOUT)
     raise typer.Exit(exit_code(records))
@@ -201,8 +201,9 @@ def worker(db: Optional[str] = DB,
                                       help="Most seconds between claims while idle.")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
     from .runtime.worker import Worker
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="fsm worker: %(levelname)s %(message)s")
+    handler = logging.StreamHandler(sys.stderr)  # log lines: no credential, no control code
+    handler.setFormatter(SafeFormatter("fsm worker: %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     from .llm.select import providers_from_specs
     from .runtime import Engine
     plan = _plan(concurrency, queue, queue_limit, partition_limit)

@@ -51,7 +51,7 @@ def test_deep_json_input_file_is_one_error_line(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert got.returncode == 2, got.stderr[-2000:]
     assert got.stderr.startswith("fsm: error: ") and got.stderr.count("\n") == 1, got.stderr
-    assert "Traceback" not in got.stderr and "deep" in got.stderr
+    assert "Traceback" not in got.stderr and "nests" in got.stderr
 
 
 def test_deep_input_to_engine_start_is_refused_whole(store_url: str, tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_deep_input_to_engine_start_is_refused_whole(store_url: str, tmp_path: P
     machine, _ = load_machine(str(_machine(tmp_path)))
     engine = Engine(store_url, llm=None)
     try:
-        with pytest.raises(InvalidInput, match="deep"):
+        with pytest.raises(InvalidInput, match="nests"):
             engine.start(machine, {"note": _deep()})
         assert engine.store.list() == []  # nothing half-written
         engine.start(machine, {"note": _deep(50)})  # a reasonable nesting still fits
@@ -78,7 +78,8 @@ def test_database_files_are_private(tmp_path: Path) -> None:
             for suffix in ("", "-wal", "-shm"):
                 found = Path(str(path) + suffix)
                 assert found.exists(), suffix
-                assert stat.S_IMODE(found.stat().st_mode) == 0o600, (suffix, oct(found.stat().st_mode))
+                mode = stat.S_IMODE(found.stat().st_mode)
+                assert mode == 0o600, (suffix, oct(mode))
         finally:
             store.close()
     finally:

@@ -23,7 +23,8 @@ ENTRY = [sys.executable, "-m", "fsm_engine.cli"]
 #: Markup that crashed rich ([/oops]) or became a link, an OSC 8 hyperlink, a colour, a
 #: C1 CSI that clears the screen, DEL and a bell.
 HOSTILE = ("[/oops] [link=https://evil.example/]click[/link] [bold]b "
-           "\x1b]8;;https://evil.example/\x07L\x1b]8;;\x07 \x1b[31mred\x1b[0m \x9b2J \x7f \x07 :smile:")
+           "\x1b]8;;https://evil.example/\x07L\x1b]8;;\x07 \x1b[31mred\x1b[0m \x9b2J \x7f \x07 "
+           ":smile:")
 HID = "h[/oops]\x1b[2J"  # an instance id with markup and an escape in it
 
 
@@ -45,9 +46,15 @@ def _fleet(url: str) -> None:
         store.outbox_begin("k" + HOSTILE, HID, "s" + HOSTILE, 1, 1001.0)
         store.create(record("rv", machine="m" + HOSTILE))
         waiting = moved(store.get("rv"), "review", status="waiting")
-        store.commit([StepCommit(waiting, 0, [hist("rv", 1, "start", "review")], review_open=replace(
-            item("rv", "item1"), prompt="p" + HOSTILE, show={"s": HOSTILE, HOSTILE: 1},
-            choices=["approve", "c" + HOSTILE], state="review" + HOSTILE))])
+        review = replace(item("rv", "item1"), prompt="p" + HOSTILE, show={"s": HOSTILE, HOSTILE: 1},
+                         choices=["approve", "c" + HOSTILE], state="review" + HOSTILE)
+        store.commit([StepCommit(waiting, 0, [hist("rv", 1, "start", "review")],
+                                 review_open=review)])
+        store.create(record("rw"))
+        decided = replace(item("rw", "item2"), status="decided", choice="c" + HOSTILE,
+                          decided_by="d" + HOSTILE, decided_at=1003.0)
+        store.commit([StepCommit(moved(store.get("rw"), "review", status="waiting"), 0,
+                                 [hist("rw", 1, "start", "review")], review_open=decided)])
     finally:
         store.close()
 
@@ -90,12 +97,22 @@ def test_hostile_values_print_as_text(url: str, command: list[str]) -> None:
 def test_json_output_is_valid_and_has_no_raw_controls(url: str, command: list[str]) -> None:
     text = _clean(_fsm(*command, "--db", url))
     data = json.loads(text)
-    assert HOSTILE in json.dumps(data, ensure_ascii=False)  # the same values, escaped
+    assert any(HOSTILE in s for s in _strings(data))  # the same values, escaped
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def test_error_line_naming_stored_text_is_one_clean_line(url: str) -> None:
-    """A refused decision names the item's stored choices in its error line."""
-    text = _clean(_fsm("review", "decide", "item1", "nope", "--as", "ann", "--db", url), code=2)
+    """A refused claim names the item's stored decision in its error line."""
+    text = _clean(_fsm("review", "claim", "item2", "--as", "ann", "--db", url), code=2)
     assert text.startswith("fsm: error: ") and text.count("\n") == 1, text
     assert "[/oops]" in text and "\\x1b" in text
 

@@ -23,13 +23,13 @@ import json
 import os
 import threading
 import time
-import urllib.parse
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
+from ..redaction import redact
 from . import claims, leases, pg_commit, rates
 from . import limits as limits_sql
 from .rates import RateRequest
@@ -138,18 +138,6 @@ class _Undo(StoreError):
     """Rolls back a savepoint (a decision whose item or instance moved on)."""
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (for messages and ``Store.url``)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}@{host}" if parts.username else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
 def _fast_compression(conn: psycopg.Connection[Any]) -> None:
     """Compress the large values this session writes with LZ4 instead of pglz (the
     default): a step's context row over ~2 KB is compressed by the server on every
@@ -163,8 +151,8 @@ def _fast_compression(conn: psycopg.Connection[Any]) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    """A psycopg error as one short line."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """A psycopg error as one short line, credentials redacted (libpq may quote the DSN)."""
+    text = " ".join(redact(exc).split()) or type(exc).__name__
     return text[:300]
 
 
@@ -191,8 +179,11 @@ class PostgresStore:
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self._dsn = url
         self.readonly = readonly
-        self._session = pg_read.read_only(url) if readonly else {}
         self.url = redact(url)
+        try:
+            self._session = pg_read.read_only(url) if readonly else {}
+        except psycopg.Error as exc:  # a malformed DSN
+            raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
         self.connect_timeout = connect_timeout
         self.blob_threshold = blob_threshold
         self._pool_lock = threading.Lock()
