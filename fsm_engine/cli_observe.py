@@ -136,7 +136,11 @@ def ui(db: str = DB,
                                                 "every request (or FSM_UI_TOKEN)."),
        refresh: int = typer.Option(3, "--refresh", min=0,
                                    help="Seconds between reloads of pages showing running "
-                                        "instances (0: never).")) -> None:
+                                        "instances (0: never)."),
+       allowed_host: Optional[list[str]] = typer.Option(
+           None, "--allowed-host", metavar="NAME[:PORT]",
+           help="Also serve requests whose Host is this name (repeatable; default: only "
+                "loopback names and the bound address, with its port).")) -> None:
     """Serve a read-only web viewer of the database (instances, diagrams, statistics)."""
     if not _loopback(host) and not token:
         _fail(f"--host {host} exposes the viewer beyond this machine: give --token too")
@@ -146,7 +150,8 @@ def ui(db: str = DB,
         from .ui.server import serve
     except ImportError as exc:
         _fail(f"the viewer needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
-    serve(db, host=host, port=port, token=token, refresh_s=refresh)
+    serve(db, host=host, port=port, token=token, refresh_s=refresh,
+          allowed_hosts=tuple(allowed_host or ()))
 
 
 def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:

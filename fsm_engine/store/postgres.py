@@ -3,7 +3,8 @@
 Reads and writes take a connection from a small pool of idle ones (opened on
 demand, one per call in progress: the group commit's thread, a breaker's or an
 outbox call's thread and the event loop's each have their own, so none waits
-behind another's transaction), the heartbeat has its own, and once a worker
+behind another's transaction; at most ``MAX_IDLE`` are kept once calls end), the
+heartbeat has its own, and once a worker
 waits for work one more ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
 a worker's batch (owned instances, one step each) is one statement, one round trip
 (``pg_commit``); any other batch sends its compare-and-set UPDATEs in one pipeline,
@@ -63,6 +64,9 @@ T = TypeVar("T")
 BLOB_THRESHOLD = CONTEXT_THRESHOLD
 #: The channel workers LISTEN on; created and released instances NOTIFY it.
 CHANNEL = "fsm_work"
+#: Most idle connections kept for reuse: after a burst the rest are closed, so a
+#: quiet process holds a few server connections, not the burst's peak.
+MAX_IDLE = 8
 
 OUTBOX = Codec(OutboxRow)
 _SQL_INSTANCE_BY_ID = marks(SELECT_INSTANCES + " WHERE id=?")
@@ -243,7 +247,7 @@ class PostgresStore:
                 other.close()
             return
         with self._pool_lock:
-            if generation == self._generation:
+            if generation == self._generation and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
                 return
         conn.close()
