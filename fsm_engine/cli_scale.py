@@ -21,9 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .cli import DB, _fail, _find, _input_for, _open, app, out
-from .terminal import SafeFormatter, console, shown
 from .store import Store
 from .store.records import WAITING
+from .terminal import SafeFormatter, console, shown
 from .views import instance_json
 
 #: ``fsm wait`` exit status when its timeout passed before every instance was final.

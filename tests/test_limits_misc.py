@@ -63,7 +63,7 @@ def test_deep_input_to_engine_start_is_refused_whole(store_url: str, tmp_path: P
         with pytest.raises(InvalidInput, match="nests"):
             engine.start(machine, {"note": _deep()})
         assert engine.store.list() == []  # nothing half-written
-        engine.start(machine, {"note": _deep(50)})  # a reasonable nesting still fits
+        engine.start(machine, {"note": _deep(40)})  # 80 levels still fit
     finally:
         engine.close()
 

@@ -58,6 +58,15 @@ def _refuse(path: str, why: str) -> InvalidInput:
     return InvalidInput(f"{path or '(root)'}: {why}")
 
 
+def _deeper(path: str, depth: int) -> int:
+    """``depth + 1``: the depth of the items of a container at ``depth`` under ``path``;
+    ``InvalidInput`` when that is deeper than ``MAX_DEPTH``."""
+    if depth > MAX_DEPTH:
+        shown = path if len(path) <= 80 else path[:80] + "…"
+        raise _refuse(shown, f"nests deeper than {MAX_DEPTH} levels of containers")
+    return depth + 1
+
+
 def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
     """Raise ``InvalidInput`` for the first value under ``value`` that JSON cannot hold
     exactly (``plain``: only plain JSON types are allowed, as in an ``Any`` field), or
@@ -65,9 +74,6 @@ def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
     cls = type(value)
     if cls in _PLAIN_SCALARS:
         return
-    if depth > MAX_DEPTH:
-        shown = path if len(path) <= 80 else path[:80] + "…"
-        raise _refuse(shown, f"nests deeper than {MAX_DEPTH} levels of containers")
     if cls is float:
         if not math.isfinite(value):
             raise _refuse(path, f"{value!r} has no JSON form (NaN and ±Infinity are refused)")
@@ -77,11 +83,11 @@ def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
             if plain and type(key) is not str:
                 raise _refuse(path, f"key {key!r} is a {_what(key)}: in an untyped field "
                               "only string keys come back as they went in")
-            _scan(item, _join(path, key), plain, depth + 1)
+            _scan(item, _join(path, key), plain, _deeper(path, depth))
         return
     if cls is list or (isinstance(value, (list, tuple, set, frozenset)) and not plain):
         for i, item in enumerate(value):
-            _scan(item, _join(path, i), plain, depth + 1)
+            _scan(item, _join(path, i), plain, _deeper(path, depth))
         return
     if isinstance(value, _BYTES):
         raise _refuse(path, f"{_what(value)} is not stored: encode it (e.g. base64) into a str")
@@ -93,7 +99,8 @@ def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
                       "or declare the field's type")
     if isinstance(value, BaseModel):
         for name, item in value.__dict__.items():
-            _scan(item, _join(path, name), _loose(type(value)).__contains__(name), depth + 1)
+            _scan(item, _join(path, name), _loose(type(value)).__contains__(name),
+                  _deeper(path, depth))
 
 
 def _admits_any(annotation: Any) -> bool:

@@ -119,6 +119,24 @@ class TokenGate:
         await self.app(scope, receive, send_with_cookie)
 
 
+def _status(exc: Exception) -> int:
+    """The HTTP status of an error a page's data raised."""
+    if isinstance(exc, InstanceNotFound):
+        return 404
+    return 400 if isinstance(exc, InvalidInput) else 503
+
+
+def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
+    """``/instances/{id}/json``: ``Viewer.whole`` as JSON (nothing cut)."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            data = await run_in_threadpool(viewer.whole, request.path_params["instance_id"])
+        except (InstanceNotFound, StoreError) as exc:
+            return JSONResponse({"error": redact(exc)}, _status(exc), headers=SECURITY_HEADERS)
+        return JSONResponse(data, headers=SECURITY_HEADERS)
+    return endpoint
+
+
 def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
                hosts: HostRule | None = None) -> Any:
     """The viewer over ``store`` (open it read-only); ``token`` None: no token needed
@@ -140,12 +158,8 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
         async def endpoint(request: Request) -> Response:
             try:  # store reads block: run them off the event loop
                 data = await run_in_threadpool(fn, request)
-            except InstanceNotFound as exc:
-                return page("error.html", request, {"message": redact(exc)}, 404)
-            except InvalidInput as exc:
-                return page("error.html", request, {"message": redact(exc)}, 400)
-            except StoreError as exc:
-                return page("error.html", request, {"message": redact(exc)}, 503)
+            except (InstanceNotFound, InvalidInput, StoreError) as exc:
+                return page("error.html", request, {"message": redact(exc)}, _status(exc))
             return page(name, request, data)
         return endpoint
 
@@ -155,15 +169,6 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
     def instance(request: Request) -> dict[str, Any]:
         return viewer.instance(request.path_params["instance_id"])
 
-    async def whole(request: Request) -> Response:
-        try:
-            data = await run_in_threadpool(viewer.whole, request.path_params["instance_id"])
-        except InstanceNotFound as exc:
-            return JSONResponse({"error": redact(exc)}, 404, headers=SECURITY_HEADERS)
-        except StoreError as exc:
-            return JSONResponse({"error": redact(exc)}, 503, headers=SECURITY_HEADERS)
-        return JSONResponse(data, headers=SECURITY_HEADERS)
-
     def machine(request: Request) -> dict[str, Any]:
         return viewer.machine(request.path_params["name"],
                               request.query_params.get("status", ""))
@@ -172,7 +177,7 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
         return page("error.html", request, {"message": "no such page"}, 404)
 
     routes = [Route("/", guarded(instances, "instances.html")),
-              Route("/instances/{instance_id}/json", whole),
+              Route("/instances/{instance_id}/json", _whole(viewer)),
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
