@@ -5,13 +5,14 @@ error message quoting either — and returns it without the secrets it holds:
 
 - a URL's ``user:password@`` keeps the user (``user@host``);
 - a URL's query or fragment parameter whose name says it is a secret
-  (:func:`secret_name`: password, passwd, pass, pwd, sslpassword, secret, token, key,
-  api_key, apikey, auth, … also percent-encoded, any case, with ``-``/``_``) is left
+  (:func:`secret_name`: password, passwd, pass, pwd, sslpassword, secret, token,
+  access_token, key, api_key, apikey, auth, authorization, sig, … also percent-encoded,
+  any case, with ``-``/``_``; not ``tokens_used``, ``token_budget``, ``max_tokens``) is left
   out, so what remains still connects (libpq then takes the password from
   ``PGPASSWORD`` or ``~/.pgpass``);
 - anywhere else, ``NAME=VALUE`` / ``NAME = 'quoted value'`` with such a name (a
   keyword DSN such as ``host=db password=s3cret``) becomes ``NAME=***``;
-- ``Bearer …`` / ``Basic …`` credentials become ``Bearer ***``.
+- ``Authorization: …`` header values and ``Bearer …`` tokens become ``***``.
 
 Text without any of these comes back unchanged.  :func:`redact` never raises.
 """
@@ -25,22 +26,32 @@ __all__ = ["redact", "secret_name", "MASK"]
 
 #: What a secret value is replaced with where it cannot simply be left out.
 MASK = "***"
-#: Fragments of parameter names that mark a secret (compared lower-case, without ``-_.``).
-_SECRET_PARTS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "signature",
-                 "cookie", "session")
+#: Parameter names (lower-case, without ``-_.``) holding a secret: any name containing
+#: one of ``_SECRET_PARTS``, or ending in one of ``_SECRET_ENDS`` (``api_key``,
+#: ``access_token``; not ``tokens_used`` or ``token_budget``), or starting with ``auth``.
+_SECRET_PARTS = ("pass", "pwd", "secret", "credential", "signature", "privatekey")
+_SECRET_ENDS = ("key", "token", "auth", "sig")
+#: Names that end like a secret but are not one.
+_NOT_SECRET = frozenset({"idempotencykey", "partitionkey", "primarykey", "foreignkey",
+                         "maxtoken"})
 _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
 _USERINFO = re.compile(r"^(?P<user>[^:@]*):(?P<pw>.*)@(?=[^@]*$)", re.S)
 _KEYWORD = re.compile(
     r"(?P<name>[A-Za-z_%][\w%.\-]*)(?P<eq>\s*=\s*)"
     r"(?P<value>'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;,'\"<>)\]}]+)")
-_BEARER = re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=\-]{6,}")
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=\-]{6,}")
+_AUTH_HEADER = re.compile(
+    r"(?i)\b((?:proxy-)?authorization\s*:\s*)(?:(?:basic|bearer|digest|token)\s+)?[^\s,;]+")
 
 
 def secret_name(name: str) -> bool:
     """True when a parameter named ``name`` (percent-encoded or not) holds a secret."""
     plain = urllib.parse.unquote(urllib.parse.unquote(name)).lower()
     plain = re.sub(r"[\s_.\-]", "", plain)
-    return any(part in plain for part in _SECRET_PARTS)
+    if plain in _NOT_SECRET:
+        return False
+    return (any(part in plain for part in _SECRET_PARTS) or plain.endswith(_SECRET_ENDS)
+            or plain.startswith("auth"))
 
 
 def _params(text: str) -> str:
@@ -93,4 +104,5 @@ def redact(text: object) -> str:
         return "(unprintable)"
     out = _URL.sub(_url, out)
     out = _KEYWORD.sub(_keyword, out)
+    out = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{MASK}", out)
     return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", out)

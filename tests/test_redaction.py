@@ -87,7 +87,11 @@ def query_password_url(cluster: PostgresCluster) -> str:
     ("host=db port=5 password=s3cret dbname=x", "s3cret", "host=db port=5 password=*** dbname=x"),
     ("host=db password = 'with space s3cret' user=u", "s3cret", "password = *** user=u"),
     ("failed at postgresql://u:s3cret@h/db: refused", "s3cret", "at postgresql://u@h/db: refused"),
-    ("header Authorization: Bearer s3cret-abcdef", "s3cret", "Bearer ***"),
+    ("header Authorization: Bearer s3cret-abcdef", "s3cret", "Authorization: ***"),
+    ("Authorization: Basic czNjcmV0OnB3", "czNjcmV0", "Authorization: ***"),
+    ("sent Bearer s3cret-abcdef", "s3cret", "sent Bearer ***"),
+    ("basic information and tokens_used=5 token_budget=9", "",
+     "basic information and tokens_used=5 token_budget=9"),
     ("nothing here: a=1 b=two", "", "nothing here: a=1 b=two"),
 ])
 def test_redact_every_form(text: str, gone: str, kept: str) -> None:
@@ -207,3 +211,58 @@ def test_provider_texts_and_log_lines(caplog: pytest.LogCaptureFixture) -> None:
     joined = "\n".join(texts)
     assert "127.0.0.1" in joined
     assert SECRETS[0] not in joined and SECRETS[1] not in joined, joined
+
+
+ACTION = '''
+from pydantic import BaseModel
+
+from fsm_engine import Machine, RetryPolicy, State, Transition, fire
+
+
+class C(BaseModel):
+    note: str = ""
+
+
+def call(ctx, step):
+    raise ConnectionError("cannot reach https://bob:PW-SECRET-1@api.example/v1"
+                          "?api_key=KEY-SECRET-2 (dsn host=db password=TOK-SECRET-3)")
+
+machine = Machine(name="calls", initial="call", context=C, states=[
+    State("call", action=call, retry=RetryPolicy(max_attempts=2, initial_interval=0.01)),
+    State("done", final=True), State("failed", final=True, failure=True)],
+    transitions=[Transition("next", "call", "done")])
+'''
+
+
+def test_an_action_error_quoting_credentials_is_stored_redacted(engine_factory: object,
+                                                                tmp_path: Path) -> None:
+    """An action's own exception text (a URL with credentials, a DSN) is redacted before
+    it is stored as last_error, a history row's error or an attempt's error."""
+    from fsm_engine.runtime import load_machine
+    module = tmp_path / "calls.py"
+    module.write_text(ACTION)
+    machine, _ = load_machine(str(module))
+    engine = engine_factory(llm=None)  # type: ignore[operator]
+    iid = engine.start(machine, {})
+    import asyncio
+    rec = asyncio.run(engine.run(iid))
+    assert rec.status == "failed"
+    stored = json.dumps([rec.last_error, [h.error for h in engine.store.history(iid)],
+                         [a.error for a in engine.store.attempts(iid)]])
+    assert "api.example" in stored and "ConnectionError" in stored
+    for secret in SECRETS:
+        assert secret not in stored, (secret, stored)
+
+
+@pytest.mark.parametrize("name,secret", [
+    ("password", True), ("PASSWD", True), ("pass", True), ("sslpassword", True), ("pwd", True),
+    ("secret", True), ("client_secret", True), ("token", True), ("access_token", True),
+    ("key", True), ("api_key", True), ("apikey", True), ("X-Api-Key", True), ("auth", True),
+    ("authorization", True), ("sig", True), ("pass%77ord", True),
+    ("tokens_used", False), ("token_budget", False), ("max_tokens", False), ("sslmode", False),
+    ("options", False), ("keepalives", False), ("idempotency_key", False), ("host", False),
+])
+def test_secret_names(name: str, secret: bool) -> None:
+    from fsm_engine.redaction import redact, secret_name
+    assert secret_name(name) is secret
+    assert ("s3cret" not in redact(f"{name}=s3cret")) is secret
