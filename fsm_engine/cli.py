@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import sys
@@ -26,7 +27,7 @@ from .views import instance_json
 from .runtime import Engine
 from .store import Store, is_postgres, open_store, store_url
 from .store.records import STATUSES
-from .terminal import console, error_line, json_text, shown
+from .terminal import console, error_line, json_text, safe_logging, shown
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Durable finite state machines for LLM workflows.")
@@ -447,6 +448,8 @@ from . import cli_fork, cli_inspect, cli_migrate, cli_observe, cli_review  # noq
 
 def main() -> None:
     """Entry point: run the app, turning every ``FsmError`` into one line and exit 2."""
+    if not logging.getLogger().handlers:  # warnings print as Python would, but made safe
+        safe_logging()
     try:
         code = app(standalone_mode=False)
     except FsmError as exc:

@@ -9,7 +9,6 @@ instance completed, 1 when one failed or was cancelled, 3 when one is not final
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -23,7 +22,7 @@ from rich.table import Table
 from .cli import DB, _fail, _find, _input_for, _open, app, out
 from .store import Store
 from .store.records import WAITING
-from .terminal import SafeFormatter, console, shown
+from .terminal import console, safe_logging, shown
 from .views import instance_json
 
 #: ``fsm wait`` exit status when its timeout passed before every instance was final.
@@ -201,9 +200,7 @@ def worker(db: Optional[str] = DB,
                                       help="Most seconds between claims while idle.")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
     from .runtime.worker import Worker
-    handler = logging.StreamHandler(sys.stderr)  # log lines: no credential, no control code
-    handler.setFormatter(SafeFormatter("fsm worker: %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
     from .llm.select import providers_from_specs
     from .runtime import Engine
     plan = _plan(concurrency, queue, queue_limit, partition_limit)

@@ -27,7 +27,8 @@ from rich.text import Text
 
 from .redaction import redact
 
-__all__ = ["shown", "text", "console", "json_text", "SafeFormatter", "error_line"]
+__all__ = ["shown", "text", "console", "json_text", "SafeFormatter", "error_line",
+           "safe_logging"]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 _JSON_CONTROL = re.compile(r"[\x7f-\x9f\u2028\u2029]")
@@ -82,3 +83,12 @@ class SafeFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return shown(redact(super().format(record)))
+
+
+def safe_logging(fmt: str = "%(message)s", level: int = logging.WARNING) -> None:
+    """Log ``level`` and above to stderr through :class:`SafeFormatter` (replacing any
+    handler the root logger has): what Python would print by itself, made safe."""
+    import sys
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler], force=True)

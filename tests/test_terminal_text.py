@@ -130,3 +130,35 @@ def test_helpers_escape_every_control() -> None:
     record_ = logging.LogRecord("x", logging.WARNING, __file__, 1, "bad %s", (HOSTILE,), None)
     line = SafeFormatter("%(message)s").format(record_)
     assert "\x1b" not in line and "\x9b" not in line and "[/oops]" in line
+
+
+LOGS = '''
+import logging
+
+from pydantic import BaseModel
+
+from fsm_engine import Machine, State, Transition, fire
+
+
+class C(BaseModel):
+    note: str = ""
+
+
+def go(ctx, step):
+    logging.getLogger("fsm_engine.x").warning("seen %s api_key=SECRET-9", HOSTILE)
+    return fire("next")
+
+machine = Machine(name="logs", initial="go", context=C, states=[State("go", action=go),
+                  State("done", final=True)], transitions=[Transition("next", "go", "done")])
+'''
+
+
+def test_log_lines_of_a_run_are_redacted_and_escaped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    module = tmp_path / "logs.py"
+    module.write_text(f"HOSTILE = {HOSTILE!r}\n" + LOGS)
+    (tmp_path / "in.json").write_text("{}")
+    (tmp_path / "r.jsonl").write_text('{"text": "x"}\n')
+    got = _fsm("run", str(module), "--input", str(tmp_path / "in.json"), "--db",
+               str(tmp_path / "fsm.db"), "--llm", f"scripted:{tmp_path / 'r.jsonl'}", "-q")
+    text = _clean(got)
+    assert "seen [/oops]" in text and "SECRET-9" not in text
