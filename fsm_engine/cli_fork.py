@@ -12,6 +12,7 @@ import typer
 from .cli import DB, _fail, _find, _open, app
 from .runtime import Engine
 from .store.records import InstanceFilter
+from .terminal import shown
 
 
 @app.command()
@@ -68,7 +69,8 @@ def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
     matches = engine.store.query(where, order="created", descending=False, limit=None)
     if not yes:
         for rec in matches:
-            typer.echo(f"would fork {rec.id} ({rec.machine}, {rec.state}, {rec.reason or '-'})")
+            typer.echo(shown(f"would fork {rec.id} ({rec.machine}, {rec.state}, "
+                             f"{rec.reason or '-'})"))
         typer.echo(f"{len(matches)} instance(s) match; --yes forks them")
         return
     for rec in matches:
@@ -130,14 +132,14 @@ def _print_replay(report: object) -> None:
     from .runtime.replay import Replay
     assert isinstance(report, Replay)
     if report.identical:
-        typer.echo(f"{report.instance_id}: {report.steps} steps replay identically")
+        typer.echo(shown(f"{report.instance_id}: {report.steps} steps replay identically"))
         return
     for m in report.missing_states:
-        typer.echo(f"seq {m['seq']}: state {m['state']!r} no longer exists")
+        typer.echo(shown(f"seq {m['seq']}: state {m['state']!r} no longer exists"))
     for g in report.guards:
-        typer.echo(f"seq {g['seq']}: guards were {g['recorded']}, now {g['now']}")
+        typer.echo(shown(f"seq {g['seq']}: guards were {g['recorded']}, now {g['now']}"))
     d = report.divergence
     if d is not None:
         now = " -> ".join(d["now"]) if d["now"] else "nothing"
-        typer.echo(f"seq {d['seq']}: from {d['source']!r} recorded "
-                   f"{' -> '.join(d['recorded'])}, now {now} ({d['why']})")
+        typer.echo(shown(f"seq {d['seq']}: from {d['source']!r} recorded "
+                         f"{' -> '.join(d['recorded'])}, now {now} ({d['why']})"))

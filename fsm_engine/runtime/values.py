@@ -19,7 +19,9 @@ changed:
   keys, ``list``, ``str``, ``int``, finite ``float``, ``bool``, ``None`` —
   a tuple, set, datetime, non-string key or model object there would come
   back as another type.  Typed fields (``datetime``, ``set[str]``, a nested
-  model …) keep pydantic's own, reversible JSON form.
+  model …) keep pydantic's own, reversible JSON form;
+- a value nested deeper than ``MAX_DEPTH`` containers: refused (a 10,000-deep
+  input would otherwise end in a ``RecursionError`` somewhere below).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pydantic import BaseModel
 
 from ..errors import InvalidInput
 
+#: Most levels of containers (dicts, lists, models) inside one value.
+MAX_DEPTH = 100
 _PLAIN_SCALARS = (str, int, bool, type(None))
 _BYTES = (bytes, bytearray, memoryview)
 _OPAQUE = (io.IOBase, types.ModuleType, types.GeneratorType, types.CoroutineType,
@@ -54,9 +58,19 @@ def _refuse(path: str, why: str) -> InvalidInput:
     return InvalidInput(f"{path or '(root)'}: {why}")
 
 
-def _scan(value: Any, path: str, plain: bool) -> None:
+def _deeper(path: str, depth: int) -> int:
+    """``depth + 1``: the depth of the items of a container at ``depth`` under ``path``;
+    ``InvalidInput`` when that is deeper than ``MAX_DEPTH``."""
+    if depth > MAX_DEPTH:
+        shown = path if len(path) <= 80 else path[:80] + "…"
+        raise _refuse(shown, f"nests deeper than {MAX_DEPTH} levels of containers")
+    return depth + 1
+
+
+def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
     """Raise ``InvalidInput`` for the first value under ``value`` that JSON cannot hold
-    exactly (``plain``: only plain JSON types are allowed, as in an ``Any`` field)."""
+    exactly (``plain``: only plain JSON types are allowed, as in an ``Any`` field), or
+    that nests deeper than ``MAX_DEPTH`` (``depth``: containers above ``value``)."""
     cls = type(value)
     if cls in _PLAIN_SCALARS:
         return
@@ -69,11 +83,11 @@ def _scan(value: Any, path: str, plain: bool) -> None:
             if plain and type(key) is not str:
                 raise _refuse(path, f"key {key!r} is a {_what(key)}: in an untyped field "
                               "only string keys come back as they went in")
-            _scan(item, _join(path, key), plain)
+            _scan(item, _join(path, key), plain, _deeper(path, depth))
         return
     if cls is list or (isinstance(value, (list, tuple, set, frozenset)) and not plain):
         for i, item in enumerate(value):
-            _scan(item, _join(path, i), plain)
+            _scan(item, _join(path, i), plain, _deeper(path, depth))
         return
     if isinstance(value, _BYTES):
         raise _refuse(path, f"{_what(value)} is not stored: encode it (e.g. base64) into a str")
@@ -85,7 +99,8 @@ def _scan(value: Any, path: str, plain: bool) -> None:
                       "or declare the field's type")
     if isinstance(value, BaseModel):
         for name, item in value.__dict__.items():
-            _scan(item, _join(path, name), _loose(type(value)).__contains__(name))
+            _scan(item, _join(path, name), _loose(type(value)).__contains__(name),
+                  _deeper(path, depth))
 
 
 def _admits_any(annotation: Any) -> bool:
