@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
 from conftest import MACHINES, license_files, scripted
+
 from fsm_engine import Engine
 from fsm_engine.errors import StructuredOutputError
 from fsm_engine.structured import FENCE, PROSE, parse_structured
