@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from fsm_engine import Machine, RunInfo, State, Transition
+from fsm_engine import Machine, RetryPolicy, RunInfo, State, Transition
 from fsm_engine.runtime.step import Step
 
 
@@ -29,4 +29,19 @@ machine = Machine(
     states=[State("ask", action=ask, token_budget=500), State("rich", final=True),
             State("poor", final=True)],
     transitions=[Transition("afford", "ask", "rich", conditions=within_budget),
+                 Transition("short", "ask", "poor")])
+
+
+def after_retry(ctx: Ctx, run: RunInfo) -> bool:
+    """True when the visit's budget counts the failed attempt's 30 tokens and the reply's 70,
+    and the instance's count does too."""
+    return (run.state_tokens_used, run.tokens_used, run.loop_count) == (100, 100, 0)
+
+
+retried = Machine(
+    name="budget_guard_retry", context=Ctx, initial="ask", token_budget=1000,
+    states=[State("ask", action=ask, retry=RetryPolicy(max_attempts=2, initial_interval=0.01,
+                                                        jitter=0.0)),
+            State("rich", final=True), State("poor", final=True)],
+    transitions=[Transition("afford", "ask", "rich", conditions=after_retry),
                  Transition("short", "ask", "poor")])

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from budget_guard_machine import machine
+from budget_guard_machine import machine, retried
 
 from fsm_engine.llm import Scripted
 from fsm_engine.runtime.compiled import compile_machine
@@ -44,3 +44,22 @@ def test_cli_replay_of_a_budget_guard_exits_0(engine_factory, store_url: str) ->
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["identical"] is True
+
+
+def test_replay_counts_a_failed_attempts_tokens_like_the_driver(engine_factory,
+                                                                store_url: str) -> None:
+    """A state without a budget of its own: its guard reads the visit's tokens (a failed
+    attempt's included) and the instance's; replay, given the attempts, agrees."""
+    failed = {"text": "", "error": "http500", "prompt_tokens": 30, "completion_tokens": 0}
+    engine = engine_factory(llm=Scripted.from_replies([failed, REPLY]))
+    iid = engine.start(retried, {})
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.state, rec.tokens_used) == ("rich", 100), rec.last_error
+    report = replay(compile_machine(retried), rec, engine.store.history(iid),
+                    engine.store.attempts(iid))
+    assert report.identical, report.as_json()
+    engine.close()
+    done = subprocess.run([sys.executable, "-m", "fsm_engine.cli", "replay", iid,
+                           MODULE + ":retried", "--db", store_url], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -26,9 +26,10 @@ from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
+from .replay import visit_tokens
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
-from .step import MeteredLLM, Step
+from .step import MeteredLLM, Step, run_info
 from .threads import ActionThreads, in_own_thread
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
@@ -301,11 +302,10 @@ class Driver:
 
     def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
-        store only for states with a ``token_budget`` (and after a first attempt)."""
-        if state.token_budget is None or rec.attempt <= 1:
+        store only after a first attempt (``replay.visit_tokens``)."""
+        if rec.attempt <= 1:
             return 0
-        return sum(a.tokens for a in self.store.attempts(rec.id)
-                   if a.state == state.name and a.visit == visit)
+        return visit_tokens(self.store.attempts(rec.id), state.name, visit)
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                        now: float) -> StepCommit:
@@ -438,9 +438,7 @@ class Driver:
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)
-        run = (rec.id, state.name, rec.loop_count, rec.max_transitions,
-               rec.tokens_used + tokens, rec.token_budget,
-               (step.state_tokens_used if step else 0) + tokens, state.token_budget)
+        run = run_info(rec, state, tokens, step.state_tokens_used if step else 0)
         evaluated: list[list[Any]] = []
         try:
             choice = cm.choose(state.name, obj, run, trigger, evaluated)
