@@ -97,6 +97,19 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
     return obj, new, delta
 
 
+def _in_place(cm: CompiledMachine, rec: InstanceRecord, ran_on: Any, moved: list[str],
+              update: Mapping[str, Any]) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+    """``apply_update`` with the fields ``moved`` in place on ``ran_on`` added to ``update``;
+    ``InvalidInput`` naming the field when such a change cannot be stored."""
+    try:
+        return apply_update(cm.spec.context, rec.context,
+                            {**{k: getattr(ran_on, k) for k in moved}, **update},
+                            cm.fields, cm.partial)
+    except InvalidInput as exc:
+        raise InvalidInput(f"an in-place change to the context cannot be stored: {exc}",
+                           instance_id=rec.id, state=rec.state) from None
+
+
 def _spent(step: Step | None) -> int:
     """Tokens the step's model calls were billed (0 when the action had no ``Step``)."""
     return 0 if step is None else step.llm.used
@@ -327,9 +340,10 @@ class Driver:
         started = time.perf_counter()
         error: BaseException | None = None
         result: Any = None
+        ctx = None if entry is None else values.validated(cm.spec.context, rec.context)
         try:
             if entry is not None:
-                pending, result = self._call(cm, entry, rec, state, step)
+                pending, result = self._call(entry, ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
         except (Exception, asyncio.TimeoutError) as exc:
@@ -346,7 +360,7 @@ class Driver:
                 error, step.notes = exc, {}
         if error is None:
             try:
-                return self.advance(cm, rec, state, step, *_normalise(result), ms)
+                return self.advance(cm, rec, state, step, *_normalise(result), ms, ran_on=ctx)
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
         return self._on_error(cm, rec, state, step, error, ms)
@@ -371,14 +385,14 @@ class Driver:
         step.notes["delivered_by_original"] = done.key
         return self.advance(cm, rec, state, step, row.trigger, row.delta, 0.0)
 
-    def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
+    def _call(self, entry: tuple[Callable[..., Any], int, bool], ctx: Any,
               rec: InstanceRecord, state: State, step: Step | None
               ) -> tuple[Awaitable[Any] | None, Any]:
-        """Start the action: ``(None, result)`` when it ran here (inline), else ``(awaitable,
-        None)``: an ``async def`` without a timeout is its own coroutine, awaited by the
-        caller (no task, no wrapper coroutine per step); the rest go through ``_cut``."""
+        """Start the action on ``ctx``: ``(None, result)`` when it ran here (inline), else
+        ``(awaitable, None)``: an ``async def`` without a timeout is its own coroutine,
+        awaited by the caller (no task, no wrapper coroutine per step); the rest go through
+        ``_cut``."""
         fn, arity, is_async = entry
-        ctx = cm.spec.context.model_validate(rec.context)
         args = (ctx, step) if arity == 2 else (ctx,)
         timeout = state.timeout
         if rec.deadline is not None:
@@ -427,14 +441,19 @@ class Driver:
     def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                 step: Step | None, trigger: str | None, update: Mapping[str, Any],
                 ms: float, *, kind: str = "transition", reason: str | None = None,
-                error: str | None = None) -> StepCommit:
+                error: str | None = None, ran_on: BaseModel | None = None) -> StepCommit:
         """The commit taking the transition chosen after ``update`` (and ``trigger``, if fired).
 
-        Raises ``InvalidInput`` for a bad update or an undeclared trigger,
-        ``ActionError`` when a guard raises.
+        ``ran_on``: the context object the action ran on; what it changed there in place
+        is committed with ``update`` (``update`` wins for a field it sets).
+        Raises ``InvalidInput`` for a bad update, an in-place change that cannot be stored
+        or an undeclared trigger, ``ActionError`` when a guard raises.
         """
         obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields,
                                            cm.partial)
+        moved = [] if ran_on is None else values.changed_in_place(ran_on, obj, update)
+        if moved:
+            obj, new_ctx, delta = _in_place(cm, rec, ran_on, moved, update)
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)

@@ -176,4 +176,56 @@ def keep_unchanged(old: Mapping[str, Any], new: dict[str, Any]) -> None:
 
 _KEEP = (str, int, float, bool)
 
-__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged"]
+
+def _reaches_any(annotation: Any, seen: set[type]) -> bool:
+    """Whether a value of ``annotation`` may hold objects validation passes through
+    (``Any``/``object`` at any depth, nested models' fields included)."""
+    if annotation is Any or annotation is object:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation in seen:
+            return False
+        seen.add(annotation)
+        return any(_reaches_any(f.annotation, seen) for f in annotation.model_fields.values())
+    return any(_reaches_any(arg, seen) for arg in typing.get_args(annotation))
+
+
+@functools.lru_cache(maxsize=512)
+def _shared(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` whose validated value may share objects with its input."""
+    return frozenset(name for name, info in model.model_fields.items()
+                     if _reaches_any(info.annotation, set()))
+
+
+def _copy(value: Any) -> Any:
+    """A copy of plain JSON ``value`` (containers new, scalars shared)."""
+    cls = type(value)
+    if cls is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if cls is list:
+        return [_copy(v) for v in value]
+    return value
+
+
+def validated(model: type[BaseModel], data: Mapping[str, Any]) -> BaseModel:
+    """``model`` validated from stored JSON ``data``, sharing no mutable object with it: an
+    action's in-place change to the result never reaches ``data`` (the record before the
+    step), so ``changed_in_place`` sees it.  Fields that admit ``Any`` (where pydantic
+    passes objects through) are copied first; typed fields are built anew by pydantic."""
+    shared = _shared(model)
+    if shared:
+        data = {k: _copy(v) if k in shared else v for k, v in data.items()}
+    return model.model_validate(data)
+
+
+def changed_in_place(ctx: BaseModel, fresh: BaseModel, updated: Mapping[str, Any]
+                     ) -> list[str]:
+    """The fields outside ``updated`` whose value in ``ctx`` (the context an action ran on)
+    differs from ``fresh`` (the context validated from the stored record and the update):
+    what the action changed in place (``ctx.steps["a"].status = "done"``)."""
+    mine, theirs = ctx.__dict__, fresh.__dict__
+    return [k for k, v in mine.items() if k not in updated and v != theirs.get(k, v)]
+
+
+__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged",
+           "validated", "changed_in_place"]
