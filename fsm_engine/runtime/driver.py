@@ -457,15 +457,14 @@ class Driver:
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)
-        run = run_info(rec, state, tokens, step.state_tokens_used if step else 0)
+        run = partial(run_info, rec, state, tokens, step.state_tokens_used if step else 0)
         evaluated: list[list[Any]] = []
         try:
             choice = cm.choose(state.name, obj, run, trigger, evaluated)
         except Exception as exc:  # a guard raised: fail this instance, not the whole batch
             why = str(exc) if isinstance(exc, GuardResultError) else f"a guard raised {_err(exc)}"
-            err = ActionError(why, instance_id=rec.id, state=state.name)
-            err.guards = evaluated  # type: ignore[attr-defined]  # recorded in the history
-            raise err from exc
+            raise ActionError(why, instance_id=rec.id, state=state.name,
+                              guards=evaluated) from exc
         detail = _detail(rec, step)
         if choice is None:
             return outcome.failed(
@@ -510,5 +509,5 @@ class Driver:
                                   tokens=_spent(step), duration_ms=ms, detail=detail)
         fail = outcome.failed(cm, rec, reason, now, error=_err(exc), tokens=_spent(step),
                               duration_ms=ms, detail=detail)
-        fail.history[0].guards = getattr(exc, "guards", None) or []
+        fail.history[0].guards = exc.guards if isinstance(exc, ActionError) else []
         return fail

@@ -2,16 +2,19 @@
 
 Nothing runs but the guards: each recorded step's outcome (its context delta, the
 action's recorded update) is applied to the recorded context before it, and the
-definition chooses the transition as the runtime would.  No action, model call or
-side effect runs and nothing is written.  The report names the first step whose
+definition chooses the transition as the runtime would, its guards reading the run
+information the driver gave them (``step.run_info``, from the counters ``Rebuilt``
+rebuilds: transitions with re-asks, tokens with the failed attempts).  No action, model
+call or side effect runs and nothing is written.  The report names the first step whose
 transition differs, every step whose guard results differ, and the states the
 history names that the definition no longer has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -111,7 +114,7 @@ def _missing(cm: CompiledMachine, history: Sequence[HistoryRow]) -> list[dict[st
     return [{"seq": seq, "state": name} for name, seq in seen.items()]
 
 
-def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: RunInfo) -> Any:
+def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: Callable[[], RunInfo]) -> Any:
     """The definition's choice for recorded row ``h``: free selection first; a forced or
     fired trigger (fallback, skip, a review's choice, an action's ``fire``) when only
     that reproduces the recorded move."""
@@ -156,7 +159,7 @@ def _step(cm: CompiledMachine, rec: InstanceRecord, now: Rebuilt, h: HistoryRow,
         return diverged(None, "the recorded context fails the context model: "
                         f"{exc.errors()[0]['msg']}")
     try:
-        choice = _choose(cm, h, obj, now.run(rec, cm, h))
+        choice = _choose(cm, h, obj, partial(now.run, rec, cm, h))
     except Exception as exc:  # noqa: BLE001 - a guard raising is a finding, not a crash
         choice, why = None, f"a guard raised {type(exc).__name__}: {exc}"
     else:
