@@ -18,6 +18,7 @@ from fsm_engine.views import context_after
 
 class Stage(BaseModel):
     status: str = "pending"
+    notes: dict[str, Any] = {}
 
 
 class Ctx(BaseModel):
@@ -29,7 +30,8 @@ class Ctx(BaseModel):
     outs: list[Any] = []
 
 
-START = {"steps": {"preprocess": {"status": "pending"}}, "meta": {"deep": {"n": 1}},
+START = {"steps": {"preprocess": {"status": "pending", "notes": {"k": {"v": 1}}}},
+         "meta": {"deep": {"n": 1}},
          "items": ["x", "y"]}
 
 
@@ -37,6 +39,7 @@ def mutate(ctx: Ctx) -> None:
     ctx.steps["preprocess"].status = "done"  # a nested model, in place
     ctx.tags.append("seen")                   # a typed list, in place
     ctx.meta["deep"]["n"] = 2                 # plain JSON under an Any, in place
+    ctx.steps["preprocess"].notes["k"]["v"] = 3  # under an Any inside a nested model
 
 
 async def amutate(ctx: Ctx) -> None:
@@ -46,10 +49,11 @@ async def amutate(ctx: Ctx) -> None:
 
 def look(ctx: Ctx) -> dict[str, Any]:
     """The next step: what it sees of the in-place change."""
-    return {"seen": f"{ctx.steps['preprocess'].status}/{ctx.tags}/{ctx.meta['deep']['n']}"}
+    stage = ctx.steps["preprocess"]
+    return {"seen": f"{stage.status}/{ctx.tags}/{ctx.meta['deep']['n']}/{stage.notes['k']['v']}"}
 
 
-SEEN = "done/['seen']/2"
+SEEN = "done/['seen']/2/3"
 
 
 def chain(name: str, act: Any, inline: bool = False) -> Machine:
@@ -153,5 +157,5 @@ def test_a_failed_action_commits_none_of_its_in_place_changes(engine_factory) ->
                       transitions=[Transition("next", "prep", "look"),
                                    Transition("next", "look", "end")])
     stored = _final(engine_factory(), machine)
-    assert stored.context["seen"] == "pending/[]/1"
+    assert stored.context["seen"] == "pending/[]/1/1"
     assert stored.context["steps"]["preprocess"]["status"] == "pending"

@@ -24,6 +24,7 @@ changed:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import math
@@ -32,6 +33,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any, Mapping
 
+import typing_extensions
 from pydantic import BaseModel
 
 from ..errors import InvalidInput
@@ -182,11 +184,17 @@ def _reaches_any(annotation: Any, seen: set[type]) -> bool:
     (``Any``/``object`` at any depth, nested models' fields included)."""
     if annotation is Any or annotation is object:
         return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel)
+                                         or typing_extensions.is_typeddict(annotation)
+                                         or dataclasses.is_dataclass(annotation)):
         if annotation in seen:
             return False
         seen.add(annotation)
-        return any(_reaches_any(f.annotation, seen) for f in annotation.model_fields.values())
+        try:
+            hints = typing.get_type_hints(annotation)
+        except Exception:  # noqa: BLE001 - an unresolvable hint: assume it may share
+            return True
+        return any(_reaches_any(hint, seen) for hint in hints.values())
     return any(_reaches_any(arg, seen) for arg in typing.get_args(annotation))
 
 
