@@ -63,3 +63,17 @@ def test_replay_counts_a_failed_attempts_tokens_like_the_driver(engine_factory,
                            MODULE + ":retried", "--db", store_url], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_exceptions_carry_declared_fields(engine_factory) -> None:
+    """``InvalidInput.index`` names the bad input of a batch start (none started)."""
+    from fsm_engine.errors import ActionError, InvalidInput
+    engine = engine_factory()
+    try:
+        engine.start_many(machine, [{}, {"answer": ["not", "a", "str"]}, {}])
+    except InvalidInput as exc:
+        assert exc.index == 1
+    else:
+        raise AssertionError("start_many accepted an input its model refuses")
+    assert engine.store.list() == []
+    assert InvalidInput("x").index is None and ActionError("x").guards == []
