@@ -159,3 +159,15 @@ def test_a_failed_action_commits_none_of_its_in_place_changes(engine_factory) ->
     stored = _final(engine_factory(), machine)
     assert stored.context["seen"] == "pending/[]/1/1"
     assert stored.context["steps"]["preprocess"]["status"] == "pending"
+
+
+def unserialisable(ctx: Ctx) -> None:
+    ctx.meta["handle"] = open(__file__)  # noqa: SIM115 - a value with no JSON form
+
+
+def test_an_in_place_value_with_no_json_form_fails_naming_the_field(engine_factory) -> None:
+    engine = engine_factory()
+    iid = engine.start(chain("inplace_file", unserialisable), START)
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.status, rec.reason) == ("failed", "invalid_update")
+    assert "meta.handle" in (rec.last_error or "")

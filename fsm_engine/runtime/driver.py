@@ -97,13 +97,14 @@ def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[s
     return obj, new, delta
 
 
-def _in_place(cm: CompiledMachine, rec: InstanceRecord, ran_on: Any, moved: list[str],
-              update: Mapping[str, Any]) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+def _in_place(cm: CompiledMachine, rec: InstanceRecord, ran_on: values.Watched,
+              moved: list[str], update: Mapping[str, Any]
+              ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
     """``apply_update`` with the fields ``moved`` in place on ``ran_on`` added to ``update``;
     ``InvalidInput`` naming the field when such a change cannot be stored."""
     try:
         return apply_update(cm.spec.context, rec.context,
-                            {**{k: getattr(ran_on, k) for k in moved}, **update},
+                            {**{k: getattr(ran_on.ctx, k) for k in moved}, **update},
                             cm.fields, cm.partial)
     except InvalidInput as exc:
         raise InvalidInput(f"an in-place change to the context cannot be stored: {exc}",
@@ -340,10 +341,11 @@ class Driver:
         started = time.perf_counter()
         error: BaseException | None = None
         result: Any = None
-        ctx = None if entry is None else values.validated(cm.spec.context, rec.context)
+        ran_on: values.Watched | None = None
         try:
             if entry is not None:
-                pending, result = self._call(entry, ctx, rec, state, step)
+                ran_on = values.watch(cm.spec.context, rec.context)
+                pending, result = self._call(entry, ran_on.ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
         except (Exception, asyncio.TimeoutError) as exc:
@@ -360,7 +362,8 @@ class Driver:
                 error, step.notes = exc, {}
         if error is None:
             try:
-                return self.advance(cm, rec, state, step, *_normalise(result), ms, ran_on=ctx)
+                return self.advance(cm, rec, state, step, *_normalise(result), ms,
+                                    ran_on=ran_on)
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
         return self._on_error(cm, rec, state, step, error, ms)
@@ -441,18 +444,17 @@ class Driver:
     def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                 step: Step | None, trigger: str | None, update: Mapping[str, Any],
                 ms: float, *, kind: str = "transition", reason: str | None = None,
-                error: str | None = None, ran_on: BaseModel | None = None) -> StepCommit:
+                error: str | None = None, ran_on: values.Watched | None = None) -> StepCommit:
         """The commit taking the transition chosen after ``update`` (and ``trigger``, if fired).
 
-        ``ran_on``: the context object the action ran on; what it changed there in place
-        is committed with ``update`` (``update`` wins for a field it sets).
+        ``ran_on``: the context the action ran on; what it changed there in place is
+        committed with ``update`` (``update`` wins for a field it sets).
         Raises ``InvalidInput`` for a bad update, an in-place change that cannot be stored
         or an undeclared trigger, ``ActionError`` when a guard raises.
         """
         obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields,
                                            cm.partial)
-        moved = [] if ran_on is None else values.changed_in_place(ran_on, obj, update)
-        if moved:
+        if ran_on is not None and (moved := ran_on.changed(update)):
             obj, new_ctx, delta = _in_place(cm, rec, ran_on, moved, update)
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")

@@ -25,11 +25,15 @@ changed:
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
+import enum
 import functools
 import io
 import math
 import types
 import typing
+import uuid
 from collections.abc import Iterator
 from typing import Any, Mapping
 
@@ -215,25 +219,56 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def validated(model: type[BaseModel], data: Mapping[str, Any]) -> BaseModel:
-    """``model`` validated from stored JSON ``data``, sharing no mutable object with it: an
-    action's in-place change to the result never reaches ``data`` (the record before the
-    step), so ``changed_in_place`` sees it.  Fields that admit ``Any`` (where pydantic
-    passes objects through) are copied first; typed fields are built anew by pydantic."""
+#: Types whose value can change only by assignment (seen by identity, no comparison).
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), decimal.Decimal, uuid.UUID,
+                        datetime.datetime, datetime.date, datetime.time, datetime.timedelta})
+
+
+@dataclasses.dataclass(slots=True)
+class Watched:
+    """The context an action runs on, and what is needed to see what it changed in place:
+    ``before``, its fields' objects as validated; ``stored``, the record's JSON."""
+
+    ctx: BaseModel
+    before: dict[str, Any]
+    stored: Mapping[str, Any]
+    #: Fields holding plain JSON as validated (``Any``): compared as they are, no dump.
+    plain: frozenset[str] = frozenset()
+
+    def changed(self, updated: Mapping[str, Any]) -> list[str]:
+        """The fields outside ``updated`` the action changed in place: reassigned (another
+        object), or a container or model whose JSON now differs from the stored one
+        (``ctx.steps["a"].status = "done"``, ``ctx.tags.append(x)``)."""
+        moved, maybe = [], []
+        for k, v in self.ctx.__dict__.items():
+            if k in updated:
+                continue
+            if v is not self.before.get(k):
+                moved.append(k)
+            elif k in self.plain:
+                if v != self.stored.get(k):
+                    moved.append(k)
+            elif type(v) not in _IMMUTABLE and not isinstance(v, enum.Enum):
+                maybe.append(k)
+        if maybe:
+            try:
+                now = self.ctx.model_dump(mode="json", include=set(maybe), warnings=False)
+            except (ValueError, TypeError):  # no JSON form: the update's check names it
+                return moved + maybe
+            moved += [k for k in maybe if now.get(k) != self.stored.get(k)]
+        return moved
+
+
+def watch(model: type[BaseModel], data: Mapping[str, Any]) -> Watched:
+    """``model`` validated from stored JSON ``data`` for an action to run on, sharing no
+    mutable object with ``data`` (the record before the step): fields that reach ``Any``
+    (where pydantic passes objects through) are copied first; typed fields are built
+    anew by pydantic.  ``Watched.changed`` then names what the action changed in place."""
     shared = _shared(model)
-    if shared:
-        data = {k: _copy(v) if k in shared else v for k, v in data.items()}
-    return model.model_validate(data)
+    source = {k: _copy(v) if k in shared else v for k, v in data.items()} if shared else data
+    ctx = model.model_validate(source)
+    return Watched(ctx, dict(ctx.__dict__), data, _loose(model))
 
 
-def changed_in_place(ctx: BaseModel, fresh: BaseModel, updated: Mapping[str, Any]
-                     ) -> list[str]:
-    """The fields outside ``updated`` whose value in ``ctx`` (the context an action ran on)
-    differs from ``fresh`` (the context validated from the stored record and the update):
-    what the action changed in place (``ctx.steps["a"].status = "done"``)."""
-    mine, theirs = ctx.__dict__, fresh.__dict__
-    return [k for k, v in mine.items() if k not in updated and v != theirs.get(k, v)]
-
-
-__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged",
-           "validated", "changed_in_place"]
+__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged", "watch",
+           "Watched"]
