@@ -14,7 +14,7 @@ import time
 from functools import partial
 from typing import Any, Awaitable, Callable, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
@@ -27,6 +27,7 @@ from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
 from .replay import visit_tokens
+from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
 from .step import MeteredLLM, Step, run_info
@@ -61,54 +62,6 @@ def _normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
         return None, result.model_dump()
     raise InvalidInput(f"an action returned {type(result).__name__}; "
                        "return None, a dict of updates or fire(trigger, **updates)")
-
-
-def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
-                 fields: frozenset[str] | None = None, partial: bool = False
-                 ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
-    """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
-
-    ``fields`` is the model's field names (computed once per machine by the caller).
-    The whole model is validated (every validator runs); with ``partial``
-    (``values.partial_dump`` of the model) only the updated fields are serialised and
-    the new dict holds ``data``'s very objects for the others, else the whole model is
-    dumped and equal scalars and strings get ``data``'s objects back (so the store
-    skips unchanged large values either way).
-    Raises ``InvalidInput`` for unknown fields, values the model rejects or
-    values that would not come back from JSON as they went in (``values``).
-    """
-    known = fields if fields is not None else frozenset(model.model_fields)
-    unknown = [k for k in update if k not in known]
-    if unknown:
-        raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
-    values.check_values(model, update)
-    try:
-        obj = model.model_validate({**data, **update})
-    except ValidationError as exc:
-        raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
-                           f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
-    if partial:
-        new = {**data, **values.dump(obj, update, only=set(update))}
-    else:
-        new = values.dump(obj, update)
-        values.keep_unchanged(data, new)
-    delta = {k: new[k] for k in update}
-    values.check_json(delta)
-    return obj, new, delta
-
-
-def _in_place(cm: CompiledMachine, rec: InstanceRecord, ran_on: values.Watched,
-              moved: list[str], update: Mapping[str, Any]
-              ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
-    """``apply_update`` with the fields ``moved`` in place on ``ran_on`` added to ``update``;
-    ``InvalidInput`` naming the field when such a change cannot be stored."""
-    try:
-        return apply_update(cm.spec.context, rec.context,
-                            {**{k: getattr(ran_on.ctx, k) for k in moved}, **update},
-                            cm.fields, cm.partial)
-    except InvalidInput as exc:
-        raise InvalidInput(f"an in-place change to the context cannot be stored: {exc}",
-                           instance_id=rec.id, state=rec.state) from None
 
 
 def _spent(step: Step | None) -> int:
@@ -452,10 +405,11 @@ class Driver:
         Raises ``InvalidInput`` for a bad update, an in-place change that cannot be stored
         or an undeclared trigger, ``ActionError`` when a guard raises.
         """
-        obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields,
-                                           cm.partial)
+        obj, new_ctx, delta = values.apply_update(cm.spec.context, rec.context, update,
+                                                  cm.fields, cm.partial)
         if ran_on is not None and (moved := ran_on.changed(update)):
-            obj, new_ctx, delta = _in_place(cm, rec, ran_on, moved, update)
+            obj, new_ctx, delta = values.apply_in_place(cm.spec.context, rec.context, update,
+                                                        ran_on, moved, cm.fields, cm.partial)
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any, Mapping
 
 import typing_extensions
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidInput
 
@@ -270,5 +270,53 @@ def watch(model: type[BaseModel], data: Mapping[str, Any]) -> Watched:
     return Watched(ctx, dict(ctx.__dict__), data, _loose(model))
 
 
+def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
+                 fields: frozenset[str] | None = None, partial: bool = False
+                 ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+    """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
+
+    ``fields`` is the model's field names (computed once per machine by the caller).
+    The whole model is validated (every validator runs); with ``partial``
+    (``values.partial_dump`` of the model) only the updated fields are serialised and
+    the new dict holds ``data``'s very objects for the others, else the whole model is
+    dumped and equal scalars and strings get ``data``'s objects back (so the store
+    skips unchanged large values either way).
+    Raises ``InvalidInput`` for unknown fields, values the model rejects or
+    values that would not come back from JSON as they went in (``values``).
+    """
+    known = fields if fields is not None else frozenset(model.model_fields)
+    unknown = [k for k in update if k not in known]
+    if unknown:
+        raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
+    check_values(model, update)
+    try:
+        obj = model.model_validate({**data, **update})
+    except ValidationError as exc:
+        raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
+                           f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+    if partial:
+        new = {**data, **dump(obj, update, only=set(update))}
+    else:
+        new = dump(obj, update)
+        keep_unchanged(data, new)
+    delta = {k: new[k] for k in update}
+    check_json(delta)
+    return obj, new, delta
+
+
+def apply_in_place(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
+                   ran_on: Watched, moved: list[str], fields: frozenset[str] | None = None,
+                   partial: bool = False) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+    """``apply_update`` with the fields ``moved`` in place on ``ran_on.ctx`` added to
+    ``update`` (``update`` wins); ``InvalidInput`` naming the field when such a change
+    cannot be stored."""
+    try:
+        return apply_update(model, data, {**{k: getattr(ran_on.ctx, k) for k in moved},
+                                          **update}, fields, partial)
+    except InvalidInput as exc:
+        raise InvalidInput(f"an in-place change to the context cannot be stored: {exc}"
+                           ) from None
+
+
 __all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged", "watch",
-           "Watched"]
+           "Watched", "apply_update", "apply_in_place"]
