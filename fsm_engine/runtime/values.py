@@ -20,6 +20,11 @@ changed:
   a tuple, set, datetime, non-string key or model object there would come
   back as another type.  Typed fields (``datetime``, ``set[str]``, a nested
   model …) keep pydantic's own, reversible JSON form.
+
+An action may also change its context in place (``ctx.steps["a"].status = "done"``):
+``watch`` gives it a context sharing no mutable object with the stored record, and
+``Watched.changed`` names the fields it changed, which ``apply_in_place`` commits with
+its update through the same boundary (a value that cannot be stored is refused there).
 """
 
 from __future__ import annotations
