@@ -115,11 +115,11 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     store = _open(db)
     try:
         rec = _find(store, instance_id)
-        history = store.history(rec.id)
+        history, attempts = store.history(rec.id), store.attempts(rec.id)
     finally:
         store.close()
     machine, _ = load_machine(module or rec.module)
-    report = run_replay(compile_machine(machine), rec, history)
+    report = run_replay(compile_machine(machine), rec, history, attempts)
     if as_json:
         from .cli import _print_json
         _print_json(report.as_json())

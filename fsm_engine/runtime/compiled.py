@@ -147,16 +147,15 @@ class CompiledMachine:
         """Declared triggers from ``state`` that normal selection considers (not reserved)."""
         return self._choosable.get(state, ())
 
-    def choose(self, state: str, ctx: Any, run: tuple[Any, ...],
+    def choose(self, state: str, ctx: Any, run: Callable[[], RunInfo],
                trigger: str | None = None, log: list[list[Any]] | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
 
         With ``trigger`` only that trigger's transitions are candidates;
         without, every non-reserved trigger from ``state`` in declaration
-        order.  ``run`` holds ``RunInfo``'s fields, for two-argument guards
-        (built only when a guard is evaluated).  Returns ``None`` when no
-        guard set passes.  Guard exceptions propagate (``log``, when given, collects
-        the guards evaluated up to then, for the history).
+        order.  ``run()`` builds what two-argument guards read (``step.run_info``; called
+        only when a guard is evaluated).  Returns ``None`` when no guard set passes.  Guard exceptions propagate
+        (``log``, when given, collects the guards evaluated up to then, for the history).
         """
         plan = self._plans.get(state, {})
         log = [] if log is None else log
@@ -166,7 +165,7 @@ class CompiledMachine:
                 if conditions:
                     if data is None:
                         data = transitions.core.EventData(None, None, self._tm, None,
-                                                          (ctx, RunInfo(*run), log), {})
+                                                          (ctx, run(), log), {})
                     if not all(cond.check(data) for cond in conditions):
                         continue
                 return Choice(trig, dest, log)
