@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, NoReturn, Optional
 
@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
+from .cli_trust import MACHINES, refuse_untrusted, trusting
 from .views import instance_json
 from .runtime import Engine
 from .store import Store, is_postgres, open_store, store_url
@@ -35,12 +36,7 @@ out = console()  # no markup, stored text shown safely (``terminal``)
 DB = typer.Option(None, "--db", show_default=False,
                   help="Store: a SQLite file, sqlite:///REL.db or sqlite:////ABS.db, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
-#: ``--machines``: the modules a command may import for stored instances besides those
-#: under the machines root (``runtime.loader.Trust``).
-MACHINES = typer.Option([], "--machines", metavar="MODULE",
-                        help="Machine modules to load for stored instances (repeatable); "
-                             "others load only from under $FSM_MACHINES_ROOT (default: the "
-                             "current directory).")
+
 
 
 def _version(value: bool) -> None:
@@ -104,30 +100,6 @@ def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None 
     limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
     engine = Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
     return trusting(engine, machines)
-
-
-def trusting(engine: Engine, machines: Sequence[str]) -> Engine:
-    """``engine`` with each of ``machines`` (``--machines``) loaded, so the instances naming
-    them run; others load only from under the machines root (``runtime.loader.Trust``).
-    The engine is closed when one fails to load (``MachineLoadError``)."""
-    try:
-        for module in machines:
-            engine.load(module)
-    except BaseException:
-        engine.close()
-        raise
-    return engine
-
-
-def refuse_untrusted(engine: Engine, records: Iterable[Any]) -> None:
-    """``MachineRefused`` (the engine closed) for the first of ``records`` whose machine
-    module this engine may not import: a command refuses it before running anything."""
-    try:
-        for rec in records:
-            engine.check_module(rec)
-    except BaseException:
-        engine.close()
-        raise
 
 
 def _find(store: Store, instance_id: str) -> Any:

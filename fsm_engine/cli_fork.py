@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from .cli import DB, MACHINES, _fail, _find, _open, app, trusting
+from .cli import DB, _fail, _find, _open, app
+from .cli_trust import MACHINES, trusting
 from .runtime import Engine
 from .store.records import InstanceFilter
 from .terminal import shown

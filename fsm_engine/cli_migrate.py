@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 import typer
 
-from .cli import DB, MACHINES, _open, _print_json, app, trusting
+from .cli import DB, _open, _print_json, app
+from .cli_trust import MACHINES, trusting
 from .runtime import Engine
 from .runtime.migrate_batch import CURRENT, MIGRATE, NEEDS, Entry, apply, survey
 from .terminal import shown as safe_text

@@ -14,7 +14,8 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from .cli import DB, MACHINES, _open, _print_json, _safe, app, out, trusting
+from .cli import DB, _open, _print_json, _safe, app, out
+from .cli_trust import MACHINES, trusting
 from .errors import InvalidInput
 from .runtime import Engine
 from .views import when

@@ -27,11 +27,10 @@ from ..errors import (
     InvalidInput, NeedsMigration, StaleWrite,
 )
 from ..policies import BreakerPolicy, RateLimit
-from ..store import PENDING, Store, open_store
+from ..store import PENDING, Store, definitions, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
-    RATE_LIMITED, REVIEW_OPEN, ChildState, DefinitionRow, InstanceRecord, ReviewItem,
-    StepCommit, WorkerRow,
+    RATE_LIMITED, REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
 )
 from . import migration, outcome, reviews as review_queue, values
 from . import fanout, fleet
@@ -97,13 +96,6 @@ async def _done(value: Any) -> Any:
     return value
 
 
-def _definition_rows(cm: CompiledMachine, now: float) -> list[DefinitionRow]:
-    """What the store keeps of ``cm`` and its branch machines: each one's export, keyed by
-    (name, version, fingerprint), for the viewer to draw without importing anything."""
-    return [DefinitionRow(m.name, m.spec.version, m.fingerprint, m.spec.export(), now)
-            for m in cm.family()]
-
-
 def _module_ref(machine: Machine) -> str:
     """Where ``machine`` can be loaded again on any host (``loader.reference``)."""
     ns = machine.namespace or {}
@@ -135,10 +127,8 @@ class Engine:
             (off: see ``fsm_engine.telemetry``).
         rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.rates`.
-        trust: which machine modules named by stored instances may be imported (default
-            ``Trust()``: those this engine ``load``-ed and files under the machines root);
-            an instance naming another is refused with ``MachineRefused`` (see
-            :mod:`fsm_engine.runtime.loader`), and a worker leaves it alone.
+        trust: which modules stored instances name may be imported (``loader.Trust``:
+            those ``load``-ed here, files under the machines root; else ``MachineRefused``).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -216,10 +206,9 @@ class Engine:
         ref = module or _module_ref(machine)
         for member in cm.family():  # branch machines load from the parent's module
             self.models.check(member.states)
-        self.store.put_definitions(_definition_rows(cm, self.clock()))
-        for member in cm.family():
             self._machines[member.name] = member
             self._modules[member.name] = ref
+        self.store.put_definitions(definitions.rows(cm.family(), self.clock()))
         return cm
 
     def load(self, ref: str) -> CompiledMachine:
@@ -236,9 +225,8 @@ class Engine:
             self.trust.check(rec.module, rec.id)
 
     def definition(self, rec: InstanceRecord) -> CompiledMachine:
-        """The compiled machine ``rec`` names (loaded from its module when not registered
-        and ``trust`` allows it), whatever version it has; ``DefinitionError`` when it
-        cannot be had (``MachineRefused``: its module may not be imported here)."""
+        """The compiled machine ``rec`` names (loaded from its module when not registered,
+        if ``trust`` allows), whatever version it has; ``DefinitionError`` when it cannot."""
         cm = self._machines.get(rec.machine)
         if cm is None:
             self.check_module(rec)

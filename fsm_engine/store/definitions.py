@@ -11,7 +11,7 @@ checked to be a JSON object with a list of states, never executed.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import StoreError
@@ -26,6 +26,13 @@ PUT = ("INSERT INTO definitions (machine, version, fingerprint, export, created_
        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (machine, version, fingerprint) DO NOTHING")
 GET = ("SELECT machine, version, fingerprint, export, created_at FROM definitions "
        "WHERE machine = ? AND version = ? AND fingerprint = ?")
+
+
+def rows(machines: Iterable[Any], now: float) -> list[DefinitionRow]:
+    """The rows to keep for compiled machines (``CompiledMachine.family()``): each one's
+    export under (name, version, fingerprint), written at ``now`` (epoch seconds)."""
+    return [DefinitionRow(m.name, m.spec.version, m.fingerprint, m.spec.export(), now)
+            for m in machines]
 
 
 def encode(row: DefinitionRow) -> tuple[Any, ...]:
