@@ -145,7 +145,8 @@ def test_no_viewer_page_imports_what_a_row_names(setup: Setup) -> None:
     proc, base = _serve(setup)
     try:
         pages = ["/", "/?machine=flow", "/?q=x", f"/instances/{ran}", f"/instances/{pending}",
-                 "/machines/flow", "/machines/flow?status=completed", "/static/style.css"]
+                 f"/instances/{ran}/json", f"/instances/{pending}/json", "/machines/flow",
+                 "/machines/flow?status=completed", "/static/style.css"]
         got = {p: httpx.get(base + p, timeout=30) for p in pages}
     finally:
         stop(proc)
