@@ -27,7 +27,7 @@ from ..errors import (
     InvalidInput, NeedsMigration, StaleWrite,
 )
 from ..policies import BreakerPolicy, RateLimit
-from ..store import PENDING, Store, open_store
+from ..store import PENDING, Store, definitions, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
     RATE_LIMITED, REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
@@ -38,7 +38,7 @@ from ..definition.fanout import CHILDREN
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
-from .loader import load_machine, reference
+from .loader import Trust, load_machine, reference
 from .models import Models
 from .ownership import Ownership
 from .threads import ActionThreads
@@ -127,6 +127,8 @@ class Engine:
             (off: see ``fsm_engine.telemetry``).
         rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.rates`.
+        trust: which modules stored instances name may be imported (``loader.Trust``:
+            those ``load``-ed here, files under the machines root; else ``MachineRefused``).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -135,8 +137,10 @@ class Engine:
                  breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time, tracer: Any = "env",
-                 rate_limits: Mapping[str, RateLimit] | None = None) -> None:
+                 rate_limits: Mapping[str, RateLimit] | None = None,
+                 trust: Trust | None = None) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.trust = trust or Trust()
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.concurrency = concurrency
@@ -191,7 +195,8 @@ class Engine:
 
     # -- definitions ------------------------------------------------------------
     def register(self, machine: Machine, module: str | None = None) -> CompiledMachine:
-        """Check and compile ``machine`` and remember where it came from.
+        """Check and compile ``machine``, remember where it came from, and keep its export
+        in the store (``Store.put_definitions``: what the viewer draws).
 
         Raises ``DefinitionError`` listing every problem.
         """
@@ -203,18 +208,28 @@ class Engine:
             self.models.check(member.states)
             self._machines[member.name] = member
             self._modules[member.name] = ref
+        self.store.put_definitions(definitions.rows(cm.family(), self.clock()))
         return cm
 
     def load(self, ref: str) -> CompiledMachine:
-        """Load, check and register the machine in module ``ref`` (path or dotted name)."""
+        """Load, check and register the machine in module ``ref`` (path or dotted name),
+        which this engine then trusts (``trust``) wherever an instance names it."""
         machine, canonical = load_machine(ref)
+        self.trust.allow(canonical)
         return self.register(machine, canonical)
 
+    def check_module(self, rec: InstanceRecord) -> None:
+        """Return when ``rec``'s machine is registered or its module may be imported here
+        (``trust``); else ``MachineRefused`` naming the instance and the module."""
+        if rec.machine not in self._machines:
+            self.trust.check(rec.module, rec.id)
+
     def definition(self, rec: InstanceRecord) -> CompiledMachine:
-        """The compiled machine ``rec`` names (loaded from its module when not registered),
-        whatever version it has; ``DefinitionError`` when it cannot be had."""
+        """The compiled machine ``rec`` names (loaded from its module when not registered,
+        if ``trust`` allows), whatever version it has; ``DefinitionError`` when it cannot."""
         cm = self._machines.get(rec.machine)
         if cm is None:
+            self.check_module(rec)
             cm = self.load(rec.module)
             if cm.name != rec.machine:  # a branch machine: registered with its parent
                 cm = self._machines.get(rec.machine) or _no_branch(rec)

@@ -10,7 +10,8 @@ from .base import Store
 from .claims import ClaimRequest
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin, OutboxRow, ReplyRow,
+    BreakerRow, DefinitionRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
+    OutboxRow, ReplyRow,
     ReviewDecision,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
@@ -85,5 +86,6 @@ __all__ = ["Store", "SqliteStore", "open_store", "store_url", "is_postgres", "Cl
            "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxBegin", "OutboxRow", "WorkerRow",
            "BreakerRow",
            "StepCommit", "InstanceFilter", "StepRow", "ReviewItem", "ReviewDecision", "ReplyRow",
+           "DefinitionRow",
            "PENDING", "RUNNING", "WAITING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]
