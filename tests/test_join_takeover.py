@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from fsm_engine.store import open_store
+from conftest import ROOT
 from procs import stop
 
-from conftest import ROOT
+from fsm_engine.store import open_store
 
 pytestmark = pytest.mark.slow
 
