@@ -55,7 +55,7 @@ def prefix(rec: InstanceRecord) -> str:
     return f"{rec.id}.{rec.seq}."
 
 
-def _number(parent_id: str, kid_id: str) -> int:
+def family_number(parent_id: str, kid_id: str) -> int:
     """``N`` of a child id ``{parent_id}.{N}.{index}`` (-1 when it is not of that form)."""
     head = kid_id[len(parent_id) + 1:].partition(".")[0]
     return int(head) if head.isdigit() else -1
@@ -66,7 +66,7 @@ def family_prefix(parent_id: str, kids: Sequence[InstanceRecord | ChildState]) -
     children, of every fan-out it ran; ``None`` when there are none)."""
     if not kids:
         return None
-    return f"{parent_id}.{max(_number(parent_id, k.id) for k in kids)}."
+    return f"{parent_id}.{max(family_number(parent_id, k.id) for k in kids)}."
 
 
 def current(parent_id: str, kids: Sequence[K]) -> list[K]:
