@@ -137,8 +137,8 @@ class Driver:
             new.owner = None
         if self.upcasts:
             self.attach(step)
-        if new.final:  # a family's effects (``fanout.propagate``) start from an end
-            fanout.propagate(self.store, step, self.clock())
+        if new.final:  # a family's effects (``Ledger.settle``) start from an end
+            self.committer.ledger.settle(step)
         done = self.committer.enqueue(step)
         if isinstance(done, asyncio.Future):
             done = await done
@@ -192,7 +192,7 @@ class Driver:
         commit is fenced on the children it read)."""
         while True:
             step = await self._decide(cm, rec)
-            fanout.propagate(self.store, self.attach(step), self.clock())
+            self.committer.ledger.settle(self.attach(step))
             if await self.committer.submit(step):
                 self._settled(step)
                 if step.create:

@@ -112,7 +112,7 @@ def apply(engine: "Engine", entries: Sequence[Entry], *, batch: int = 100,
     todo = [(e, c) for e in entries if (c := _commit(engine, e)) is not None]
     for start in range(0, len(todo), max(1, batch)):
         chunk = todo[start:start + batch]
-        results = engine.store.commit([c for _, c in chunk])
+        results = engine.ledger.apply([c for _, c in chunk])
         for (e, _), ok in zip(chunk, results):
             e.applied = ok
         if on_batch is not None:

@@ -560,6 +560,9 @@ class PostgresStore:
                 if cur.rowcount != 1 or not self._updates(conn, [step], [enc])[0]:
                     raise _Undo("decision not applied")
                 self._appends(conn, [(step, enc)])
+                if step.wake:  # a decision that ends a child wakes its parent
+                    conn.execute(_SQL_WAKE, (step.record.updated_at, step.wake))
+                    conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
         except _Undo:
             return False
         return True
