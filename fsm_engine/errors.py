@@ -45,6 +45,8 @@ exception.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FsmError(Exception):
     """Root of every error fsm_engine raises on purpose.
@@ -148,7 +150,18 @@ class NeedsMigration(FingerprintMismatch):
 
 
 class InvalidInput(FsmError):
-    """Input or an action's update does not validate against the context model."""
+    """Input or an action's update does not validate against the context model.
+
+    ``index``: the position of the input at fault in a batch start
+    (``Engine.start_many``), ``None`` otherwise.
+    """
+
+    index: int | None
+
+    def __init__(self, message: str, *, index: int | None = None,
+                 instance_id: str | None = None, state: str | None = None) -> None:
+        super().__init__(message, instance_id=instance_id, state=state)
+        self.index = index
 
 
 class ReviewRefused(InvalidInput):
@@ -165,12 +178,18 @@ class InstanceFinished(FsmError):
 
 
 class ActionError(FsmError):
-    """A state's action raised; the original exception is ``__cause__``."""
+    """A state's action (or a guard) raised; the original exception is ``__cause__``.
+
+    ``guards``: the guards evaluated before a guard raised, ``[name, result]`` each
+    (recorded in the failed step's history row); empty for an action.
+    """
 
     def __init__(self, message: str, *, instance_id: str | None = None,
-                 state: str | None = None, attempt: int | None = None) -> None:
+                 state: str | None = None, attempt: int | None = None,
+                 guards: list[list[Any]] | None = None) -> None:
         super().__init__(message, instance_id=instance_id, state=state)
         self.attempt = attempt
+        self.guards: list[list[Any]] = list(guards or [])
 
 
 class StepTimeout(FsmError):

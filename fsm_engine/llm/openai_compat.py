@@ -73,6 +73,7 @@ from fsm_engine.errors import (
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, estimate_tokens
 from fsm_engine.llm.http import Caps, bound, env_number
 from fsm_engine.policies import parse_retry_after
+from fsm_engine.redaction import redact
 
 __all__ = ["OpenAICompatible", "parse_retry_after", "is_loopback"]
 
@@ -124,6 +125,8 @@ class OpenAICompatible(Provider):
         import openai  # a core dependency; imported here to keep package import light
 
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        #: ``base_url`` as messages, logs and the repr show it (credentials redacted).
+        self.shown_url = redact(self.base_url) if self.base_url else "api.openai.com"
         self.model: str | None = model or os.environ.get("FSM_MODEL") or None
         self.timeout = float(timeout or env_number("FSM_HTTP_TIMEOUT", float, 0.001)
                              or DEFAULT_TIMEOUT)
@@ -147,16 +150,17 @@ class OpenAICompatible(Provider):
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def __repr__(self) -> str:
-        return f"OpenAICompatible(base_url={self.base_url!r}, model={self.model!r})"
+        return f"OpenAICompatible(base_url={self.shown_url!r}, model={self.model!r})"
 
     def describe(self) -> str:
         """One line for a run's header: model, server, concurrency."""
         model = repr(self.model) if self.model else "(the server's only model)"
-        return (f"openai-compatible model {model} at {self.base_url or 'api.openai.com'}, "
+        return (f"openai-compatible model {model} at {self.shown_url}, "
                 f"{self.concurrency} request(s) at a time")
 
     def _mask(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
+        """``text`` without the API key and any credential (``redaction.redact``)."""
+        return redact(text.replace(self._secret, "***") if self._secret else text)
 
     def _semaphore(self) -> asyncio.Semaphore:
         """The concurrency gate of the running event loop (one per loop: a Semaphore is
@@ -180,10 +184,10 @@ class OpenAICompatible(Provider):
             raise self._map_error(exc, self.timeout) from None
         if len(listed) != 1:
             shown = ", ".join(sorted(listed)[:10]) or "none"
-            raise ClientError(f"{self.name} server at {self.base_url} lists {len(listed)} "
+            raise ClientError(f"{self.name} server at {self.shown_url} lists {len(listed)} "
                               f"models ({shown}): choose one with FSM_MODEL")
         self.model = listed[0]
-        log.info("%s at %s: using its only model %r", self.name, self.base_url, self.model)
+        log.info("%s at %s: using its only model %r", self.name, self.shown_url, self.model)
         return self.model
 
     def resolve_model_sync(self) -> str:
@@ -201,11 +205,11 @@ class OpenAICompatible(Provider):
             response.raise_for_status()
             listed = [str(m.get("id")) for m in response.json().get("data", [])]
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            raise ProviderUnavailable(f"cannot list the models at {self.base_url}: "
+            raise ProviderUnavailable(f"cannot list the models at {self.shown_url}: "
                                       f"{self._mask(str(exc))[:200]} (or set FSM_MODEL)") from None
         if len(listed) != 1:
             shown = ", ".join(sorted(listed)[:10]) or "none"
-            raise ClientError(f"{self.name} server at {self.base_url} lists {len(listed)} "
+            raise ClientError(f"{self.name} server at {self.shown_url} lists {len(listed)} "
                               f"models ({shown}): choose one with FSM_MODEL")
         self.model = listed[0]
         return self.model
@@ -247,7 +251,7 @@ class OpenAICompatible(Provider):
                 raise self._map_error(exc, kwargs["timeout"]) from None
         self.json_mode = "json_object"
         log.info("%s at %s refused response_format json_schema; using json_object",
-                 self.name, self.base_url)
+                 self.name, self.shown_url)
         kwargs["response_format"] = _response_format(schema or {}, self.json_mode)
         try:
             return await self._client.chat.completions.create(**kwargs)
@@ -282,7 +286,7 @@ class OpenAICompatible(Provider):
         """Turn an SDK exception into the matching ProviderError, key masked."""
         import openai
 
-        where = f"{self.name} model {self.model!r} at {self.base_url or 'api.openai.com'}"
+        where = f"{self.name} model {self.model!r} at {self.shown_url}"
         detail = self._mask(" ".join(str(getattr(exc, "message", exc)).split()))[:300]
         status = getattr(exc, "status_code", None)
         log.debug("provider call failed: %s: %s", type(exc).__name__, detail)
