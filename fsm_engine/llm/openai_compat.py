@@ -275,10 +275,10 @@ class OpenAICompatible(Provider):
             counted = self.count_tokens(messages)
             prompt = await counted if inspect.isawaitable(counted) else counted
             completion = estimate_tokens(text)
+        tokens = {"prompt_tokens": int(prompt or 0), "completion_tokens": int(completion or 0)}
         if not choices:
-            raise ServerError(f"{self.name} model {self.model!r} returned no choices",
-                              prompt_tokens=int(prompt), completion_tokens=int(completion))
-        return Completion(text=text, prompt_tokens=int(prompt), completion_tokens=int(completion),
+            raise ServerError(f"{self.name} model {self.model!r} returned no choices", **tokens)
+        return Completion(text=text, **tokens,
                           finish_reason=choices[0].finish_reason or "stop",
                           model=response.model or self.model or "?", usage_missing=missing)
 
