@@ -1,0 +1,100 @@
+"""The matrix's checker finds what it is there to find: each invariant broken on purpose
+in a real store's family (a fan-out of two children, each delivering once)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import matrix_check
+from fsm_engine import Engine
+from matrix_harness import Lab
+from matrix_kinds import ref
+
+
+class Tampered:
+    """A store whose reads are the real store's, changed by the test."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.extra, self.rows = store, [], {}
+
+    def list(self) -> list[Any]:
+        return [*self.store.list(), *self.extra]
+
+    def history(self, iid: str) -> list[Any]:
+        return self.rows.get(iid) or (self.store.history(iid) if iid in
+                                      {r.id for r in self.store.list()} else [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Lab, Engine]]:
+    lab = Lab(str(tmp_path / "fsm.db"), tmp_path)
+    for key in ("MATRIX_LOG", "MATRIX_SINK", "FSM_MACHINES_ROOT"):
+        monkeypatch.setenv(key, lab.env[key])
+    engine = lab.engine()
+    iid = engine.start(ref("fan"), {"items": ["a", "b"]})
+    asyncio.run(engine.run(iid))
+    yield lab, engine
+    engine.close()
+
+
+def found(lab: Lab, engine: Engine, store: Any = None, runs: Any = None,
+          sent: Any = None) -> list[str]:
+    return matrix_check.check(store or engine.store,
+                              lab.executions() if runs is None else runs,
+                              lab.deliveries() if sent is None else sent,
+                              definition=engine.definition)
+
+
+def test_a_clean_family_holds(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    assert len(lab.executions()) == 2 + 2 * 2 and len(lab.deliveries()) == 2
+    assert found(lab, engine) == []
+
+
+def test_a_step_run_after_its_commit(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    runs = lab.executions()
+    late = {**runs[0], "at": runs[-1]["at"] + 60}
+    assert any("after its last commit" in p for p in found(lab, engine, runs=[*runs, late]))
+
+
+def test_a_step_committed_without_a_run(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    assert any("without a run" in p for p in found(lab, engine, runs=lab.executions()[1:]))
+
+
+def test_an_item_under_two_keys_and_a_key_twice(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    sent = lab.deliveries()
+    problems = found(lab, engine, sent=[*sent, {**sent[0], "key": "x:notify:1"}, sent[1]])
+    assert any("under 2 keys" in p for p in problems)
+    assert any("delivered 2 times" in p for p in problems)
+
+
+def test_a_duplicate_child_and_a_parent_that_never_joined(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    store = Tampered(engine.store)
+    parent = next(r for r in engine.store.list() if r.parent_id is None)
+    child = next(r for r in engine.store.list() if r.parent_id)
+    store.extra = [replace(child, id=child.id + "x")]
+    store.rows[parent.id] = [h for h in engine.store.history(parent.id) if h.kind != "join"]
+    problems = found(lab, engine, store=store)
+    assert any("2 children for item/branch" in p for p in problems)
+    assert any("children all final, 0 join row(s)" in p for p in problems)
+
+
+def test_a_history_that_does_not_replay(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    store = Tampered(engine.store)
+    parent = next(r for r in engine.store.list() if r.parent_id is None)
+    rows = engine.store.history(parent.id)
+    store.rows[parent.id] = [replace(rows[0], delta={**rows[0].delta, "items": ["z"]}), *rows[1:]]
+    assert any("the deltas replay to" in p for p in found(lab, engine, store=store))
