@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable
 
-from matrix_harness import MODULE, ROOT, Lab, Point
+from matrix_harness import MODULE, ROOT, Lab, Point, until
 
 Procs = list[subprocess.Popen[bytes]]
 Ref = str
@@ -28,7 +28,7 @@ def ref(name: str) -> Ref:
 def _started(lab: Lab, name: str, n: int, run: bool) -> list[str]:
     engine = lab.engine()
     try:
-        if name == "fan":
+        if name.startswith("fan"):
             data = [{"items": [f"p{i}-{j}" for j in range(2)]} for i in range(n)]
         else:
             data = [{"item": f"{name}{i}"} for i in range(n)]
@@ -69,11 +69,22 @@ class Kind:
     todo: Callable[[Lab], bool] = lambda lab: False
     keys_per_item: int = 1
     by_worker: bool = field(default=False)
+    #: Seconds a worker gets to end every instance after the fault.
+    settle: float = 60.0
 
 
 # -- plain action, fan-out child, join: steps a worker makes -------------------------------
 def _enqueue(name: str) -> Callable[[Lab, int], list[str]]:
     return lambda lab, n: _started(lab, name, n, run=False)
+
+
+def _in_review(lab: Lab, n: int) -> list[str]:
+    """``n`` parents of ``fan_review``, run by a worker until every child waits in review."""
+    ids = _started(lab, "fan_review", n, run=False)
+    worker = lab.worker()
+    until(lambda: len(_open_items(lab)) == 2 * n, "every child to wait in review", 30)
+    assert lab.stop(worker) == 0, lab.output(worker)
+    return ids
 
 
 def _open_items(lab: Lab) -> list[str]:
@@ -88,9 +99,14 @@ def _waiting(lab: Lab, state: str) -> list[str]:
     return [r.id for r in lab.records() if r.status == "waiting" and r.state == state]
 
 
-def _decide(lab: Lab, crash: str | None) -> Procs:
-    return _each(lab, crash, [["review", "decide", i, "approve", "--as", "bob"]
+def _decide(lab: Lab, crash: str | None, choice: str = "approve") -> Procs:
+    return _each(lab, crash, [["review", "decide", i, choice, "--as", "bob"]
                               for i in _open_items(lab)])
+
+
+def _reject(lab: Lab, crash: str | None) -> Procs:
+    """A decision that ends the child (``reject`` -> ``rejected``, final)."""
+    return _decide(lab, crash, "reject")
 
 
 def _send(lab: Lab, crash: str | None) -> Procs:
@@ -153,6 +169,9 @@ KINDS = {k.name: k for k in [
     Kind("join", _enqueue("fan"), _worker_op, _both("join"), by_worker=True),
     Kind("review", lambda lab, n: _started(lab, "reviewed", n, run=True), _decide,
          _both("review"), todo=lambda lab: bool(_open_items(lab))),
+    Kind("child-review", _in_review, _reject, _both("review"),
+         todo=lambda lab: bool(_open_items(lab)), settle=5.0),
+    Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True),
     Kind("send", lambda lab, n: _started(lab, "signal", n, run=True), _send,
          _both("src=wait"), todo=lambda lab: bool(_waiting(lab, "wait"))),
     Kind("rerun", lambda lab, n: _started(lab, "flow", n, run=True), _rerun,

@@ -12,7 +12,9 @@ for the migration cells.
 - ``fan``: start -> map (a ``Map`` of ``leaf`` over ``items``) -> finish -> done, ``leaf``
   being work -> notify -> done (fan-out child, join);
 - ``reviewed``: work -> human-review (approve / reject) -> notify -> done (review decision);
-- ``signal``: work -> wait (``Engine.send(id, "go")``) -> notify -> done (send).
+- ``signal``: work -> wait (``Engine.send(id, "go")``) -> notify -> done (send);
+- ``fan_review``: ``fan`` whose children are ``reviewed`` (a review decision ending a child);
+- ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from fsm_engine import Machine, State, Step, Transition
+from fsm_engine.definition import RunInfo
 from fsm_engine.definition.fanout import Map
 from fsm_engine.definition.review import Review
 
@@ -115,15 +118,35 @@ def finish(ctx: Family, step: Step) -> dict[str, Any]:
     return {"n": ctx.n + 1}
 
 
-fan = Machine(
-    name="fan", context=Family, initial="start", max_transitions=20,
-    states=[State("start", action=begin),
-            State("map", fan_out=Map(items="items", machine=leaf, item_field="item",
-                                     into="results")),
-            State("finish", action=finish), State("done", final=True),
-            State("broken", final=True, failure=True)],
-    transitions=[Transition("go", "start", "map"), Transition("joined", "map", "finish"),
-                 Transition("branch_failed", "map", "broken"),
-                 Transition("ok", "finish", "done")])
+def _fan(name: str, branch: Machine) -> Machine:
+    return Machine(
+        name=name, context=Family, initial="start", max_transitions=20,
+        states=[State("start", action=begin),
+                State("map", fan_out=Map(items="items", machine=branch, item_field="item",
+                                         into="results")),
+                State("finish", action=finish), State("done", final=True),
+                State("broken", final=True, failure=True)],
+        transitions=[Transition("go", "start", "map"), Transition("joined", "map", "finish"),
+                     Transition("branch_failed", "map", "broken"),
+                     Transition("ok", "finish", "done")])
+
+
+fan = _fan("fan", leaf)
+reviewed_leaf = _line("reviewed_leaf", Ctx, reviewed.states[1:2], reviewed.transitions[:3])
+fan_review = _fan("fan_review", reviewed_leaf)
+
+
+def budget_left(ctx: Ctx, run: RunInfo) -> bool:
+    """Go on while this visit's own budget (``State(token_budget=...)``) has tokens left."""
+    return run.state_tokens_remaining is not None and run.state_tokens_remaining > 0
+
+
+budgeted = Machine(
+    name="budgeted", context=Ctx, initial="work", max_transitions=20,
+    states=[State("work", action=work, token_budget=100),
+            State("notify", action=notify, side_effect=True), State("done", final=True),
+            State("over", final=True)],
+    transitions=[Transition("worked", "work", "notify", conditions=budget_left),
+                 Transition("worked", "work", "over"), Transition("sent", "notify", "done")])
 
 machine = flow
