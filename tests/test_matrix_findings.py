@@ -4,6 +4,9 @@ on both backends."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+import types
 from typing import Any, Callable
 
 import pytest
@@ -11,6 +14,8 @@ import pytest
 from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import InvalidInput
 from pydantic import BaseModel
+
+from test_lease_loss import Background, until
 
 
 class Ctx(BaseModel):
@@ -50,3 +55,58 @@ def test_a_state_never_visited_is_still_refused(engine_factory: Callable[..., An
     asyncio.run(engine.step(iid))
     with pytest.raises(InvalidInput, match="never entered state 'done'"):
         engine.fork(iid, from_state="done")
+
+
+# -- a worker whose loop stalled past its lease starts the next step anyway -----------------
+_SHARED = sys.modules.setdefault("matrix_findings_shared", types.ModuleType("shared"))
+if not hasattr(_SHARED, "RAN"):
+    _SHARED.RAN = []
+#: ``(instance id, state, thread name)`` of every run of ``relay``'s actions, in order.
+RAN: list[tuple[str, str, str]] = _SHARED.RAN
+
+
+def note(ctx: Ctx, step: Any) -> dict[str, Any]:
+    RAN.append((step.instance_id, step.state, threading.current_thread().name))
+    return {"n": ctx.n + 1}
+
+
+relay = Machine(name="relay", context=Ctx, initial="first",
+                states=[State("first", action=note, inline=True),
+                        State("second", action=note, inline=True), State("done", final=True)],
+                transitions=[Transition("ok", "first", "second"),
+                             Transition("ok", "second", "done")])
+machine = relay  # what a worker loading this file by path runs
+
+
+STALLED = ("matrix finding: a worker whose event loop stalled past its lease starts its "
+           "instances' next steps when it goes on, before its heartbeat finds the lease lost "
+           "(Driver._attempt runs the action without checking the worker's lease)")
+
+
+@pytest.mark.xfail(strict=True, reason=STALLED)
+def test_a_stalled_worker_does_not_start_a_step_after_its_lease(engine_factory: Any) -> None:
+    """Worker A commits ``first``, then its event loop stalls (a long GC pause, SIGSTOP)
+    past its lease; worker B takes the instance over and runs ``second`` to the end. When
+    A's loop goes on it must not start ``second`` again: the step is committed (by B), and
+    A's lease ran out before it began — only an action already running may finish."""
+    a, b = engine_factory(lease_seconds=1.0), engine_factory(lease_seconds=1.0)
+    RAN.clear()
+    iid = a.start(relay, {})
+    real = a.store.commit
+
+    def commit_then_stall(steps: Any) -> Any:
+        done = real(steps)
+        if any(h.source == "first" for s in steps for h in s.history):
+            # A's loop is stuck here until B, waiting meanwhile, has finished the instance
+            until(lambda: b.store.get(iid).final, "B to take over and finish it")
+        return done
+    a.store.commit = commit_then_stall  # type: ignore[method-assign]
+    other = Background(b)
+    try:
+        asyncio.run(asyncio.wait_for(a.run(iid), 30))
+    except Exception:  # noqa: BLE001 - A lost the instance: what it ran is the point
+        pass
+    finally:
+        other.stop()
+    seconds = [r for r in RAN if r[1] == "second"]
+    assert len(seconds) == 1, f"'second' ran {len(seconds)} times: {RAN}"
