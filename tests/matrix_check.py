@@ -22,7 +22,8 @@ list: the cell holds), each one line naming the instance:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fsm_engine.runtime.replay import replay
 from fsm_engine.store import FINAL_STATUSES

@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from fsm_engine import Engine
 from fsm_engine.store import FINAL_STATUSES, open_store
@@ -62,7 +63,8 @@ class Lab:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     # -- processes ---------------------------------------------------------------------
-    def spawn(self, argv: list[str], crash: str | None = None, **env: str) -> subprocess.Popen[bytes]:
+    def spawn(self, argv: list[str], crash: str | None = None,
+              **env: str) -> subprocess.Popen[bytes]:
         """Start ``argv`` (its output in ``tmp/proc-N.log``), crashing at ``crash``."""
         extra = {**env, **({"FSM_CRASH_AT": crash} if crash else {})}
         out = open(self.tmp / f"proc-{len(self.procs)}.log", "wb")
@@ -92,7 +94,7 @@ class Lab:
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{proc.args[3:5]} still running after {timeout} s:\n"
+            raise AssertionError(f"{proc.args!r} still running after {timeout} s:\n"
                                  f"{self.output(proc)[-2000:]}") from None
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 from matrix_harness import MODULE, ROOT, Lab, Point, until
 
@@ -28,6 +29,7 @@ def ref(name: str) -> Ref:
 def _started(lab: Lab, name: str, n: int, run: bool) -> list[str]:
     engine = lab.engine()
     try:
+        data: list[dict[str, Any]]
         if name.startswith("fan"):
             data = [{"items": [f"p{i}-{j}" for j in range(2)]} for i in range(n)]
         else:
@@ -71,6 +73,10 @@ class Kind:
     by_worker: bool = field(default=False)
     #: Seconds a worker gets to end every instance after the fault.
     settle: float = 60.0
+    #: One faulted process makes the step for several instances (a worker, ``migrate``).
+    many_per_process: bool = False
+    #: Added to show a known bug (issue 19): one cell per backend unless FSM_MATRIX_FULL.
+    known_bug: bool = False
 
 
 # -- plain action, fan-out child, join: steps a worker makes -------------------------------
@@ -163,15 +169,18 @@ def _both(label: str, method: str = "commit") -> list[Point]:
 KINDS = {k.name: k for k in [
     Kind("plain", _enqueue("flow"), _worker_op,
          [*_both("src=work"), *_both("outbox_begins", "outbox_begins"), *_both("outbox")],
-         by_worker=True),
+         by_worker=True, many_per_process=True),
     Kind("child", _enqueue("fan"), _worker_op,
-         [*_both("child"), *_both("create"), *_both("wake")], by_worker=True),
-    Kind("join", _enqueue("fan"), _worker_op, _both("join"), by_worker=True),
+         [*_both("child"), *_both("create"), *_both("wake")], by_worker=True,
+         many_per_process=True),
+    Kind("join", _enqueue("fan"), _worker_op, _both("join"), by_worker=True,
+         many_per_process=True),
     Kind("review", lambda lab, n: _started(lab, "reviewed", n, run=True), _decide,
          _both("review"), todo=lambda lab: bool(_open_items(lab))),
     Kind("child-review", _in_review, _reject, _both("review"),
-         todo=lambda lab: bool(_open_items(lab)), settle=5.0),
-    Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True),
+         todo=lambda lab: bool(_open_items(lab)), settle=5.0, known_bug=True),
+    Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True,
+         known_bug=True),
     Kind("send", lambda lab, n: _started(lab, "signal", n, run=True), _send,
          _both("src=wait"), todo=lambda lab: bool(_waiting(lab, "wait"))),
     Kind("rerun", lambda lab, n: _started(lab, "flow", n, run=True), _rerun,
@@ -179,5 +188,6 @@ KINDS = {k.name: k for k in [
     Kind("fork", lambda lab, n: _started(lab, "flow", n, run=True), _fork,
          [Point("create", "before", "fork"), Point("create", "after", "fork")],
          todo=lambda lab: bool(_unforked(lab))),
-    Kind("migration", _enqueue("flow"), _migrate, _both("migration"), todo=_unmigrated),
+    Kind("migration", _enqueue("flow"), _migrate, _both("migration"), todo=_unmigrated,
+         many_per_process=True),
 ]}

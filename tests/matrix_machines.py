@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -71,7 +72,7 @@ def notify(ctx: Ctx, step: Step) -> dict[str, Any]:
     return {"sent": [*ctx.sent, step.idempotency_key]}
 
 
-def _line(name: str, context: type, middle: list[State], into: list[Transition],
+def _line(name: str, context: type, middle: Sequence[State], into: Sequence[Transition],
           **kw: Any) -> Machine:
     return Machine(
         name=name, context=context, initial="work", max_transitions=20,

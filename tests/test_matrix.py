@@ -2,8 +2,9 @@
 
 Kinds (``matrix_kinds``): a plain action, a fan-out child, a join, a review decision (of
 a lone instance, and of a fan-out child), a send, an in-place rerun, a fork, a migration,
-and a plain action whose guard reads its state's token budget. Faults, each at the kind's commit point
-(``fsm_engine.testing.crash``: the process that makes the step stops itself there):
+and a plain action whose guard reads its state's token budget. Faults, each at the
+kind's commit point (``fsm_engine.testing.crash``: the process that makes the step stops
+itself there):
 
 - ``kill``: SIGKILL just before / just after the commit; a second ``fsm worker`` takes
   the dead owner's instances over (and the operator runs a killed command again);
@@ -15,8 +16,10 @@ and a plain action whose guard reads its state's token budget. Faults, each at t
 
 Then ``matrix_check.check`` asserts the same invariants in every cell. Default sizes
 keep the matrix to a few minutes on 2 cores (2 instances, the first commit point of
-each kind, before/after for kills); ``FSM_MATRIX_FULL=1`` runs every commit point
-of every kind, at its 1st and 2nd occurrence, with 4 instances, twice.
+each kind, before/after for kills, one cell per backend for the kinds added to show a
+known bug); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
+after, at its 1st and (where one process makes several) 2nd occurrence, with 4
+instances; ``FSM_MATRIX_REPEATS=N`` runs each cell N times.
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import matrix_check
-from fsm_engine import Engine
+import pytest
 from matrix_harness import LEASE, Lab, Point, until, wait_stopped
 from matrix_kinds import KINDS, Kind
 
+from fsm_engine import Engine
+
 FULL = os.environ.get("FSM_MATRIX_FULL") == "1"
 N = 4 if FULL else 2
-REPEATS = 2 if FULL else 1
+REPEATS = int(os.environ.get("FSM_MATRIX_REPEATS", "1"))
 FAULTS = ("kill", "stop", "pg_restart")
 
 #: Cells failing on a known bug another helper is fixing (issue 19, finding N).
@@ -46,19 +49,30 @@ F3 = ("issue 19 finding 3: replay builds the guards' run information from 6 valu
       "driver from 8 (state_tokens_remaining is None in replay)")
 F1 = ("issue 19 finding 1: a takeover during a join re-runs the finished children (their "
       "ids derive from the parent's seq, which the takeover row moves)")
+F1_RACY = (F1 + "; racy here: only when the killed worker also held another parent "
+           "mid-join")
+M1 = ("matrix finding: a worker whose event loop stalled past its lease starts its "
+      "instances' next steps when it goes on, before its heartbeat finds the lease lost "
+      "(test_matrix_findings.py::test_a_stalled_worker...); racy here: only when the "
+      "stopped worker had children not yet started")
+#: Known failures that depend on timing (``strict=False``: the cell may pass).
+RACY = (F1_RACY, M1)
 #: (kind, fault, before/after) -> why the cell fails today.
 KNOWN: dict[tuple[str, str, str], str] = {
     ("join", "kill", "before"): F1, ("join", "stop", "before"): F1,
+    ("join", "kill", "after"): F1_RACY, ("child", "stop", "before"): M1,
     **{("child-review", f, w): F2 for f in FAULTS for w in ("before", "after")},
     **{("budget", f, w): F3 for f in FAULTS for w in ("before", "after")},
 }
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:
+    if kind.known_bug and not FULL:  # one cell per backend shows it; the rest are FULL's
+        return kind.points[:1] if fault == "kill" else []
     points = kind.points if FULL else kind.points[:2]
     if fault != "kill" and not FULL:
         points = [p for p in points if p.when == "before"][:1]
-    if FULL:
+    if FULL and kind.many_per_process:  # the step's 2nd occurrence in the faulted process
         points = [*points, *(Point(p.method, p.when, p.label, 2) for p in points)]
     return points
 
@@ -80,7 +94,7 @@ def _cell(kind: str, fault: str, point: Point, backend: str, rep: int) -> Any:
     marks = [pytest.mark.slow]
     why = KNOWN.get((kind, fault, point.when))
     if why:
-        marks.append(pytest.mark.xfail(strict=True, reason=why))
+        marks.append(pytest.mark.xfail(strict=why not in RACY, reason=why))
     name = f"{kind}-{fault}-{point}-{backend}" + (f"-r{rep}" if REPEATS > 1 else "")
     return pytest.param(kind, fault, point, backend, marks=marks, id=name)
 

@@ -4,28 +4,32 @@ in a real store's family (a fan-out of two children, each delivering once)."""
 from __future__ import annotations
 
 import asyncio
+import builtins
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
-
-import pytest
+from typing import Any
 
 import matrix_check
-from fsm_engine import Engine
+import pytest
 from matrix_harness import Lab
 from matrix_kinds import ref
+
+from fsm_engine import Engine
 
 
 class Tampered:
     """A store whose reads are the real store's, changed by the test."""
 
     def __init__(self, store: Any) -> None:
-        self.store, self.extra, self.rows = store, [], {}
+        self.store = store
+        self.extra: list[Any] = []
+        self.rows: dict[str, list[Any]] = {}
 
-    def list(self) -> list[Any]:
+    def list(self) -> builtins.list[Any]:
         return [*self.store.list(), *self.extra]
 
-    def history(self, iid: str) -> list[Any]:
+    def history(self, iid: str) -> builtins.list[Any]:
         return self.rows.get(iid) or (self.store.history(iid) if iid in
                                       {r.id for r in self.store.list()} else [])
 

@@ -7,15 +7,15 @@ import asyncio
 import sys
 import threading
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
+from test_lease_loss import Background, until
 
 from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import InvalidInput
-from pydantic import BaseModel
-
-from test_lease_loss import Background, until
 
 
 class Ctx(BaseModel):
@@ -60,9 +60,9 @@ def test_a_state_never_visited_is_still_refused(engine_factory: Callable[..., An
 # -- a worker whose loop stalled past its lease starts the next step anyway -----------------
 _SHARED = sys.modules.setdefault("matrix_findings_shared", types.ModuleType("shared"))
 if not hasattr(_SHARED, "RAN"):
-    _SHARED.RAN = []
+    _SHARED.RAN = []  # type: ignore[attr-defined]
 #: ``(instance id, state, thread name)`` of every run of ``relay``'s actions, in order.
-RAN: list[tuple[str, str, str]] = _SHARED.RAN
+RAN: list[tuple[str, str, str]] = _SHARED.RAN  # type: ignore[attr-defined]
 
 
 def note(ctx: Ctx, step: Any) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 import os
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 #: The environment variable holding the crash point.
 ENV = "FSM_CRASH_AT"
@@ -42,7 +43,7 @@ class CrashPoint:
     seen: int = 0
 
     @classmethod
-    def parse(cls, spec: str) -> "CrashPoint":
+    def parse(cls, spec: str) -> CrashPoint:
         """``METHOD:WHEN:N[:LABEL[:SIGNAL]]`` -> a ``CrashPoint``; ``ValueError`` if bad."""
         parts = spec.split(":")
         if len(parts) < 3 or parts[0] not in _METHODS or parts[1] not in ("before", "after") \
