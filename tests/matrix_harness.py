@@ -98,7 +98,11 @@ class Lab:
                                  f"{self.output(proc)[-2000:]}") from None
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
-        """SIGCONT + SIGTERM ``proc`` (a worker drains and exits 0); its exit code."""
+        """SIGCONT + SIGTERM ``proc`` (a worker drains and exits 0) once it has started
+        serving (a SIGTERM during its imports would just end it); its exit code."""
+        proc.send_signal(signal.SIGCONT)
+        until(lambda: proc.poll() is not None or "fsm worker " in self.output(proc),
+              "the worker to start", timeout)
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
             proc.send_signal(signal.SIGTERM)

@@ -75,6 +75,8 @@ class Kind:
     settle: float = 60.0
     #: One faulted process makes the step for several instances (a worker, ``migrate``).
     many_per_process: bool = False
+    #: Instances per cell by default (None: the matrix's default; FSM_MATRIX_FULL: 4).
+    n: int | None = None
     #: Added to show a known bug (issue 19): one cell per backend unless FSM_MATRIX_FULL.
     known_bug: bool = False
 
@@ -174,11 +176,11 @@ KINDS = {k.name: k for k in [
          [*_both("child"), *_both("create"), *_both("wake")], by_worker=True,
          many_per_process=True),
     Kind("join", _enqueue("fan"), _worker_op, _both("join"), by_worker=True,
-         many_per_process=True),
+         many_per_process=True, n=1),
     Kind("review", lambda lab, n: _started(lab, "reviewed", n, run=True), _decide,
          _both("review"), todo=lambda lab: bool(_open_items(lab))),
     Kind("child-review", _in_review, _reject, _both("review"),
-         todo=lambda lab: bool(_open_items(lab)), settle=5.0, known_bug=True),
+         todo=lambda lab: bool(_open_items(lab)), settle=5.0, known_bug=True, n=1),
     Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True,
          known_bug=True),
     Kind("send", lambda lab, n: _started(lab, "signal", n, run=True), _send,
