@@ -16,6 +16,8 @@ from matrix_harness import Lab
 from matrix_kinds import ref
 
 from fsm_engine import Engine
+from fsm_engine.store import open_store
+from fsm_engine.testing.crash import CrashPoint
 
 
 class Tampered:
@@ -102,3 +104,30 @@ def test_a_history_that_does_not_replay(family: tuple[Lab, Engine]) -> None:
     rows = engine.store.history(parent.id)
     store.rows[parent.id] = [replace(rows[0], delta={**rows[0].delta, "items": ["z"]}), *rows[1:]]
     assert any("the deltas replay to" in p for p in found(lab, engine, store=store))
+
+
+@pytest.mark.parametrize("spec", ["commit", "commit:during:1", "commit:before:0",
+                                  "save:before:1", "commit:after:1:join:hup"])
+def test_a_malformed_crash_point_is_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="FSM_CRASH_AT"):
+        CrashPoint.parse(spec)
+
+
+def test_a_crash_point_counts_only_matching_calls() -> None:
+    point = CrashPoint.parse("commit:after:2:join:stop")
+    assert (point.when, point.label) == ("after", "join")
+    assert [point.hit(labels) for labels in ({"transition"}, {"join"}, {"transition"},
+                                             {"join", "wake"}, {"join"})] == [
+        False, False, False, True, False]
+
+
+def test_unarmed_the_store_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    monkeypatch.delenv("FSM_CRASH_AT", raising=False)
+    store = open_store(str(tmp_path / "a.db"))
+    assert "commit" not in vars(store)
+    store.close()
+    monkeypatch.setenv("FSM_CRASH_AT", "commit:before:5:join")
+    store = open_store(str(tmp_path / "b.db"))
+    assert "commit" in vars(store)  # wrapped on the instance; the class is untouched
+    store.close()
