@@ -32,9 +32,9 @@ from typing import Any
 
 import matrix_check
 import pytest
-from typer.testing import CliRunner
 from matrix_harness import LEASE, Lab, Point, until, wait_stopped
 from matrix_kinds import KINDS, Kind
+from typer.testing import CliRunner
 
 from fsm_engine import Engine
 from fsm_engine.cli import app
