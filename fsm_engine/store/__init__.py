@@ -63,9 +63,18 @@ def open_store(url: str | None = None, *, create: bool = True,
     ``create`` is ignored; on PostgreSQL every transaction is read-only.
 
     Raises ``StoreError`` (unreachable, refused, newer schema, missing) or
-    ``NotAnFsmDatabase`` (someone else's database), each one line.
+    ``NotAnFsmDatabase`` (someone else's database), each one line.  With
+    ``FSM_CRASH_AT`` set (fault-injection tests) the store is armed to stop its own
+    process at one write (``fsm_engine.testing.crash``).
     """
-    url = store_url(url)
+    store = _open(store_url(url), create=create, synchronous=synchronous, readonly=readonly)
+    if os.environ.get("FSM_CRASH_AT"):
+        from ..testing.crash import arm
+        arm(store)
+    return store
+
+
+def _open(url: str, *, create: bool, synchronous: str, readonly: bool) -> Store:
     if is_postgres(url):
         try:
             from .postgres import PostgresStore
