@@ -77,8 +77,6 @@ class Kind:
     many_per_process: bool = False
     #: Instances per cell by default (None: the matrix's default; FSM_MATRIX_FULL: 4).
     n: int | None = None
-    #: Added to show a known bug (issue 19): one cell per backend unless FSM_MATRIX_FULL.
-    known_bug: bool = False
 
 
 # -- plain action, fan-out child, join: steps a worker makes -------------------------------
@@ -180,9 +178,8 @@ KINDS = {k.name: k for k in [
     Kind("review", lambda lab, n: _started(lab, "reviewed", n, run=True), _decide,
          _both("review"), todo=lambda lab: bool(_open_items(lab))),
     Kind("child-review", _in_review, _reject, _both("review"),
-         todo=lambda lab: bool(_open_items(lab)), settle=5.0, known_bug=True, n=1),
-    Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True,
-         known_bug=True),
+         todo=lambda lab: bool(_open_items(lab)), settle=5.0, n=1),
+    Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True),
     Kind("send", lambda lab, n: _started(lab, "signal", n, run=True), _send,
          _both("src=wait"), todo=lambda lab: bool(_waiting(lab, "wait"))),
     Kind("rerun", lambda lab, n: _started(lab, "flow", n, run=True), _rerun,

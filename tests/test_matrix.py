@@ -44,37 +44,14 @@ N = 4 if FULL else 2
 REPEATS = int(os.environ.get("FSM_MATRIX_REPEATS", "1"))
 FAULTS = ("kill", "stop", "pg_restart")
 
-#: Cells failing on a known bug another helper is fixing (issue 19, finding N).
-F2 = ("issue 19 finding 2: a review decision that ends a fan-out child never wakes the "
-      "parent (Engine.decide writes around the driver's wake-up)")
-F3 = ("issue 19 finding 3: replay builds the guards' run information from 6 values, the "
-      "driver from 8 (state_tokens_remaining is None in replay)")
-F1 = ("issue 19 finding 1: a takeover during a join re-runs the finished children (their "
-      "ids derive from the parent's seq, which the takeover row moves)")
-F1_RACY = (F1 + "; racy here: only when the killed worker also held another (woken) "
-           "parent mid-join")
-M1 = ("matrix finding: a worker whose event loop stalled past its lease starts its "
-      "instances' next steps when it goes on, before its heartbeat finds the lease lost "
-      "(test_matrix_findings.py::test_a_stalled_worker...): an action runs after its "
-      "step's commit by the new owner, a side effect is delivered again; racy here: only "
-      "when the stopped worker held an instance between steps (always with 4 instances)")
-#: Known failures that depend on timing (``strict=False``: the cell may pass).
-RACY = (F1_RACY, M1)
-#: (kind, fault, before/after) -> why the cell fails today.
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("join", "kill", "before"): F1, ("join", "stop", "before"): F1,
-    # at full size a SIGKILLed worker may also hold a woken parent (one family by default)
-    **({("join", "kill", "after"): F1_RACY, ("child", "kill", "before"): F1_RACY,
-        ("child", "kill", "after"): F1_RACY} if FULL else {}),
-    **{(k, "stop", w): M1 for k in ("plain", "child") for w in ("before", "after")},
-    **{("child-review", f, w): F2 for f in FAULTS for w in ("before", "after")},
-    **{("budget", f, w): F3 for f in FAULTS for w in ("before", "after")},
-}
+#: (kind, fault, before/after) -> why the cell fails today (none: issue 19's findings 1-3
+#: and the matrix's own M1, a stalled worker starting a step after its lease, are fixed;
+#: a cell found failing goes here with its reason until its fix lands).
+KNOWN: dict[tuple[str, str, str], str] = {}
+RACY: tuple[str, ...] = ()
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:
-    if kind.known_bug and not FULL:  # one cell per backend shows it; the rest are FULL's
-        return kind.points[:1] if fault == "kill" else []
     points = kind.points if FULL else kind.points[:2]
     if fault != "kill" and not FULL:
         points = [p for p in points if p.when == "before"][:1]

@@ -78,12 +78,6 @@ relay = Machine(name="relay", context=Ctx, initial="first",
 machine = relay  # what a worker loading this file by path runs
 
 
-STALLED = ("matrix finding: a worker whose event loop stalled past its lease starts its "
-           "instances' next steps when it goes on, before its heartbeat finds the lease lost "
-           "(Driver._attempt runs the action without checking the worker's lease)")
-
-
-@pytest.mark.xfail(strict=True, reason=STALLED)
 def test_a_stalled_worker_does_not_start_a_step_after_its_lease(engine_factory: Any) -> None:
     """Worker A commits ``first``, then its event loop stalls (a long GC pause, SIGSTOP)
     past its lease; worker B takes the instance over and runs ``second`` to the end. When

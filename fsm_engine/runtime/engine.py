@@ -191,6 +191,7 @@ class Engine:
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
         self.driver.host = lambda rec: self.worker.id if rec.id in self._hosts else None
+        self.driver.lease_current = self.ownership.lease_current
         self.driver.born = lambda records: self._born.update(
             (r.id, r) for r in records if r.owner is not None)
         if isinstance(tracer, str):  # "env": as the OTEL_* variables say
