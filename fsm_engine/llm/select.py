@@ -1,7 +1,7 @@
 """Choose a provider from a short spec string (CLI flags, environment).
 
-Specs: ``"local"`` (embedded Gemma), ``"local:NAME"`` (a packaged model, e.g.
-``qwen2.5-0.5b``), ``"local:PATH.gguf"``, ``"openai"``
+Specs: ``"local"`` (the embedded default, Qwen2.5-Coder-0.5B-Instruct), ``"local:NAME"``
+(a packaged model, e.g. ``gemma-3-270m``), ``"local:PATH.gguf"``, ``"openai"``
 (OpenAI-compatible HTTP, configured from the environment; ``"openai:MODEL"`` names
 the model) and
 ``"scripted:FILE.jsonl"`` (canned replies).
@@ -19,7 +19,7 @@ from fsm_engine.llm.faults import FaultInjector, parse_fault_spec
 
 __all__ = ["provider_from_spec", "providers_from_specs", "default_spec"]
 
-SPECS = "local, local:NAME (qwen2.5-0.5b), local:PATH.gguf, openai, openai:MODEL, scripted:FILE.jsonl"
+SPECS = "local, local:NAME (gemma-3-270m), local:PATH.gguf, openai, openai:MODEL, scripted:FILE.jsonl"
 
 
 def default_spec() -> str:
