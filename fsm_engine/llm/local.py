@@ -120,13 +120,25 @@ class LocalLlama(Provider):
         """True while the model's child process is up and ready."""
         return self.server is not None and self.server.base_url is not None
 
+    def _path(self) -> str:
+        """The GGUF file (a packaged model joined and checked first); ClientError if absent."""
+        path = self.model_path or model_path(self.packaged or DEFAULT_MODEL)
+        if not Path(path).is_file():
+            raise ClientError(f"model file not found: {path}")
+        return path
+
+    def describe(self) -> str:
+        """One line for a run's header.  Resolves the GGUF first (a packaged model's chunks
+        joined and sha256-checked), so a missing or corrupt file stops a command before any
+        instance starts.  Raises ClientError then."""
+        name = Path(self._path()).name
+        return f"embedded model {self.model!r} ({name}, {self.n_threads} thread(s))"
+
     def _server(self) -> ModelServer:
         if self._closed:
             raise ClientError(f"local model {self.model!r} was closed")
         if self.server is None:
-            path = self.model_path or model_path(self.packaged or DEFAULT_MODEL)
-            if not Path(path).is_file():
-                raise ClientError(f"model file not found: {path}")
+            path = self._path()
             self.server = ModelServer(path, alias=self.model, n_ctx=self.n_ctx,
                                       n_threads=self.n_threads, seed=self.seed,
                                       chat_format=self.chat_format)
