@@ -108,7 +108,8 @@ def job_calls(db: str) -> list[dict[str, Any]]:
         calls = [c for h in eng.store.history(rec.id) for c in h.detail.get("llm_calls", ())]
         verdict = rec.context.get("verdict") or {}
         rows.append({"file": os.path.basename(rec.context.get("path", "")),
-                     "decision": verdict.get("decision"), "source": rec.context.get("verdict_source"),
+                     "decision": verdict.get("decision"),
+                     "source": rec.context.get("verdict_source"),
                      "calls": len(calls), "failed": len(eng.store.attempts(rec.id)),
                      "prompt": sum(int(c.get("prompt_tokens", 0)) for c in calls),
                      "completion": sum(int(c.get("completion_tokens", 0)) for c in calls)})
@@ -152,8 +153,10 @@ def main(threads: list[int], files_glob: str) -> None:
     prompt, completion = sum(r["prompt"] for r in rows), sum(r["completion"] for r in rows)
     floor = prompt / best["prompt_tps"] + completion / best["gen_tps"]
     model = sum(1 for r in rows if r["source"] in ("model", "constrained"))
-    print(f"threads {int(best['threads'])}: {len(rows)} instances, {model} verdicts from the model, "
-          f"{sum(r['calls'] for r in rows)} calls, {prompt} prompt + {completion} completion tokens")
+    print(f"threads {int(best['threads'])}: {len(rows)} instances, {model} verdicts from the "
+          "model, "
+          f"{sum(r['calls'] for r in rows)} calls, {prompt} prompt + {completion} completion "
+          "tokens")
     print(f"wall {wall:.1f} s, floor {floor:.1f} s (prompt {prompt / best['prompt_tps']:.1f} s "
           f"at {best['prompt_tps']:.0f} tok/s + completion {completion / best['gen_tps']:.1f} s "
           f"at {best['gen_tps']:.1f} tok/s); load {os.getloadavg()[0]:.2f}")

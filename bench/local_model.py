@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--job", action="store_true",
-                        help="run the main job and print job/floor (threads: 1 and all, the faster)")
+                        help="the main job and job/floor (threads: 1 and all, the faster)")
     parser.add_argument("--files", default="/usr/share/common-licenses/*",
                         help="the job's inputs (a glob)")
     args = parser.parse_args()

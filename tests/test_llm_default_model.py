@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import MACHINES, license_files
+
 from fsm_engine import Engine
 
 try:
@@ -43,7 +43,8 @@ def test_a_checksum_mismatch_is_one_error_line_and_nothing_runs(tmp_path):
     fakes.mkdir()
     _fake_chunks(fakes)
     db = tmp_path / "fsm.db"
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", str(ROOT))])}
+    path = os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", str(ROOT))])
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": path}
     env.pop("FSM_LLM", None)
     env.pop("FSM_GGUF", None)
     ran = subprocess.run([sys.executable, "-m", "fsm_engine.cli", "run",

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import MACHINES, license_files
+from llm_fixtures import gemma_path, qwen_path  # noqa: F401  (fixtures)
+
 from fsm_engine import Engine
 from fsm_engine.llm import FaultInjector
 from fsm_engine.views import context_after
-from llm_fixtures import gemma_path, qwen_path  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

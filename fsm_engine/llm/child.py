@@ -64,7 +64,7 @@ CHILD_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "PYTHONPATH",
 #: name providers, they hold no secret either).
 CHILD_ENV_PREFIXES = ("LC_", "GGML_", "FSM_LLM_", "FSM_CHAT_FORMAT", "FSM_TEST_TAG")
 # (FSM_TEST_TAG: a marker the tests use to find their own children in /proc)
-_live: "weakref.WeakSet[ModelServer]" = weakref.WeakSet()
+_live: weakref.WeakSet[ModelServer] = weakref.WeakSet()
 
 
 def _stop_all() -> None:
@@ -230,7 +230,8 @@ class ModelServer:
         if child is None or self.base_url is None:
             raise ServerError(f"local model {self.alias!r} is not running")
         try:
-            async with httpx.AsyncClient(timeout=10.0, headers=child.auth, trust_env=False) as client:
+            async with httpx.AsyncClient(timeout=10.0, headers=child.auth,
+                                         trust_env=False) as client:
                 response = await client.get(f"http://127.0.0.1:{child.port}/fsm/perf")
             response.raise_for_status()
             return {k: float(v) for k, v in response.json().items()}
@@ -291,7 +292,8 @@ class ModelServer:
         self._streak += 1
         first, cap = self.backoff
         self._not_before = time.monotonic() + min(cap, first * 2 ** (self._streak - 1))
-        log.warning("local model %r child died (%s)", self.alias, _how_it_ended(child.exited() or 0))
+        log.warning("local model %r child died (%s)", self.alias,
+                    _how_it_ended(child.exited() or 0))
 
     async def _start(self) -> str:
         for _ in range(3):  # a port taken between choosing and binding: choose again
@@ -322,8 +324,9 @@ class ModelServer:
             if code is not None and "address already in use" in " ".join(child.errors).lower():
                 return None
             child.stop(grace=1.0)
+            how = _how_it_ended(code) if code is not None else "no reply"
             raise ProviderUnavailable(f"local model {self.alias!r} loaded but its server did "
-                                      f"not answer ({_how_it_ended(code) if code is not None else 'no reply'})")
+                                      f"not answer ({how})")
         self._child, self.info, self._streak = child, dict(child.info), 0
         return child
 
@@ -367,7 +370,8 @@ class ModelServer:
         if child is None or child.exited() is not None:
             return False
         try:
-            async with httpx.AsyncClient(timeout=timeout, headers=child.auth, trust_env=False) as client:
+            async with httpx.AsyncClient(timeout=timeout, headers=child.auth,
+                                         trust_env=False) as client:
                 response = await client.get(f"http://127.0.0.1:{child.port}/v1/models")
             return response.status_code == 200
         except httpx.HTTPError:

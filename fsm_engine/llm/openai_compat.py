@@ -141,7 +141,8 @@ class OpenAICompatible(Provider):
             raise ClientError("no model for the OpenAI API: set FSM_MODEL (e.g. gpt-4o-mini)")
         self._secret = key
         # a loopback server is reached directly, whatever HTTP(S)_PROXY says
-        direct = openai.DefaultAsyncHttpxClient(trust_env=False) if is_loopback(self.base_url) else None
+        direct = (openai.DefaultAsyncHttpxClient(trust_env=False)
+                  if is_loopback(self.base_url) else None)
         self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url,
                                           timeout=self.timeout, max_retries=0, http_client=direct)
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None

@@ -195,7 +195,7 @@ def _load(args: argparse.Namespace, key: str) -> tuple[Any, Any]:
                           cache_size=max(args.cache_bytes, 1))
     server = ServerSettings(host="127.0.0.1", port=args.port, api_key=key)
     app = server_app.create_app(server_settings=server, model_settings=[model])
-    llama = server_app._llama_proxy._current_model  # noqa: SLF001 - the one loaded model
+    llama: Any = server_app._llama_proxy._current_model  # type: ignore[union-attr]  # the one
     _lock_down(app, llama)
     if args.cache_bytes > 0:
         _lean_states(llama)
