@@ -15,14 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fsm_engine.errors import ClientError
 from fsm_engine.llm import LocalLlama
+from fsm_engine.llm.child import child_env
+from fsm_engine.llm.local import default_threads
 
 try:
     from llm_fixtures import qwen_path  # noqa: F401
 except ImportError:
     from tests.llm_fixtures import qwen_path  # noqa: F401
-
-pytestmark = [pytest.mark.model]
 
 SECRETS = {
     "FSM_DB": "postgresql://fsm:hunter2-db@db.example/fsm",
@@ -58,6 +59,29 @@ ASK = {"model": "any", "max_tokens": 1,
        "messages": [{"role": "user", "content": "Say OK."}]}
 
 
+def test_the_child_environment_is_an_allow_list():
+    env = child_env({**SECRETS, "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8",
+                     "LC_ALL": "C", "OMP_NUM_THREADS": "2", "FSM_LLM_THREADS": "1",
+                     "AWS_SECRET_ACCESS_KEY": "x", "SOMETHING_ELSE": "y"})
+    assert env == {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C",
+                   "OMP_NUM_THREADS": "2", "FSM_LLM_THREADS": "1"}
+
+
+def test_threads_are_the_idle_usable_cpus_unless_fsm_llm_threads_says(monkeypatch):
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert default_threads({}) == cpus
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus + 4.0, 0.0, 0.0))
+    assert default_threads({}) == 1  # every CPU busy: one thread, not two that spin
+    assert default_threads({"FSM_LLM_THREADS": "1"}) == 1
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ClientError, match="FSM_LLM_THREADS"):
+            default_threads({"FSM_LLM_THREADS": bad})
+
+
+@pytest.mark.model
 def test_a_request_without_the_key_is_refused(child):
     root = _root(child)
     with httpx.Client(timeout=60, trust_env=False) as http:
@@ -72,6 +96,7 @@ def test_a_request_without_the_key_is_refused(child):
     assert done.completion_tokens >= 1  # the provider itself holds the key
 
 
+@pytest.mark.model
 def test_a_browser_preflight_gets_no_allow_origin(child):
     root = _root(child)
     with httpx.Client(timeout=60, trust_env=False) as http:
@@ -84,6 +109,7 @@ def test_a_browser_preflight_gets_no_allow_origin(child):
         assert "access-control-allow-origin" not in response.headers, response.headers
 
 
+@pytest.mark.model
 def test_the_parents_secrets_and_the_key_are_not_in_the_childs_environment(child):
     assert child.server is not None and child.server.pid is not None
     proc = Path("/proc") / str(child.server.pid)
