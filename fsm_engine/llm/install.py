@@ -32,7 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["LLAMA_CPP_VERSION", "CMAKE_ARGS", "wheel_dir", "ensure_installed", "main"]
+__all__ = ["LLAMA_CPP_VERSION", "CMAKE_ARGS", "wheel_dir", "build_wheel", "ensure_installed",
+           "main"]
 
 # Keep in step with pyproject.toml's [local] extra (a test checks they agree).
 LLAMA_CPP_VERSION = "0.3.36"
@@ -81,26 +82,33 @@ def _kept_wheel(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def build_wheel(folder: Path) -> Path:
+    """Build the pinned llama-cpp-python with :data:`CMAKE_ARGS` into ``folder`` (via a
+    ``.partial`` sibling renamed at the end) and return the wheel's path.  Raises
+    ``subprocess.CalledProcessError`` when pip fails or writes no wheel."""
+    print(f"building llama-cpp-python {LLAMA_CPP_VERSION} with CMAKE_ARGS={CMAKE_ARGS!r} "
+          f"({_jobs()} compile jobs; a few minutes on 2 cores, once)", flush=True)
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS, "FORCE_CMAKE": "1",
+           "CMAKE_BUILD_PARALLEL_LEVEL": str(_jobs())}
+    _pip("wheel", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python",
+         "-w", str(partial), f"llama-cpp-python=={LLAMA_CPP_VERSION}", env=env)
+    if not folder.exists():
+        partial.replace(folder)
+    wheel = _kept_wheel(folder)
+    if wheel is None:
+        raise subprocess.CalledProcessError(1, "pip wheel", "no wheel was written")
+    return wheel
+
+
 def ensure_installed() -> Path:
     """Build the portable wheel unless it is kept already, then install it with ``[server]``.
 
     Returns the wheel's path.  Raises ``subprocess.CalledProcessError`` when pip fails.
     """
     folder = wheel_dir()
-    wheel = _kept_wheel(folder)
-    if wheel is None:
-        print(f"building llama-cpp-python {LLAMA_CPP_VERSION} with CMAKE_ARGS={CMAKE_ARGS!r} "
-              f"({_jobs()} compile jobs; a few minutes on 2 cores, once)", flush=True)
-        partial = folder.with_name(folder.name + ".partial")
-        partial.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS, "FORCE_CMAKE": "1",
-               "CMAKE_BUILD_PARALLEL_LEVEL": str(_jobs())}
-        _pip("wheel", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python",
-             "-w", str(partial), f"llama-cpp-python=={LLAMA_CPP_VERSION}", env=env)
-        partial.replace(folder) if not folder.exists() else None
-        wheel = _kept_wheel(folder)
-        if wheel is None:
-            raise subprocess.CalledProcessError(1, "pip wheel", "no wheel was written")
+    wheel = _kept_wheel(folder) or build_wheel(folder)
     if _installed_from() != wheel.resolve().as_uri():
         # a llama-cpp-python of the same version built another way (pip's default native
         # build) counts as "already satisfied": replace it, then add the [server] extra's deps
