@@ -7,6 +7,12 @@ its standard input (a pipe only the parent holds) reaches end of file, which
 the kernel delivers also when the parent is SIGKILLed; ``atexit`` and a
 finaliser stop it when the parent exits without closing the provider.
 
+Each child gets a new random API key, written as the first line of that same pipe (never
+on its command line or in its environment), and only an allow-list of the parent's
+environment (:data:`CHILD_ENV`): database URLs, proxy settings and credentials stay out.
+Every HTTP request to it carries the key (:attr:`ModelServer.api_key`); loopback clients
+here ignore ``HTTP(S)_PROXY``.
+
 Failure mapping (what a caller of :meth:`ModelServer.ensure` or
 :meth:`ModelServer.explain` sees):
 
