@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -27,10 +27,11 @@ from .views import instance_json
 from .runtime import Engine
 from .store import Store, is_postgres, open_store, store_url
 from .store.records import STATUSES
+from .terminal import console, error_line, json_text, safe_logging, shown
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Durable finite state machines for LLM workflows.")
-out = Console()
+out = console()  # no markup, stored text shown safely (``terminal``)
 DB = typer.Option(None, "--db", show_default=False,
                   help="Store: a SQLite file, sqlite:///REL.db or sqlite:////ABS.db, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
@@ -50,9 +51,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def _safe(text: str) -> str:
-    """Text that any UTF-8 stream can take: lone surrogates (undecodable file names)
-    become ``\\udcXX`` escapes, which inside JSON strings are still valid JSON."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """Text for the terminal (``terminal.shown``): lone surrogates (undecodable file
+    names) become ``\\udcXX`` escapes, control characters ``\\xNN`` escapes."""
+    return shown(text)
 
 
 def _print_json(data: Any) -> None:
@@ -62,7 +63,7 @@ def _print_json(data: Any) -> None:
         text = json.dumps(data, ensure_ascii=False, indent=2, allow_nan=False)
     except ValueError:
         text = json.dumps(_finite(data), ensure_ascii=False, indent=2, allow_nan=False)
-    typer.echo(_safe(text))
+    typer.echo(json_text(text))
 
 
 def _finite(value: Any) -> Any:
@@ -75,8 +76,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"fsm: error: {msg}", err=True)
+def _fail(msg: str) -> NoReturn:
+    typer.echo(error_line(msg), err=True)
     raise typer.Exit(2)
 
 
@@ -113,19 +114,21 @@ def _find(store: Store, instance_id: str) -> Any:
 
 def _input_for(arg: str) -> dict[str, Any]:
     """A CLI input: a ``.json`` file is the input object; any other file is ``{"path": …}``."""
-    shown = arg.encode("utf-8", "backslashreplace").decode()
+    name = shown(arg)
     if not os.path.exists(arg):
-        raise InvalidInput(f"input file not found: {shown}")
+        raise InvalidInput(f"input file not found: {name}")
     if os.path.isdir(arg):
-        raise InvalidInput(f"input {shown} is a directory, not a file")
+        raise InvalidInput(f"input {name} is a directory, not a file")
     if not os.path.isfile(arg):
-        raise InvalidInput(f"input {shown} is not a regular file")
+        raise InvalidInput(f"input {name} is not a regular file")
     if arg.endswith(".json"):
         try:
             with open(arg, encoding="utf-8") as fh:
                 data = json.load(fh)
         except (OSError, ValueError) as exc:
-            raise InvalidInput(f"cannot read JSON input {arg}: {exc}") from None
+            raise InvalidInput(f"cannot read JSON input {name}: {exc}") from None
+        except RecursionError:
+            raise InvalidInput(f"cannot read JSON input {name}: it nests too deep") from None
         if not isinstance(data, dict):
             raise InvalidInput(f"JSON input {arg} must hold an object")
         return data
@@ -142,7 +145,7 @@ def _live(store: Store) -> set[str]:
 async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[Any]:
     total = len(ids)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True),
+                  TimeElapsedColumn(), console=console(stderr=True),
                   disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("running", total=total)
         plain = not quiet and not sys.stderr.isatty()  # a log: a line per instance instead
@@ -153,8 +156,9 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
                 bar.advance(task)
             if plain and rec.final and rec.id not in ended:
                 ended.add(rec.id)
-                print(f"fsm: {len(ended)}/{total} {rec.id} {rec.status}"
-                      + (f" ({rec.reason})" if rec.reason else ""), file=sys.stderr, flush=True)
+                print(shown(f"fsm: {len(ended)}/{total} {rec.id} {rec.status}"
+                            + (f" ({rec.reason})" if rec.reason else "")),
+                      file=sys.stderr, flush=True)
         try:
             if resume:
                 return await engine.resume(on_step)
@@ -444,10 +448,12 @@ from . import cli_fork, cli_inspect, cli_migrate, cli_observe, cli_review  # noq
 
 def main() -> None:
     """Entry point: run the app, turning every ``FsmError`` into one line and exit 2."""
+    if not logging.getLogger().handlers:  # warnings print as Python would, but made safe
+        safe_logging()
     try:
         code = app(standalone_mode=False)
     except FsmError as exc:
-        typer.echo(f"fsm: error: {exc}", err=True)
+        typer.echo(error_line(exc), err=True)
         sys.exit(2)
     except typer.TyperException as exc:  # usage errors: one line too, not a usage box
         ctx = getattr(exc, "ctx", None)
@@ -455,7 +461,7 @@ def main() -> None:
             typer.echo(ctx.get_help())
             sys.exit(0)
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        typer.echo(f"fsm: error: {' '.join(str(message).split())}", err=True)
+        typer.echo(error_line(' '.join(str(message).split())), err=True)
         sys.exit(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
         typer.echo("fsm: interrupted; unfinished instances continue with `fsm resume`", err=True)

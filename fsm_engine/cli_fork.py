@@ -12,6 +12,7 @@ import typer
 from .cli import DB, _fail, _find, _open, app
 from .runtime import Engine
 from .store.records import InstanceFilter
+from .terminal import shown
 
 
 @app.command()
@@ -60,7 +61,7 @@ def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or
 
 
 def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
-          yes: bool, **options: bool) -> None:
+          yes: bool, *, reuse_llm: bool, redeliver: bool) -> None:
     if status != "failed":
         _fail("a bulk fork takes --status failed (each is forked from its last failure)")
     where = InstanceFilter(machine=machine, statuses=(status,),
@@ -68,11 +69,13 @@ def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
     matches = engine.store.query(where, order="created", descending=False, limit=None)
     if not yes:
         for rec in matches:
-            typer.echo(f"would fork {rec.id} ({rec.machine}, {rec.state}, {rec.reason or '-'})")
+            typer.echo(shown(f"would fork {rec.id} ({rec.machine}, {rec.state}, "
+                             f"{rec.reason or '-'})"))
         typer.echo(f"{len(matches)} instance(s) match; --yes forks them")
         return
     for rec in matches:
-        new = engine.fork(rec.id, from_failure=status == "failed", **options)
+        new = engine.fork(rec.id, from_failure=status == "failed", reuse_llm=reuse_llm,
+                          redeliver=redeliver)
         typer.echo(f"{new}: forked from {rec.id}")
 
 
@@ -112,11 +115,11 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     store = _open(db)
     try:
         rec = _find(store, instance_id)
-        history = store.history(rec.id)
+        history, attempts = store.history(rec.id), store.attempts(rec.id)
     finally:
         store.close()
     machine, _ = load_machine(module or rec.module)
-    report = run_replay(compile_machine(machine), rec, history)
+    report = run_replay(compile_machine(machine), rec, history, attempts)
     if as_json:
         from .cli import _print_json
         _print_json(report.as_json())
@@ -129,14 +132,14 @@ def _print_replay(report: object) -> None:
     from .runtime.replay import Replay
     assert isinstance(report, Replay)
     if report.identical:
-        typer.echo(f"{report.instance_id}: {report.steps} steps replay identically")
+        typer.echo(shown(f"{report.instance_id}: {report.steps} steps replay identically"))
         return
     for m in report.missing_states:
-        typer.echo(f"seq {m['seq']}: state {m['state']!r} no longer exists")
+        typer.echo(shown(f"seq {m['seq']}: state {m['state']!r} no longer exists"))
     for g in report.guards:
-        typer.echo(f"seq {g['seq']}: guards were {g['recorded']}, now {g['now']}")
+        typer.echo(shown(f"seq {g['seq']}: guards were {g['recorded']}, now {g['now']}"))
     d = report.divergence
     if d is not None:
         now = " -> ".join(d["now"]) if d["now"] else "nothing"
-        typer.echo(f"seq {d['seq']}: from {d['source']!r} recorded "
-                   f"{' -> '.join(d['recorded'])}, now {now} ({d['why']})")
+        typer.echo(shown(f"seq {d['seq']}: from {d['source']!r} recorded "
+                         f"{' -> '.join(d['recorded'])}, now {now} ({d['why']})"))

@@ -12,10 +12,11 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from .cli import DB, _fail, _find, _live, _open, _print_json, _safe, app, out
+from .cli import DB, _fail, _find, _live, _open, _print_json, app, out
 from .errors import InvalidInput
 from .store import Store
 from .store.records import STATUSES
+from .terminal import json_text, text
 from .views import history_json, instance_json, outbox_json
 
 
@@ -121,7 +122,7 @@ def children_table(kids: list[Any]) -> Table:
 
 def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
     from .views import guard_reading, local_time, recovery_note
-    table = Table(title=f"history of {rec.id}" if title else None, title_justify="left")
+    table = Table(title=text(f"history of {rec.id}") if title else None, title_justify="left")
     for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
         fixed = col in ("seq", "at", "ms", "tokens")
         names = min(20, max([len(str(r[col])) for r in rows] + [len(col)])) \
@@ -173,7 +174,7 @@ def _follow(store: Store, rec: Any, rows: list[dict[str, Any]], as_json: bool,
             if fresh:
                 if as_json:
                     for r in fresh:
-                        typer.echo(_safe(json.dumps(r, ensure_ascii=False)))
+                        typer.echo(json_text(json.dumps(r, ensure_ascii=False)))
                 else:
                     out.print(_history_table(rec, fresh, title=seen == 0))
                 seen = len(rows)

@@ -14,6 +14,7 @@ import typer
 from .cli import DB, _open, _print_json, app
 from .runtime import Engine
 from .runtime.migrate_batch import CURRENT, MIGRATE, NEEDS, Entry, apply, survey
+from .terminal import shown as safe_text
 
 
 def _diff_text(diff: dict[str, Any]) -> str:
@@ -61,7 +62,7 @@ def migrate(db: Optional[str] = DB,
                      "current": len(entries) - len(shown)})
     else:
         for e in shown:
-            typer.echo(_line(e, not dry_run))
+            typer.echo(safe_text(_line(e, not dry_run)))
         todo = sum(e.outcome == MIGRATE for e in shown)
         done = sum(e.applied and e.outcome == MIGRATE for e in shown)
         tail = f"{done} migrated" if not dry_run else f"{todo} to migrate (--yes applies)"

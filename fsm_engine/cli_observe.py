@@ -18,6 +18,7 @@ from rich.table import Table
 
 from .cli import DB, _fail, _open, _print_json, app, out
 from .store.records import FINAL_STATUSES, STATUSES, InstanceFilter
+from .terminal import shown, text
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -55,15 +56,15 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _print_stats(stats: Any) -> None:
-    out.print(f"[bold]{stats.machine}[/bold]: {stats.instances} instance(s)", highlight=False)
+    out.print(text(stats.machine, "bold") + text(f": {stats.instances} instance(s)"))
     lines = [("status", _counts(stats.by_status)), ("reason", _counts(stats.by_reason)),
              ("fallback rate", _rate(stats.fallback_rate)), ("re-ask rate", _rate(stats.reask_rate)),
              ("tokens/instance p50/p95/max", _triple(stats.tokens)),
              ("wall s/instance p50/p95/max", _triple(stats.wall_s, 2))]
     lines += [(f"{field} values", _counts(values)) for field, values in stats.sources.items()]
     for key, value in lines:
-        out.print(f"  {key}: {value}", highlight=False, markup=False)
-    counts = Table(title=f"states of {stats.machine}", title_justify="left")
+        out.print(text(f"  {key}: {value}"))
+    counts = Table(title=text(f"states of {stats.machine}"), title_justify="left")
     taken = any(st.recoveries for st in stats.states.values())  # a column only when any
     for col in ("state", "now", "entered", "steps", "retries", "fallbacks", "re-asks", "errors",
                 *(("takeovers",) if taken else ())):
@@ -73,7 +74,7 @@ def _print_stats(stats: Any) -> None:
                   *((st.recoveries,) if taken else ()))
         counts.add_row(st.state, *(str(v) for v in values))
     out.print(counts)
-    spread = Table(title=f"per step of {stats.machine}", title_justify="left")
+    spread = Table(title=text(f"per step of {stats.machine}"), title_justify="left")
     for col in ("state", "figure", "p50", "p95", "max", "mean"):
         spread.add_column(col, justify="left" if col in ("state", "figure") else "right",
                           overflow="fold")
@@ -109,10 +110,10 @@ def stats(db: str = DB,
         _print_json({name: s.to_json() for name, s in figures.items()})
         return
     if not figures:
-        out.print("no instances" + (f" of machine {machine!r}" if machine else ""))
+        out.print(text("no instances" + (f" of machine {machine!r}" if machine else "")))
         return
-    for s in figures.values():
-        _print_stats(s)
+    for figure in figures.values():
+        _print_stats(figure)
 
 
 def _loopback(host: str) -> bool:
@@ -135,7 +136,11 @@ def ui(db: str = DB,
                                                 "every request (or FSM_UI_TOKEN)."),
        refresh: int = typer.Option(3, "--refresh", min=0,
                                    help="Seconds between reloads of pages showing running "
-                                        "instances (0: never).")) -> None:
+                                        "instances (0: never)."),
+       allowed_host: Optional[list[str]] = typer.Option(
+           None, "--allowed-host", metavar="NAME[:PORT]",
+           help="Also serve requests whose Host is this name (repeatable; default: only "
+                "loopback names and the bound address, with its port).")) -> None:
     """Serve a read-only web viewer of the database (instances, diagrams, statistics)."""
     if not _loopback(host) and not token:
         _fail(f"--host {host} exposes the viewer beyond this machine: give --token too")
@@ -145,7 +150,8 @@ def ui(db: str = DB,
         from .ui.server import serve
     except ImportError as exc:
         _fail(f"the viewer needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
-    serve(db, host=host, port=port, token=token, refresh_s=refresh)
+    serve(db, host=host, port=port, token=token, refresh_s=refresh,
+          allowed_hosts=tuple(allowed_host or ()))
 
 
 def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:
@@ -201,7 +207,7 @@ def check(db: str = DB,
         _print_json({"ok": not problems, "problems": problems})
     elif problems:
         for p in problems:
-            typer.echo(p)
+            typer.echo(shown(p))
         typer.echo(f"{len(problems)} problem(s) found", err=True)
     else:
         out.print("ok: no problems found")
@@ -215,9 +221,9 @@ def viewer_hint(db: str | None) -> str:
     ``~/.pgpass``)."""
     import shlex
     from .store import is_postgres, store_url
+    from .redaction import redact
     url = store_url(db)
-    if is_postgres(url):  # psycopg is installed: the run used it
-        from .store.postgres import redact
+    if is_postgres(url):
         url = redact(url)
     return f"view: {_fsm_command()} ui --db {shlex.quote(url)}"
 

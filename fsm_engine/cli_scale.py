@@ -9,7 +9,6 @@ instance completed, 1 when one failed or was cancelled, 3 when one is not final
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -17,13 +16,13 @@ import time
 from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .cli import DB, _fail, _find, _input_for, _open, app, out
 from .store import Store
 from .store.records import WAITING
+from .terminal import console, safe_logging, shown
 from .views import instance_json
 
 #: ``fsm wait`` exit status when its timeout passed before every instance was final.
@@ -45,7 +44,7 @@ def follow(store: Store, ids: list[str], *, timeout: float | None, quiet: bool,
     end = None if timeout is None else time.monotonic() + timeout
     latest: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True),
+                  TimeElapsedColumn(), console=console(stderr=True),
                   disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("waiting", total=len(ids))
         while True:
@@ -78,7 +77,7 @@ def _exit_for(records: list[Any], settled: bool, as_json: bool,
         from collections import Counter
         left = Counter(r.status for r in records if not _settled(r))
         typer.echo("fsm: timed out with " + ", ".join(
-            f"{n} {status}" for status, n in sorted(left.items())) + " (not final yet)",
+            f"{n} {shown(status)}" for status, n in sorted(left.items())) + " (not final yet)",
             err=True)
         raise typer.Exit(EXIT_TIMEOUT)
     raise typer.Exit(exit_code(records))
@@ -201,8 +200,7 @@ def worker(db: Optional[str] = DB,
                                       help="Most seconds between claims while idle.")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
     from .runtime.worker import Worker
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="fsm worker: %(levelname)s %(message)s")
+    safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
     from .llm.select import providers_from_specs
     from .runtime import Engine
     plan = _plan(concurrency, queue, queue_limit, partition_limit)
@@ -254,7 +252,7 @@ def workers(db: Optional[str] = DB,
     store = _open(db)
     try:
         now = time.time()
-        rows = []
+        rows: list[dict[str, Any]] = []
         for w in sorted(store.workers(), key=lambda w: w.started_at):
             until = w.lease_until if w.lease_until is not None else w.heartbeat_at + 10.0
             rows.append({"id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,

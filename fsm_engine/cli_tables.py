@@ -17,6 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import FsmError
+from .terminal import console as safe_console
+from .terminal import shown
 from .views import shown_status, when
 
 #: (header, min width, right-aligned) of the instance table.
@@ -26,18 +28,16 @@ COLUMNS = (("instance", 12, False), ("machine", 7, False), ("state", 5, False),
            ("last error", 10, False))
 
 
-def _safe(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def record_cells(rec: Any, live: set[str] | None, now: float) -> list[str]:
     """One instance (or the ``FsmError`` that stopped it) as cells in ``COLUMNS`` order."""
     if isinstance(rec, FsmError):
-        return [rec.instance_id or "?", "", "", "error", "", "", "", "", "", _safe(str(rec))]
-    status = shown_status(rec, live) if live is not None else rec.status
-    return [rec.id, rec.machine, rec.state, status, rec.reason or "", str(rec.loop_count),
-            str(rec.tokens_used), when(rec.created_at, now), when(rec.updated_at, now),
-            _safe(rec.last_error or "")[:200]]
+        cells = [rec.instance_id or "?", "", "", "error", "", "", "", "", "", str(rec)]
+    else:
+        status = shown_status(rec, live) if live is not None else rec.status
+        cells = [rec.id, rec.machine, rec.state, status, rec.reason or "", str(rec.loop_count),
+                 str(rec.tokens_used), when(rec.created_at, now), when(rec.updated_at, now),
+                 (rec.last_error or "")[:200]]
+    return [shown(c) for c in cells]  # stored text: never markup, never a control code
 
 
 def _fits(width: int, skip: set[int]) -> bool:
@@ -47,7 +47,7 @@ def _fits(width: int, skip: set[int]) -> bool:
 
 
 def _table(rows: list[list[str]], title: str, skip: set[int]) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    table = Table(title=Text(title), box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for i, (header, minimum, right) in enumerate(COLUMNS):
         if i in skip:
             continue
@@ -92,11 +92,12 @@ def print_records(console: Console, records: Sequence[Any], *, title: str = "ins
     several = len(machines) > 1 if machine_column is None else machine_column
     skip = set() if several else {1}
     if not several and len(machines) == 1:
-        title += f" of {next(iter(machines))}"
+        title += f" of {shown(next(iter(machines)))}"
     rows = [record_cells(r, live, now) for r in records]
     if wide:
-        console = Console(width=max(console.width, 250), force_terminal=console.is_terminal,
-                          no_color=console.no_color, file=console.file)
+        console = safe_console(width=max(console.width, 250),
+                               force_terminal=console.is_terminal, no_color=console.no_color,
+                               file=console.file)
     if wide or _fits(console.width, skip):
         console.print(_table(rows, title, skip))
     else:

@@ -31,6 +31,9 @@ line that names the thing at fault.  Errors carry structured fields
     └── ProviderError            an LLM provider call failed (see ``fsm_engine.llm.errors``)
         ├── ProviderUnavailable  connection refused/reset, DNS  (retryable)
         ├── ProviderTimeout      the call took too long          (retryable)
+        │   └── DeadlineExceeded the whole exchange passed its deadline (retryable)
+        ├── ResponseTooLarge     the response passed FSM_HTTP_MAX_BYTES (not retryable)
+        ├── CertificateError     TLS certificate verification failed (not retryable)
         ├── RateLimited          HTTP 429, carries ``retry_after`` seconds (retryable)
         ├── ServerError          HTTP 5xx                        (retryable)
         └── ClientError          HTTP 4xx other than 429         (not retryable)
@@ -41,6 +44,8 @@ exception.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class FsmError(Exception):
@@ -145,7 +150,18 @@ class NeedsMigration(FingerprintMismatch):
 
 
 class InvalidInput(FsmError):
-    """Input or an action's update does not validate against the context model."""
+    """Input or an action's update does not validate against the context model.
+
+    ``index``: the position of the input at fault in a batch start
+    (``Engine.start_many``), ``None`` otherwise.
+    """
+
+    index: int | None
+
+    def __init__(self, message: str, *, index: int | None = None,
+                 instance_id: str | None = None, state: str | None = None) -> None:
+        super().__init__(message, instance_id=instance_id, state=state)
+        self.index = index
 
 
 class ReviewRefused(InvalidInput):
@@ -162,12 +178,18 @@ class InstanceFinished(FsmError):
 
 
 class ActionError(FsmError):
-    """A state's action raised; the original exception is ``__cause__``."""
+    """A state's action (or a guard) raised; the original exception is ``__cause__``.
+
+    ``guards``: the guards evaluated before a guard raised, ``[name, result]`` each
+    (recorded in the failed step's history row); empty for an action.
+    """
 
     def __init__(self, message: str, *, instance_id: str | None = None,
-                 state: str | None = None, attempt: int | None = None) -> None:
+                 state: str | None = None, attempt: int | None = None,
+                 guards: list[list[Any]] | None = None) -> None:
         super().__init__(message, instance_id=instance_id, state=state)
         self.attempt = attempt
+        self.guards: list[list[Any]] = list(guards or [])
 
 
 class StepTimeout(FsmError):
@@ -271,6 +293,22 @@ class ProviderTimeout(ProviderError):
     retryable = True
 
 
+class DeadlineExceeded(ProviderTimeout):
+    """An HTTP exchange (connect + head + body) passed its overall deadline: retryable."""
+
+
+class ResponseTooLarge(ProviderError):
+    """A response's body passed the byte cap (``FSM_HTTP_MAX_BYTES``): not retryable."""
+
+    retryable = False
+
+
+class CertificateError(ProviderError):
+    """The peer's TLS certificate failed verification: not retryable."""
+
+    retryable = False
+
+
 class RateLimited(ProviderError):
     """HTTP 429; ``retry_after`` (seconds) comes from the ``Retry-After`` header."""
 
@@ -295,5 +333,6 @@ __all__ = [
     "NeedsMigration", "InvalidInput",
     "InstanceFinished", "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen",
     "StructuredOutputError", "ProviderError", "ProviderUnavailable", "ProviderTimeout",
-    "RateLimited", "ServerError", "ClientError",
+    "RateLimited", "ServerError", "ClientError", "DeadlineExceeded", "ResponseTooLarge",
+    "CertificateError",
 ]

@@ -21,6 +21,7 @@ import errno
 import math
 import random
 import socket
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +93,16 @@ def _reason(exc: BaseException) -> Disposition:
     """An error wrapping its cause in ``reason`` (urllib3's MaxRetryError, urllib's URLError)."""
     reason = getattr(exc, "reason", None)
     return classify(reason) if isinstance(reason, BaseException) else RETRY
+
+
+def certificate_error(exc: BaseException | None) -> ssl.SSLCertVerificationError | None:
+    """The TLS certificate verification error ``exc`` is or wraps (along ``__cause__`` /
+    ``__context__``: httpx raises it as a ``ConnectError``), else None."""
+    for _ in range(8):
+        if exc is None or isinstance(exc, ssl.SSLCertVerificationError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 _Rule = Callable[[BaseException], Disposition]
@@ -167,7 +178,8 @@ def classify(exc: BaseException) -> Disposition:
       network ``errno`` (:data:`NETWORK_ERRNOS`), DNS failures → ``RETRY``; HTTP
       status errors of those libraries by status (:func:`by_status`: 429 —
       honouring ``Retry-After``, see :func:`retry_after` — 408 and 5xx retry,
-      other 4xx fail); TLS certificate errors, invalid URLs, other ``OSError``s
+      other 4xx fail); TLS certificate errors (also wrapped: httpx's ``ConnectError``,
+      see :func:`certificate_error`), invalid URLs, other ``OSError``s
       (a missing file) and every other exception (``TypeError``, ``KeyError`` ...
       programming errors) → ``FAIL``.
     """
@@ -181,6 +193,8 @@ def classify(exc: BaseException) -> Disposition:
         return RETRY if exc.retryable else FAIL
     if isinstance(exc, StepTimeout):
         return RETRY
+    if certificate_error(exc) is not None:  # however a library wraps it
+        return FAIL
     for cls in type(exc).__mro__:
         rule = RULES.get((cls.__module__.partition(".")[0], cls.__name__))
         if rule is not None:

@@ -4,7 +4,12 @@ Both carry the step's idempotency key so the receiver can drop a repeat
 (a repeat happens only when a process died after delivering and before the
 step's commit; see ``Engine`` side effects).  Webhook failures raise the
 same errors as providers, so retry policies classify them alike:
-connection errors and 5xx retry, 429 honours ``Retry-After``, other 4xx fail.
+connection errors, timeouts and 5xx retry, 429 honours ``Retry-After``, other 4xx fail.
+Only a 2xx is a delivery: a redirect (3xx) is not followed — the notification must not
+go to an address its sender did not configure — and fails, naming the status and the
+``Location``.  The client is bounded (``fsm_engine.llm.http``): one deadline for the
+whole exchange (the ``timeout``, capped by ``FSM_HTTP_DEADLINE``), at most
+:data:`BODY_BYTES` of a reply read, certificate errors failing at once.
 """
 
 from __future__ import annotations
@@ -13,10 +18,23 @@ import json
 import os
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import ClientError, ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
+from .errors import (
+    ClientError,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    ServerError,
+)
+from .llm.http import bound
+
+#: the most of a webhook's reply body read (only its status counts); a longer one is cut
+#: and its connection closed, a shorter one read whole so the connection is reused
+BODY_BYTES = 64 * 1024
 
 _clients: dict[int, httpx.Client] = {}  # pid -> the process's client (a fork makes its own)
 _clients_lock = threading.Lock()
@@ -32,20 +50,45 @@ def _client() -> httpx.Client:
         with _clients_lock:
             client = _clients.get(pid)
             if client is None:
-                client = _clients[pid] = httpx.Client()
+                client = _clients[pid] = bound(httpx.Client(), httpx)
     return client
 
 
-def post_webhook(url: str, payload: dict[str, Any], key: str, *, timeout: float = 10.0) -> dict[str, Any]:
-    """POST ``payload`` as JSON with header ``Idempotency-Key: key``; return ``{"sink", "status"}``."""
+def post_webhook(url: str, payload: dict[str, Any], key: str, *,
+                 timeout: float = 10.0) -> dict[str, Any]:
+    """POST ``payload`` as JSON with header ``Idempotency-Key: key``; return ``{"sink", "status"}``
+    for a 2xx answer.  ``timeout``: seconds for the whole exchange.
+
+    Raises ProviderTimeout (DeadlineExceeded past the deadline), ProviderUnavailable,
+    CertificateError, RateLimited (429), ServerError (5xx) or ClientError (a 3xx, not
+    followed, or another 4xx)."""
     try:
-        resp = _client().post(url, json=payload, headers={"Idempotency-Key": key},
-                              timeout=timeout)
+        with _client().stream("POST", url, json=payload, headers={"Idempotency-Key": key},
+                              timeout=timeout) as resp:
+            _drain(resp)
+    except ProviderError:
+        raise
     except httpx.TimeoutException as exc:
         raise ProviderTimeout(f"webhook timed out: {type(exc).__name__}") from None
     except httpx.TransportError as exc:
         raise ProviderUnavailable(f"webhook unreachable: {type(exc).__name__}") from None
+    return _outcome(resp)
+
+
+def _drain(resp: httpx.Response) -> None:
+    """Read at most :data:`BODY_BYTES` of the reply."""
+    read = 0
+    for chunk in resp.iter_raw():
+        read += len(chunk)
+        if read > BODY_BYTES:
+            return
+
+
+def _outcome(resp: httpx.Response) -> dict[str, Any]:
+    """The delivery a 2xx answer is; the error any other status is."""
     code = resp.status_code
+    if 200 <= code < 300:
+        return {"sink": "webhook", "status": code}
     if code == 429:
         after = resp.headers.get("retry-after")
         raise RateLimited("webhook rate limited", status=code,
@@ -54,7 +97,20 @@ def post_webhook(url: str, payload: dict[str, Any], key: str, *, timeout: float 
         raise ServerError(f"webhook answered HTTP {code}", status=code)
     if code >= 400:
         raise ClientError(f"webhook answered HTTP {code}", status=code)
-    return {"sink": "webhook", "status": code}
+    where = _shown(resp.headers.get("location", ""))
+    raise ClientError(f"webhook answered HTTP {code} (redirect to {where or 'nowhere'}): "
+                      "not followed, not delivered (only a 2xx is a delivery)", status=code)
+
+
+def _shown(location: str, limit: int = 200) -> str:
+    """A peer's ``Location`` as one short printable line, without any user:password@."""
+    try:
+        parts = urlsplit(location)
+        shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    except ValueError:  # not a URL (e.g. "http://[::1"): shown as text, any "@" cut
+        shown = location.rpartition("@")[2]
+    text = "".join(ch if ch.isprintable() else "?" for ch in shown)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _delivered(path: str, key: str) -> bool:

@@ -9,7 +9,9 @@ or raises :class:`~fsm_engine.errors.StructuredOutputError`::
            else the first balanced {...} / [...] span in the prose
          ─ output ends inside that JSON?  → error, truncated=True
          ─ strict json.loads (NaN/Infinity rejected)
-         ─ else json_repair (trailing commas, quotes, keys, comments, ...)
+         ─ else json_repair (trailing commas, quotes, keys, comments, ...),
+           refused when it changed a value (``repair_check``: a set read as a list,
+           ``0x1F`` read as a string, a dropped duplicate key, ...)
          ─ NaN/Infinity anywhere → error
          ─ validate: pydantic model, JSON Schema (Draft 2020-12) or nothing
 
@@ -33,6 +35,8 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
 from fsm_engine.errors import StructuredOutputError
+from fsm_engine.repair_check import TOKEN as _TOKEN
+from fsm_engine.repair_check import repair_changes
 
 __all__ = ["Parsed", "parse_structured", "reask_message"]
 
@@ -44,15 +48,6 @@ NON_FINITE = "NaN/Infinity"
 _MAX_REASK_ERRORS = 10
 _MAX_MESSAGE_ERRORS = 3
 
-# A ' opens a string only where a key or value may start (so "it's" is no string).
-_TOKEN = re.compile(r"""
-    (?P<dstr>"[^"\\]*(?:\\.[^"\\]*)*")  | (?P<dopen>")
-  | (?P<sstr>(?<=[{\[,:])\s*'[^'\\]*(?:\\.[^'\\]*)*')  | (?P<sopen>(?<=[{\[,:])\s*')
-  | (?P<lcomment>//[^\n]*)  | (?P<bcomment>/\*.*?\*/)  | (?P<bopen>/\*)
-  | (?P<open>[{\[])  | (?P<close>[}\]])  | (?P<comma>,)  | (?P<colon>:)
-  | (?P<num>-?\d[\w.+-]*)  | (?P<word>-?[A-Za-z_$][\w$]*)
-  | (?P<ws>\s+)  | (?P<other>.)
-""", re.VERBOSE | re.DOTALL)
 _FENCE_OPEN = re.compile(r"```[\w+.-]*")
 _BRACKET = re.compile(r"[{\[]")
 _UNTERMINATED = {"dopen": "an unterminated string", "sopen": "an unterminated string",
@@ -380,6 +375,11 @@ def _repair(candidate: _Candidate, repairs: list[str]) -> Any:
         raise StructuredOutputError(failed, errors=[problem, f"json_repair: {exc!r}"]) from exc
     if not isinstance(data, (dict, list)):
         raise StructuredOutputError(failed, errors=[problem])
+    changed = repair_changes(candidate.json, data)
+    if changed is not None:  # a repair may fix syntax, never a value: ask again instead
+        raise StructuredOutputError(
+            "model output is not valid JSON, and repairing it would change a value",
+            errors=[problem, f"repair refused: {changed}"])
     fixed = sorted(candidate.span.features) or ["malformed JSON"]
     repairs.append("json_repair: " + ", ".join(fixed))
     return data

@@ -94,6 +94,16 @@ def _reach(start: set[str], edges: dict[str, set[str]]) -> set[str]:
 
 def _structure(m: Machine, names: list[str], problems: list[str]) -> None:
     known = set(names)
+    _names(m, names, problems)
+    finals = {s.name for s in m.states if s.final}
+    if not finals:
+        problems.append("no final state")
+    for t in m.all_transitions():
+        _transition_ends(t, names, m.finals, known, finals, problems)
+
+
+def _names(m: Machine, names: list[str], problems: list[str]) -> None:
+    """The machine's and states' names and the initial state."""
     if not m.name:
         problems.append("the machine has no name")
     for n in sorted({n for n in names if names.count(n) > 1}):
@@ -102,22 +112,23 @@ def _structure(m: Machine, names: list[str], problems: list[str]) -> None:
         problems.append("a state has an empty name")
     if not m.initial:
         problems.append("no initial state")
-    elif m.initial not in known:
+    elif m.initial not in names:
         problems.append(f"initial state {m.initial!r} is not a declared state")
-    finals = {s.name for s in m.states if s.final}
-    if not finals:
-        problems.append("no final state")
-    for t in m.all_transitions():
-        label = _label(t)
-        for src in t.sources(names, m.finals):
-            if src not in known:
-                problems.append(f"transition {label}: unknown source state {src!r}")
-            elif src in finals:
-                problems.append(f"transition {label}: leaves final state {src!r}")
-        if t.dest not in known:
-            problems.append(f"transition {label}: unknown dest state {t.dest!r}")
-        if not t.trigger:
-            problems.append(f"transition {label}: empty trigger")
+
+
+def _transition_ends(t: Transition, names: list[str], machine_finals: frozenset[str], known: set[str],
+                     finals: set[str], problems: list[str]) -> None:
+    """One transition's sources, destination and trigger."""
+    label = _label(t)
+    for src in t.sources(names, machine_finals):
+        if src not in known:
+            problems.append(f"transition {label}: unknown source state {src!r}")
+        elif src in finals:
+            problems.append(f"transition {label}: leaves final state {src!r}")
+    if t.dest not in known:
+        problems.append(f"transition {label}: unknown dest state {t.dest!r}")
+    if not t.trigger:
+        problems.append(f"transition {label}: empty trigger")
 
 
 def _paths(m: Machine, names: list[str], problems: list[str]) -> None:
@@ -125,7 +136,7 @@ def _paths(m: Machine, names: list[str], problems: list[str]) -> None:
         return
     edges = _graph(m, names)
     # the runtime moves unhandled failures (and routed loop caps / open breakers) there
-    implicit = {m.failure_state, m.on_loop_limit, m.on_circuit_open} - {None}
+    implicit = {n for n in (m.failure_state, m.on_loop_limit, m.on_circuit_open) if n is not None}
     reachable = _reach({m.initial} | (implicit & set(names)), edges)
     for n in names:
         if n not in reachable and n not in implicit:
@@ -151,48 +162,73 @@ def _states(m: Machine, names: list[str], problems: list[str],
     ns = m.namespace or {}
     for s in m.states:
         where = f"state {s.name!r}"
-        if s.action is not None:
-            fn = _resolve(s.action, ns)
-            if fn is None:
-                problems.append(f"{where}: action {ref_name(s.action)!r} does not resolve to a callable")
-            elif not _accepts(fn, (1, 2)):
-                problems.append(f"{where}: action {ref_name(s.action)!r} must take (ctx) or (ctx, step)")
-            else:
-                actions[s.name] = fn
-        if s.final and (s.action or s.wait):
-            problems.append(f"{where}: a final state cannot have an action or wait")
-        if s.failure and not s.final:
-            problems.append(f"{where}: failure=True needs final=True")
-        if s.wait and s.action is not None:
-            problems.append(f"{where}: a wait state has no action")
-        if s.fallback is not None and s.fallback not in names:
-            problems.append(f"{where}: fallback {s.fallback!r} is not a declared state")
-        if s.timeout is not None and s.timeout <= 0:
-            problems.append(f"{where}: timeout must be > 0 seconds")
-        if s.inline and s.timeout is not None:
-            problems.append(f"{where}: an inline action cannot be cut short: drop timeout "
-                            "or inline")
-        if s.retry is not None:
-            problems.extend(f"{where}: retry policy: {p}" for p in s.retry.problems())
-        if s.token_budget is not None and (not isinstance(s.token_budget, int)
-                                           or s.token_budget < 0):
-            problems.append(f"{where}: token_budget must be an int >= 0 tokens")
-        if s.skippable and s.default_output is None:
-            problems.append(f"{where}: skippable needs a default_output")
+        _action(s, ns, where, problems, actions)
+        problems.extend(f"{where}: {p}" for p in _kind_problems(s, names))
+        problems.extend(f"{where}: {p}" for p in _policy_problems(s))
         if s.review is not None:
             problems.extend(_review_problems(m, s))
-        if s.cache is not None:
-            problems.extend(f"{where}: cache: {p}" for p in s.cache.problems())
-            if s.side_effect:
-                problems.append(f"{where}: a side-effect state cannot use a reply cache")
-        for key in ("llm", "repair_llm"):
-            value = getattr(s, key)
-            if value is not None and not (isinstance(value, str) and _MODEL_NAME.fullmatch(value)):
-                problems.append(f"{where}: {key} must be a model name (letters, digits, "
-                                f"'_' or '-'), not {value!r}")
-        if not (isinstance(s.queue, str) and _MODEL_NAME.fullmatch(s.queue)):
-            problems.append(f"{where}: queue must be a name (a letter, then letters, digits, "
-                            f"'_' or '-'), not {s.queue!r}")
+        problems.extend(f"{where}: {p}" for p in _name_problems(s))
+
+
+def _action(s: Any, ns: Mapping[str, Any], where: str, problems: list[str],
+            actions: dict[str, Callable[..., Any]]) -> None:
+    """Resolve the state's action into ``actions`` or say why it cannot be."""
+    if s.action is None:
+        return
+    fn = _resolve(s.action, ns)
+    if fn is None:
+        problems.append(f"{where}: action {ref_name(s.action)!r} does not resolve to a callable")
+    elif not _accepts(fn, (1, 2)):
+        problems.append(f"{where}: action {ref_name(s.action)!r} must take (ctx) or (ctx, step)")
+    else:
+        actions[s.name] = fn
+
+
+def _kind_problems(s: Any, names: list[str]) -> list[str]:
+    """What a final, failure, wait, fallback or inline state may not combine."""
+    out: list[str] = []
+    if s.final and (s.action or s.wait):
+        out.append("a final state cannot have an action or wait")
+    if s.failure and not s.final:
+        out.append("failure=True needs final=True")
+    if s.wait and s.action is not None:
+        out.append("a wait state has no action")
+    if s.fallback is not None and s.fallback not in names:
+        out.append(f"fallback {s.fallback!r} is not a declared state")
+    if s.timeout is not None and s.timeout <= 0:
+        out.append("timeout must be > 0 seconds")
+    if s.inline and s.timeout is not None:
+        out.append("an inline action cannot be cut short: drop timeout or inline")
+    return out
+
+
+def _policy_problems(s: Any) -> list[str]:
+    """The state's retry policy, token budget and skip default."""
+    out: list[str] = []
+    if s.retry is not None:
+        out.extend(f"retry policy: {p}" for p in s.retry.problems())
+    if s.token_budget is not None and (not isinstance(s.token_budget, int) or s.token_budget < 0):
+        out.append("token_budget must be an int >= 0 tokens")
+    if s.skippable and s.default_output is None:
+        out.append("skippable needs a default_output")
+    return out
+
+
+def _name_problems(s: Any) -> list[str]:
+    """The state's reply cache, model names (``llm``, ``repair_llm``) and queue name."""
+    out: list[str] = []
+    if s.cache is not None:
+        out.extend(f"cache: {p}" for p in s.cache.problems())
+        if s.side_effect:
+            out.append("a side-effect state cannot use a reply cache")
+    for key in ("llm", "repair_llm"):
+        value = getattr(s, key)
+        if value is not None and not (isinstance(value, str) and _MODEL_NAME.fullmatch(value)):
+            out.append(f"{key} must be a model name (letters, digits, '_' or '-'), not {value!r}")
+    if not (isinstance(s.queue, str) and _MODEL_NAME.fullmatch(s.queue)):
+        out.append(f"queue must be a name (a letter, then letters, digits, '_' or '-'), "
+                   f"not {s.queue!r}")
+    return out
 
 
 def _review_problems(m: Machine, s: Any) -> list[str]:
@@ -212,28 +248,34 @@ def _versions(m: Machine, names: list[str], problems: list[str]) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         problems.append(f"version must be an int >= 1, not {v!r}")
         return
-    keys = set(m.migrations)
-    wanted = set(range(2, v + 1))
-    for k in sorted(keys - wanted, key=repr):
-        problems.append(f"migrations[{k!r}]: not a version in 2..{v} (version={v})")
-    if keys & wanted and wanted - keys:
-        problems.append("migrations must cover every version 2.." f"{v}: missing "
-                        + ", ".join(map(str, sorted(wanted - keys)))
-                        + " (None for a version whose context did not change)")
-    for k in sorted(keys & wanted):
-        fn = m.migrations[k]
-        if fn is not None and not (callable(fn) and _accepts(fn, (1,))):
-            problems.append(f"migrations[{k}]: must be a function of one argument "
-                            "(the context dict), or None")
-        elif fn is not None and _is_async(fn):
-            problems.append(f"migrations[{k}]: is async; an upcaster is a pure function")
+    problems.extend(_migration_problems(m, v))
     for old, new in m.renamed_states.items():
         if new not in names:
             problems.append(f"renamed_states[{old!r}]: target {new!r} is not a declared state")
         if old in names:
             problems.append(f"renamed_states[{old!r}]: {old!r} is still a declared state")
-    if (keys or m.renamed_states) and v == 1:
+    if (m.migrations or m.renamed_states) and v == 1:
         problems.append("migrations and renamed_states need version >= 2")
+
+
+def _migration_problems(m: Machine, v: int) -> list[str]:
+    """``migrations`` covers 2..``v`` with pure functions of one argument (or None)."""
+    keys = set(m.migrations)
+    wanted = set(range(2, v + 1))
+    out = [f"migrations[{k!r}]: not a version in 2..{v} (version={v})"
+           for k in sorted(keys - wanted, key=repr)]
+    if keys & wanted and wanted - keys:
+        out.append("migrations must cover every version 2.." f"{v}: missing "
+                   + ", ".join(map(str, sorted(wanted - keys)))
+                   + " (None for a version whose context did not change)")
+    for k in sorted(keys & wanted):
+        fn = m.migrations[k]
+        if fn is not None and not (callable(fn) and _accepts(fn, (1,))):
+            out.append(f"migrations[{k}]: must be a function of one argument "
+                       "(the context dict), or None")
+        elif fn is not None and _is_async(fn):
+            out.append(f"migrations[{k}]: is async; an upcaster is a pure function")
+    return out
 
 
 def _routes(m: Machine, problems: list[str]) -> None:

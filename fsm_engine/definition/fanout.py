@@ -180,44 +180,57 @@ def plans(parent: "Machine", state: str, fan_out: FanOut) -> list[BranchPlan]:
 
 def problems(parent: "Machine", state: Any) -> list[str]:
     """What is wrong with ``state``'s fan-out (each problem names the state and branch)."""
-    from .check import check
-    from ..errors import DefinitionError
     fo, where = state.fan_out, f"state {state.name!r}"
-    out: list[str] = []
     if not isinstance(fo, (Parallel, Map)):
         return [f"{where}: fan_out must be a Parallel or a Map"]
-    if state.action is not None or state.wait or state.final:
-        out.append(f"{where}: a fan-out state has no action, is not a wait state, not final")
-    if not any(t.trigger == JOINED and state.name in t.sources([state.name])
-               for t in parent.transitions):
-        out.append(f"{where}: a fan-out state needs a {JOINED!r} transition")
-    fields = parent.context.model_fields if isinstance(parent.context, type) else {}
-    if isinstance(fo, Map) and fo.items not in fields:
-        out.append(f"{where}: items field {fo.items!r} is not a context field")
-    if fo.into is not None and fo.into not in fields:
-        out.append(f"{where}: into field {fo.into!r} is not a context field")
-    if fo.into is None and fo.reducer is None:
-        out.append(f"{where}: name an `into` context field or a reducer returning updates")
-    if fo.reducer is not None and not callable(fo.reducer):
-        out.append(f"{where}: reducer must be callable")
-    if fo.max_concurrency is not None and fo.max_concurrency < 1:
-        out.append(f"{where}: max_concurrency must be >= 1")
-    out += [f"{where}: {p}" for p in completion_of(fo).problems()]
-    if isinstance(fo, Parallel):
-        if not fo.branches:
-            out.append(f"{where}: a Parallel needs at least one branch")
-        out += [f"{where}: branch names must be non-empty strings"
-                for n in fo.branches if not (isinstance(n, str) and n)][:1]
+    out = [f"{where}: {p}" for p in _shape_problems(parent, state, fo)]
     for plan in plans(parent, state.name, fo):
         label = f"{where}: branch {plan.name!r}" if plan.name else f"{where}: map branch"
-        if plan.spec.skippable and plan.spec.default_output is None:
-            out.append(f"{label}: skippable needs a default_output")
-        if isinstance(fo, Map) and fo.item_field is not None and \
-                fo.item_field not in plan.machine.context.model_fields:
-            out.append(f"{label}: item_field {fo.item_field!r} is not a field of "
-                       f"{plan.machine.context.__name__}")
-        try:
-            check(plan.machine)
-        except DefinitionError as exc:
-            out += [f"{label} (machine {plan.machine.name!r}): {p}" for p in exc.problems]
+        out += [f"{label}{p}" for p in _branch_problems(fo, plan)]
+    return out
+
+
+def _shape_problems(parent: "Machine", state: Any, fo: "Parallel | Map") -> list[str]:
+    """The fan-out state itself: its kind, its join transition, fields, reducer, limits."""
+    out: list[str] = []
+    if state.action is not None or state.wait or state.final:
+        out.append("a fan-out state has no action, is not a wait state, not final")
+    if not any(t.trigger == JOINED and state.name in t.sources([state.name])
+               for t in parent.transitions):
+        out.append(f"a fan-out state needs a {JOINED!r} transition")
+    fields = parent.context.model_fields if isinstance(parent.context, type) else {}
+    if isinstance(fo, Map) and fo.items not in fields:
+        out.append(f"items field {fo.items!r} is not a context field")
+    if fo.into is not None and fo.into not in fields:
+        out.append(f"into field {fo.into!r} is not a context field")
+    if fo.into is None and fo.reducer is None:
+        out.append("name an `into` context field or a reducer returning updates")
+    if fo.reducer is not None and not callable(fo.reducer):
+        out.append("reducer must be callable")
+    if fo.max_concurrency is not None and fo.max_concurrency < 1:
+        out.append("max_concurrency must be >= 1")
+    out += list(completion_of(fo).problems())
+    if isinstance(fo, Parallel):
+        if not fo.branches:
+            out.append("a Parallel needs at least one branch")
+        out += ["branch names must be non-empty strings"
+                for n in fo.branches if not (isinstance(n, str) and n)][:1]
+    return out
+
+
+def _branch_problems(fo: "Parallel | Map", plan: BranchPlan) -> list[str]:
+    """One branch's machine, each problem starting with ``": "`` or ``" (machine ...): "``."""
+    from ..errors import DefinitionError
+    from .check import check
+    out: list[str] = []
+    if plan.spec.skippable and plan.spec.default_output is None:
+        out.append(": skippable needs a default_output")
+    if isinstance(fo, Map) and fo.item_field is not None and \
+            fo.item_field not in plan.machine.context.model_fields:
+        out.append(f": item_field {fo.item_field!r} is not a field of "
+                   f"{plan.machine.context.__name__}")
+    try:
+        check(plan.machine)
+    except DefinitionError as exc:
+        out += [f" (machine {plan.machine.name!r}): {p}" for p in exc.problems]
     return out

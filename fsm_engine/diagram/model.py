@@ -138,14 +138,8 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
     if state.get("llm"):
         notes.append(f"model {state['llm']}" + (f", repair {state['repair_llm']}"
                                                 if state.get("repair_llm") else ""))
-    fan = state.get("fan_out")
-    if fan:
-        mode = fan["completion"].get("mode", "all_successful")
-        notes.append(f"map over {fan['items']}" if fan["kind"] == "map"
-                     else f"parallel ×{len(fan['branches'])}")
-        notes.append(mode + "".join(f" {v}" for k, v in fan["completion"].items() if k != "mode"))
-        if fan.get("max_concurrency"):
-            notes.append(f"≤{fan['max_concurrency']} at once")
+    if state.get("fan_out"):
+        notes += _fan_out_notes(state["fan_out"])
     retry = state.get("retry")
     if retry:
         attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None
@@ -156,13 +150,24 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
         notes.append(f"queue {state['queue']}")
     if state.get("fallback"):
         notes.append(f"fallback → {state['fallback']}")
-    if state.get("side_effect"):
-        notes.append("side effect")
-    if state.get("skippable"):
-        notes.append("skippable")
+    notes += [label for key, label in _FLAG_NOTES if state.get(key)]
     if state.get("wait") and not state.get("final"):
         notes.append("waits for event")
     return tuple(notes)
+
+
+_FLAG_NOTES = (("side_effect", "side effect"), ("skippable", "skippable"))
+
+
+def _fan_out_notes(fan: Mapping[str, Any]) -> list[str]:
+    """``map over items`` / ``parallel ×N``, the completion rule and the concurrency cap."""
+    mode = fan["completion"].get("mode", "all_successful")
+    notes = [f"map over {fan['items']}" if fan["kind"] == "map"
+             else f"parallel ×{len(fan['branches'])}",
+             mode + "".join(f" {v}" for k, v in fan["completion"].items() if k != "mode")]
+    if fan.get("max_concurrency"):
+        notes.append(f"≤{fan['max_concurrency']} at once")
+    return notes
 
 
 def node_kind(state: Mapping[str, Any], initial: str) -> NodeKind:

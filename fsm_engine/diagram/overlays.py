@@ -8,7 +8,7 @@ Figures are short label lines: ``2 attempts``, ``1.2 s``, ``340 tok``.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..store.records import NOT_MOVES, RECOVERY, AttemptRow, HistoryRow, InstanceRecord
 
@@ -33,13 +33,33 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
     attempts), wall time in it (entering to leaving, or to now's last update for the
     current state) and tokens (steps + failed attempts), and ``N takeovers`` where
     another worker adopted it there (``recovery`` rows: not moves, not attempts)."""
-    tries: dict[str, int] = defaultdict(int)
-    tokens: dict[str, int] = defaultdict(int)
-    wall: dict[str, float] = defaultdict(float)
     recoveries: dict[str, int] = defaultdict(int)
     for row in history:
         recoveries[row.source] += row.kind == RECOVERY
     history = [h for h in history if h.kind not in NOT_MOVES]  # takeovers, migrations
+    tries, tokens, wall = _per_state(rec, history, attempts)
+    figures = {}
+    for state in dict.fromkeys([*tries, *wall]):
+        figures[state] = [_figure(tries.get(state, 0), wall.get(state, 0.0), tokens.get(state, 0))]
+        if recoveries.get(state):
+            n = recoveries[state]
+            figures[state].append(f"{n} takeover{'s' * (n != 1)}")
+    for row in history:  # a fan-out's join: how its branches ended
+        counts = row.detail.get("branches") if row.kind == "join" else None
+        if counts:
+            figures.setdefault(row.source, []).append(_branch_counts(counts))
+    return {"instance_id": rec.id, "state": rec.state, "status": rec.status,
+            "history": [{"seq": h.seq, "source": h.source, "dest": h.dest, "trigger": h.trigger}
+                        for h in history],
+            "figures": figures}
+
+
+def _per_state(rec: InstanceRecord, history: Sequence[HistoryRow], attempts: Sequence[AttemptRow]
+               ) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
+    """Attempts, tokens and wall seconds per state, from the moves and failed attempts."""
+    tries: dict[str, int] = defaultdict(int)
+    tokens: dict[str, int] = defaultdict(int)
+    wall: dict[str, float] = defaultdict(float)
     entered = rec.created_at
     for row in history:
         tries[row.source] += 1
@@ -51,29 +71,23 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
     for a in attempts:
         tries[a.state] += 1
         tokens[a.state] += a.tokens
-    figures = {}
-    for state in dict.fromkeys([*tries, *wall]):
-        lines = []
-        if tries.get(state):
-            lines.append(f"{tries[state]} attempt{'s' * (tries[state] != 1)}")
-        lines.append(seconds(wall.get(state, 0.0)))
-        if tokens.get(state):
-            lines.append(f"{tokens[state]} tok")
-        figures[state] = [" · ".join(lines)]
-        if recoveries.get(state):
-            n = recoveries[state]
-            figures[state].append(f"{n} takeover{'s' * (n != 1)}")
-    for row in history:  # a fan-out's join: how its branches ended
-        counts = row.detail.get("branches") if row.kind == "join" else None
-        if counts:
-            figures.setdefault(row.source, []).append(
-                f"{counts.get('succeeded', 0)} succeeded · {counts.get('failed', 0)} failed · "
-                f"{counts.get('skipped', 0)} skipped" + (f" · {counts['running']} cancelled"
-                                                         if counts.get("running") else ""))
-    return {"instance_id": rec.id, "state": rec.state, "status": rec.status,
-            "history": [{"seq": h.seq, "source": h.source, "dest": h.dest, "trigger": h.trigger}
-                        for h in history],
-            "figures": figures}
+    return tries, tokens, wall
+
+
+def _figure(tries: int, wall: float, tokens: int) -> str:
+    """``2 attempts · 1.5 s · 120 tok`` (attempts and tokens left out when 0)."""
+    lines = [f"{tries} attempt{'s' * (tries != 1)}"] if tries else []
+    lines.append(seconds(wall))
+    if tokens:
+        lines.append(f"{tokens} tok")
+    return " · ".join(lines)
+
+
+def _branch_counts(counts: Mapping[str, int]) -> str:
+    """How a join's branches ended: ``3 succeeded · 1 failed · 0 skipped``."""
+    return (f"{counts.get('succeeded', 0)} succeeded · {counts.get('failed', 0)} failed · "
+            f"{counts.get('skipped', 0)} skipped" + (f" · {counts['running']} cancelled"
+                                                     if counts.get("running") else ""))
 
 
 def aggregate_overlay(stats: "MachineStats") -> dict[str, Any]:

@@ -10,7 +10,9 @@ local servers need none), ``FSM_MODEL``, ``FSM_HTTP_TIMEOUT`` and
   exactly one (``ClientError`` naming the choices otherwise);
 - each request's timeout is what is left of the calling step's timeout when it
   has one (the engine passes ``timeout=``), else ``timeout`` (argument, else
-  ``FSM_HTTP_TIMEOUT``, else 600 s); time spent queueing counts;
+  ``FSM_HTTP_TIMEOUT``, else 600 s); time spent queueing counts.  It is a deadline
+  for the whole exchange (connect + head + body), also capped by ``FSM_HTTP_DEADLINE``,
+  and a reply body may hold ``FSM_HTTP_MAX_BYTES`` (see ``fsm_engine.llm.http``);
 - at most ``concurrency`` requests are in flight per provider (argument, else
   ``FSM_LLM_CONCURRENCY``, else 1 for a loopback server — llama.cpp's serves
   one request at a time, so more would only queue inside it until they time out —
@@ -25,6 +27,9 @@ onto the error tree:
 SDK exception                      fsm_engine error
 =================================  ====================
 APITimeoutError, HTTP 408          ProviderTimeout
+past the exchange's deadline       DeadlineExceeded (a ProviderTimeout)
+a body over FSM_HTTP_MAX_BYTES     ResponseTooLarge (not retryable)
+TLS certificate verification       CertificateError (not retryable)
 APIConnectionError                 ProviderUnavailable
 RateLimitError (429)               RateLimited (``retry_after`` from the headers)
 InternalServerError, HTTP >= 500   ServerError
@@ -53,13 +58,22 @@ import logging
 import os
 import re
 import time
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
-from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
-                               ProviderUnavailable, RateLimited, ServerError)
+from fsm_engine.errors import (
+    ClientError,
+    InvalidInput,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    ServerError,
+)
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, estimate_tokens
+from fsm_engine.llm.http import Caps, bound, env_number
 from fsm_engine.policies import parse_retry_after
+from fsm_engine.redaction import redact
 
 __all__ = ["OpenAICompatible", "parse_retry_after", "is_loopback"]
 
@@ -78,20 +92,6 @@ def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
         return {"type": "json_object", "schema": schema}
     name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or "output"))[:64]
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
-
-
-def _env_number(name: str, kind: type, minimum: float) -> Any:
-    """``$name`` as a ``kind`` >= ``minimum``, None when unset; InvalidInput when malformed."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise InvalidInput(f"{name}={raw!r}: expected a number >= {minimum:g}")
-    return value
 
 
 def is_loopback(base_url: str | None) -> bool:
@@ -121,13 +121,16 @@ class OpenAICompatible(Provider):
     def __init__(self, base_url: str | None = None, model: str | None = None,
                  api_key: str | None = None, timeout: float | None = None,
                  json_mode: str | None = None, concurrency: int | None = None) -> None:
+        import httpx2  # the openai SDK's HTTP client
         import openai  # a core dependency; imported here to keep package import light
 
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        #: ``base_url`` as messages, logs and the repr show it (credentials redacted).
+        self.shown_url = redact(self.base_url) if self.base_url else "api.openai.com"
         self.model: str | None = model or os.environ.get("FSM_MODEL") or None
-        self.timeout = float(timeout or _env_number("FSM_HTTP_TIMEOUT", float, 0.001)
+        self.timeout = float(timeout or env_number("FSM_HTTP_TIMEOUT", float, 0.001)
                              or DEFAULT_TIMEOUT)
-        self.concurrency = int(concurrency or _env_number("FSM_LLM_CONCURRENCY", int, 1)
+        self.concurrency = int(concurrency or env_number("FSM_LLM_CONCURRENCY", int, 1)
                                or (1 if is_loopback(self.base_url) else REMOTE_CONCURRENCY))
         self.json_mode = json_mode or os.environ.get("FSM_JSON_MODE") or "auto"
         if self.json_mode not in JSON_MODES:
@@ -140,24 +143,27 @@ class OpenAICompatible(Provider):
         if self.model is None and self.base_url is None:
             raise ClientError("no model for the OpenAI API: set FSM_MODEL (e.g. gpt-4o-mini)")
         self._secret = key
+        self.caps = Caps.from_env()
         # a loopback server is reached directly, whatever HTTP(S)_PROXY says
-        direct = (openai.DefaultAsyncHttpxClient(trust_env=False)
-                  if is_loopback(self.base_url) else None)
-        self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url,
-                                          timeout=self.timeout, max_retries=0, http_client=direct)
+        direct = is_loopback(self.base_url)
+        http = bound(openai.DefaultAsyncHttpxClient(timeout=self.timeout, trust_env=not direct),
+                     httpx2, self.caps)
+        self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url, http_client=http,
+                                          timeout=self.timeout, max_retries=0)
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def __repr__(self) -> str:
-        return f"OpenAICompatible(base_url={self.base_url!r}, model={self.model!r})"
+        return f"OpenAICompatible(base_url={self.shown_url!r}, model={self.model!r})"
 
     def describe(self) -> str:
         """One line for a run's header: model, server, concurrency."""
         model = repr(self.model) if self.model else "(the server's only model)"
-        return (f"openai-compatible model {model} at {self.base_url or 'api.openai.com'}, "
+        return (f"openai-compatible model {model} at {self.shown_url}, "
                 f"{self.concurrency} request(s) at a time")
 
     def _mask(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
+        """``text`` without the API key and any credential (``redaction.redact``)."""
+        return redact(text.replace(self._secret, "***") if self._secret else text)
 
     def _semaphore(self) -> asyncio.Semaphore:
         """The concurrency gate of the running event loop (one per loop: a Semaphore is
@@ -181,10 +187,10 @@ class OpenAICompatible(Provider):
             raise self._map_error(exc, self.timeout) from None
         if len(listed) != 1:
             shown = ", ".join(sorted(listed)[:10]) or "none"
-            raise ClientError(f"{self.name} server at {self.base_url} lists {len(listed)} "
+            raise ClientError(f"{self.name} server at {self.shown_url} lists {len(listed)} "
                               f"models ({shown}): choose one with FSM_MODEL")
         self.model = listed[0]
-        log.info("%s at %s: using its only model %r", self.name, self.base_url, self.model)
+        log.info("%s at %s: using its only model %r", self.name, self.shown_url, self.model)
         return self.model
 
     def resolve_model_sync(self) -> str:
@@ -196,16 +202,17 @@ class OpenAICompatible(Provider):
 
         url = f"{(self.base_url or '').rstrip('/')}/models"
         try:
-            response = httpx.get(url, headers={"Authorization": f"Bearer {self._secret}"},
-                                 timeout=min(self.timeout, 30.0))
+            with bound(httpx.Client(), httpx, self.caps) as client:
+                response = client.get(url, headers={"Authorization": f"Bearer {self._secret}"},
+                                      timeout=min(self.timeout, 30.0))
             response.raise_for_status()
             listed = [str(m.get("id")) for m in response.json().get("data", [])]
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            raise ProviderUnavailable(f"cannot list the models at {self.base_url}: "
+            raise ProviderUnavailable(f"cannot list the models at {self.shown_url}: "
                                       f"{self._mask(str(exc))[:200]} (or set FSM_MODEL)") from None
         if len(listed) != 1:
             shown = ", ".join(sorted(listed)[:10]) or "none"
-            raise ClientError(f"{self.name} server at {self.base_url} lists {len(listed)} "
+            raise ClientError(f"{self.name} server at {self.shown_url} lists {len(listed)} "
                               f"models ({shown}): choose one with FSM_MODEL")
         self.model = listed[0]
         return self.model
@@ -247,7 +254,7 @@ class OpenAICompatible(Provider):
                 raise self._map_error(exc, kwargs["timeout"]) from None
         self.json_mode = "json_object"
         log.info("%s at %s refused response_format json_schema; using json_object",
-                 self.name, self.base_url)
+                 self.name, self.shown_url)
         kwargs["response_format"] = _response_format(schema or {}, self.json_mode)
         try:
             return await self._client.chat.completions.create(**kwargs)
@@ -282,10 +289,12 @@ class OpenAICompatible(Provider):
         """Turn an SDK exception into the matching ProviderError, key masked."""
         import openai
 
-        where = f"{self.name} model {self.model!r} at {self.base_url or 'api.openai.com'}"
+        where = f"{self.name} model {self.model!r} at {self.shown_url}"
         detail = self._mask(" ".join(str(getattr(exc, "message", exc)).split()))[:300]
         status = getattr(exc, "status_code", None)
         log.debug("provider call failed: %s: %s", type(exc).__name__, detail)
+        if isinstance(exc, ProviderError):  # the bounded transport's: too large, late, cert
+            return type(exc)(f"{where}: {detail}", status=status)
         if isinstance(exc, openai.APITimeoutError) or status == 408:
             return ProviderTimeout(f"{where} timed out after {timeout:.3g}s", status=status)
         if isinstance(exc, openai.APIConnectionError):

@@ -109,6 +109,13 @@ def _check(obj: Any) -> Reply:
     if "text" not in obj and "error" not in obj:
         raise ValueError("needs 'text' (or 'error')")
     reply = Reply(**obj)
+    _check_numbers(reply)
+    _check_matching(reply)
+    return reply
+
+
+def _check_numbers(reply: Reply) -> None:
+    """Text and finish reason are strings, token counts ints >= 0, delays seconds >= 0."""
     if not isinstance(reply.text, str) or not isinstance(reply.finish_reason, str):
         raise ValueError("'text' and 'finish_reason' must be strings")
     for key in ("prompt_tokens", "completion_tokens"):
@@ -119,6 +126,10 @@ def _check(obj: Any) -> Reply:
         value = getattr(reply, key)
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"{key!r} must be a number of seconds >= 0, got {value!r}")
+
+
+def _check_matching(reply: Reply) -> None:
+    """The error kind is known; ``match`` and ``input`` have their shapes."""
     if reply.error is not None and reply.error not in ERROR_KINDS:
         raise ValueError(f"unknown error {reply.error!r}; expected one of {sorted(ERROR_KINDS)}")
     if reply.match is not None and (not isinstance(reply.match, str) or not reply.match):
@@ -126,7 +137,6 @@ def _check(obj: Any) -> Reply:
     if reply.input is not None and not isinstance(reply.input, (dict, str)):
         raise ValueError("'input' must be an object (keys the instance input must equal) "
                          "or a string (a substring of its JSON)")
-    return reply
 
 
 def _load_jsonl(path: Path) -> list[Reply]:

@@ -113,8 +113,9 @@ class CompiledMachine:
         self.triggers: dict[str, list[str]] = {s: [] for s in self.states}
         names = list(self.states)
         for t in machine.all_transitions():
-            conds = [_recording(ref_name(g) or "?", checked.guards[g]) for g in as_refs(t.conditions)]
-            unless = [_recording(f"!{ref_name(g)}", checked.guards[g]) for g in as_refs(t.unless)]
+            conds: list[Any] = [_recording(ref_name(g) or "?", checked.guards[g])
+                                for g in as_refs(t.conditions)]
+            unless: list[Any] = [_recording(f"!{ref_name(g)}", checked.guards[g]) for g in as_refs(t.unless)]
             for src in t.sources(names, machine.finals):
                 self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
                 if t.trigger not in self.triggers[src]:
@@ -146,16 +147,15 @@ class CompiledMachine:
         """Declared triggers from ``state`` that normal selection considers (not reserved)."""
         return self._choosable.get(state, ())
 
-    def choose(self, state: str, ctx: Any, run: tuple[Any, ...],
+    def choose(self, state: str, ctx: Any, run: Callable[[], RunInfo],
                trigger: str | None = None, log: list[list[Any]] | None = None) -> Choice | None:
         """Pick the transition to take from ``state``.
 
         With ``trigger`` only that trigger's transitions are candidates;
         without, every non-reserved trigger from ``state`` in declaration
-        order.  ``run`` holds ``RunInfo``'s fields, for two-argument guards
-        (built only when a guard is evaluated).  Returns ``None`` when no
-        guard set passes.  Guard exceptions propagate (``log``, when given, collects
-        the guards evaluated up to then, for the history).
+        order.  ``run()`` builds what two-argument guards read (``step.run_info``; called
+        only when a guard is evaluated).  Returns ``None`` when no guard set passes.  Guard exceptions propagate
+        (``log``, when given, collects the guards evaluated up to then, for the history).
         """
         plan = self._plans.get(state, {})
         log = [] if log is None else log
@@ -165,7 +165,7 @@ class CompiledMachine:
                 if conditions:
                     if data is None:
                         data = transitions.core.EventData(None, None, self._tm, None,
-                                                          (ctx, RunInfo(*run), log), {})
+                                                          (ctx, run(), log), {})
                     if not all(cond.check(data) for cond in conditions):
                         continue
                 return Choice(trig, dest, log)

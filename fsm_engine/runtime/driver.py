@@ -14,7 +14,7 @@ import time
 from functools import partial
 from typing import Any, Awaitable, Callable, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
@@ -26,9 +26,11 @@ from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
 from .models import Models
+from .replay import visit_tokens
+from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
-from .step import MeteredLLM, Step
+from .step import MeteredLLM, Step, run_info
 from .threads import ActionThreads, in_own_thread
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
@@ -60,40 +62,6 @@ def _normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
         return None, result.model_dump()
     raise InvalidInput(f"an action returned {type(result).__name__}; "
                        "return None, a dict of updates or fire(trigger, **updates)")
-
-
-def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
-                 fields: frozenset[str] | None = None, partial: bool = False
-                 ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
-    """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
-
-    ``fields`` is the model's field names (computed once per machine by the caller).
-    The whole model is validated (every validator runs); with ``partial``
-    (``values.partial_dump`` of the model) only the updated fields are serialised and
-    the new dict holds ``data``'s very objects for the others, else the whole model is
-    dumped and equal scalars and strings get ``data``'s objects back (so the store
-    skips unchanged large values either way).
-    Raises ``InvalidInput`` for unknown fields, values the model rejects or
-    values that would not come back from JSON as they went in (``values``).
-    """
-    known = fields if fields is not None else frozenset(model.model_fields)
-    unknown = [k for k in update if k not in known]
-    if unknown:
-        raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
-    values.check_values(model, update)
-    try:
-        obj = model.model_validate({**data, **update})
-    except ValidationError as exc:
-        raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
-                           f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
-    if partial:
-        new = {**data, **values.dump(obj, update, only=set(update))}
-    else:
-        new = values.dump(obj, update)
-        values.keep_unchanged(data, new)
-    delta = {k: new[k] for k in update}
-    values.check_json(delta)
-    return obj, new, delta
 
 
 def _spent(step: Step | None) -> int:
@@ -301,11 +269,10 @@ class Driver:
 
     def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
-        store only for states with a ``token_budget`` (and after a first attempt)."""
-        if state.token_budget is None or rec.attempt <= 1:
+        store only after a first attempt (``replay.visit_tokens``)."""
+        if rec.attempt <= 1:
             return 0
-        return sum(a.tokens for a in self.store.attempts(rec.id)
-                   if a.state == state.name and a.visit == visit)
+        return visit_tokens(self.store.attempts(rec.id), state.name, visit)
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                        now: float) -> StepCommit:
@@ -327,9 +294,11 @@ class Driver:
         started = time.perf_counter()
         error: BaseException | None = None
         result: Any = None
+        ran_on: values.Watched | None = None
         try:
             if entry is not None:
-                pending, result = self._call(cm, entry, rec, state, step)
+                ran_on = values.watch(cm.spec.context, rec.context)
+                pending, result = self._call(entry, ran_on.ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
         except (Exception, asyncio.TimeoutError) as exc:
@@ -346,7 +315,8 @@ class Driver:
                 error, step.notes = exc, {}
         if error is None:
             try:
-                return self.advance(cm, rec, state, step, *_normalise(result), ms)
+                return self.advance(cm, rec, state, step, *_normalise(result), ms,
+                                    ran_on=ran_on)
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
         return self._on_error(cm, rec, state, step, error, ms)
@@ -371,14 +341,14 @@ class Driver:
         step.notes["delivered_by_original"] = done.key
         return self.advance(cm, rec, state, step, row.trigger, row.delta, 0.0)
 
-    def _call(self, cm: CompiledMachine, entry: tuple[Callable[..., Any], int, bool],
+    def _call(self, entry: tuple[Callable[..., Any], int, bool], ctx: Any,
               rec: InstanceRecord, state: State, step: Step | None
               ) -> tuple[Awaitable[Any] | None, Any]:
-        """Start the action: ``(None, result)`` when it ran here (inline), else ``(awaitable,
-        None)``: an ``async def`` without a timeout is its own coroutine, awaited by the
-        caller (no task, no wrapper coroutine per step); the rest go through ``_cut``."""
+        """Start the action on ``ctx``: ``(None, result)`` when it ran here (inline), else
+        ``(awaitable, None)``: an ``async def`` without a timeout is its own coroutine,
+        awaited by the caller (no task, no wrapper coroutine per step); the rest go through
+        ``_cut``."""
         fn, arity, is_async = entry
-        ctx = cm.spec.context.model_validate(rec.context)
         args = (ctx, step) if arity == 2 else (ctx,)
         timeout = state.timeout
         if rec.deadline is not None:
@@ -427,28 +397,30 @@ class Driver:
     def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                 step: Step | None, trigger: str | None, update: Mapping[str, Any],
                 ms: float, *, kind: str = "transition", reason: str | None = None,
-                error: str | None = None) -> StepCommit:
+                error: str | None = None, ran_on: values.Watched | None = None) -> StepCommit:
         """The commit taking the transition chosen after ``update`` (and ``trigger``, if fired).
 
-        Raises ``InvalidInput`` for a bad update or an undeclared trigger,
-        ``ActionError`` when a guard raises.
+        ``ran_on``: the context the action ran on; what it changed there in place is
+        committed with ``update`` (``update`` wins for a field it sets).
+        Raises ``InvalidInput`` for a bad update, an in-place change that cannot be stored
+        or an undeclared trigger, ``ActionError`` when a guard raises.
         """
-        obj, new_ctx, delta = apply_update(cm.spec.context, rec.context, update, cm.fields,
-                                           cm.partial)
+        obj, new_ctx, delta = values.apply_update(cm.spec.context, rec.context, update,
+                                                  cm.fields, cm.partial)
+        if ran_on is not None and (moved := ran_on.changed(update)):
+            obj, new_ctx, delta = values.apply_in_place(cm.spec.context, rec.context, update,
+                                                        ran_on, moved, cm.fields, cm.partial)
         if trigger and not cm.has_trigger(state.name, trigger):
             raise InvalidInput(f"state {state.name!r} fired undeclared trigger {trigger!r}")
         tokens = _spent(step)
-        run = (rec.id, state.name, rec.loop_count, rec.max_transitions,
-               rec.tokens_used + tokens, rec.token_budget,
-               (step.state_tokens_used if step else 0) + tokens, state.token_budget)
+        run = partial(run_info, rec, state, tokens, step.state_tokens_used if step else 0)
         evaluated: list[list[Any]] = []
         try:
             choice = cm.choose(state.name, obj, run, trigger, evaluated)
         except Exception as exc:  # a guard raised: fail this instance, not the whole batch
             why = str(exc) if isinstance(exc, GuardResultError) else f"a guard raised {_err(exc)}"
-            err = ActionError(why, instance_id=rec.id, state=state.name)
-            err.guards = evaluated  # type: ignore[attr-defined]  # recorded in the history
-            raise err from exc
+            raise ActionError(why, instance_id=rec.id, state=state.name,
+                              guards=evaluated) from exc
         detail = _detail(rec, step)
         if choice is None:
             return outcome.failed(
@@ -493,5 +465,5 @@ class Driver:
                                   tokens=_spent(step), duration_ms=ms, detail=detail)
         fail = outcome.failed(cm, rec, reason, now, error=_err(exc), tokens=_spent(step),
                               duration_ms=ms, detail=detail)
-        fail.history[0].guards = getattr(exc, "guards", None) or []
+        fail.history[0].guards = exc.guards if isinstance(exc, ActionError) else []
         return fail

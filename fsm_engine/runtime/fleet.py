@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from ..errors import InvalidInput, StoreError
 from ..policies import RateLimit
-from .queues import MAX_COUNT, QUEUE_NAME
+from .queues import MAX_COUNT, QUEUE_NAME, tighter
 from .rates import parse_named
 
 log = logging.getLogger("fsm_engine")
@@ -127,11 +127,6 @@ def _rate(spec: Any) -> RateLimit | str:
     except TypeError as exc:
         return str(exc)
     return "; ".join(limit.problems()) or limit
-
-
-def tighter(mine: int | None, stored: int | None) -> int | None:
-    """The smaller of two limits (``None``: no limit)."""
-    return stored if mine is None else mine if stored is None else min(mine, stored)
 
 
 def merge_rates(mine: Mapping[str, RateLimit],

@@ -14,17 +14,16 @@ under an older version is upcast when it first steps, like any stored instance.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from ..errors import InvalidInput
 from ..store.records import (
     PENDING, RECOVERY, RUNNING, AttemptRow, HistoryRow, InstanceRecord, OutboxRow,
 )
 from .compiled import CompiledMachine
-
-#: History kinds that count against ``max_transitions`` (runtime-forced moves do not).
-_COUNTED = frozenset({"transition", "fallback", "skip", "review"})
+from .replay import CHOSEN as _COUNTED
+from .replay import Rebuilt
 
 
 def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
@@ -57,23 +56,17 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
     """The fork of ``orig`` after its first ``n`` history rows, and its copied rows
     (``reuse_llm`` / ``redeliver``: its ``fork_options``)."""
     rows = [replace(h, instance_id="") for h in history[:n]]
-    context, visits = dict(orig.input), {cm.spec.initial: 1}
-    state, loops, tokens = cm.spec.initial, 0, 0
+    built = Rebuilt.start(cm, orig, attempts)
     for h in rows:
-        context.update(h.delta)
-        state = h.dest
-        if h.dest != h.source or h.kind in _COUNTED:
-            visits[h.dest] = visits.get(h.dest, 0) + 1
-        loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in _COUNTED else 0
-        tokens += h.tokens
+        built.after(h)
+    built.until(rows[-1].at if rows else orig.created_at)
+    context, visits, state = built.context, built.visits, built.state
     now_named = state if state in cm.states else cm.spec.renamed_states.get(state, state)
     if cm.states.get(now_named) is None:
         raise InvalidInput(f"state {state!r} no longer exists in machine {cm.name!r}")
     if cm.states[now_named].final:
         raise InvalidInput(f"row {n} ends in final state {state!r}: nothing to run; fork "
                            "from an earlier row")
-    until = rows[-1].at if rows else orig.created_at
-    tokens += sum(a.tokens for a in attempts if a.at <= until)
     iid = new_id or os.urandom(6).hex()
     for h in rows:
         h.instance_id = iid
@@ -81,7 +74,7 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
         id=iid, machine=orig.machine, module=orig.module, fingerprint=orig.fingerprint,
         state=state, status=RUNNING if n else PENDING, context=context, input=dict(orig.input),
         max_transitions=orig.max_transitions, token_budget=orig.token_budget,
-        created_at=now, updated_at=now, seq=n, loop_count=loops, tokens_used=tokens,
+        created_at=now, updated_at=now, seq=n, loop_count=built.loops, tokens_used=built.tokens,
         visits=visits, forked_from=orig.id, forked_at_seq=n,
         machine_version=(rows[-1] if rows else history[0]).machine_version if history
         else orig.machine_version,  # the input is in the shape of the first row's version

@@ -100,7 +100,7 @@ class Models:
             policy = self.rate_limits.get(key)
             if policy is None and alias in self.rate_limits \
                     and (self.by_name.get(alias) or self.default) is provider:
-                policy = self.rate_limits[alias]  # type: ignore[index]
+                policy = self.rate_limits[alias]
             for name, limit in self.rate_limits.items():
                 if policy is None and self.by_name.get(name) is provider:
                     policy = limit

@@ -12,6 +12,7 @@ import operator
 from dataclasses import fields
 from typing import Any
 
+from ..redaction import redact
 from ..store.records import (
     CANCELLED, COMPLETED, FAILED, RATE_LIMITED, RUNNING, WAITING, AttemptRow, HistoryRow, InstanceRecord,
     ReviewItem, StepCommit,
@@ -57,6 +58,7 @@ def force_fail(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float
     """Move ``rec`` (in place) to the failure state, or fail it where it stands."""
     source = rec.state
     dest = cm.failure_state or source
+    error = redact(error) if error else error  # stored text never holds a credential
     row = _row(rec, source, dest, kind, now, kind=kind, error=error, reason=reason)
     rec.state, rec.queue = dest, cm.states[dest].queue
     if dest != source:
@@ -95,6 +97,7 @@ def open_review(cm: CompiledMachine, rec: InstanceRecord, now: float) -> ReviewI
 def _routed(cm: CompiledMachine, rec: InstanceRecord, dest: str, reason: str, now: float,
             error: str | None, kind: str) -> HistoryRow:
     """Move ``rec`` (in place) to the review state ``dest`` instead of failing it."""
+    error = redact(error) if error else error
     row = _row(rec, rec.state, dest, kind, now, kind=kind, error=error, reason=reason)
     _enter(cm, rec, dest)
     rec.reason, rec.updated_at = reason, now
@@ -175,6 +178,7 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
     new.tokens_used += tokens
     new.loop_count += 1 + extra_loops
     new.updated_at = now
+    error = redact(error) if error else error
     new.last_error = error or rec.last_error  # kept: a completed instance shows what it survived
     rows = [_row(new, source, dest, trigger, now, kind=kind, guards=guards or [],
                  duration_ms=duration_ms, tokens=tokens, error=error, reason=reason,
@@ -209,10 +213,11 @@ def retry_later(rec: InstanceRecord, *, error: BaseException, tokens: int, next_
     new.attempt += 1
     new.status = RUNNING
     new.next_attempt_at = next_at
-    new.last_error = f"{type(error).__name__}: {error}"
+    text = redact(error)
+    new.last_error = f"{type(error).__name__}: {text}"
     new.updated_at = now
     row = AttemptRow(instance_id=rec.id, state=rec.state, visit=rec.visits.get(rec.state, 1),
-                     attempt=rec.attempt, error_class=type(error).__name__, error=str(error),
+                     attempt=rec.attempt, error_class=type(error).__name__, error=text,
                      tokens=tokens, next_at=next_at, at=now)
     return StepCommit(new, rec.version, attempt=row, before=rec)
 

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from ..errors import FsmError, StoreError
 from ..store import RUNNING, Store
@@ -238,6 +238,17 @@ class Ownership:
         """
         if not self.renew():
             return []
+        self._housekeep(running)
+        held = self.store.held(self.id)
+        cancelled = [iid for iid, status in held.items() if status == "cancelled"]
+        if cancelled:
+            self.store.release(self.id, cancelled)  # seen: drop them from the next check
+        if self.release_idle:
+            self._give_back_idle(held, set(running))
+        return [(iid, "cancelled") for iid in cancelled] + self._taken_over(running, held)
+
+    def _housekeep(self, running: Sequence[str]) -> None:
+        """Prune retired rows, sweep dead workers now and then, retry failed releases."""
         if self.retired:
             self.prune()
         now = self.clock()
@@ -246,21 +257,21 @@ class Ownership:
             self.sweep(now)
         if self.unreleased:  # the store works again: give back what a failed run held
             self.release(sorted(set(self.unreleased) - set(running)))
-        held = self.store.held(self.id)
+
+    def _give_back_idle(self, held: Mapping[str, str], running: set[str]) -> None:
+        """Release instances held here that no task ran at this check and the last one."""
+        idle = {iid for iid, status in held.items()
+                if status != "cancelled" and iid not in running}
+        stale = sorted(idle & self._idle)  # idle at the last check too
+        if stale:
+            log.warning("worker %s gives back %d instance(s) no task ran", self.id, len(stale))
+            self.store.release(self.id, stale)
+        self._idle = idle - set(stale)
+
+    def _taken_over(self, running: Sequence[str], held: Mapping[str, str]
+                    ) -> list[tuple[str, str | None]]:
+        """``(id, None)`` for each instance running here that another worker owns now."""
         lost: list[tuple[str, str | None]] = []
-        cancelled = [iid for iid, status in held.items() if status == "cancelled"]
-        if cancelled:
-            self.store.release(self.id, cancelled)  # seen: drop them from the next check
-            lost.extend((iid, "cancelled") for iid in cancelled)
-        if self.release_idle:
-            idle = {iid for iid, status in held.items()
-                    if status != "cancelled" and iid not in set(running)}
-            stale = sorted(idle & self._idle)  # idle at the last check too
-            if stale:
-                log.warning("worker %s gives back %d instance(s) no task ran", self.id,
-                            len(stale))
-                self.store.release(self.id, stale)
-            self._idle = idle - set(stale)
         for iid in running:
             if iid in held:
                 continue

@@ -70,10 +70,9 @@ class QueuePlan:
     def tightened(self, fleet: "FleetLimits") -> "QueuePlan":
         """This plan under the fleet's stored limits: per queue and for partitions, the
         smaller of this worker's limit and the stored one."""
-        from .fleet import tighter
         queues = sorted(set(self.global_limits) | set(fleet.queue_limits))
-        limits = {q: tighter(self.global_limits.get(q), fleet.queue_limits.get(q))
-                  for q in queues}  # each is set on one side at least: never None
+        limits = {q: limit for q in queues  # each is set on one side at least: never None
+                  if (limit := tighter(self.global_limits.get(q), fleet.queue_limits.get(q))) is not None}
         return replace(self, global_limits=limits,
                        partition_limit=tighter(self.partition_limit, fleet.partition_limit))
 
@@ -134,3 +133,8 @@ def check_queue(name: str) -> str:
         raise InvalidInput(f"--queue {name!r}: a queue name is a letter, then letters, "
                            "digits, '_' or '-'")
     return name
+
+
+def tighter(mine: int | None, stored: int | None) -> int | None:
+    """The smaller of two limits (``None``: no limit)."""
+    return stored if mine is None else mine if stored is None else min(mine, stored)

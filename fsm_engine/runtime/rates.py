@@ -83,7 +83,7 @@ def limits_from_specs(specs: list[str] | None,
     out: dict[str, RateLimit] = {}
     for value in specs or []:
         name, limit = parse_named(value)
-        out[name] = limit  # type: ignore[assignment]  (never None: not removable)
+        out[name] = limit  # type: ignore[assignment]  # never None: not removable
     for key, spec in env.items():
         if key.startswith(ENV_PREFIX) and len(key) > len(ENV_PREFIX):
             out.setdefault(_name(key[len(ENV_PREFIX):].lower()), RateLimit.parse(spec))

@@ -2,24 +2,83 @@
 
 Nothing runs but the guards: each recorded step's outcome (its context delta, the
 action's recorded update) is applied to the recorded context before it, and the
-definition chooses the transition as the runtime would.  No action, model call or
-side effect runs and nothing is written.  The report names the first step whose
+definition chooses the transition as the runtime would, its guards reading the run
+information the driver gave them (``step.run_info``, from the counters ``Rebuilt``
+rebuilds: transitions with re-asks, tokens with the failed attempts).  No action, model
+call or side effect runs and nothing is written.  The report names the first step whose
 transition differs, every step whose guard results differ, and the states the
 history names that the definition no longer has.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from typing import Any
 
 from pydantic import ValidationError
 
-from ..store.records import HistoryRow, InstanceRecord
+from ..definition.spec import RunInfo
+from ..store.records import AttemptRow, HistoryRow, InstanceRecord
 from .compiled import CompiledMachine
+from .step import run_info
 
-#: Recorded kinds whose transition the definition chose (forced moves are not replayed).
-_CHOSEN = frozenset({"transition", "fallback", "skip", "review"})
+#: Recorded kinds whose transition the definition chose (forced moves are not replayed);
+#: they are the ones that count against ``max_transitions``.
+CHOSEN = frozenset({"transition", "fallback", "skip", "review"})
+
+
+def visit_tokens(attempts: Sequence[AttemptRow], state: str, visit: int) -> int:
+    """Tokens the failed attempts of ``state``'s ``visit`` were billed."""
+    return sum(a.tokens for a in attempts if a.state == state and a.visit == visit)
+
+
+@dataclass
+class Rebuilt:
+    """An instance as its history rebuilds it, row by row (what a fork copies and what
+    replay's guards read): context, state, visits, transitions counted (re-asks
+    included), tokens billed by the rows and by the failed attempts made before them."""
+
+    context: dict[str, Any]
+    state: str
+    visits: dict[str, int]
+    attempts: Sequence[AttemptRow] = ()
+    loops: int = 0
+    tokens: int = 0
+    _billed: int = 0  # attempts counted in ``tokens`` so far (``attempts`` by time)
+
+    @classmethod
+    def start(cls, cm: CompiledMachine, rec: InstanceRecord,
+              attempts: Sequence[AttemptRow] = ()) -> Rebuilt:
+        return cls(dict(rec.input), cm.spec.initial, {cm.spec.initial: 1},
+                   sorted(attempts, key=lambda a: a.at))
+
+    def until(self, at: float) -> None:
+        """Count the failed attempts made up to ``at``."""
+        while self._billed < len(self.attempts) and self.attempts[self._billed].at <= at:
+            self.tokens += self.attempts[self._billed].tokens
+            self._billed += 1
+
+    def after(self, h: HistoryRow) -> None:
+        """Apply row ``h`` (and the attempts made before it)."""
+        self.until(h.at)
+        self.context.update(h.delta)
+        self.state = h.dest
+        if h.dest != h.source or h.kind in CHOSEN:
+            self.visits[h.dest] = self.visits.get(h.dest, 0) + 1
+        self.loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in CHOSEN else 0
+        self.tokens += h.tokens
+
+    def run(self, rec: InstanceRecord, cm: CompiledMachine, h: HistoryRow) -> RunInfo:
+        """The guards' ``RunInfo`` of the step row ``h`` records (before ``after(h)``)."""
+        self.until(h.at)
+        state = cm.states[h.source]
+        at = replace(rec, loop_count=self.loops, tokens_used=self.tokens)
+        earlier = 0
+        if int(h.detail.get("attempt", 1)) > 1:
+            earlier = visit_tokens(self.attempts, h.source, self.visits.get(h.source, 1))
+        return run_info(at, state, h.tokens, earlier)
 
 
 @dataclass
@@ -55,12 +114,13 @@ def _missing(cm: CompiledMachine, history: Sequence[HistoryRow]) -> list[dict[st
     return [{"seq": seq, "state": name} for name, seq in seen.items()]
 
 
-def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: tuple[Any, ...]) -> Any:
+def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: Callable[[], RunInfo]) -> Any:
     """The definition's choice for recorded row ``h``: free selection first; a forced or
     fired trigger (fallback, skip, a review's choice, an action's ``fire``) when only
     that reproduces the recorded move."""
     free = cm.choose(h.source, obj, run)
-    if h.kind == "transition" and free is not None and (free.trigger, free.dest) == (h.trigger, h.dest):
+    recorded = (h.trigger, h.dest)
+    if h.kind == "transition" and free is not None and (free.trigger, free.dest) == recorded:
         return free
     if cm.has_trigger(h.source, h.trigger):
         forced = cm.choose(h.source, obj, run, h.trigger)
@@ -69,40 +129,43 @@ def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: tuple[Any, ...]) 
     return free
 
 
-def replay(cm: CompiledMachine, rec: InstanceRecord, history: Sequence[HistoryRow]) -> Replay:
-    """Replay ``rec``'s ``history`` through ``cm`` (pure; guards are evaluated)."""
+def replay(cm: CompiledMachine, rec: InstanceRecord, history: Sequence[HistoryRow],
+           attempts: Sequence[AttemptRow] = ()) -> Replay:
+    """Replay ``rec``'s ``history`` through ``cm`` (pure; guards are evaluated; ``attempts``:
+    its failed attempts, ``Store.attempts``, whose tokens the guards' counts include)."""
     out = Replay(rec.id, len(history), missing_states=_missing(cm, history))
-    ctx, loops, tokens = dict(rec.input), 0, 0
+    now = Rebuilt.start(cm, rec, attempts)
     for h in history:
-        before = ctx
-        ctx = {**ctx, **h.delta}
-        tokens += h.tokens
-        if h.kind not in _CHOSEN:
-            continue
-        loops += 1
-        if h.source not in cm.states:
-            out.divergence = {"seq": h.seq, "source": h.source, "recorded": [h.trigger, h.dest],
-                              "now": None, "why": f"state {h.source!r} no longer exists"}
-            break
-        try:
-            obj = cm.spec.context.model_validate({**before, **h.delta})
-        except ValidationError as exc:
-            out.divergence = {"seq": h.seq, "source": h.source, "recorded": [h.trigger, h.dest],
-                              "now": None, "why": "the recorded context fails the context "
-                              f"model: {exc.errors()[0]['msg']}"}
-            break
-        run = (rec.id, h.source, loops - 1, rec.max_transitions, tokens, rec.token_budget)
-        try:
-            choice = _choose(cm, h, obj, run)
-        except Exception as exc:  # noqa: BLE001 - a guard raising is a finding, not a crash
-            choice, why = None, f"a guard raised {type(exc).__name__}: {exc}"
-        else:
-            why = "no transition passes its guards" if choice is None else "another transition"
-        if choice is not None and [list(g) for g in choice.guards] != [list(g) for g in h.guards]:
-            out.guards.append({"seq": h.seq, "recorded": h.guards, "now": choice.guards})
-        if choice is None or (choice.trigger, choice.dest) != (h.trigger, h.dest):
-            now = None if choice is None else [choice.trigger, choice.dest]
-            out.divergence = {"seq": h.seq, "source": h.source, "recorded": [h.trigger, h.dest],
-                              "now": now, "why": why}
-            break
+        if h.kind in CHOSEN:
+            out.divergence = _step(cm, rec, now, h, out)
+            if out.divergence is not None:
+                break
+        now.after(h)
     return out
+
+
+def _step(cm: CompiledMachine, rec: InstanceRecord, now: Rebuilt, h: HistoryRow,
+          out: Replay) -> dict[str, Any] | None:
+    """The divergence of chosen row ``h`` (``None``: the definition goes the same way);
+    a differing guard result is added to ``out.guards``."""
+    def diverged(now_: list[str] | None, why: str) -> dict[str, Any]:
+        return {"seq": h.seq, "source": h.source, "recorded": [h.trigger, h.dest],
+                "now": now_, "why": why}
+    if h.source not in cm.states:
+        return diverged(None, f"state {h.source!r} no longer exists")
+    try:
+        obj = cm.spec.context.model_validate({**now.context, **h.delta})
+    except ValidationError as exc:
+        return diverged(None, "the recorded context fails the context model: "
+                        f"{exc.errors()[0]['msg']}")
+    try:
+        choice = _choose(cm, h, obj, partial(now.run, rec, cm, h))
+    except Exception as exc:  # noqa: BLE001 - a guard raising is a finding, not a crash
+        choice, why = None, f"a guard raised {type(exc).__name__}: {exc}"
+    else:
+        why = "no transition passes its guards" if choice is None else "another transition"
+    if choice is not None and [list(g) for g in choice.guards] != [list(g) for g in h.guards]:
+        out.guards.append({"seq": h.seq, "recorded": h.guards, "now": choice.guards})
+    if choice is None or (choice.trigger, choice.dest) != (h.trigger, h.dest):
+        return diverged(None if choice is None else [choice.trigger, choice.dest], why)
+    return None

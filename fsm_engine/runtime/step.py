@@ -8,11 +8,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from ..definition.spec import RunInfo
 from ..errors import BudgetExhausted, FsmError, ProviderError, RateLimitWait, StructuredOutputError
 from ..llm.base import accepts_timeout, estimate_prompt_tokens
 
 if TYPE_CHECKING:
+    from ..definition.spec import State
     from ..llm.base import Completion, Provider
+    from ..store.records import InstanceRecord
     from .breaker import Breaker
     from .rates import RateLimiter
 
@@ -310,6 +313,21 @@ class Step:
         if self.state_token_budget is None:
             return None
         return max(0, self.state_token_budget - self.state_tokens_used - self.llm.used)
+
+
+def run_info(rec: InstanceRecord, state: State, spent: int = 0,
+             in_visit: int = 0) -> RunInfo:
+    """What ``state``'s guards read besides the context, for a step of ``rec``: the one
+    builder the driver and replay share.
+
+    ``rec`` holds the counters before the step (``loop_count``, ``tokens_used``: failed
+    attempts included); ``spent``: tokens this attempt's model calls were billed;
+    ``in_visit``: tokens this visit's earlier (failed) attempts were billed.
+    """
+    return RunInfo(instance_id=rec.id, state=state.name, loop_count=rec.loop_count,
+                   max_transitions=rec.max_transitions, tokens_used=rec.tokens_used + spent,
+                   token_budget=rec.token_budget, state_tokens_used=in_visit + spent,
+                   state_token_budget=state.token_budget)
 
 
 async def _store_io(store: Any, fn: Callable[..., T], *args: Any) -> T:

@@ -19,23 +19,38 @@ changed:
   keys, ``list``, ``str``, ``int``, finite ``float``, ``bool``, ``None`` —
   a tuple, set, datetime, non-string key or model object there would come
   back as another type.  Typed fields (``datetime``, ``set[str]``, a nested
-  model …) keep pydantic's own, reversible JSON form.
+  model …) keep pydantic's own, reversible JSON form;
+- a value nested deeper than ``MAX_DEPTH`` containers: refused (a 10,000-deep
+  input would otherwise end in a ``RecursionError`` somewhere below).
+
+An action may also change its context in place (``ctx.steps["a"].status = "done"``):
+``watch`` gives it a context sharing no mutable object with the stored record, and
+``Watched.changed`` names the fields it changed, which ``apply_in_place`` commits with
+its update through the same boundary (a value that cannot be stored is refused there).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
+import enum
 import functools
 import io
 import math
 import types
 import typing
+import uuid
 from collections.abc import Iterator
 from typing import Any, Mapping
 
-from pydantic import BaseModel
+import typing_extensions
+from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidInput
 
+#: Most levels of containers (dicts, lists, models) inside one value.
+MAX_DEPTH = 100
 _PLAIN_SCALARS = (str, int, bool, type(None))
 _BYTES = (bytes, bytearray, memoryview)
 _OPAQUE = (io.IOBase, types.ModuleType, types.GeneratorType, types.CoroutineType,
@@ -54,9 +69,19 @@ def _refuse(path: str, why: str) -> InvalidInput:
     return InvalidInput(f"{path or '(root)'}: {why}")
 
 
-def _scan(value: Any, path: str, plain: bool) -> None:
+def _deeper(path: str, depth: int) -> int:
+    """``depth + 1``: the depth of the items of a container at ``depth`` under ``path``;
+    ``InvalidInput`` when that is deeper than ``MAX_DEPTH``."""
+    if depth > MAX_DEPTH:
+        shown = path if len(path) <= 80 else path[:80] + "…"
+        raise _refuse(shown, f"nests deeper than {MAX_DEPTH} levels of containers")
+    return depth + 1
+
+
+def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
     """Raise ``InvalidInput`` for the first value under ``value`` that JSON cannot hold
-    exactly (``plain``: only plain JSON types are allowed, as in an ``Any`` field)."""
+    exactly (``plain``: only plain JSON types are allowed, as in an ``Any`` field), or
+    that nests deeper than ``MAX_DEPTH`` (``depth``: containers above ``value``)."""
     cls = type(value)
     if cls in _PLAIN_SCALARS:
         return
@@ -69,11 +94,11 @@ def _scan(value: Any, path: str, plain: bool) -> None:
             if plain and type(key) is not str:
                 raise _refuse(path, f"key {key!r} is a {_what(key)}: in an untyped field "
                               "only string keys come back as they went in")
-            _scan(item, _join(path, key), plain)
+            _scan(item, _join(path, key), plain, _deeper(path, depth))
         return
     if cls is list or (isinstance(value, (list, tuple, set, frozenset)) and not plain):
         for i, item in enumerate(value):
-            _scan(item, _join(path, i), plain)
+            _scan(item, _join(path, i), plain, _deeper(path, depth))
         return
     if isinstance(value, _BYTES):
         raise _refuse(path, f"{_what(value)} is not stored: encode it (e.g. base64) into a str")
@@ -85,7 +110,8 @@ def _scan(value: Any, path: str, plain: bool) -> None:
                       "or declare the field's type")
     if isinstance(value, BaseModel):
         for name, item in value.__dict__.items():
-            _scan(item, _join(path, name), _loose(type(value)).__contains__(name))
+            _scan(item, _join(path, name), _loose(type(value)).__contains__(name),
+                  _deeper(path, depth))
 
 
 def _admits_any(annotation: Any) -> bool:
@@ -176,4 +202,141 @@ def keep_unchanged(old: Mapping[str, Any], new: dict[str, Any]) -> None:
 
 _KEEP = (str, int, float, bool)
 
-__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged"]
+
+def _reaches_any(annotation: Any, seen: set[type]) -> bool:
+    """Whether a value of ``annotation`` may hold objects validation passes through
+    (``Any``/``object`` at any depth, nested models' fields included)."""
+    if annotation is Any or annotation is object:
+        return True
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel)
+                                         or typing_extensions.is_typeddict(annotation)
+                                         or dataclasses.is_dataclass(annotation)):
+        if annotation in seen:
+            return False
+        seen.add(annotation)
+        try:
+            hints = typing.get_type_hints(annotation)
+        except Exception:  # noqa: BLE001 - an unresolvable hint: assume it may share
+            return True
+        return any(_reaches_any(hint, seen) for hint in hints.values())
+    return any(_reaches_any(arg, seen) for arg in typing.get_args(annotation))
+
+
+@functools.lru_cache(maxsize=512)
+def _shared(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` whose validated value may share objects with its input."""
+    return frozenset(name for name, info in model.model_fields.items()
+                     if _reaches_any(info.annotation, set()))
+
+
+def _copy(value: Any) -> Any:
+    """A copy of plain JSON ``value`` (containers new, scalars shared)."""
+    cls = type(value)
+    if cls is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if cls is list:
+        return [_copy(v) for v in value]
+    return value
+
+
+#: Types whose value can change only by assignment (seen by identity, no comparison).
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), decimal.Decimal, uuid.UUID,
+                        datetime.datetime, datetime.date, datetime.time, datetime.timedelta})
+
+
+@dataclasses.dataclass(slots=True)
+class Watched:
+    """The context an action runs on, and what is needed to see what it changed in place:
+    ``before``, its fields' objects as validated; ``stored``, the record's JSON."""
+
+    ctx: BaseModel
+    before: dict[str, Any]
+    stored: Mapping[str, Any]
+    #: Fields holding plain JSON as validated (``Any``): compared as they are, no dump.
+    plain: frozenset[str] = frozenset()
+
+    def changed(self, updated: Mapping[str, Any]) -> list[str]:
+        """The fields outside ``updated`` the action changed in place: reassigned (another
+        object), or a container or model whose JSON now differs from the stored one
+        (``ctx.steps["a"].status = "done"``, ``ctx.tags.append(x)``)."""
+        moved, maybe = [], []
+        for k, v in self.ctx.__dict__.items():
+            if k in updated:
+                continue
+            if v is not self.before.get(k):
+                moved.append(k)
+            elif k in self.plain:
+                if v != self.stored.get(k):
+                    moved.append(k)
+            elif type(v) not in _IMMUTABLE and not isinstance(v, enum.Enum):
+                maybe.append(k)
+        if maybe:
+            try:
+                now = self.ctx.model_dump(mode="json", include=set(maybe), warnings=False)
+            except (ValueError, TypeError):  # no JSON form: the update's check names it
+                return moved + maybe
+            moved += [k for k in maybe if now.get(k) != self.stored.get(k)]
+        return moved
+
+
+def watch(model: type[BaseModel], data: Mapping[str, Any]) -> Watched:
+    """``model`` validated from stored JSON ``data`` for an action to run on, sharing no
+    mutable object with ``data`` (the record before the step): fields that reach ``Any``
+    (where pydantic passes objects through) are copied first; typed fields are built
+    anew by pydantic.  ``Watched.changed`` then names what the action changed in place."""
+    shared = _shared(model)
+    source = {k: _copy(v) if k in shared else v for k, v in data.items()} if shared else data
+    ctx = model.model_validate(source)
+    return Watched(ctx, dict(ctx.__dict__), data, _loose(model))
+
+
+def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
+                 fields: frozenset[str] | None = None, partial: bool = False
+                 ) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+    """Validate ``data`` + ``update``; return (model object, new JSON dict, JSON delta).
+
+    ``fields`` is the model's field names (computed once per machine by the caller).
+    The whole model is validated (every validator runs); with ``partial``
+    (``values.partial_dump`` of the model) only the updated fields are serialised and
+    the new dict holds ``data``'s very objects for the others, else the whole model is
+    dumped and equal scalars and strings get ``data``'s objects back (so the store
+    skips unchanged large values either way).
+    Raises ``InvalidInput`` for unknown fields, values the model rejects or
+    values that would not come back from JSON as they went in (``values``).
+    """
+    known = fields if fields is not None else frozenset(model.model_fields)
+    unknown = [k for k in update if k not in known]
+    if unknown:
+        raise InvalidInput(f"update sets unknown context field(s): {', '.join(sorted(unknown))}")
+    check_values(model, update)
+    try:
+        obj = model.model_validate({**data, **update})
+    except ValidationError as exc:
+        raise InvalidInput(f"context update rejected: {exc.errors()[0]['msg']} "
+                           f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+    if partial:
+        new = {**data, **dump(obj, update, only=set(update))}
+    else:
+        new = dump(obj, update)
+        keep_unchanged(data, new)
+    delta = {k: new[k] for k in update}
+    check_json(delta)
+    return obj, new, delta
+
+
+def apply_in_place(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],
+                   ran_on: Watched, moved: list[str], fields: frozenset[str] | None = None,
+                   partial: bool = False) -> tuple[BaseModel, dict[str, Any], dict[str, Any]]:
+    """``apply_update`` with the fields ``moved`` in place on ``ran_on.ctx`` added to
+    ``update`` (``update`` wins); ``InvalidInput`` naming the field when such a change
+    cannot be stored."""
+    try:
+        return apply_update(model, data, {**{k: getattr(ran_on.ctx, k) for k in moved},
+                                          **update}, fields, partial)
+    except InvalidInput as exc:
+        raise InvalidInput(f"an in-place change to the context cannot be stored: {exc}"
+                           ) from None
+
+
+__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged", "watch",
+           "Watched", "apply_update", "apply_in_place"]

@@ -22,6 +22,7 @@ and tighten the worker's own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
@@ -176,7 +177,7 @@ class Worker:
         task = asyncio.ensure_future(self._one(rec, before))
         self._running[rec.id] = task
         self._queue[rec.id] = rec.queue
-        task.add_done_callback(lambda t, iid=rec.id: self._done(iid, t))
+        task.add_done_callback(functools.partial(self._done, rec.id))
 
     def _done(self, instance_id: str, task: asyncio.Task[None]) -> None:
         if self._running.get(instance_id) is task:
@@ -234,7 +235,7 @@ class Worker:
         if self._waiter is None or self._waiter.done():
             self._waiter = asyncio.ensure_future(
                 self._call(self.engine.store.wait_for_work, self.poll))
-        waits = {self._waiter, asyncio.ensure_future(self._wake.wait()),
+        waits: set[asyncio.Future[Any]] = {self._waiter, asyncio.ensure_future(self._wake.wait()),
                  asyncio.ensure_future(self._stopping.wait())}
         done, pending = await asyncio.wait(waits, timeout=self.poll,
                                            return_when=asyncio.FIRST_COMPLETED)

@@ -23,7 +23,7 @@ constraint (nothing of it applied; the general path then names the step at fault
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg.types.array import ListBinaryDumper
@@ -49,15 +49,15 @@ _TYPES = {
 _BIT = {col: 1 << i for i, col in enumerate(MUTABLE)}
 
 
-class _Int8s(list):  # type: ignore[type-arg]
+class _Int8s(list):
     """Values sent as one ``int8[]`` (cast in SQL where the column is narrower)."""
 
 
-class _Float8s(list):  # type: ignore[type-arg]
+class _Float8s(list):
     """Values sent as one ``float8[]``."""
 
 
-class _Texts(list):  # type: ignore[type-arg]
+class _Texts(list):
     """Values sent as one ``text[]``."""
 
 
@@ -162,30 +162,31 @@ class Batch:
         is replaced by ``shrink(delta, large, blobs)`` (its large values in ``blobs``)."""
         cols, values, rows, attempt, outbox, large = enc
         rec = step.record
-        mask, at = 0, {c: v for c, v in zip(cols, values)}
+        mask, at = 0, dict(zip(cols, values, strict=True))
         for c in cols:
             mask |= _BIT[c]
-        head = (ord_, rec.key, rec.id, step.expected_version, mask)
-        for column, value in zip(self.steps, (*head, *(at.get(c) for c in MUTABLE))):
-            column.append(value)
+        _push(self.steps, (ord_, rec.key, rec.id, step.expected_version, mask,
+                           *(at.get(c) for c in MUTABLE)))
         extra: Blobs = []
-        for h, encoded in zip(step.history, rows):
+        for h, encoded in zip(step.history, rows, strict=True):
             row = list(encoded)
             row[0] = rec.key
             if len(row[DELTA]) > threshold:
                 row[DELTA] = shrink(h.delta, large, extra)
-            for column, value in zip(self.history, (ord_, *row)):
-                column.append(value)
+            _push(self.history, (ord_, *row))
         if attempt is not None:
-            for column, value in zip(self.attempts, (ord_, *attempt)):
-                column.append(value)
+            _push(self.attempts, (ord_, *attempt))
         if outbox is not None:
-            for column, value in zip(self.outbox, (ord_, *outbox)):
-                column.append(value)
+            _push(self.outbox, (ord_, *outbox))
         for digest, data in (*large, *extra):
-            for column, value in zip(self.blobs, (ord_, digest, data)):
-                column.append(value)
+            _push(self.blobs, (ord_, digest, data))
 
     def params(self) -> list[list[Any]]:
         """The statement's parameters, in order."""
         return [*self.steps, *self.history, *self.attempts, *self.outbox, *self.blobs]
+
+
+def _push(columns: list[list[Any]], values: Iterable[Any]) -> None:
+    """Append one row's ``values`` to the column arrays, one value each."""
+    for column, value in zip(columns, values, strict=True):
+        column.append(value)

@@ -24,7 +24,9 @@ from psycopg.rows import dict_row
 from ..errors import InvalidInput
 from .codec import INSTANCE, SELECT_INSTANCES
 from .records import GROUPS, ORDERS, InstanceFilter, InstanceRecord, StepRow
-from .sqlite_read import CHECKS, describe, escape_like, like_anywhere
+from .sql_filter import Dialect
+from .sql_filter import where_sql as sql_where
+from .sqlite_read import CHECKS, describe
 
 _ORDER_COLUMNS = {"created": "key", "updated": "updated_at", "tokens": "tokens_used",
                   "transitions": "loop_count"}
@@ -80,36 +82,13 @@ BESIDE_SQL = ("(EXISTS (SELECT 1 FROM blobs WHERE data ILIKE %s)"
               " AND r.value IN (SELECT hash FROM blobs WHERE data ILIKE %s)))")
 
 
+POSTGRES = Dialect(mark="%s", escape="", text_like="ILIKE", beside_sql=BESIDE_SQL, any_array=True)
+
+
 def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[Any]]:
-    """`` WHERE …`` (or ``""``) and its arguments for filter ``f``; with ``after_key`` a
-    leading ``key > %s`` is added for keyset paging (its argument comes first)."""
-    clauses: list[str] = ["key > %s"] if after_key else []
-    args: list[Any] = []
-    for column, value in (("machine", f.machine), ("forked_from", f.forked_from)):
-        if value is not None:
-            clauses.append(f"{column} = %s")
-            args.append(value)
-    for column, values in (("status", f.statuses), ("state", f.states), ("reason", f.reasons)):
-        if values is not None:
-            clauses.append(f"{column} = ANY(%s)")  # an empty choice matches nothing
-            args.append(list(values))
-    if f.top_level:
-        clauses.append("parent_id IS NULL")
-    if f.family is not None:
-        clauses.append("(id = %s OR id LIKE %s)")
-        args.extend([f.family, escape_like(f.family) + ".%"])
-    if f.text:
-        clauses.append("(id ILIKE %s OR context ILIKE %s OR last_error ILIKE %s OR "
-                       + BESIDE_SQL + ")")
-        args.extend([like_anywhere(f.text)] * 5)
-    for column, op, value in (("created_at", ">=", f.created_after),
-                              ("created_at", "<", f.created_before),
-                              ("updated_at", ">=", f.updated_after),
-                              ("updated_at", "<", f.updated_before)):
-        if value is not None:
-            clauses.append(f"{column} {op} %s")
-            args.append(float(value))
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+    """`` WHERE …`` (or ``""``) and its arguments for filter ``f`` in PostgreSQL's words
+    (:func:`.sql_filter.where_sql`)."""
+    return sql_where(POSTGRES, f, after_key=after_key)
 
 
 def query(conn: Any, f: InstanceFilter, order: str, descending: bool,
@@ -133,6 +112,7 @@ def query(conn: Any, f: InstanceFilter, order: str, descending: bool,
 def count(conn: Any, f: InstanceFilter, by: str | None) -> dict[str | None, int]:
     """``Store.count``; ``InvalidInput`` for an unknown ``by`` (checked before any SQL)."""
     where, args = where_sql(f)
+    pre: list[str]
     if by is None:
         sql, pre = f"SELECT NULL, COUNT(*) FROM instances{where}", []
     elif by in GROUPS:

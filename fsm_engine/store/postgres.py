@@ -3,7 +3,8 @@
 Reads and writes take a connection from a small pool of idle ones (opened on
 demand, one per call in progress: the group commit's thread, a breaker's or an
 outbox call's thread and the event loop's each have their own, so none waits
-behind another's transaction), the heartbeat has its own, and once a worker
+behind another's transaction; at most ``MAX_IDLE`` are kept once calls end), the
+heartbeat has its own, and once a worker
 waits for work one more ``LISTEN``s on ``fsm_work``.  ``commit`` is a group commit:
 a worker's batch (owned instances, one step each) is one statement, one round trip
 (``pg_commit``); any other batch sends its compare-and-set UPDATEs in one pipeline,
@@ -23,13 +24,13 @@ import json
 import os
 import threading
 import time
-import urllib.parse
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
+from ..redaction import redact
 from . import claims, leases, pg_commit, rates
 from . import limits as limits_sql
 from .rates import RateRequest
@@ -63,6 +64,9 @@ T = TypeVar("T")
 BLOB_THRESHOLD = CONTEXT_THRESHOLD
 #: The channel workers LISTEN on; created and released instances NOTIFY it.
 CHANNEL = "fsm_work"
+#: Most idle connections kept for reuse: after a burst the rest are closed, so a
+#: quiet process holds a few server connections, not the burst's peak.
+MAX_IDLE = 8
 
 OUTBOX = Codec(OutboxRow)
 _SQL_INSTANCE_BY_ID = marks(SELECT_INSTANCES + " WHERE id=?")
@@ -138,18 +142,6 @@ class _Undo(StoreError):
     """Rolls back a savepoint (a decision whose item or instance moved on)."""
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (for messages and ``Store.url``)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}@{host}" if parts.username else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
 def _fast_compression(conn: psycopg.Connection[Any]) -> None:
     """Compress the large values this session writes with LZ4 instead of pglz (the
     default): a step's context row over ~2 KB is compressed by the server on every
@@ -163,8 +155,8 @@ def _fast_compression(conn: psycopg.Connection[Any]) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    """A psycopg error as one short line."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """A psycopg error as one short line, credentials redacted (libpq may quote the DSN)."""
+    text = " ".join(redact(exc).split()) or type(exc).__name__
     return text[:300]
 
 
@@ -191,8 +183,11 @@ class PostgresStore:
                  blob_threshold: int = BLOB_THRESHOLD, readonly: bool = False) -> None:
         self._dsn = url
         self.readonly = readonly
-        self._session = pg_read.read_only(url) if readonly else {}
         self.url = redact(url)
+        try:
+            self._session: dict[str, Any] = pg_read.read_only(url) if readonly else {}
+        except psycopg.Error as exc:  # a malformed DSN
+            raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
         self.connect_timeout = connect_timeout
         self.blob_threshold = blob_threshold
         self._pool_lock = threading.Lock()
@@ -252,7 +247,7 @@ class PostgresStore:
                 other.close()
             return
         with self._pool_lock:
-            if generation == self._generation:
+            if generation == self._generation and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
                 return
         conn.close()
@@ -571,7 +566,10 @@ class PostgresStore:
     def _appends(self, conn: psycopg.Connection[Any],
                  steps: Sequence[tuple[StepCommit, Encoded]]) -> None:
         """History, attempt and outbox rows of the applied ``steps`` (batched)."""
-        history, attempts, done, opened = [], [], [], []  # type: ignore[var-annotated]
+        history: list[list[Any]] = []
+        attempts: list[Any] = []
+        done: list[Any] = []
+        opened: list[Any] = []
         blobs: Blobs = []
         for step, (_, _, rows, attempt, outbox, large) in steps:
             blobs += large

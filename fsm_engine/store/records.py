@@ -7,14 +7,20 @@ Times are UNIX epoch seconds (float); token counts are integers; ``context``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Final, Literal, NamedTuple, Sequence
 
-#: Status values. ``pending``: created, never stepped; ``running``: owned by a
-#: worker or between steps; ``waiting``: needs an external trigger.
-PENDING, RUNNING, WAITING = "pending", "running", "waiting"
-COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
-FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
-STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
+#: An instance's status. ``pending``: created, never stepped; ``running``: owned by a
+#: worker or between steps; ``waiting``: needs an external trigger (or a review, a
+#: rate limit, its children); ``completed``/``failed``/``cancelled``: final.
+Status = Literal["pending", "running", "waiting", "completed", "failed", "cancelled"]
+PENDING: Final = "pending"
+RUNNING: Final = "running"
+WAITING: Final = "waiting"
+COMPLETED: Final = "completed"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+FINAL_STATUSES: frozenset[Status] = frozenset({COMPLETED, FAILED, CANCELLED})
+STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 
 #: History kind of a takeover: another worker adopted the instance from an owner that died,
 #: lost its lease or went away (``store.claims.takeover_row``).  Not a transition: it counts
@@ -49,7 +55,7 @@ class InstanceRecord:
     module: str
     fingerprint: str
     state: str
-    status: str
+    status: Status
     context: dict[str, Any]
     input: dict[str, Any]
     max_transitions: int

@@ -22,7 +22,7 @@ from .codec import JSON_COLUMNS  # noqa: F401 - re-exported
 
 
 def _v1(db: sqlite_utils.Database) -> None:
-    db["instances"].create({
+    db.table("instances").create({
         "id": str, "machine": str, "module": str, "fingerprint": str, "state": str,
         "status": str, "context": str, "input": str, "max_transitions": int,
         "token_budget": int, "created_at": float, "updated_at": float, "reason": str,
@@ -30,26 +30,26 @@ def _v1(db: sqlite_utils.Database) -> None:
         "attempt": int, "next_attempt_at": float, "deadline": float, "owner": str,
         "recoveries": int, "recovered_seq": int, "visits": str, "version": int,
     }, pk="id", not_null={"machine", "state", "status", "context"})
-    db["instances"].create_index(["status"])
-    db["history"].create({
+    db.table("instances").create_index(["status"])
+    db.table("history").create({
         "instance_id": str, "seq": int, "source": str, "dest": str, "trigger": str,
         "at": float, "kind": str, "guards": str, "duration_ms": float, "tokens": int,
         "error": str, "reason": str, "delta": str, "detail": str,
     }, pk=("instance_id", "seq"))
-    db["attempts"].create({
+    db.table("attempts").create({
         "instance_id": str, "state": str, "visit": int, "attempt": int,
         "error_class": str, "error": str, "tokens": int, "next_at": float, "at": float,
     })
-    db["attempts"].create_index(["instance_id"])
-    db["outbox"].create({
+    db.table("attempts").create_index(["instance_id"])
+    db.table("outbox").create({
         "key": str, "instance_id": str, "state": str, "visit": int, "status": str,
         "attempts": int, "created_at": float, "updated_at": float, "result": str,
         "last_error": str,
     }, pk="key")
-    db["workers"].create({"id": str, "host": str, "pid": int, "pid_start": str,
+    db.table("workers").create({"id": str, "host": str, "pid": int, "pid_start": str,
                           "started_at": float, "heartbeat_at": float}, pk="id")
-    db["blobs"].create({"hash": str, "data": str}, pk="hash")
-    db["breakers"].create({"name": str, "state": str, "events": str, "opened_at": float,
+    db.table("blobs").create({"hash": str, "data": str}, pk="hash")
+    db.table("breakers").create({"name": str, "state": str, "events": str, "opened_at": float,
                            "probe_at": float, "version": int}, pk="name")
 
 
@@ -239,7 +239,7 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
     try:
         current = _version(conn, path)  # again, under the write lock
         if current == 0:
-            db["fsm_meta"].create({"key": str, "value": str}, pk="key")
+            db.table("fsm_meta").create({"key": str, "value": str}, pk="key")
         for step in MIGRATIONS[current:]:
             step(db)
         conn.execute("INSERT OR REPLACE INTO fsm_meta(key, value) VALUES ('schema_version', ?)",

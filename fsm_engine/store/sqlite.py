@@ -89,6 +89,20 @@ def _check_file(path: str) -> None:
         raise NotAnFsmDatabase(f"{path} is not an fsm database (not a SQLite file)")
 
 
+def _create_private(path: str) -> None:
+    """Create a new database file readable by its owner only (0600, whatever the umask):
+    SQLite gives the ``-wal`` and ``-shm`` files it makes beside it the same mode.  An
+    existing file keeps its mode."""
+    if path == ":memory:" or os.path.exists(path):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StoreError(f"cannot create database {path}: {exc.strerror or exc}") from None
+
+
 class SqliteStore:
     """The default store.
 
@@ -123,6 +137,8 @@ class SqliteStore:
             raise StoreError(f"cannot open database {path}: no directory {folder}")
         if readonly and not os.path.isfile(path):
             raise StoreError(f"no database at {path}")
+        if not readonly:
+            _create_private(path)
         try:
             target = (f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
                       if readonly else path)

@@ -15,6 +15,8 @@ from typing import Any
 
 from ..errors import InvalidInput
 from .records import GROUPS, ORDERS, InstanceFilter
+from .sql_filter import Dialect
+from .sql_filter import where_sql as sql_where
 
 _ORDER_COLUMNS = {"created": "key", "updated": "updated_at", "tokens": "tokens_used",
                   "transitions": "loop_count"}
@@ -46,53 +48,14 @@ BESIDE_SQL = ("(EXISTS (SELECT 1 FROM blobs WHERE data LIKE ? ESCAPE '\\')"
               " (SELECT hash FROM blobs WHERE data LIKE ? ESCAPE '\\')))")
 
 
-def escape_like(text: str) -> str:
-    """``text`` with LIKE's ``%``, ``_`` and ``\\`` escaped by ``\\`` (both backends)."""
-    return re.sub(r"([\\%_])", r"\\\1", text)
-
-
-def like_anywhere(text: str) -> str:
-    """``text`` as a LIKE / ILIKE pattern matching it anywhere, taken literally."""
-    return "%" + escape_like(text) + "%"
-
-
-def _any_of(column: str, values: tuple[str, ...], clauses: list[str], args: list[Any]) -> None:
-    if not values:
-        clauses.append("0")  # an empty choice matches nothing
-        return
-    clauses.append(f"{column} IN ({','.join('?' * len(values))})")
-    args.extend(values)
+SQLITE = Dialect(mark="?", escape=" ESCAPE '\\'", text_like="LIKE", beside_sql=BESIDE_SQL,
+                 any_array=False)
 
 
 def where_sql(f: InstanceFilter, *, after_key: bool = False) -> tuple[str, list[Any]]:
-    """``WHERE …`` (or ``""``) and its arguments for filter ``f``; with ``after_key`` a
-    leading ``key > ?`` is added for keyset paging (its argument comes first)."""
-    clauses: list[str] = ["key > ?"] if after_key else []
-    args: list[Any] = []
-    for column, value in (("machine", f.machine), ("forked_from", f.forked_from)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            args.append(value)
-    for column, values in (("status", f.statuses), ("state", f.states), ("reason", f.reasons)):
-        if values is not None:
-            _any_of(column, values, clauses, args)
-    if f.top_level:
-        clauses.append("parent_id IS NULL")
-    if f.family is not None:
-        clauses.append("(id = ? OR id LIKE ? ESCAPE '\\')")
-        args.extend([f.family, escape_like(f.family) + ".%"])
-    if f.text:
-        clauses.append("(id LIKE ? ESCAPE '\\' OR context LIKE ? ESCAPE '\\'"
-                       " OR last_error LIKE ? ESCAPE '\\' OR " + BESIDE_SQL + ")")
-        args.extend([like_anywhere(f.text)] * 5)
-    for column, op, value in (("created_at", ">=", f.created_after),
-                              ("created_at", "<", f.created_before),
-                              ("updated_at", ">=", f.updated_after),
-                              ("updated_at", "<", f.updated_before)):
-        if value is not None:
-            clauses.append(f"{column} {op} ?")
-            args.append(float(value))
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+    """``WHERE …`` (or ``""``) and its arguments for filter ``f`` in SQLite's words
+    (:func:`.sql_filter.where_sql`)."""
+    return sql_where(SQLITE, f, after_key=after_key)
 
 
 def query_sql(select: str, f: InstanceFilter, order: str, descending: bool,

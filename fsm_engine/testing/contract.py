@@ -18,7 +18,7 @@ subclassing :class:`StoreContract` with a ``store`` fixture::
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable, cast
 
 import pytest
 
@@ -27,13 +27,14 @@ from ..store import (
     AttemptRow, BreakerRow, ClaimRequest, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
     StepCommit, Store, WorkerRow,
 )
+from ..store.records import Status
 
 
 UNICODE = {"text": "审核 中 — naïve café ☃ 🚀 \u202e", "nested": {"ключ": ["é", 1, None, True, 2.5]},
            "quote": 'say "hi"\n\ttab'}
 
 
-def record(iid: str, *, machine: str = "m", status: str = "pending", owner: str | None = None,
+def record(iid: str, *, machine: str = "m", status: Status = "pending", owner: str | None = None,
            state: str = "start", at: float = 1000.0) -> InstanceRecord:
     """A new instance record as ``Engine.start`` would create it."""
     return InstanceRecord(
@@ -43,13 +44,14 @@ def record(iid: str, *, machine: str = "m", status: str = "pending", owner: str 
         visits={state: 1})
 
 
-def moved(rec: InstanceRecord, dest: str, *, tokens: int = 0, **changes: object) -> InstanceRecord:
+def moved(rec: InstanceRecord, dest: str, *, tokens: int = 0, **changes: Any) -> InstanceRecord:
     """``rec`` after one transition to ``dest``."""
     visits = dict(rec.visits)
     visits[dest] = visits.get(dest, 0) + 1
-    return replace(rec, state=dest, status=changes.pop("status", "running"), seq=rec.seq + 1,
+    status = cast(Status, changes.pop("status", "running"))
+    return replace(rec, state=dest, status=status, seq=rec.seq + 1,
                    loop_count=rec.loop_count + 1, tokens_used=rec.tokens_used + tokens,
-                   updated_at=rec.updated_at + 1, visits=visits, **changes)  # type: ignore[arg-type]
+                   updated_at=rec.updated_at + 1, visits=visits, **changes)
 
 
 def hist(iid: str, seq: int, source: str, dest: str, **kw: object) -> HistoryRow:
@@ -87,11 +89,13 @@ def concurrently(target: Callable[[int, Store], None], store: Store,
 
 def fleet(store: Store) -> None:
     """Five instances of two machines in several states, with history, attempts and outbox."""
-    specs = [("a", "m1", "completed", "done", None, 30, 3, 1000.0, {"src": "model", "n": 1}),
-             ("b", "m1", "failed", "failed", "timeout", 10, 2, 1010.0, {"src": "rules", "n": 2}),
-             ("c", "m1", "running", "work", None, 50, 1, 1020.0, {"src": "model", "n": 3}),
-             ("d", "m2", "completed", "done", None, 0, 1, 1030.0, {"note": "Needle here"}),
-             ("e", "m1", "pending", "start", None, 0, 0, 1040.0, {"src": "rules", "n": 5})]
+    specs: list[tuple[str, str, Status, str, str | None, int, int, float, dict[str, Any]]] = [
+        ("a", "m1", "completed", "done", None, 30, 3, 1000.0, {"src": "model", "n": 1}),
+        ("b", "m1", "failed", "failed", "timeout", 10, 2, 1010.0, {"src": "rules", "n": 2}),
+        ("c", "m1", "running", "work", None, 50, 1, 1020.0, {"src": "model", "n": 3}),
+        ("d", "m2", "completed", "done", None, 0, 1, 1030.0, {"note": "Needle here"}),
+        ("e", "m1", "pending", "start", None, 0, 0, 1040.0, {"src": "rules", "n": 5}),
+    ]
     for iid, machine, status, state, reason, tokens, steps, at, ctx in specs:
         rec = record(iid, machine=machine, at=at)
         rec.context = ctx

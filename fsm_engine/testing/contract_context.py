@@ -9,8 +9,9 @@ whole context back, and a step that leaves such a value alone keeps its hash
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from ..store import ClaimRequest, InstanceFilter, StepCommit, Store
+from ..store import ClaimRequest, InstanceFilter, InstanceRecord, StepCommit, Store
 from ..store.codec import CONTEXT_THRESHOLD, INPUT_REF
 from .contract import hist, live, moved, record
 
@@ -18,8 +19,8 @@ from .contract import hist, live, moved, record
 BIG = "line \"quoted\" ☃\n" * (CONTEXT_THRESHOLD // 8)
 
 
-def big_record(iid: str, **kw: object) -> object:
-    rec = record(iid, **kw)  # type: ignore[arg-type]
+def big_record(iid: str, **kw: Any) -> InstanceRecord:
+    rec = record(iid, **kw)
     rec.context = {"n": 0, "doc": BIG, "items": [{"k": i} for i in range(600)]}
     rec.input = {"doc": BIG, "n": 0}
     return rec

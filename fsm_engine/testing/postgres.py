@@ -55,10 +55,11 @@ class PostgresCluster:
     """
 
     def __init__(self, bindir: str | None = None, *, max_connections: int = 200) -> None:
-        self.bindir = bindir or bin_dir()
-        if self.bindir is None:
+        found = bindir or bin_dir()
+        if found is None:
             raise RuntimeError("PostgreSQL server binaries not found "
                                "(apt-get install postgresql)")
+        self.bindir: str = found
         self.max_connections = max_connections
         self.root = tempfile.mkdtemp(prefix="fsm-pg-")
         self.data = os.path.join(self.root, "data")

@@ -6,7 +6,13 @@ package (no CDN, no JavaScript).  Every response carries a Content Security
 Policy without scripts, so even a value that slipped through escaping could
 not run.  With a token, every request needs ``Authorization: Bearer TOKEN``,
 ``?token=TOKEN`` (which also sets an HttpOnly, SameSite=Strict cookie so the
-page's links work) or that cookie; anything else gets 401.
+page's links work) or that cookie; anything else gets 401.  With a ``HostRule``
+(``fsm ui`` always gives one) a request whose ``Host`` it does not serve gets 421
+first (``ui.hosts``: DNS rebinding).
+
+Every value a page renders is capped at ``VALUE_CAP`` characters, with its full size
+shown; ``/instances/{id}/json`` gives the whole instance (record, history, attempts,
+outbox) as JSON.  Error pages show messages with credentials redacted.
 """
 
 from __future__ import annotations
@@ -16,17 +22,20 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..errors import InstanceNotFound, InvalidInput, StoreError
+from ..redaction import redact
 from ..store.base import Store
 from .data import ListQuery, Viewer
+from .hosts import HostGate, HostRule
 
 HERE = Path(__file__).resolve().parent
 COOKIE = "fsm_ui_token"
@@ -40,10 +49,30 @@ SECURITY_HEADERS = {
 }
 
 
+#: Most characters of one rendered value (a context value, a delta, a model reply …).
+VALUE_CAP = 20_000
+
+
+class Whole(Markup):
+    """Markup the page shows whole (the diagram's SVG, drawn from escaped labels)."""
+
+
+def capped(value: Any) -> Any:
+    """Jinja's ``finalize``: every ``{{ value }}`` longer than ``VALUE_CAP`` characters is
+    cut there, followed by a note of its full size (escaped text stays escaped)."""
+    if isinstance(value, Whole) or not isinstance(value, str) or len(value) <= VALUE_CAP:
+        return value
+    note = (f" … [cut: {len(value):,} characters in all; the whole value is in this "
+            "instance's JSON]")
+    if isinstance(value, Markup):  # tojson output: JSON-escaped, so any cut is safe
+        return Markup(str(value)[:VALUE_CAP]) + note
+    return value[:VALUE_CAP] + note
+
+
 def _templates() -> Jinja2Templates:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")),
                       autoescape=select_autoescape(default=True, default_for_string=True),
-                      trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True, finalize=capped)
     return Jinja2Templates(env=env)
 
 
@@ -90,14 +119,35 @@ class TokenGate:
         await self.app(scope, receive, send_with_cookie)
 
 
-def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3) -> Any:
+def _status(exc: Exception) -> int:
+    """The HTTP status of an error a page's data raised."""
+    if isinstance(exc, InstanceNotFound):
+        return 404
+    return 400 if isinstance(exc, InvalidInput) else 503
+
+
+def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
+    """``/instances/{id}/json``: ``Viewer.whole`` as JSON (nothing cut)."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            data = await run_in_threadpool(viewer.whole, request.path_params["instance_id"])
+        except (InstanceNotFound, StoreError) as exc:
+            return JSONResponse({"error": redact(exc)}, _status(exc), headers=SECURITY_HEADERS)
+        return JSONResponse(data, headers=SECURITY_HEADERS)
+    return endpoint
+
+
+def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
+               hosts: HostRule | None = None) -> Any:
     """The viewer over ``store`` (open it read-only); ``token`` None: no token needed
     (for loopback only — ``fsm ui`` enforces that); running pages reload every
-    ``refresh_s`` seconds."""
+    ``refresh_s`` seconds; ``hosts`` None: any ``Host`` (``fsm ui`` gives a rule)."""
     viewer = Viewer(store)
     templates = _templates()
 
     def page(name: str, request: Request, data: dict[str, Any], status: int = 200) -> Response:
+        if isinstance(data.get("svg"), str):
+            data = data | {"svg": Whole(data["svg"])}
         data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines()}
         response = templates.TemplateResponse(request, name, data, status_code=status)
         response.headers.update(SECURITY_HEADERS)
@@ -108,12 +158,8 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3) ->
         async def endpoint(request: Request) -> Response:
             try:  # store reads block: run them off the event loop
                 data = await run_in_threadpool(fn, request)
-            except InstanceNotFound as exc:
-                return page("error.html", request, {"message": str(exc)}, 404)
-            except InvalidInput as exc:
-                return page("error.html", request, {"message": str(exc)}, 400)
-            except StoreError as exc:
-                return page("error.html", request, {"message": str(exc)}, 503)
+            except (InstanceNotFound, InvalidInput, StoreError) as exc:
+                return page("error.html", request, {"message": redact(exc)}, _status(exc))
             return page(name, request, data)
         return endpoint
 
@@ -131,11 +177,13 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3) ->
         return page("error.html", request, {"message": "no such page"}, 404)
 
     routes = [Route("/", guarded(instances, "instances.html")),
+              Route("/instances/{instance_id}/json", _whole(viewer)),
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
     app = Starlette(routes=routes, exception_handlers={404: not_found})
-    return TokenGate(app, token)
+    gated = TokenGate(app, token)
+    return gated if hosts is None else HostGate(gated, hosts)
 
 
 __all__ = ["create_app", "TokenGate", "HTMLResponse"]

@@ -14,6 +14,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
@@ -26,9 +27,14 @@ from ..store.base import Store
 from ..store.records import (
     NOT_MOVES, ORDERS, STATUSES, HistoryRow, InstanceFilter, InstanceRecord,
 )
-from ..views import guard_reading, history_json, iso_time, recovery_note, shown_status, when
+from ..views import (
+    guard_reading, history_json, instance_json, iso_time, recovery_note, shown_status, when,
+)
 
 PAGE_SIZES = (20, 50, 100, 200)
+#: Most (machine, status) statistics kept (least recently computed dropped first): a
+#: client asking for ever new machine names cannot grow the viewer's memory.
+STATS_CACHE_MAX = 64
 #: Forks of one instance listed on its page (the newest; the page says how many there are).
 FORKS_SHOWN = 50
 _SVG_HEAD = re.compile(r"^.*?(?=<svg\b)", re.S)
@@ -116,7 +122,7 @@ class Viewer:
         self.lease_seconds = lease_seconds
         self.stats_ttl_s = stats_ttl_s
         self._machines: dict[tuple[str, float], Any] = {}
-        self._stats: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._stats: OrderedDict[tuple[str, str], tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- common ----------------------------------------------------------------------
@@ -192,6 +198,15 @@ class Viewer:
                 "refresh": not rec.final and status != "orphaned",
                 "family": self.family(rec, live, now)}
 
+    def whole(self, instance_id: str) -> dict[str, Any]:
+        """One instance with nothing cut: ``instance_json`` of the record plus
+        ``history``, ``attempts`` and ``outbox`` rows (the page caps each value)."""
+        rec = self.store.get(instance_id)
+        return instance_json(rec) | {
+            "history": [asdict(h) for h in self.store.history(rec.id)],
+            "attempts": [asdict(a) for a in self.store.attempts(rec.id)],
+            "outbox": [asdict(o) for o in self.store.outbox(rec.id)]}
+
     def machine(self, name: str, status: str = "") -> dict[str, Any]:
         """One machine: the aggregate diagram and the statistics behind it."""
         if status and status not in STATUSES:
@@ -226,6 +241,9 @@ class Viewer:
         figures = machine_stats(self.store, where).get(name)
         with self._lock:
             self._stats[(name, status)] = (now, figures)
+            self._stats.move_to_end((name, status))
+            while len(self._stats) > STATS_CACHE_MAX:
+                self._stats.popitem(last=False)
         return figures, now
 
     # -- diagrams --------------------------------------------------------------------

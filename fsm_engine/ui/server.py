@@ -1,41 +1,132 @@
-"""``fsm ui``: serve the viewer with uvicorn on one read-only connection."""
+"""``fsm ui``: serve the viewer with uvicorn on one read-only connection.
+
+Every connection must send a request's whole header within ``header_timeout_s``
+(``$FSM_UI_HEADER_TIMEOUT``, default 10 s) of opening or of its previous response,
+else it is closed: a half-sent request (a stalled or hostile client) holds nothing.
+An idle keep-alive connection is closed after 5 s, and a request header over 16 KB
+is refused (uvicorn's h11 limits).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import sys
+from collections.abc import Sequence
+from typing import Any
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..errors import InvalidInput
 from ..store import open_store, store_url
 from .app import create_app
+from .hosts import HostRule
+
+#: Seconds a connection has to send a request's header (``$FSM_UI_HEADER_TIMEOUT``).
+HEADER_TIMEOUT_S = 10.0
+#: Seconds an idle keep-alive connection stays open.
+KEEP_ALIVE_S = 5
+#: Most bytes of a request's header.
+MAX_HEADER_BYTES = 16 * 1024
 
 
-def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
-          token: str | None = None,
-          refresh_s: int = 3) -> None:
-    """Open the store ``db`` names (a SQLite file or URL, or ``postgresql://…``; None:
-    ``$FSM_DB``, else ``fsm.db``) read-only and serve the viewer until interrupted.
+class HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's header: set when the
+    connection opens and after each response, cleared when a request's header is in."""
 
-    Prints the URL to open on stdout (with ``?token=`` when a token is set,
-    since a browser cannot send a bearer header by itself).  ``port`` 0 picks
-    a free port.  Raises ``StoreError`` for a missing or unreadable database.
-    """
-    import uvicorn
-    store = open_store(store_url(db), readonly=True)
+    header_timeout_s = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _expired(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not before:  # a request's header arrived
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def _header_timeout() -> float:
+    raw = os.environ.get("FSM_UI_HEADER_TIMEOUT", "").strip()
+    if not raw:
+        return HEADER_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise InvalidInput(f"FSM_UI_HEADER_TIMEOUT={raw!r}: expected seconds > 0")
+    return value
+
+
+def _listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
         sock.listen(128)  # before the URL is printed: a client connecting at once is queued
     except OSError as exc:
-        store.close()
-        from ..errors import InvalidInput
+        sock.close()
         raise InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
+          token: str | None = None, refresh_s: int = 3,
+          allowed_hosts: Sequence[str] = ()) -> None:
+    """Open the store ``db`` names (a SQLite file or URL, or ``postgresql://…``; None:
+    ``$FSM_DB``, else ``fsm.db``) read-only and serve the viewer until interrupted.
+
+    Prints the URL to open on stdout (with ``?token=`` when a token is set,
+    since a browser cannot send a bearer header by itself).  ``port`` 0 picks
+    a free port.  Only requests whose ``Host`` names this server or one of
+    ``allowed_hosts`` are answered (``ui.hosts``).  Raises ``StoreError`` for a
+    missing or unreadable database, ``InvalidInput`` for a port it cannot bind.
+    """
+    import uvicorn
+    HeaderTimeoutProtocol.header_timeout_s = _header_timeout()
+    store = open_store(store_url(db), readonly=True)
+    try:
+        sock = _listen(host, port)
+    except InvalidInput:
+        store.close()
+        raise
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(f"fsm ui: serving {store.url} read-only on http://{shown}:{bound}/"
           + (f"?token={token}" if token else "") + "  (Ctrl-C stops)", flush=True)
-    config = uvicorn.Config(create_app(store, token=token, refresh_s=refresh_s), log_level="warning",
-                            access_log=False, lifespan="off")
+    app: Any = create_app(store, token=token, refresh_s=refresh_s,
+                          hosts=HostRule(host, bound, tuple(allowed_hosts)))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            http=HeaderTimeoutProtocol, timeout_keep_alive=KEEP_ALIVE_S,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
