@@ -20,6 +20,7 @@ quiet machine and read the ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import statistics
 import sys
@@ -87,7 +88,7 @@ def main() -> None:
     if args.job:
         from bench.local_job import main as job
 
-        job(sorted({1, default_threads()}), args.files)
+        job(sorted({1, len(os.sched_getaffinity(0))}), args.files)
         return
     path = model_path()
     for max_tokens in (1, 32):

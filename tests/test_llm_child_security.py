@@ -124,3 +124,19 @@ def test_the_parents_secrets_and_the_key_are_not_in_the_childs_environment(child
     assert key.encode() not in environ and key.encode() not in cmdline
     names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
     assert "PATH" in names  # what llama.cpp needs still passes
+
+
+@pytest.mark.model
+def test_a_child_busy_generating_still_answers_the_liveness_check(child):
+    """The authenticated liveness route must not queue behind the model (else a busy child
+    is taken for a frozen one and killed)."""
+    async def go() -> bool:
+        ask = [{"role": "user", "content": "Count from 1 to 300, one number per line."}]
+        call = asyncio.create_task(child.complete(ask, max_tokens=120))
+        await asyncio.sleep(3.0)  # the generation is running
+        try:
+            assert not call.done()
+            return await child.server.alive(timeout=2.0)
+        finally:
+            await call
+    assert asyncio.run(go())

@@ -356,7 +356,7 @@ class ModelServer:
         """Poll the child's HTTP port until it answers (True) or the child dies (False)."""
         import httpx
 
-        url = f"http://127.0.0.1:{child.port}/v1/models"
+        url = f"http://127.0.0.1:{child.port}/fsm/perf"  # takes no model lock: see alive()
         async with httpx.AsyncClient(timeout=2.0, headers=child.auth, trust_env=False) as client:
             while time.monotonic() < deadline and child.exited() is None:
                 try:
@@ -369,7 +369,9 @@ class ModelServer:
 
     async def alive(self, timeout: float = 2.0) -> bool:
         """True when the child runs and its HTTP loop answers within ``timeout`` seconds
-        (a frozen child, e.g. SIGSTOPped, answers nothing; one busy generating still does)."""
+        (a frozen child, e.g. SIGSTOPped, answers nothing; one busy generating still does:
+        ``/fsm/perf`` does not wait for the model, unlike ``/v1/models``, which queues behind
+        the running generation)."""
         import httpx
 
         child = self._child
@@ -378,7 +380,7 @@ class ModelServer:
         try:
             async with httpx.AsyncClient(timeout=timeout, headers=child.auth,
                                          trust_env=False) as client:
-                response = await client.get(f"http://127.0.0.1:{child.port}/v1/models")
+                response = await client.get(f"http://127.0.0.1:{child.port}/fsm/perf")
             return response.status_code == 200
         except httpx.HTTPError:
             return False
