@@ -20,8 +20,8 @@ quiet machine and read the ratios.
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
+import os
 import statistics
 import sys
 import time
