@@ -242,7 +242,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
                                                    help="More input files (--input A B C)."),
         input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
         db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
-        llm: Optional[list[str]] = typer.Option(None, "--llm", help="Model: local | local:qwen2.5-0.5b | local:PATH.gguf | openai[:MODEL] | scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
+        llm: Optional[list[str]] = typer.Option(None, "--llm", help="Model: local | local:gemma-3-270m | local:PATH.gguf | openai[:MODEL] | scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,

@@ -144,7 +144,10 @@ class OpenAICompatible(Provider):
             raise ClientError("no model for the OpenAI API: set FSM_MODEL (e.g. gpt-4o-mini)")
         self._secret = key
         self.caps = Caps.from_env()
-        http = bound(openai.DefaultAsyncHttpxClient(timeout=self.timeout), httpx2, self.caps)
+        # a loopback server is reached directly, whatever HTTP(S)_PROXY says
+        direct = is_loopback(self.base_url)
+        http = bound(openai.DefaultAsyncHttpxClient(timeout=self.timeout, trust_env=not direct),
+                     httpx2, self.caps)
         self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url, http_client=http,
                                           timeout=self.timeout, max_retries=0)
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None

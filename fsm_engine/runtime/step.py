@@ -190,6 +190,7 @@ class MeteredLLM:
         call = self._bill(out.prompt_tokens + out.completion_tokens, out.finish_reason, None,
                           provider, out.model)
         call["key"], call["reply"] = key, out.text
+        call["prompt_tokens"], call["completion_tokens"] = out.prompt_tokens, out.completion_tokens
         if out.usage_missing:
             call["usage_missing"] = True
         over = max((self.used - left for _, left, _ in limits), default=0)
