@@ -84,7 +84,8 @@ class Case:
         self.input.write_text(json.dumps({"ns": ITEMS}))
         self.runs, self.sink, self.marker = tmp / "runs.txt", tmp / "sink.jsonl", tmp / "kill"
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "JT_RUNS": str(self.runs),
-                    "JT_SINK": str(self.sink), "JT_KILL": str(self.marker)}
+                    "JT_SINK": str(self.sink), "JT_KILL": str(self.marker),
+                    "FSM_MACHINES_ROOT": str(tmp)}  # resume / workers import only from there
 
     def fsm(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "fsm_engine.cli", *args, "--db", self.db],

@@ -110,7 +110,7 @@ class Driver:
         self.host: Callable[[InstanceRecord], str | None] = lambda rec: None
         #: Whether this worker's lease is still current (``Ownership.lease_current``): no
         #: action or delivery starts under a lease that ran out.
-        self.lease_current: Callable[[], bool] = lambda: True
+        self.lease_current: Callable[[str | None], bool] = lambda owner: True
         #: Told the children a committed step created (so they run without a read).
         self.born: Callable[[list[InstanceRecord]], None] = lambda records: None
 
@@ -283,7 +283,7 @@ class Driver:
         later than ``now``); return the commit recording what happened."""
         if rec.next_attempt_at is not None and rec.next_attempt_at > now:
             await asyncio.sleep(rec.next_attempt_at - now)
-        if not self.lease_current():
+        if not self.lease_current(rec.owner):
             raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
                              "began (another worker may own it now)", instance_id=rec.id)
         entry = cm.actions.get(state.name)
