@@ -19,9 +19,21 @@ from fsm_engine.llm.openai_compat import OpenAICompatible
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RateLimit
 from fsm_engine.runtime.breaker import Breaker
-from fsm_engine.runtime.calls import (ORDER, BillLayer, BreakerLayer, BudgetLayer, CacheLayer,
-                                      CallSettings, DeadlineLayer, Limit, Meter, RateLimitLayer,
-                                      ReplayLayer, TraceLayer, compose)
+from fsm_engine.runtime.calls import (
+    ORDER,
+    BillLayer,
+    BreakerLayer,
+    BudgetLayer,
+    CacheLayer,
+    CallSettings,
+    DeadlineLayer,
+    Limit,
+    Meter,
+    RateLimitLayer,
+    ReplayLayer,
+    TraceLayer,
+    compose,
+)
 from fsm_engine.runtime.rates import RateLimiter
 from fsm_engine.runtime.reply_cache import RecordedReplies, ReplyCache, reply_key
 from fsm_engine.runtime.step import MeteredLLM
