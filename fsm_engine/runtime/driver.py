@@ -11,37 +11,29 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Awaitable, Callable, Mapping
 
 from pydantic import BaseModel
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
-    ActionError,
-    BudgetExhausted,
-    CircuitOpen,
-    FsmError,
-    InvalidInput,
-    StaleWrite,
-    StepRejected,
-    StepTimeout,
-    StructuredOutputError,
+    FsmError, ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepRejected,
+    StepTimeout, StructuredOutputError,
 )
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
-from .calls import CallSettings, Limit
-from .commit import Coalesced, GroupCommitter
-from .compiled import CompiledMachine, GuardResultError
 from .models import Models
 from .replay import visit_tokens
+from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
+from .commit import Coalesced, GroupCommitter
+from .compiled import CompiledMachine, GuardResultError
+from .calls import CallSettings, Limit
 from .reply_cache import RecordedReplies, ReplyCache
 from .step import MeteredLLM, Step, run_info
 from .threads import ActionThreads, in_own_thread
-from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
             StructuredOutputError: "invalid_output", InvalidInput: "invalid_update"}
@@ -321,7 +313,7 @@ class Driver:
                 pending, result = self._call(entry, ran_on.ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
-        except (TimeoutError, Exception) as exc:
+        except (Exception, asyncio.TimeoutError) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
         if step is not None and step.llm.rate_wait is not None:  # waits, whatever the action did

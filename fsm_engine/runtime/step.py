@@ -49,8 +49,7 @@ class MeteredLLM:
         self.outputs: list[dict[str, Any]] = []
         self.on_loop = False
         self._loop = loop
-        self._stack = None if provider is None else compose(provider, settings.breaker,
-                                                            settings, self.meter)
+        self._stack: Provider | None = None  # composed at the first call
         self._repair: Provider | None = None
 
     @property
@@ -87,7 +86,13 @@ class MeteredLLM:
     async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
         """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
         ``CircuitOpen``, ``RateLimitWait`` or the provider's ``ProviderError``."""
-        return await self._send(self._stack, self.provider, messages, kwargs)
+        return await self._send(self._main(), self.provider, messages, kwargs)
+
+    def _main(self) -> Provider | None:
+        """The stack over this step's provider (None: no provider), composed once."""
+        if self._stack is None and self.provider is not None:
+            self._stack = compose(self.provider, self.settings.breaker, self.settings, self.meter)
+        return self._stack
 
     async def _send(self, stack: Provider | None, provider: Provider | None,
                     messages: list[dict[str, str]], kwargs: dict[str, Any]) -> Completion:
@@ -103,7 +108,7 @@ class MeteredLLM:
         """(stack, provider) answering a re-ask: the repair model's when there is one."""
         repair = self.settings.repair
         if not self.reasks or repair is None:
-            return self._stack, self.provider
+            return self._main(), self.provider
         if self._repair is None:
             self._repair = compose(repair[0], repair[1], self.settings, self.meter)
         return self._repair, repair[0]
