@@ -267,11 +267,13 @@ def test_compose_stacks_the_layers_in_the_documented_order(tmp_path: Any) -> Non
     settings = CallSettings(limits=(Limit("instance", 100, 100),), rates=lambda p: None,
                             cache=ReplyCache(store, 60, lambda: 0.0),
                             recorded=RecordedReplies(store, "none"), tracer=object())
-    top = compose(provider, Breaker(store, "timed"), settings, Meter())
+    top = compose(provider, Breaker(store, "timed"), settings, Meter(deadline=1e9))
     assert stack_names(top) == list(ORDER)
     assert isinstance(top, Provider) and (top.name, top.model) == ("scripted", "timed")
     bare = compose(script("a"), None, CallSettings(), Meter())
     assert stack_names(bare) == ["BillLayer"]  # a policy that is off costs no layer
+    no_deadline = compose(provider, None, CallSettings(), Meter())
+    assert stack_names(no_deadline) == ["BillLayer"]  # no step timeout: no DeadlineLayer
     store.close()
 
 

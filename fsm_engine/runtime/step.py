@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from contextvars import Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..definition.spec import RunInfo
 from ..errors import FsmError, RateLimitWait, StructuredOutputError
-from .calls import CallSettings, Meter, compose, count_prompt
+from .calls import Call, CallSettings, Meter, compose, count_prompt
 from .calls.meter import end_call
 from .reply_cache import reply_key
 
@@ -86,23 +87,35 @@ class MeteredLLM:
     async def complete(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
         """Call the model (see ``Provider.complete``); raises ``BudgetExhausted``,
         ``CircuitOpen``, ``RateLimitWait`` or the provider's ``ProviderError``."""
-        return await self._send(self._main(), self.provider, messages, kwargs)
+        stack, token = self._begin(self._stack or self._main(), self.provider, messages, kwargs)
+        try:  # awaited here: no extra coroutine per call
+            return await stack.complete(messages, **kwargs)
+        finally:
+            end_call(token)
+
+    async def _send(self, stack: Provider | None, provider: Provider | None,
+                    messages: list[dict[str, str]], kwargs: dict[str, Any]) -> Completion:
+        """``complete`` down ``stack`` (the repair model's, for a re-ask)."""
+        top, token = self._begin(stack, provider, messages, kwargs)
+        try:
+            return await top.complete(messages, **kwargs)
+        finally:
+            end_call(token)
+
+    def _begin(self, stack: Provider | None, provider: Provider | None,
+               messages: list[dict[str, str]], kwargs: dict[str, Any]
+               ) -> tuple[Provider, Token[Call | None]]:
+        """Start a call down ``stack``: its reply key (of the call as the action made it, before
+        any layer changes ``kwargs``) in context; ``FsmError`` when there is no provider."""
+        if stack is None or provider is None:
+            raise FsmError("this engine has no LLM provider configured")
+        return stack, self.meter.calling(reply_key(provider, messages, kwargs))
 
     def _main(self) -> Provider | None:
         """The stack over this step's provider (None: no provider), composed once."""
         if self._stack is None and self.provider is not None:
             self._stack = compose(self.provider, self.settings.breaker, self.settings, self.meter)
         return self._stack
-
-    async def _send(self, stack: Provider | None, provider: Provider | None,
-                    messages: list[dict[str, str]], kwargs: dict[str, Any]) -> Completion:
-        if stack is None or provider is None:
-            raise FsmError("this engine has no LLM provider configured")
-        token = self.meter.calling(reply_key(provider, messages, kwargs))
-        try:
-            return await stack.complete(messages, **kwargs)
-        finally:
-            end_call(token)
 
     def _reasker(self) -> tuple[Provider | None, Provider | None]:
         """(stack, provider) answering a re-ask: the repair model's when there is one."""

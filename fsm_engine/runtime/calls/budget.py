@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import BudgetExhausted
 from ...llm.base import Completion, Message, Provider
@@ -14,8 +13,7 @@ from .meter import Meter, count_prompt, current_call
 __all__ = ["Limit", "BudgetLayer", "room"]
 
 
-@dataclass(frozen=True, slots=True)
-class Limit:
+class Limit(NamedTuple):
     """One token budget that applies to a step: ``scope`` (``"instance"`` or ``"state"``),
     ``left`` (tokens left before the step; may be < 0 after an overshoot) of ``budget``."""
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...llm.base import Provider, accepts_timeout
 from .bill import BillLayer
@@ -28,9 +27,9 @@ ORDER = ("ReplayLayer", "CacheLayer", "BudgetLayer", "DeadlineLayer", "BreakerLa
          "RateLimitLayer", "TraceLayer", "BillLayer")
 
 
-@dataclass(frozen=True, slots=True)
-class CallSettings:
-    """What governs one step's model calls (frozen; built by the driver per step).
+class CallSettings(NamedTuple):
+    """What governs one step's model calls (immutable; built by the driver per step, so a
+    ``NamedTuple``: a frozen dataclass costs several times more to construct).
 
     ``limits``: the token budgets that apply (instance, state); ``breaker``: the model's
     circuit breaker (None: none); ``repair``: the provider and breaker answering
@@ -57,7 +56,8 @@ class CallSettings:
 def compose(provider: Provider, breaker: Breaker | None, settings: CallSettings,
             meter: Meter) -> Provider:
     """The call stack over ``provider`` (behind ``breaker``), outermost first as ``ORDER``
-    says; a layer whose setting is off is left out (no coroutine spent on it)."""
+    says; a layer whose setting is off is left out (no coroutine spent on it).  Composed at
+    a step's first call, when its deadline (``meter.deadline``) is known."""
     top: Provider = BillLayer(provider, meter, settings.caller_input)
     if settings.tracer is not None:
         top = TraceLayer(top, settings.tracer, settings.trace_parent, provider)
@@ -65,7 +65,7 @@ def compose(provider: Provider, breaker: Breaker | None, settings: CallSettings,
         top = RateLimitLayer(top, settings.rates, provider, meter)
     if breaker is not None:
         top = BreakerLayer(top, breaker)
-    if accepts_timeout(provider):
+    if meter.deadline is not None and accepts_timeout(provider):  # (signature read: once)
         top = DeadlineLayer(top, meter)
     if settings.limits or settings.rates is not None:
         top = BudgetLayer(top, settings.limits, meter, provider, settings.rates)
