@@ -295,3 +295,20 @@ def test_metered_llm_sends_through_its_stack_budget_above_breaker(tmp_path: Any)
         assert [c.get("cached", False) for c in llm.calls] == [False, True]
     asyncio.run(go())
     store.close()
+
+
+TIMED = Machine(name="timed", context=Ctx, initial="ask", states=[
+    State("ask", action=ask, timeout=5.0), State("done", final=True)],
+    transitions=[Transition("ok", "ask", "done")])
+
+
+def test_a_steps_timeout_reaches_a_provider_that_takes_one(engine_factory: Any) -> None:
+    """End to end: the driver sets the step's deadline before the action's first call, so the
+    lazily composed stack has its DeadlineLayer; the input reaches the provider too."""
+    provider = timed("a", "b")
+    engine: Engine = engine_factory(llm=provider)
+    for machine, want in ((TIMED, True), (ASK, False)):
+        iid = engine.start(machine, {})
+        assert asyncio.run(engine.run(iid)).status == "completed"
+        got = provider.seen[-1]["timeout"]
+        assert (got is not None and 0 < got <= 5.0) if want else got is None
