@@ -1,4 +1,6 @@
-"""What the model's child process costs per call: ``python bench/local_model.py [--calls N]``.
+"""What the model's child process costs per call: ``python bench/local_model.py [--calls N]``;
+with ``--job``, the main job against the model's compute floor (:mod:`bench.local_job`,
+last line ``job/floor: X.XX``).
 
 The same chat request, greedy, is sent N times (after one warm-up), alternately, to
 
@@ -28,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fsm_engine.llm import LocalLlama  # noqa: E402
+from fsm_engine.llm.local import default_threads  # noqa: E402
 from fsm_engine.llm.models import model_path  # noqa: E402
 from fsm_engine.llm.serve import _gemma3_handler  # noqa: E402
 
@@ -42,7 +45,8 @@ async def measure(path: str, threads: int, calls: int, max_tokens: int
 
     llama = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads,
                             n_threads_batch=threads, seed=0, verbose=False)
-    llama.chat_handler = _gemma3_handler(llama)
+    if str(llama.metadata.get("general.architecture", "")).startswith("gemma"):
+        llama.chat_handler = _gemma3_handler(llama)
     provider = LocalLlama(n_threads=threads)
     await provider.load()
     inproc, child = [], []
@@ -75,8 +79,17 @@ def _row(name: str, runs: list[tuple[float, int]]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--job", action="store_true",
+                        help="the main job and job/floor (threads: 1 and all, the faster)")
+    parser.add_argument("--files", default="/usr/share/common-licenses/*",
+                        help="the job's inputs (a glob)")
     args = parser.parse_args()
+    if args.job:
+        from bench.local_job import main as job
+
+        job(sorted({1, len(os.sched_getaffinity(0))}), args.files)
+        return
     path = model_path()
     for max_tokens in (1, 32):
         print(f"max_tokens={max_tokens}, {args.calls} calls, {args.threads} thread(s):")

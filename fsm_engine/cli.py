@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
+from .cli_trust import MACHINES, refuse_untrusted, trusting
 from .views import instance_json
 from .runtime import Engine
 from .store import Store, is_postgres, open_store, store_url
@@ -35,6 +36,7 @@ out = console()  # no markup, stored text shown safely (``terminal``)
 DB = typer.Option(None, "--db", show_default=False,
                   help="Store: a SQLite file, sqlite:///REL.db or sqlite:////ABS.db, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
+
 
 
 def _version(value: bool) -> None:
@@ -88,13 +90,16 @@ def _open(db: str | None, *, create: bool = False) -> Store:
 
 
 def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None = None,
-            seed: int | None = None, create: bool = False) -> Engine:
-    """An engine on ``db`` with the selected providers by model name (local ones load lazily)."""
+            seed: int | None = None, create: bool = False,
+            machines: Sequence[str] = ()) -> Engine:
+    """An engine on ``db`` with the selected providers by model name (local ones load
+    lazily) and the ``machines`` modules loaded (``trusting``)."""
     from .llm.select import providers_from_specs
     from .runtime.rates import limits_from_specs
     providers = providers_from_specs(llm, faults=faults, seed=seed)
     limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
-    return Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
+    engine = Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
+    return trusting(engine, machines)
 
 
 def _find(store: Store, instance_id: str) -> Any:
@@ -237,7 +242,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
                                                    help="More input files (--input A B C)."),
         input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
         db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
-        llm: Optional[list[str]] = typer.Option(None, "--llm", help="Model: local | local:qwen2.5-0.5b | local:PATH.gguf | openai[:MODEL] | scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
+        llm: Optional[list[str]] = typer.Option(None, "--llm", help="Model: local | local:gemma-3-270m | local:PATH.gguf | openai[:MODEL] | scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
         faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
@@ -319,14 +324,18 @@ def resume(db: str = DB,
            concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
                                                      help="Max instances at once (as for `fsm run`)."),
            as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
-           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
-    """Continue every unfinished instance whose worker died."""
-    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False)
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+           machines: list[str] = MACHINES) -> None:
+    """Continue every unfinished instance whose worker died (refused, nothing run, when
+    one names a machine module neither under the machines root nor given with --machines)."""
+    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False, machines=machines)
     engine.concurrency = concurrency or _default_concurrency(engine)
-    if not engine.resumable():
+    todo = engine.resumable()
+    if not todo:
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
         raise typer.Exit(0)
+    refuse_untrusted(engine, todo)
     _preload(engine)
     _finish(_drive(engine, [], True, quiet), as_json)
 
@@ -335,9 +344,10 @@ def resume(db: str = DB,
 def step(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
          db: str = DB,
          llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
-         as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON.")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON."),
+         machines: list[str] = MACHINES) -> None:
     """Run exactly one step of an instance."""
-    engine = _engine(db, llm=llm, create=False)
+    engine = _engine(db, llm=llm, create=False, machines=machines)
     instance_id = _find(engine.store, instance_id).id
 
     async def go() -> Any:

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from .cli import DB, _fail, _find, _open, app
+from .cli_trust import MACHINES, trusting
 from .runtime import Engine
 from .store.records import InstanceFilter
 from .terminal import shown
@@ -38,10 +39,10 @@ def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or
          redeliver: bool = typer.Option(False, "--redeliver",
                                         help="Deliver again the side effects the original "
                                              "delivered (under the fork's own key)."),
-         ) -> None:
+         machines: list[str] = MACHINES) -> None:
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
     new id.  Side effects the original delivered are not repeated unless --redeliver."""
-    engine = Engine(_open(db))
+    engine = trusting(Engine(_open(db)), machines)
     try:
         if instance_id is None:
             if status is None:
@@ -85,10 +86,10 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
           in_place: bool = typer.Option(False, "--in-place",
                                         help="Reset this instance (appending to its history) "
                                              "instead of forking it."),
-          db: Optional[str] = DB) -> None:
+          db: Optional[str] = DB, machines: list[str] = MACHINES) -> None:
     """Force a state to run again (after its prompt or parameters changed): from just before
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`)."""
-    engine = Engine(_open(db))
+    engine = trusting(Engine(_open(db)), machines)
     try:
         orig = _find(engine.store, instance_id)
         new = engine.rerun(orig.id, state, in_place=in_place)
@@ -102,7 +103,8 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
 @app.command()
 def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
            module: Optional[str] = typer.Argument(None, help="Machine module to replay "
-                                                  "through (default: the instance's own)."),
+                                                  "through (default: the instance's own, "
+                                                  "when under the machines root)."),
            db: Optional[str] = DB,
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")
            ) -> None:
@@ -110,7 +112,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
     it diverges."""
     from .runtime.compiled import compile_machine
-    from .runtime.loader import load_machine
+    from .runtime.loader import Trust, load_machine
     from .runtime.replay import replay as run_replay
     store = _open(db)
     try:
@@ -118,6 +120,8 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
         history, attempts = store.history(rec.id), store.attempts(rec.id)
     finally:
         store.close()
+    if module is None:  # the row's own: imported only from under the machines root
+        Trust().check(rec.module, rec.id)
     machine, _ = load_machine(module or rec.module)
     report = run_replay(compile_machine(machine), rec, history, attempts)
     if as_json:

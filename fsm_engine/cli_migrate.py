@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 
 from .cli import DB, _open, _print_json, app
+from .cli_trust import MACHINES, trusting
 from .runtime import Engine
 from .runtime.migrate_batch import CURRENT, MIGRATE, NEEDS, Entry, apply, survey
 from .terminal import shown as safe_text
@@ -44,12 +45,14 @@ def migrate(db: Optional[str] = DB,
                                          help="Show what would change (default), or apply it."),
             batch: int = typer.Option(100, "--batch", min=1,
                                       help="Instances per transaction with --yes."),
-            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")
-            ) -> None:
+            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+            machines: list[str] = MACHINES) -> None:
     """Upcast unfinished instances stored under an older machine version: per instance the
     version change and the context diff, and those that cannot be migrated (their rows
-    stay; --yes marks them reason needs_migration).  Exit 1 when any cannot be migrated."""
-    engine = Engine(_open(db))
+    stay; --yes marks them reason needs_migration).  Exit 1 when any cannot be migrated;
+    exit 2, nothing imported or written, when one names a machine module neither under the
+    machines root nor given with --machines."""
+    engine = trusting(Engine(_open(db)), machines)
     try:
         entries = survey(engine, machine)
         if not dry_run:

@@ -201,8 +201,13 @@ def check(db: str = DB,
     """Check the database: the backend's own checks (SQLite's integrity check; on
     PostgreSQL invalid indexes, and amcheck when installed) and the store's invariants
     (history seq without gaps, each instance's state equals its last history row's
-    destination, no rows of missing instances).  Exit 1 when a problem is found."""
-    problems = _open(db).check()
+    destination, no rows of missing instances), then the runtime's: no fan-out child
+    started twice, no parent waiting on children all final, no outbox key delivered
+    twice, every history replaying to its row (``runtime.invariants``).  Exit 1 when a
+    problem is found."""
+    from .runtime.invariants import check as runtime_checks
+    store = _open(db)
+    problems = store.check() + runtime_checks(store)
     if as_json:
         _print_json({"ok": not problems, "problems": problems})
     elif problems:

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from .cli import DB, _open, _print_json, _safe, app, out
+from .cli_trust import MACHINES, trusting
 from .errors import InvalidInput
 from .runtime import Engine
 from .views import when
@@ -23,8 +24,8 @@ review_app = typer.Typer(no_args_is_help=True, help="The human review queue.")
 app.add_typer(review_app, name="review")
 
 
-def _engine(db: str | None) -> Engine:
-    return Engine(_open(db), llm=None)
+def _engine(db: str | None, machines: list[str] | None = None) -> Engine:
+    return trusting(Engine(_open(db), llm=None), machines or [])
 
 
 def _value(text: str) -> Any:
@@ -131,13 +132,13 @@ def decide(item: str = typer.Argument(..., help="Review item id (an unambiguous 
            sets: list[str] = typer.Option([], "--set", help="Edit: FIELD=VALUE (JSON or text)."),
            edit: Optional[str] = typer.Option(None, "--edit", help="Edit: a JSON object file."),
            note: Optional[str] = typer.Option(None, "--note", help="Why (kept in the history)."),
-           db: Optional[str] = DB) -> None:
+           db: Optional[str] = DB, machines: list[str] = MACHINES) -> None:
     """Decide an item; the instance continues with the next worker step (`fsm resume`,
     `fsm worker`)."""
     import os
     update = _update(sets, edit)
     who = by or os.environ.get("USER") or "operator"
-    engine = _engine(db)
+    engine = _engine(db, machines)
     try:
         found = engine.review(item)
         rec = engine.decide(found, choice, by=who, update=update, note=note)

@@ -10,6 +10,7 @@ line that names the thing at fault.  Errors carry structured fields
     FsmError
     ├── DefinitionError          a machine definition is broken (lists every problem)
     │   └── MachineLoadError     a machine module cannot be found or imported
+    │       └── MachineRefused   a stored row names a module this process may not import
     ├── StoreError               the database cannot be used
     │   ├── NotAnFsmDatabase     the file is not SQLite, or not an fsm_engine database
     │   ├── InstanceNotFound     no instance with that id
@@ -84,6 +85,16 @@ class MachineLoadError(DefinitionError):
         FsmError.__init__(self, f"cannot load machine {ref!r}: {why}")
         self.machine = ref
         self.problems = [why]
+
+
+class MachineRefused(MachineLoadError):
+    """A stored instance names a module (``ref``) that is neither named on the command line
+    (or loaded by the program) nor under the machines root: it is never imported."""
+
+    def __init__(self, ref: str, instance_id: str, why: str) -> None:
+        FsmError.__init__(self, f"instance {instance_id}: machine module {ref!r} not "
+                                f"imported: it {why}", instance_id=instance_id)
+        self.ref, self.machine, self.problems = ref, ref, [why]
 
 
 class StoreError(FsmError):
@@ -328,7 +339,8 @@ class ClientError(ProviderError):
 
 
 __all__ = [
-    "FsmError", "DefinitionError", "MachineLoadError", "StoreError", "NotAnFsmDatabase",
+    "FsmError", "DefinitionError", "MachineLoadError", "MachineRefused", "StoreError",
+    "NotAnFsmDatabase",
     "InstanceNotFound", "StaleWrite", "StepRejected", "FingerprintMismatch", "VersionTooNew",
     "NeedsMigration", "InvalidInput",
     "InstanceFinished", "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen",

@@ -93,9 +93,14 @@ CONSTRAINED = {
     },
 }
 
+#: The categories are described, not shown as a placeholder value: Qwen2.5-0.5B copied
+#: ``[short strings]`` into its answer when shown one.
 SYSTEM = ("You are a content moderator. Read the user's text and answer with ONLY a JSON "
           'object, no prose: {"decision": "approve" | "reject" | "review", '
-          '"categories": [short strings], "summary": "one sentence"}.')
+          '"categories": [the text\'s topics, one word each], "summary": "one sentence"}.')
+#: The schema as earlier prompts wrote it: small models reproduce these placeholders.
+FORMAT = ('{"decision": "approve" | "reject" | "review", "categories": [short strings], '
+          '"summary": "one sentence"}')
 
 
 def collect(ctx: Moderation) -> dict[str, Any]:
@@ -144,8 +149,8 @@ def _normal(text: str) -> str:
 
 
 #: Every fixed word the model is shown (system prompt and the user turn's frame), normalised.
-PROMPT_WORDS = _normal(SYSTEM + " Text to moderate: JSON verdict: That answer was invalid: "
-                       "Reply with only the JSON object.")
+PROMPT_WORDS = _normal(SYSTEM + " " + FORMAT + " Text to moderate: JSON verdict: That answer "
+                       "was invalid: Reply with only the JSON object.")
 
 
 def echoes_prompt(verdict: Verdict) -> bool:

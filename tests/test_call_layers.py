@@ -113,7 +113,7 @@ def test_bill_layer_bills_replies_and_errors_with_the_callers_input() -> None:
         assert (out.text, meter.used, provider.seen[0]["input"]) == ("one", 12, {"who": "me"})
         assert meter.calls == [{"tokens": 12, "finish_reason": "stop", "error": None,
                                 "model": "scripted:timed", "key": meter.calls[0]["key"],
-                                "reply": "one"}]
+                                "reply": "one", "prompt_tokens": 7, "completion_tokens": 5}]
         assert meter.calls[0]["key"] == reply_key(provider, MSG, {"max_tokens": 9})
         assert CALLER_INPUT.get() is None  # reset after the call
         bad = script("", error="http500", tokens=(3, 4))

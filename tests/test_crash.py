@@ -41,6 +41,7 @@ from fsm_engine.llm import Scripted
 cfg = json.load(open(sys.argv[1]))
 eng = Engine(cfg["db"], llm=Scripted.from_replies(cfg["replies"], model="m"), seed=1,
              **cfg.get("engine", {}))
+eng.load(cfg["machine"])  # a row's module is imported only when named, or under the root
 have = {r.id for r in eng.store.list()}
 for i, data in enumerate(cfg["inputs"]):
     if f"i{i:04d}" not in have:

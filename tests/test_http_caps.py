@@ -3,7 +3,8 @@
 Against real loopback peers (``http_peers``): an endless 200 body, a reply sent one byte per
 second, a 10 GB Content-Length, a TLS server with a self-signed certificate.  Each test
 asserts the bound (bytes the peer got to send, time, memory) and the error kind, through the
-OpenAI-compatible provider and the webhook sink alike.
+OpenAI-compatible provider and the webhook sink alike.  Time bounds leave 2 s of slack for
+a loaded machine; unbounded code takes the 20 s after which a slow peer gives up.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def test_a_declared_length_over_the_cap_is_refused_before_the_body(
     err, took = complete(peer.url, timeout=60)
     assert type(err).__name__ == "ResponseTooLarge", err
     assert "10000000000" in str(err)
-    assert took < 2.0  # the peer sends its 12 MiB over 10 s: none of it was waited for
+    assert took < 3.0  # the peer sends its 12 MiB over 10 s: none of it was waited for
 
 
 @pytest.mark.parametrize("peer", ["endless"], indirect=True)
@@ -155,7 +156,7 @@ def test_one_byte_per_second_is_cut_at_the_http_timeout(
     assert type(err).__name__ == "DeadlineExceeded", err
     assert isinstance(err, ProviderTimeout) and classify(err) is Disposition.RETRY
     assert "2s" in str(err)
-    assert 1.8 < took < 3.0, took  # connect + headers + body: one deadline
+    assert 1.8 < took < 4.0, took  # connect + headers + body: one deadline
 
 
 @pytest.mark.parametrize("peer", ["trickle"], indirect=True)
@@ -165,21 +166,21 @@ def test_fsm_http_deadline_bounds_the_whole_call(
     monkeypatch.setenv("FSM_HTTP_DEADLINE", "1.5")
     err, took = complete(peer.url)
     assert type(err).__name__ == "DeadlineExceeded", err
-    assert 1.3 < took < 2.5, took
+    assert 1.3 < took < 3.5, took
 
 
 @pytest.mark.parametrize("peer", ["trickle"], indirect=True)
 def test_what_is_left_of_the_step_timeout_bounds_the_call(peer: Peer) -> None:
     err, took = complete(peer.url, timeout=1.2)
     assert isinstance(err, ProviderTimeout), err
-    assert 1.0 < took < 2.2, took
+    assert 1.0 < took < 3.2, took
 
 
 @pytest.mark.parametrize("peer", ["slow_body"], indirect=True)
 def test_a_body_sent_one_byte_per_second_is_cut_at_the_deadline(peer: Peer) -> None:
     err, took = complete(peer.url, timeout=1.5)
     assert type(err).__name__ == "DeadlineExceeded", err
-    assert "body bytes read" in str(err) and 1.3 < took < 2.5, (err, took)
+    assert "body bytes read" in str(err) and 1.3 < took < 3.5, (err, took)
 
 
 @pytest.mark.parametrize("peer", ["mute"], indirect=True)
@@ -189,7 +190,7 @@ def test_the_deadline_covers_a_tls_handshake_that_never_ends(
     url = peer.url.replace("http://", "https://")
     err, took = complete(url)
     assert type(err).__name__ == "DeadlineExceeded", err
-    assert 1.3 < took < 2.5, took
+    assert 1.3 < took < 3.5, took
 
 
 @pytest.mark.parametrize("peer", ["trickle"], indirect=True)
@@ -205,7 +206,7 @@ def test_proxies_from_the_environment_are_bounded_too(
     with bound(httpx.Client(), httpx) as client, pytest.raises(ProviderError) as caught:
         client.get("http://198.51.100.1/never", timeout=1.5)  # TEST-NET: only the proxy
     assert type(caught.value).__name__ == "DeadlineExceeded", caught.value
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 3.5
     assert peer.requests[0].startswith(b"GET http://198.51.100.1/never")
 
 
@@ -213,7 +214,7 @@ def test_proxies_from_the_environment_are_bounded_too(
 def test_the_webhook_deadline_covers_a_trickled_head(peer: Peer) -> None:
     err, took = webhook(peer.url, timeout=1.5)
     assert type(err).__name__ == "DeadlineExceeded", err
-    assert 1.3 < took < 2.5, took
+    assert 1.3 < took < 3.5, took
 
 
 def test_malformed_caps_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,7 +309,7 @@ def test_the_sync_model_listing_is_bounded_and_still_answers() -> None:
         started = time.monotonic()
         with pytest.raises(ProviderTimeout):
             OpenAICompatible(base_url=f"{slow.url}/v1", timeout=1.5).resolve_model_sync()
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 3.5
     finally:
         listing.close()
         slow.close()

@@ -17,9 +17,9 @@ from fsm_engine.llm import LocalLlama, Provider, provider_from_spec
 from fsm_engine.llm.local import default_model_path
 
 try:  # pytest puts tests/ (rootless) or the repo root (tests as a package) on sys.path
-    from llm_fixtures import gemma_path, require_llama_cpp  # noqa: F401
+    from llm_fixtures import gemma_path, qwen_path, require_llama_cpp  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import gemma_path, require_llama_cpp  # noqa: F401
+    from tests.llm_fixtures import gemma_path, qwen_path, require_llama_cpp  # noqa: F401
 
 ASK = [{"role": "system", "content": "You are terse."},
        {"role": "user", "content": "Name one colour."}]
@@ -58,14 +58,14 @@ def test_local_spec_builds_a_lazy_provider():
 
 
 @pytest.mark.model
-def test_default_model_path_assembles_once_then_reuses(gemma_path, tmp_path, monkeypatch):  # noqa: F811
+def test_default_model_path_assembles_once_then_reuses(qwen_path, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = default_model_path()
-    assert path == str(tmp_path / "fsm_engine" / "gemma-3-270m-q4_k_m.gguf")
+    assert path == str(tmp_path / "fsm_engine" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     stamp = os.stat(path).st_mtime_ns
     started = time.perf_counter()
     assert default_model_path() == path and os.stat(path).st_mtime_ns == stamp
-    assert time.perf_counter() - started < 0.5  # no re-hashing of 250 MB
+    assert time.perf_counter() - started < 0.5  # no re-hashing of 491 MB
     assert sorted(p.name for p in (tmp_path / "fsm_engine").iterdir()) == [Path(path).name]
     monkeypatch.setenv("FSM_GGUF", "/elsewhere/model.gguf")
     assert default_model_path() == "/elsewhere/model.gguf"

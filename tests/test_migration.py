@@ -45,7 +45,10 @@ def _v1_instances(url: str, module: str, texts: list[str], steps: int,
 
 
 @pytest.fixture
-def module(tmp_path: Path) -> Path:
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The machine file, under the machines root: an engine (or `fsm migrate`) that did not
+    start its instances imports it only from there (``runtime.loader.Trust``)."""
+    monkeypatch.setenv("FSM_MACHINES_ROOT", str(tmp_path))
     return tmp_path / "flow.py"
 
 

@@ -7,6 +7,12 @@ its standard input (a pipe only the parent holds) reaches end of file, which
 the kernel delivers also when the parent is SIGKILLed; ``atexit`` and a
 finaliser stop it when the parent exits without closing the provider.
 
+Each child gets a new random API key, written as the first line of that same pipe (never
+on its command line or in its environment), and only an allow-list of the parent's
+environment (:data:`CHILD_ENV`): database URLs, proxy settings and credentials stay out.
+Every HTTP request to it carries the key (:attr:`ModelServer.api_key`); loopback clients
+here ignore ``HTTP(S)_PROXY``.
+
 Failure mapping (what a caller of :meth:`ModelServer.ensure` or
 :meth:`ModelServer.explain` sees):
 
@@ -33,9 +39,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -47,13 +55,22 @@ from typing import Any
 
 from fsm_engine.errors import ClientError, ProviderError, ProviderUnavailable, ServerError
 
-__all__ = ["ModelServer", "REBUILD_HINT"]
+__all__ = ["ModelServer", "REBUILD_HINT", "CHILD_ENV", "child_env"]
 
 log = logging.getLogger(__name__)
 REBUILD_HINT = ("llama-cpp-python was built for another CPU; rebuild it portably with "
                 "`python -m fsm_engine.llm.install`")
-_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-_live: "weakref.WeakSet[ModelServer]" = weakref.WeakSet()
+#: The parent's variables the child gets (an allow-list: everything else, FSM_DB,
+#: DATABASE_URL, proxy settings, credentials of any name, stays out).
+CHILD_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "PYTHONPATH",
+             "VIRTUAL_ENV", "XDG_CACHE_HOME", "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
+             "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT", "LD_LIBRARY_PATH")
+#: Prefixes of further allowed names: locale, llama.cpp's own (GGML_*, LLAMA_ARG_* are not
+#: read by the library), and the model settings (FSM_LLM_THREADS …; FSM_LLM_<NAME> specs
+#: name providers, they hold no secret either).
+CHILD_ENV_PREFIXES = ("LC_", "GGML_", "FSM_LLM_", "FSM_CHAT_FORMAT", "FSM_TEST_TAG")
+# (FSM_TEST_TAG: a marker the tests use to find their own children in /proc)
+_live: weakref.WeakSet[ModelServer] = weakref.WeakSet()
 
 
 def _stop_all() -> None:
@@ -79,10 +96,12 @@ def _how_it_ended(code: int) -> str:
     return f"exit status {code}"
 
 
-def _child_env() -> dict[str, str]:
-    """The parent's environment without secrets (the child needs none)."""
-    return {k: v for k, v in os.environ.items()
-            if not any(word in k.upper() for word in _SECRET_WORDS)}
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default ``os.environ``) the child may see: those named in
+    :data:`CHILD_ENV` or starting with one of :data:`CHILD_ENV_PREFIXES`."""
+    env = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in env.items()
+            if k in CHILD_ENV or k.startswith(CHILD_ENV_PREFIXES)}
 
 
 class _Child:
@@ -90,12 +109,17 @@ class _Child:
 
     def __init__(self, argv: list[str], port: int) -> None:
         self.port = port
+        self.key = secrets.token_urlsafe(32)
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
         self.errors: collections.deque[str] = collections.deque(maxlen=20)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=_child_env(),
+                                     stderr=subprocess.PIPE, env=child_env(),
                                      start_new_session=True)
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # died at once: its exit status tells why
+            self.proc.stdin.write(self.key.encode() + b"\n")  # the key, by the private pipe
+            self.proc.stdin.flush()
         threading.Thread(target=self._read_stdout, daemon=True, name="fsm-model-out").start()
         threading.Thread(target=self._read_stderr, daemon=True, name="fsm-model-err").start()
 
@@ -121,6 +145,11 @@ class _Child:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header every request to this child needs."""
+        return {"Authorization": f"Bearer {self.key}"}
 
     def exited(self) -> int | None:
         return self.proc.poll()
@@ -193,6 +222,30 @@ class ModelServer:
         return child.pid if child is not None and child.exited() is None else None
 
     @property
+    def api_key(self) -> str | None:
+        """The running child's API key (a new random one per child), None when none runs."""
+        child = self._child
+        return child.key if child is not None else None
+
+    async def perf(self) -> dict[str, float]:
+        """llama.cpp's counters of the ready child (``fsm_engine.llm.serve.perf``).
+        Raises ServerError when the child cannot answer."""
+        import httpx
+
+        child = self._child
+        if child is None or self.base_url is None:
+            raise ServerError(f"local model {self.alias!r} is not running")
+        try:
+            async with httpx.AsyncClient(timeout=10.0, headers=child.auth,
+                                         trust_env=False) as client:
+                response = await client.get(f"http://127.0.0.1:{child.port}/fsm/perf")
+            response.raise_for_status()
+            return {k: float(v) for k, v in response.json().items()}
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise ServerError(f"local model {self.alias!r}: no counters ({type(exc).__name__})"
+                              ) from None
+
+    @property
     def base_url(self) -> str | None:
         """``http://127.0.0.1:PORT/v1`` of the ready child, else None."""
         child = self._child
@@ -245,7 +298,8 @@ class ModelServer:
         self._streak += 1
         first, cap = self.backoff
         self._not_before = time.monotonic() + min(cap, first * 2 ** (self._streak - 1))
-        log.warning("local model %r child died (%s)", self.alias, _how_it_ended(child.exited() or 0))
+        log.warning("local model %r child died (%s)", self.alias,
+                    _how_it_ended(child.exited() or 0))
 
     async def _start(self) -> str:
         for _ in range(3):  # a port taken between choosing and binding: choose again
@@ -276,8 +330,9 @@ class ModelServer:
             if code is not None and "address already in use" in " ".join(child.errors).lower():
                 return None
             child.stop(grace=1.0)
+            how = _how_it_ended(code) if code is not None else "no reply"
             raise ProviderUnavailable(f"local model {self.alias!r} loaded but its server did "
-                                      f"not answer ({_how_it_ended(code) if code is not None else 'no reply'})")
+                                      f"not answer ({how})")
         self._child, self.info, self._streak = child, dict(child.info), 0
         return child
 
@@ -301,8 +356,8 @@ class ModelServer:
         """Poll the child's HTTP port until it answers (True) or the child dies (False)."""
         import httpx
 
-        url = f"http://127.0.0.1:{child.port}/openapi.json"
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        url = f"http://127.0.0.1:{child.port}/fsm/perf"  # takes no model lock: see alive()
+        async with httpx.AsyncClient(timeout=2.0, headers=child.auth, trust_env=False) as client:
             while time.monotonic() < deadline and child.exited() is None:
                 try:
                     if (await client.get(url)).status_code == 200:
@@ -314,15 +369,18 @@ class ModelServer:
 
     async def alive(self, timeout: float = 2.0) -> bool:
         """True when the child runs and its HTTP loop answers within ``timeout`` seconds
-        (a frozen child, e.g. SIGSTOPped, answers nothing; one busy generating still does)."""
+        (a frozen child, e.g. SIGSTOPped, answers nothing; one busy generating still does:
+        ``/fsm/perf`` does not wait for the model, unlike ``/v1/models``, which queues behind
+        the running generation)."""
         import httpx
 
         child = self._child
         if child is None or child.exited() is not None:
             return False
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(f"http://127.0.0.1:{child.port}/openapi.json")
+            async with httpx.AsyncClient(timeout=timeout, headers=child.auth,
+                                         trust_env=False) as client:
+                response = await client.get(f"http://127.0.0.1:{child.port}/fsm/perf")
             return response.status_code == 200
         except httpx.HTTPError:
             return False

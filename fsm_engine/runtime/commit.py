@@ -3,8 +3,8 @@
 Each ``submit`` queues a ``StepCommit`` and waits.  The first submission in
 an event-loop iteration schedules a flush with ``call_soon``, so everything
 submitted before the loop comes round again is written by one
-``Store.commit`` call (one ``BEGIN … COMMIT``, one fsync), each step still
-all-or-nothing (the store applies a step only when its version matches).
+``Ledger.write`` (one ``Store.commit`` call: one ``BEGIN … COMMIT``, one
+fsync), each step still all-or-nothing (the store applies a step only when its version matches).
 This is the classic group commit of database logs (Gawlick & Kinkade, 1985;
 PostgreSQL's ``commit_delay``), without a delay: batching comes from
 concurrency alone, so a lone instance pays no extra latency; when the engine
@@ -35,6 +35,7 @@ from typing import Callable, Generic, Sequence, TypeVar
 from ..errors import StepRejected, StoreError
 from ..store.base import Store
 from ..store.records import StepCommit
+from .ledger import Ledger
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -49,13 +50,15 @@ class GroupCommitter:
     durable within a fraction of a second).
     """
 
-    def __init__(self, store: Store, max_batch: int = 500,
+    def __init__(self, store: Store | Ledger, max_batch: int = 500,
                  solo: Callable[[], bool] = lambda: False) -> None:
-        self.store = store
+        #: The one writer (``runtime.ledger``); a plain ``Store`` gets a ledger of its own.
+        self.ledger = store if isinstance(store, Ledger) else Ledger(store)
+        self.store = self.ledger.store
         self.max_batch = max_batch
         self.solo = solo
         #: Batches go to a thread, one at a time (the store waits on a network).
-        self.offload = bool(getattr(store, "remote", False))
+        self.offload = bool(getattr(self.store, "remote", False))
         self._pending: list[tuple[StepCommit, asyncio.Future[bool]]] = []
         self._scheduled = False
         self._writing = False  # a batch is in flight in the writer thread (offload)
@@ -79,7 +82,7 @@ class GroupCommitter:
         if not self._pending and not self._writing and self.solo():  # commit right here
             self.batches += 1
             self.steps += 1
-            return self.store.commit([step])[0]
+            return self.ledger.write([step])[0]
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         self._pending.append((step, fut))
@@ -99,7 +102,7 @@ class GroupCommitter:
         while self._pending:
             batch = self._take()
             try:
-                results = self.store.commit([s for s, _ in batch])
+                results = self.ledger.write([s for s, _ in batch])
             except Exception as exc:  # noqa: BLE001 - settled by _settle_error
                 self._settle_error(batch, exc)
                 continue
@@ -112,7 +115,7 @@ class GroupCommitter:
             while self._pending:
                 batch = self._take()
                 try:
-                    results = await asyncio.to_thread(self.store.commit,
+                    results = await asyncio.to_thread(self.ledger.write,
                                                       [s for s, _ in batch])
                 except asyncio.CancelledError:  # the loop is closing: tell the waiters
                     self._fail(batch, StoreError("group commit stopped; outcome unknown"))

@@ -110,6 +110,9 @@ class Driver:
         #: created unowned, for any worker to claim); the engine sets it for the families
         #: its ``run`` continues.
         self.host: Callable[[InstanceRecord], str | None] = lambda rec: None
+        #: Whether this worker's lease is still current (``Ownership.lease_current``): no
+        #: action or delivery starts under a lease that ran out.
+        self.lease_current: Callable[[], bool] = lambda: True
         #: Told the children a committed step created (so they run without a read).
         self.born: Callable[[list[InstanceRecord]], None] = lambda records: None
 
@@ -139,8 +142,8 @@ class Driver:
             new.owner = None
         if self.upcasts:
             self.attach(step)
-        if new.final:  # a family's effects (``fanout.propagate``) start from an end
-            fanout.propagate(self.store, step, self.clock())
+        if new.final:  # a family's effects (``Ledger.settle``) start from an end
+            self.committer.ledger.settle(step)
         done = self.committer.enqueue(step)
         if isinstance(done, asyncio.Future):
             done = await done
@@ -194,7 +197,7 @@ class Driver:
         commit is fenced on the children it read)."""
         while True:
             step = await self._decide(cm, rec)
-            fanout.propagate(self.store, self.attach(step), self.clock())
+            self.committer.ledger.settle(self.attach(step))
             if await self.committer.submit(step):
                 self._settled(step)
                 if step.create:
@@ -292,6 +295,9 @@ class Driver:
         later than ``now``); return the commit recording what happened."""
         if rec.next_attempt_at is not None and rec.next_attempt_at > now:
             await asyncio.sleep(rec.next_attempt_at - now)
+        if not self.lease_current():
+            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
+                             "began (another worker may own it now)", instance_id=rec.id)
         entry = cm.actions.get(state.name)
         # only actions that take ``step`` (and side effects, for their key) need a Step
         step = (self._make_step(cm, rec, state)

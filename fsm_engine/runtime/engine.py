@@ -27,10 +27,11 @@ from ..errors import (
     InvalidInput, NeedsMigration, StaleWrite,
 )
 from ..policies import BreakerPolicy, RateLimit
-from ..store import PENDING, Store, open_store
+from ..store import PENDING, Store, definitions, open_store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
-    RATE_LIMITED, REVIEW_OPEN, ChildState, InstanceRecord, ReviewItem, StepCommit, WorkerRow,
+    RATE_LIMITED, REVIEW_OPEN, WAITING, ChildState, InstanceRecord, ReviewItem, StepCommit,
+    WorkerRow,
 )
 from . import migration, outcome, reviews as review_queue, values
 from . import fanout, fleet
@@ -38,7 +39,8 @@ from ..definition.fanout import CHILDREN
 from .commit import GroupCommitter
 from .compiled import CompiledMachine, compile_machine
 from .driver import Driver
-from .loader import load_machine, reference
+from .ledger import Ledger
+from .loader import Trust, load_machine, reference
 from .models import Models
 from .ownership import Ownership
 from .threads import ActionThreads
@@ -96,6 +98,16 @@ async def _done(value: Any) -> Any:
     return value
 
 
+def _runnable(kid: ChildState, parked: set[str]) -> bool:
+    """True when a run of ``kid`` (not final, free) can move it: it is not waiting, or it
+    waits on something its run here waits out (its own family, a rate limit) and did not
+    come back waiting from a run here already (``parked``).  A child waiting for a
+    review's decision or a trigger moves only from outside."""
+    if kid.status != WAITING:
+        return True
+    return kid.reason in (CHILDREN, RATE_LIMITED) and kid.id not in parked
+
+
 def _module_ref(machine: Machine) -> str:
     """Where ``machine`` can be loaded again on any host (``loader.reference``)."""
     ns = machine.namespace or {}
@@ -127,6 +139,8 @@ class Engine:
             (off: see ``fsm_engine.telemetry``).
         rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.rates`.
+        trust: which modules stored instances name may be imported (``loader.Trust``:
+            those ``load``-ed here, files under the machines root; else ``MachineRefused``).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -135,8 +149,10 @@ class Engine:
                  breaker: BreakerPolicy | None = BreakerPolicy(),
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time, tracer: Any = "env",
-                 rate_limits: Mapping[str, RateLimit] | None = None) -> None:
+                 rate_limits: Mapping[str, RateLimit] | None = None,
+                 trust: Trust | None = None) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.trust = trust or Trust()
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.concurrency = concurrency
@@ -168,11 +184,14 @@ class Engine:
         #: suspends would otherwise run its instance to the end before the next one starts
         #: (each commit "alone"), so these count as running for group commit from the start
         self._scheduled = 0
+        #: The one writer (``runtime.ledger``): every commit of this engine goes through it.
+        self.ledger = Ledger(self.store, clock)
         self.committer = GroupCommitter(
-            self.store, solo=lambda: max(len(self._tasks), self._scheduled) <= 1)
+            self.ledger, solo=lambda: max(len(self._tasks), self._scheduled) <= 1)
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
         self.driver.host = lambda rec: self.worker.id if rec.id in self._hosts else None
+        self.driver.lease_current = self.ownership.lease_current
         self.driver.born = lambda records: self._born.update(
             (r.id, r) for r in records if r.owner is not None)
         if isinstance(tracer, str):  # "env": as the OTEL_* variables say
@@ -191,7 +210,8 @@ class Engine:
 
     # -- definitions ------------------------------------------------------------
     def register(self, machine: Machine, module: str | None = None) -> CompiledMachine:
-        """Check and compile ``machine`` and remember where it came from.
+        """Check and compile ``machine``, remember where it came from, and keep its export
+        in the store (``Store.put_definitions``: what the viewer draws).
 
         Raises ``DefinitionError`` listing every problem.
         """
@@ -203,18 +223,28 @@ class Engine:
             self.models.check(member.states)
             self._machines[member.name] = member
             self._modules[member.name] = ref
+        self.store.put_definitions(definitions.rows(cm.family(), self.clock()))
         return cm
 
     def load(self, ref: str) -> CompiledMachine:
-        """Load, check and register the machine in module ``ref`` (path or dotted name)."""
+        """Load, check and register the machine in module ``ref`` (path or dotted name),
+        which this engine then trusts (``trust``) wherever an instance names it."""
         machine, canonical = load_machine(ref)
+        self.trust.allow(canonical)
         return self.register(machine, canonical)
 
+    def check_module(self, rec: InstanceRecord) -> None:
+        """Return when ``rec``'s machine is registered or its module may be imported here
+        (``trust``); else ``MachineRefused`` naming the instance and the module."""
+        if rec.machine not in self._machines:
+            self.trust.check(rec.module, rec.id)
+
     def definition(self, rec: InstanceRecord) -> CompiledMachine:
-        """The compiled machine ``rec`` names (loaded from its module when not registered),
-        whatever version it has; ``DefinitionError`` when it cannot be had."""
+        """The compiled machine ``rec`` names (loaded from its module when not registered,
+        if ``trust`` allows), whatever version it has; ``DefinitionError`` when it cannot."""
         cm = self._machines.get(rec.machine)
         if cm is None:
+            self.check_module(rec)
             cm = self.load(rec.module)
             if cm.name != rec.machine:  # a branch machine: registered with its parent
                 cm = self._machines.get(rec.machine) or _no_branch(rec)
@@ -473,17 +503,22 @@ class Engine:
     async def _family(self, cm: CompiledMachine, parent: InstanceRecord,
                       on_step: OnStep | None) -> InstanceRecord:
         """Run ``parent``'s current children here until it has a step to take (its join or
-        a top-up: ``fanout.needs_step``; other wakes are skipped) or ends; return it.
+        a top-up: ``fanout.needs_step``; other wakes are skipped), ends, or is left
+        waiting; return it.
 
         Children another live worker holds are left to it (polled every
-        ``lease_seconds / 3``); children of children run the same way.  Once the family
+        ``lease_seconds / 3``); children of children run the same way.  A child waiting
+        for a decision, a trigger or its own waiting family is not run again until it
+        moves: when every child left waits, the parent is returned still waiting (``run``
+        leaves it waiting, as it leaves a lone instance in review).  Once the family
         has joined (or the parent ended), children still running here are stopped (the
         join or the cancellation already ended them in the store).
         """
         poll = max(0.05, self.lease_seconds / 3)
         one = self._runner(on_step, gate=False)
-        mine = fanout.prefix(parent)
         ended = self._ended.setdefault(parent.id, asyncio.Event())
+        parked: set[str] = set()  # children whose run here left them waiting
+        kids: list[ChildState] = []
         try:
             while True:
                 ended.clear()  # before the read: a child ending after it sets it again
@@ -494,33 +529,56 @@ class Engine:
                 states = self.store.child_states(parent.id)
                 if rec.status == "running" and fanout.needs_step(cm, rec, states):
                     break  # woken with something to do
-                self._spawn(rec, states, one)
+                kids = fanout.current(parent.id, states)
+                if not self._spawn(rec, kids, one, parked):
+                    break  # every child left waits: so does the parent
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(ended.wait(), poll)
         finally:
             self._ended.pop(parent.id, None)
         if rec.final or rec.reason != CHILDREN:
-            for kid_id, fut in list(self._kids.items()):
-                if kid_id.startswith(mine):
-                    fut.cancel()
-            for kid_id in [k for k in self._born if k.startswith(mine)]:
-                del self._born[kid_id]
+            self._drop_family({k.id for k in kids})
         return rec
 
-    def _spawn(self, parent: InstanceRecord, states: Iterable[ChildState],
-               one: Callable[[str], Any]) -> None:
-        """Start here each child of ``parent``'s fan-out not yet running here that no live
-        worker holds; a child's end (local) sets ``parent``'s event in ``_ended``."""
-        mine = fanout.prefix(parent)
-        for kid in states:
-            if kid.id.startswith(mine) and not kid.final and kid.id not in self._kids \
-                    and kid.id not in self._tasks and kid.id not in self._known \
-                    and self.ownership.can_take(kid):
-                self._kids[kid.id] = fut = asyncio.ensure_future(one(kid.id))
-                fut.add_done_callback(functools.partial(self._kid_done, parent.id, kid.id))
+    def _drop_family(self, ids: set[str]) -> None:
+        """Stop the children ``ids`` still running here and forget the ones born here."""
+        for kid_id, fut in list(self._kids.items()):
+            if kid_id in ids:
+                fut.cancel()
+        for kid_id in [k for k in self._born if k in ids]:
+            del self._born[kid_id]
 
-    def _kid_done(self, parent_id: str, kid_id: str, _fut: Any) -> None:
+    def _spawn(self, parent: InstanceRecord, kids: Iterable[ChildState],
+               one: Callable[[str], Any], parked: set[str]) -> bool:
+        """Start here each child of ``parent``'s current fan-out (``kids``) not running
+        here that no live worker holds and that can move (``_runnable``); a child's end
+        (local) sets ``parent``'s event in ``_ended``.  False when nothing is left to
+        wait for here: every child not final waits (``parked``: run here and left
+        waiting)."""
+        busy = False
+        for kid in kids:
+            if kid.final:
+                continue
+            if kid.status != WAITING:
+                parked.discard(kid.id)  # it moved: run it again when it waits anew
+            if kid.id in self._kids or kid.id in self._tasks or kid.id in self._known:
+                busy = True
+            elif not self.ownership.can_take(kid):
+                busy = True  # another live worker runs it: poll
+            elif _runnable(kid, parked):
+                self._kids[kid.id] = fut = asyncio.ensure_future(one(kid.id))
+                fut.add_done_callback(
+                    functools.partial(self._kid_done, parent.id, kid.id, parked))
+                busy = True
+        return busy
+
+    def _kid_done(self, parent_id: str, kid_id: str, parked: set[str],
+                  fut: "asyncio.Future[Any]") -> None:
         self._kids.pop(kid_id, None)
+        if not fut.cancelled() and fut.exception() is None:
+            rec = fut.result()
+            if isinstance(rec, InstanceRecord) and rec.status == WAITING:
+                parked.add(kid_id)
         ended = self._ended.get(parent_id)
         if ended is not None:
             ended.set()
@@ -632,7 +690,7 @@ class Engine:
         """Give back instances this engine cannot run, saying why (``fsm list``/``show``)."""
         commits = [c for c in (self._parking(rec, exc) for rec, exc in parked) if c is not None]
         if commits:
-            self.store.commit(commits)
+            self.ledger.apply(commits)
         others = [rec.id for rec, exc in parked if self._parking(rec, exc) is None]
         if others:
             self.store.release(self.worker.id, others)
@@ -650,9 +708,8 @@ class Engine:
             if rec.final:
                 raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                        instance_id=rec.id)
-            step = fanout.propagate(self.store, outcome.cancelled(rec, self.clock(), reason),
-                                    self.clock())
-            if self.store.commit([step])[0]:
+            step = outcome.cancelled(rec, self.clock(), reason)
+            if self.ledger.apply_one(step):  # its running children are cancelled with it
                 task = self._tasks.get(instance_id)
                 if task is not None and not task.done():
                     task.cancel()
@@ -720,7 +777,7 @@ class Engine:
             context.update(row.delta)
         rec = self._upcast(cm, rec)
         reset = outcome.reset(cm, rec, state, context, n, self.clock())
-        if not self.store.commit([self.driver.attach(reset)])[0]:
+        if not self.ledger.apply_one(self.driver.attach(reset)):
             raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
                              instance_id=rec.id)
         self._known.pop(rec.id, None)
@@ -777,7 +834,7 @@ class Engine:
         commit = review_queue.decision(cm, rec, found, choice, by=by, now=self.clock(),
                                        advance=self.driver.advance, update=update, note=note,
                                        claimer=by)
-        if not self.store.commit([self.driver.attach(commit)])[0]:
+        if not self.ledger.apply_one(self.driver.attach(commit)):  # ends a child: wakes its parent
             raise review_queue.ReviewRefused(
                 f"review {found.id}: the item or its instance changed meanwhile (decided, "
                 "claimed or moved on); nothing was written", item_id=found.id)

@@ -18,14 +18,18 @@ Children that the parent's own engine will run (``Engine.run`` continuing the
 family) are created owned by that engine's worker, so they need no claim of
 their own; otherwise they are created unowned, for any worker to claim.
 
-Children of one fan-out have ids ``{parent id}.{parent seq}.{index}``: unique
-per fan-out, in branch/item order, and a second start of the same fan-out is a
-duplicate id, so a family is never started twice.
+Children of one fan-out have ids ``{parent id}.{N}.{index}``, ``N`` the parent's
+``seq`` in the step that started the family: unique per fan-out, in branch/item
+order, and a second start of the same fan-out is a duplicate id, so a family is
+never started twice.  The family is found again from the children themselves
+(``current``: the latest ``N`` among the parent's children), never from the
+parent's ``seq`` now — a takeover or a migration appends a history row while the
+parent waits, and a family looked up by the moved ``seq`` would be started again.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from pydantic import ValidationError
 
@@ -43,9 +47,35 @@ from .compiled import CompiledMachine, FanOutPlan
 Work = tuple[str, int, CompiledMachine, Any, dict[str, Any]]
 
 
+K = TypeVar("K", InstanceRecord, ChildState)
+
+
 def prefix(rec: InstanceRecord) -> str:
-    """The id prefix of the children of ``rec``'s current fan-out."""
+    """The id prefix of the children of a family ``rec`` starts now (``_start``)."""
     return f"{rec.id}.{rec.seq}."
+
+
+def family_number(parent_id: str, kid_id: str) -> int:
+    """``N`` of a child id ``{parent_id}.{N}.{index}`` (-1 when it is not of that form)."""
+    head = kid_id[len(parent_id) + 1:].partition(".")[0]
+    return int(head) if head.isdigit() else -1
+
+
+def family_prefix(parent_id: str, kids: Sequence[InstanceRecord | ChildState]) -> str | None:
+    """The id prefix of the latest family among ``kids`` (all of ``parent_id``'s
+    children, of every fan-out it ran; ``None`` when there are none)."""
+    if not kids:
+        return None
+    return f"{parent_id}.{max(family_number(parent_id, k.id) for k in kids)}."
+
+
+def current(parent_id: str, kids: Sequence[K]) -> list[K]:
+    """The children of ``parent_id``'s current fan-out among all its ``kids``: the latest
+    family (an earlier visit's families are all final, and older).  A parent waiting on
+    a fan-out with items always has one: its first children start in the commit that
+    enters it."""
+    mine = family_prefix(parent_id, kids)
+    return [] if mine is None else [k for k in kids if k.id.startswith(mine)]
 
 
 
@@ -94,13 +124,16 @@ def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, start: int 
     return out
 
 
-def _child(rec: InstanceRecord, w: Work, now: float, owner: str | None) -> InstanceRecord:
+def _child(rec: InstanceRecord, w: Work, now: float, owner: str | None,
+           mine: str) -> InstanceRecord:
+    """The record of child ``w`` of ``rec``, id ``{mine}{index}`` (``mine``: its family's
+    id prefix)."""
     name, index, child, _, data = w
     own = child.spec.token_budget
     family = None if rec.token_budget is None else max(0, rec.token_budget - rec.tokens_used)
     budget = min((b for b in (own, family) if b is not None), default=None)
     return InstanceRecord(
-        id=f"{prefix(rec)}{index}", machine=child.name, module=rec.module,
+        id=f"{mine}{index}", machine=child.name, module=rec.module,
         fingerprint=child.fingerprint, state=child.spec.initial, status=PENDING, context=data,
         input=dict(data), max_transitions=child.spec.max_transitions, token_budget=budget,
         created_at=now, updated_at=now, visits={child.spec.initial: 1}, deadline=rec.deadline,
@@ -122,7 +155,8 @@ def _start(cm: CompiledMachine, plan: FanOutPlan, new: InstanceRecord, now: floa
     except InvalidInput as exc:
         step.history.append(outcome.force_fail(cm, new, "invalid_item", now, error=str(exc)))
         return step
-    step.create = [_child(new, w, now, owner) for w in todo[:_limit(plan)]]
+    mine = prefix(new)
+    step.create = [_child(new, w, now, owner, mine) for w in todo[:_limit(plan)]]
     new.reason = CHILDREN
     new.status, new.owner = (WAITING, None) if step.create else (RUNNING, new.owner)
     if step.history:
@@ -181,13 +215,12 @@ def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
         new = outcome.clone(rec)
         new.updated_at = now
         return _start(cm, plan, new, now, StepCommit(new, rec.version, before=rec), owner)
-    mine = prefix(rec)
     total = len(work_total(plan, rec))
-    tally = Tally(plan, [k for k in store.child_states(rec.id) if k.id.startswith(mine)])
+    tally = Tally(plan, _kids(rec, total, store.child_states(rec.id)))
     decided = plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed)
     outs = _final_outputs(store, rec, tally) if decided is not None else None
     if decided is not None and outs is None:  # some to cancel: read the children in full
-        tally = Tally(plan, [k for k in store.children(rec.id) if k.id.startswith(mine)])
+        tally = Tally(plan, _kids(rec, total, store.children(rec.id)))
         decided = plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed)
     if decided is None:
         room = max(0, _limit(plan) - len(tally.running))
@@ -200,6 +233,12 @@ def step(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
     return join(cm, store, plan, rec, tally, decided, now, outs)
 
 
+def _kids(rec: InstanceRecord, total: int, kids: Sequence[K]) -> list[K]:
+    """The children of ``rec``'s current fan-out of ``total`` items among ``kids`` (none
+    for a fan-out of no items: it started no family, the latest is an earlier visit's)."""
+    return current(rec.id, kids) if total else []
+
+
 def _final_outputs(store: Store, rec: InstanceRecord,
                    tally: Tally) -> dict[str, ChildOutput] | None:
     """The outputs by id of ``tally``'s children when all are final (the join's commit is
@@ -207,8 +246,8 @@ def _final_outputs(store: Store, rec: InstanceRecord,
     when some still run (to cancel: the caller reads them in full) or one is not final now."""
     if tally.running:
         return None
-    mine = prefix(rec)
-    outs = {o.id: o for o in store.child_outputs(rec.id) if o.id.startswith(mine)}
+    mine = {k.id for k in tally.kids}
+    outs = {o.id: o for o in store.child_outputs(rec.id) if o.id in mine}
     return outs if all(k.id in outs for k in tally.kids) else None
 
 
@@ -220,7 +259,7 @@ def needs_step(cm: CompiledMachine, rec: InstanceRecord, states: Sequence[ChildS
     if plan is None or rec.reason != CHILDREN:
         return True
     total = len(work_total(plan, rec))
-    tally = Tally(plan, [k for k in states if k.id.startswith(prefix(rec))])
+    tally = Tally(plan, _kids(rec, total, states))
     if plan.completion.decide(total, tally.succeeded + tally.skipped, tally.failed) is not None:
         return True
     return len(tally.kids) < total and len(tally.running) < _limit(plan)
@@ -229,7 +268,8 @@ def needs_step(cm: CompiledMachine, rec: InstanceRecord, states: Sequence[ChildS
 def _wait(rec: InstanceRecord, tally: Tally, todo: list[Work], now: float,
           owner: str | None) -> StepCommit:
     new = outcome.clone(rec)
-    more = [_child(rec, w, now, owner) for w in todo]
+    mine = family_prefix(rec.id, tally.kids) or prefix(rec)
+    more = [_child(rec, w, now, owner, mine) for w in todo]
     new.status, new.owner, new.updated_at = WAITING, None, now
     return StepCommit(new, rec.version, create=more, before=rec,
                       fence=[(k.id, k.version) for k in tally.running])
@@ -305,9 +345,8 @@ def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
             continue
         step = outcome.cancelled(kid, now, reason=reason)
         if kid.reason == CHILDREN:  # its own family goes with it
-            mine = prefix(kid)
             sub, sub_spent = cancel_running(
-                store, [k for k in store.children(kid.id) if k.id.startswith(mine)], now, reason)
+                store, current(kid.id, store.children(kid.id)), now, reason)
             step.record.tokens_used += sub_spent
             step.history[-1].tokens += sub_spent
             step.history[-1].detail["children_tokens"] = sub_spent
@@ -373,9 +412,8 @@ def propagate(store: Store, step: StepCommit, now: float) -> StepCommit:
         step.wake = new.parent_id
     was_waiting = before.reason == CHILDREN if before is not None else new.reason == CHILDREN
     if was_waiting and not step.fence and not step.also:
-        mine = prefix(before or new)
         step.also, spent = cancel_running(
-            store, [k for k in store.children(new.id) if k.id.startswith(mine)], now,
+            store, current(new.id, store.children(new.id)), now,
             "parent_" + (new.reason or "ended"))
         new.tokens_used += spent  # the family's tokens, as a join would have added them
         if step.history:
@@ -404,9 +442,7 @@ def spent(store: Store, rec: InstanceRecord) -> int:
     total = rec.tokens_used
     if rec.final or rec.reason != CHILDREN:
         return total
-    mine = prefix(rec)
-    for kid in store.child_states(rec.id):
-        if kid.id.startswith(mine):
-            waiting = not kid.final and kid.reason == CHILDREN
-            total += spent(store, store.get(kid.id)) if waiting else kid.tokens_used
+    for kid in current(rec.id, store.child_states(rec.id)):
+        waiting = not kid.final and kid.reason == CHILDREN
+        total += spent(store, store.get(kid.id)) if waiting else kid.tokens_used
     return total

@@ -29,7 +29,8 @@ from .replay import Rebuilt
 def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
                state: str | None = None, failure: bool = False) -> int:
     """How many rows a fork copies: ``seq`` itself; before the latest visit of ``state``
-    is left (the row that entered it); or before the last failure (the row that failed).
+    is left (the row that entered it, or 0 for the state it started in and never entered
+    again); or before the last failure (the row that failed).
     ``InvalidInput`` when there is no such point."""
     if seq is not None:
         if not 0 <= seq <= len(history):
@@ -38,9 +39,11 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
     if state is not None:
         entered = [h.seq for h in history
                    if h.dest == state and h.kind not in ("cancel", RECOVERY)]
-        if not entered:
-            raise InvalidInput(f"the instance never entered state {state!r}")
-        return entered[-1]
+        if entered:
+            return entered[-1]
+        if history and history[0].source == state:  # the state it started in: from the input
+            return 0
+        raise InvalidInput(f"the instance never entered state {state!r}")
     if failure:
         failed = [h.seq for h in history if h.kind in ("fail", "loop_limit") or h.error]
         if not failed:

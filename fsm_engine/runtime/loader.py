@@ -7,6 +7,13 @@ is recorded relative to that root (``machines/moderation.py``), a file inside a
 ``sys.path`` package by its dotted name, a dotted name as given; only a file
 outside all of those is recorded by its absolute path.  A relative path is
 looked up in the current directory, then under the root.
+
+A stored reference is data: whoever can write a row can name any file or module.
+So a reference read from the store is imported only through :class:`Trust`: when
+it was named explicitly (a command line's ``MODULE`` or ``--machines``, a program's
+``Engine.load``), or when every file importing it would execute lies under the
+machines root (symlinks followed, ``..`` resolved); anything else is refused with
+``MachineRefused`` and never imported.  The viewer imports nothing at all.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterable
+from importlib.machinery import PathFinder
 from types import ModuleType
 
 from ..definition import Machine
-from ..errors import DefinitionError, MachineLoadError
+from ..errors import DefinitionError, MachineLoadError, MachineRefused
 
 #: The environment variable naming the directory machine paths are relative to.
 ROOT_ENV = "FSM_MACHINES_ROOT"
@@ -102,18 +111,100 @@ def _find(module: ModuleType, ref: str, attr: str | None) -> Machine:
     return found[0]
 
 
+def _split(ref: str) -> tuple[str, str]:
+    """``ref`` as (module path or dotted name, attribute or "")."""
+    if os.path.exists(resolve(ref)):
+        return ref, ""
+    target, _, attr = ref.partition(":")
+    return target, attr
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or os.sep in target
+
+
+def _dotted_files(name: str) -> list[str] | None:
+    """The files importing ``name`` executes (each package's ``__init__`` and the module),
+    found on ``sys.path`` without importing anything; None when it is not found there."""
+    parts = name.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    files: list[str] = []
+    search: list[str] | None = None
+    for i in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        if spec is None:
+            return None
+        if spec.origin and spec.has_location:  # a namespace package has no file
+            files.append(spec.origin)
+        found = spec.submodule_search_locations
+        search = None if found is None else list(found)
+        if search is None and i < len(parts) - 1:
+            return None
+    return files or None
+
+
+def _files(ref: str) -> list[str] | None:
+    """What importing ``ref`` would execute (None: nothing found to import)."""
+    target, _ = _split(ref)
+    if _is_file(target):
+        return [resolve(target)]
+    return _dotted_files(target)
+
+
+def refusal(ref: str) -> str | None:
+    """Why the stored reference ``ref`` may not be imported unless named explicitly, or
+    None when every file it would execute lies under the machines root."""
+    root = os.path.realpath(machines_root())
+    try:
+        files = [os.path.realpath(f) for f in _files(ref) or ()]
+    except (OSError, ValueError, ImportError):  # an embedded NUL, an unreadable folder
+        files = []
+    if not files:
+        return f"is not found under the machines root {root}"
+    if any(_under(f, root) is None for f in files):
+        return f"lies outside the machines root {root}"
+    return None
+
+
+class Trust:
+    """Which stored machine references this process may import (see the module docstring).
+
+    ``allow(ref)`` names one explicitly; ``check(ref, instance_id)`` passes a named one,
+    or one under the machines root (``$FSM_MACHINES_ROOT``, else the current directory,
+    read at each check), and raises ``MachineRefused`` for any other, importing nothing.
+    """
+
+    def __init__(self, named: Iterable[str] = ()) -> None:
+        self._named: set[str] = set(named)
+
+    def allow(self, ref: str) -> None:
+        """Trust ``ref`` (a canonical reference, as ``load_machine`` returns it)."""
+        self._named.add(ref)
+
+    def check(self, ref: str, instance_id: str) -> None:
+        """Return when ``ref`` may be imported for instance ``instance_id``, else raise
+        ``MachineRefused`` naming both (one line)."""
+        if ref in self._named:
+            return
+        why = refusal(ref)
+        if why is not None:
+            raise MachineRefused(ref, instance_id, why + " (name it on the command line, "
+                                 "--machines MODULE, or set FSM_MACHINES_ROOT to its folder)")
+
+
 def load_machine(ref: str) -> tuple[Machine, str]:
     """Load ``ref`` — ``path/to/file.py``, ``package.module`` or either with ``:attr``.
 
     Returns the machine and a portable reference to store with instances
-    (``reference``: a path relative to the machines root, or a dotted name).  Raises ``MachineLoadError`` (one line) when
+    (``reference``: a path relative to the machines root, or a dotted name).  Raises
+    ``MachineLoadError`` (one line) when
     the module is missing, fails to import or defines no machine;
     ``DefinitionError`` propagates from checks done at import time.
     """
-    target, _, attr = ref.partition(":") if not os.path.exists(resolve(ref)) else (ref, "", "")
-    is_file = target.endswith(".py") or os.sep in target
+    target, attr = _split(ref)
     try:
-        if is_file:
+        if _is_file(target):
             path = resolve(target)
             if os.path.isdir(path):
                 raise MachineLoadError(ref, f"{target} is a directory, not a Python file")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import FsmError, NeedsMigration, VersionTooNew
+from ..errors import FsmError, MachineRefused, NeedsMigration, VersionTooNew
 from ..store.records import PENDING, RUNNING, WAITING, InstanceFilter, InstanceRecord, StepCommit
 from . import migration, outcome
 from .workers import live_ids
@@ -61,6 +61,8 @@ def _entry(engine: "Engine", rec: InstanceRecord, live: set[str]) -> Entry:
                 from_version=rec.machine_version, record=rec)
     try:
         cm = engine.definition(rec)
+    except MachineRefused:
+        raise  # a module it may not import: the whole survey is refused, nothing imported
     except FsmError as exc:
         return Entry(**base, to_version=None, outcome=REFUSED, cause=str(exc))
     to = cm.spec.version
@@ -81,7 +83,8 @@ def _entry(engine: "Engine", rec: InstanceRecord, live: set[str]) -> Entry:
 
 def survey(engine: "Engine", machine: str | None = None) -> list[Entry]:
     """Every unfinished instance (of ``machine``, or all), oldest first, sorted into what
-    ``apply`` would do with it; nothing is written."""
+    ``apply`` would do with it; nothing is written.  ``MachineRefused`` when one names a
+    module the engine may not import (``Engine.trust``)."""
     where = InstanceFilter(machine=machine, statuses=(PENDING, RUNNING, WAITING))
     records = engine.store.query(where, order="created", descending=False, limit=None)
     now = engine.clock()
@@ -109,7 +112,7 @@ def apply(engine: "Engine", entries: Sequence[Entry], *, batch: int = 100,
     todo = [(e, c) for e in entries if (c := _commit(engine, e)) is not None]
     for start in range(0, len(todo), max(1, batch)):
         chunk = todo[start:start + batch]
-        results = engine.store.commit([c for _, c in chunk])
+        results = engine.ledger.apply([c for _, c in chunk])
         for (e, _), ok in zip(chunk, results):
             e.applied = ok
         if on_batch is not None:

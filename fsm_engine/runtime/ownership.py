@@ -134,6 +134,15 @@ class Ownership:
                     "another worker ended it", dropped, self.id)
         self.renew()
 
+    def lease_current(self) -> bool:
+        """True while this worker's lease has not run out by its own clock.
+
+        Checked before a step starts its action or its delivery: a worker whose loop
+        stalled past its lease (a long pause, SIGSTOP) may have been taken over, and only
+        the new owner may start the instance's next step; an action already running
+        finishes, and its commit is refused by the version check."""
+        return not self.registered or self.clock() < (self.worker.lease_until or 0.0)
+
     def register(self) -> None:
         """Register the worker row once (before it owns anything); renew a lease that ran
         out by this worker's clock (a paused process) before anything is claimed under it."""

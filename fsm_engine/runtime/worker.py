@@ -223,7 +223,7 @@ class Worker:
             self._parked.add(rec.id)
             log.warning("instance %s left alone: %s", rec.id, exc)
         try:
-            if step is None or not (await self._call(self.engine.store.commit, [step]))[0]:
+            if step is None or not (await self._call(self.engine.ledger.apply, [step]))[0]:
                 await self._call(self.engine.store.release, self.id, [rec.id])
         except StoreError:
             self._orphans.add(rec.id)

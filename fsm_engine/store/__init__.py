@@ -10,7 +10,8 @@ from .base import Store
 from .claims import ClaimRequest
 from .records import (
     CANCELLED, COMPLETED, FAILED, FINAL_STATUSES, PENDING, RUNNING, WAITING, AttemptRow,
-    BreakerRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin, OutboxRow, ReplyRow,
+    BreakerRow, DefinitionRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
+    OutboxRow, ReplyRow,
     ReviewDecision,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
@@ -62,9 +63,18 @@ def open_store(url: str | None = None, *, create: bool = True,
     ``create`` is ignored; on PostgreSQL every transaction is read-only.
 
     Raises ``StoreError`` (unreachable, refused, newer schema, missing) or
-    ``NotAnFsmDatabase`` (someone else's database), each one line.
+    ``NotAnFsmDatabase`` (someone else's database), each one line.  With
+    ``FSM_CRASH_AT`` set (fault-injection tests) the store is armed to stop its own
+    process at one write (``fsm_engine.testing.crash``).
     """
-    url = store_url(url)
+    store = _open(store_url(url), create=create, synchronous=synchronous, readonly=readonly)
+    if os.environ.get("FSM_CRASH_AT"):
+        from ..testing.crash import arm
+        arm(store)
+    return store
+
+
+def _open(url: str, *, create: bool, synchronous: str, readonly: bool) -> Store:
     if is_postgres(url):
         try:
             from .postgres import PostgresStore
@@ -85,5 +95,6 @@ __all__ = ["Store", "SqliteStore", "open_store", "store_url", "is_postgres", "Cl
            "InstanceRecord", "HistoryRow", "AttemptRow", "OutboxBegin", "OutboxRow", "WorkerRow",
            "BreakerRow",
            "StepCommit", "InstanceFilter", "StepRow", "ReviewItem", "ReviewDecision", "ReplyRow",
+           "DefinitionRow",
            "PENDING", "RUNNING", "WAITING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATUSES"]

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Protocol, Sequence
 from .claims import ClaimRequest
 from .rates import RateRequest
 from .records import (
-    AttemptRow, BreakerRow, ChildOutput, ChildState, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
+    AttemptRow, BreakerRow, ChildOutput, ChildState, DefinitionRow, HistoryRow, InstanceFilter, InstanceRecord, OutboxBegin,
     OutboxRow, ReplyRow,
     ReviewItem,
     StepCommit, StepRow, WorkerRow,
@@ -176,6 +176,15 @@ class Store(Protocol):
     def put_limits(self, limits: dict[str, Any] | None) -> None:
         """Replace the fleet's limits with ``limits`` (a JSON object; ``None`` or ``{}``
         removes them), in one transaction."""
+
+    def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:
+        """Keep each machine definition's export under its (machine, version, fingerprint),
+        in one transaction; a row already stored under that key is kept as it is."""
+
+    def get_definition(self, machine: str, version: int,
+                       fingerprint: str) -> DefinitionRow | None:
+        """The export stored under that key (None: none, e.g. written before format 11);
+        ``StoreError`` when the stored value is not a machine export."""
 
     # -- read side: the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
     # backend, so 100,000 instances stay fast) and maintenance (``fsm prune``/``fsm check``)

@@ -128,8 +128,15 @@ def _v10(cur: Any) -> None:
     cur.execute(f"ALTER TABLE instances SET (fillfactor = {FILLFACTOR})")
 
 
+def _v11(cur: Any) -> None:
+    """Format 11: machine definitions' exports (the same table as SQLite's,
+    ``store.definitions``)."""
+    from .definitions import TABLE
+    cur.execute(TABLE.format(real="DOUBLE PRECISION"))
+
+
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
-    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10}
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from ..errors import InstanceNotFound, NotAnFsmDatabase, StepRejected, StoreError
 from ..redaction import redact
 from . import claims, leases, pg_commit, rates
+from . import definitions as definitions_sql
 from . import limits as limits_sql
 from .rates import RateRequest
 from .claims import ClaimRequest, select, take
@@ -48,7 +49,7 @@ from . import pg_read
 from .pg_schema import migrate, require_current
 from .records import (
     CHILD_OUTPUT_COLUMNS, CHILD_STATE_COLUMNS, FINAL_STATUSES, FORMAT_VERSION, AttemptRow,
-    BreakerRow, ChildOutput, ChildState, HistoryRow,
+    BreakerRow, ChildOutput, ChildState, DefinitionRow, HistoryRow,
     InstanceFilter, InstanceRecord,
     OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
@@ -559,6 +560,9 @@ class PostgresStore:
                 if cur.rowcount != 1 or not self._updates(conn, [step], [enc])[0]:
                     raise _Undo("decision not applied")
                 self._appends(conn, [(step, enc)])
+                if step.wake:  # a decision that ends a child wakes its parent
+                    conn.execute(_SQL_WAKE, (step.record.updated_at, step.wake))
+                    conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
         except _Undo:
             return False
         return True
@@ -794,6 +798,17 @@ class PostgresStore:
             if limits:
                 conn.execute(marks(limits_sql.PUT), (limits_sql.encode(limits),))
         self._run(go, txn=True)
+
+    # -- definitions --------------------------------------------------------------------
+    def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:
+        if rows:
+            self._run(lambda conn: conn.cursor().executemany(
+                marks(definitions_sql.PUT), definitions_sql.encode_all(rows)), txn=True)
+
+    def get_definition(self, machine: str, version: int,
+                       fingerprint: str) -> DefinitionRow | None:
+        return definitions_sql.decode(self._run(lambda conn: conn.execute(
+            marks(definitions_sql.GET), (machine, version, fingerprint)).fetchall()))
 
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,

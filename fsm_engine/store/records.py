@@ -33,7 +33,7 @@ MIGRATION = "migration"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"
@@ -322,6 +322,20 @@ class ReplyRow:
     model: str
     text: str
     finish_reason: str
+    created_at: float
+
+
+@dataclass(slots=True)
+class DefinitionRow:
+    """A machine definition's plain export (``Machine.export()``) as the store keeps it
+    (format 11), keyed by (``machine``, ``version``, ``fingerprint``): written when an
+    engine registers the machine, read by the viewer, which draws from it and never
+    imports a module."""
+
+    machine: str
+    version: int
+    fingerprint: str
+    export: dict[str, Any]
     created_at: float
 
 

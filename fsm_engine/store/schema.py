@@ -198,7 +198,14 @@ def _v10(db: sqlite_utils.Database) -> None:
     (``pg_schema._v10``); SQLite rewrites a row in place."""
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
+def _v11(db: sqlite_utils.Database) -> None:
+    """Format 11: machine definitions' exports (``store.definitions``), drawn by the viewer
+    instead of importing the module a row names."""
+    from .definitions import TABLE
+    db.execute(TABLE.format(real="REAL"))
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -26,7 +26,7 @@ from ..errors import InstanceNotFound, NotAnFsmDatabase, StoreError
 from . import sqlite_read
 from .records import (
     CHILD_OUTPUT_COLUMNS, CHILD_STATE_COLUMNS, FINAL_STATUSES, FORMAT_VERSION, AttemptRow,
-    BreakerRow, ChildOutput, ChildState, HistoryRow,
+    BreakerRow, ChildOutput, ChildState, DefinitionRow, HistoryRow,
     InstanceFilter, InstanceRecord,
     OutboxBegin, OutboxRow, ReplyRow, ReviewItem, StepCommit, StepRow, WorkerRow,
 )
@@ -42,6 +42,7 @@ from .codec import (
     reviews_where,
 )
 from . import claims, leases, rates
+from . import definitions as definitions_sql
 from . import limits as limits_sql
 from .sqlite_batch import REFUSED, Rows, insert_history, rejected
 from .rates import RateRequest
@@ -544,6 +545,17 @@ class SqliteStore:
             conn.execute(limits_sql.DROP)
             if limits:
                 conn.execute(limits_sql.PUT, (limits_sql.encode(limits),))
+
+    # -- definitions ------------------------------------------------------------------
+    def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:
+        if rows:
+            with self._write() as conn:
+                conn.executemany(definitions_sql.PUT, definitions_sql.encode_all(rows))
+
+    def get_definition(self, machine: str, version: int,
+                       fingerprint: str) -> DefinitionRow | None:
+        return definitions_sql.decode(self._read(definitions_sql.GET,
+                                                 (machine, version, fingerprint), tuples=True))
 
     # -- read side ------------------------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,

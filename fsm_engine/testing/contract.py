@@ -215,10 +215,12 @@ from .contract_queues import QueueContract  # noqa: E402 - uses the helpers abov
 from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
 from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
 from .contract_batch import BatchContract  # noqa: E402 - uses the helpers above
+from .contract_definitions import DefinitionContract  # noqa: E402
 
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,
-                    QueueContract, LargeValueContract, LeaseContract, BatchContract):
+                    QueueContract, LargeValueContract, LeaseContract, BatchContract,
+                    DefinitionContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a

@@ -35,18 +35,11 @@ from ..errors import InstanceNotFound, InvalidInput, StoreError
 from ..redaction import redact
 from ..store.base import Store
 from .data import ListQuery, Viewer
+from .headers import SECURITY_HEADERS
 from .hosts import HostGate, HostRule
 
 HERE = Path(__file__).resolve().parent
 COOKIE = "fsm_ui_token"
-SECURITY_HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self' data:; "
-                                "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",
-}
 
 
 #: Most characters of one rendered value (a context value, a delta, a model reply …).

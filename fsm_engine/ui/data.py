@@ -1,8 +1,10 @@
 """What the viewer's pages show, computed from a read-only store (no HTML here).
 
-Diagrams come from the machine's own definition, loaded from the module the
-instance recorded (cached per module file and modification time); when that
-module cannot be loaded any more, from the states and moves the history shows.
+Diagrams come from what the store holds, never from code: the definition's
+export the store kept when the instance's machine version was registered
+(``Store.get_definition``, format 11), else — a store written before that —
+the states and moves the history shows, with a note saying so.  No page imports
+the module a row names (whoever can write a row could name any file).
 SVG is drawn by Graphviz's ``dot``; every label is escaped on the way into DOT
 (see :mod:`fsm_engine.diagram.dot`), so no text from the database becomes markup.
 """
@@ -10,7 +12,6 @@ SVG is drawn by Graphviz's ``dot``; every label is escaped on the way into DOT
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import Any, Iterable, Mapping
 from ..diagram import build_graph, to_dot
 from ..diagram.dot import pipe
 from ..diagram.overlays import aggregate_overlay, instance_overlay
-from ..errors import FsmError, InvalidInput
+from ..errors import FsmError, InvalidInput, StoreError
 from ..runtime.workers import live_ids
 from ..store.base import Store
 from ..store.records import (
@@ -121,7 +122,6 @@ class Viewer:
         self.store = store
         self.lease_seconds = lease_seconds
         self.stats_ttl_s = stats_ttl_s
-        self._machines: dict[tuple[str, float], Any] = {}
         self._stats: OrderedDict[tuple[str, str], tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -184,7 +184,7 @@ class Viewer:
         attempts = self.store.attempts(rec.id)
         live, now = self.live(), time.time()
         rows = [_history_row(h, now) for h in history_json(rec, history)]
-        export, note = self._export(rec.module, rec.machine, rec.fingerprint, history, rec.state)
+        export, note = self._export(rec, history, rec.state)
         svg, svg_error = _svg(export, instance_overlay(rec, history, attempts))
         status = shown_status(rec, live)
         return {"rec": rec, "row": self._row(rec, live, now), "status": status,
@@ -221,8 +221,7 @@ class Viewer:
             return {"name": name, "stats": None, "svg": None, "svg_error": None,
                     "diagram_note": None, "status": status, "statuses": STATUSES,
                     "running": False, "as_of": when(as_of)}
-        export, note = self._export(rec.module, name, rec.fingerprint,
-                                    _edge_rows(figures.edges))
+        export, note = self._export(rec, _edge_rows(figures.edges))
         svg, svg_error = _svg(export, aggregate_overlay(figures))
         running = any(figures.by_status.get(s) for s in ("pending", "running"))
         return {"name": name, "stats": figures, "svg": svg, "svg_error": svg_error,
@@ -247,34 +246,22 @@ class Viewer:
         return figures, now
 
     # -- diagrams --------------------------------------------------------------------
-    def _export(self, module: str, machine: str, fingerprint: str, history: Iterable[Any],
+    def _export(self, rec: InstanceRecord, history: Iterable[Any],
                 current: str | None = None) -> tuple[dict[str, Any], str | None]:
-        """The machine's definition export (and a note), or one drawn from the history."""
+        """The definition of ``rec``'s machine version as the store keeps it (note None),
+        or one drawn from ``history`` with a note saying why; never imports anything."""
         try:
-            cm = self._load(module)
-        except (FsmError, OSError, ImportError) as exc:
-            return observed_export(machine, history, current), (
-                f"definition not loadable ({str(exc).splitlines()[0][:200]}): "
-                "drawn from the recorded history only")
-        export = cm.spec.export()
-        if export.get("name") != machine:
-            return observed_export(machine, history, current), (
-                f"module {module} now defines machine {export.get('name')!r}: "
-                "drawn from the recorded history only")
-        if cm.fingerprint != fingerprint:
-            return export, "the definition changed since this instance started"
-        return export, None
-
-    def _load(self, module: str) -> Any:
-        from ..runtime.compiled import compile_machine
-        from ..runtime.loader import load_machine
-        stamp = os.path.getmtime(module) if os.path.isfile(module) else 0.0
-        with self._lock:
-            cached = self._machines.get((module, stamp))
-            if cached is None:
-                machine, _ = load_machine(module)
-                cached = self._machines[(module, stamp)] = compile_machine(machine)
-            return cached
+            row = self.store.get_definition(rec.machine, rec.machine_version, rec.fingerprint)
+        except StoreError as exc:
+            why = f"its stored definition is unreadable ({str(exc)[:200]})"
+        else:
+            if row is not None:
+                return row.export, None
+            why = (f"no definition of {rec.machine} v{rec.machine_version} is stored (it was "
+                   "started before fsm_engine kept definitions, store format 11)")
+        return observed_export(rec.machine, history, current), (
+            f"{why}: drawn from the recorded history only; the viewer never imports "
+            "machine code")
 
 
 def observed_export(machine: str, history: Iterable[Any],

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .headers import SECURITY_HEADERS
+
 __all__ = ["HostRule", "HostGate"]
 
 LOOPBACK_NAMES = ("localhost",)
@@ -97,7 +99,6 @@ class HostGate:
             return
         from starlette.responses import PlainTextResponse
 
-        from .app import SECURITY_HEADERS
         response = PlainTextResponse(
             "421: this viewer does not serve that Host (start fsm ui with "
             "--allowed-host NAME to serve a name)\n", status_code=421,

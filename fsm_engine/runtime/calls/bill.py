@@ -39,6 +39,7 @@ class BillLayer(Layer):
         entry = call.entry = self.meter.bill(out.prompt_tokens + out.completion_tokens,
                                              out.finish_reason, None, self.inner, out.model)
         entry["key"], entry["reply"] = call.key, out.text
+        entry["prompt_tokens"], entry["completion_tokens"] = out.prompt_tokens, out.completion_tokens
         if out.usage_missing:
             entry["usage_missing"] = True
         return out

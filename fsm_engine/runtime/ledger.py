@@ -1,0 +1,65 @@
+"""The one writer: the only code that calls ``Store.commit``.
+
+Every change to an instance — a step (through the group committer), a review
+decision, a cancel, a send, an in-place rerun, a claim, a migration, a parked
+instance — is a ``StepCommit`` handed to a ``Ledger``, which adds what the change
+implies for others and writes it:
+
+- **family effects** (``settle``): a child that ends wakes its parent
+  (``StepCommit.wake``); a parent that ends while its children run cancels them
+  in the same transaction, adding their tokens (``fanout.propagate``);
+- **stale-write fencing**: each step applies only when its instance is still at
+  ``expected_version`` (and every fenced instance at its version); ``write``
+  returns one ``bool`` per step (``apply_one``: for one), and the caller raises its
+  own refusal (``StaleWrite``, ``ReviewRefused``) on False;
+- **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
+  its own transaction (the store writes it with the step, or neither).
+
+Why one place: a decision that ended a fan-out child used to be written straight to
+the store, skipping the wake an ordinary step makes, and its parent waited forever
+(issue 20).  ``tests/test_ledger.py`` asserts that no other module of the package
+calls a store's ``commit``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from ..store.base import Store
+from ..store.records import StepCommit
+from . import fanout
+
+
+class Ledger:
+    """Writes ``StepCommit``s to ``store`` with their family effects (``settle``).
+
+    ``clock``: epoch seconds, the time of the cancellations ``settle`` adds.
+    """
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    def settle(self, step: StepCommit) -> StepCommit:
+        """``step`` with what it implies for its family: a child that ends wakes its
+        parent; a parent that ends while its children run cancels them (with their
+        tokens).  Idempotent; a step that does not end its instance is returned as is."""
+        if step.record.final:
+            fanout.propagate(self.store, step, self.clock())
+        return step
+
+    def write(self, steps: Sequence[StepCommit]) -> list[bool]:
+        """Commit ``steps`` (already settled: the group commit settles each as it is
+        queued) in one transaction; per step, True when it applied, False when stale.
+        Raises what ``Store.commit`` raises (``StepRejected`` for one step's values)."""
+        return self.store.commit(steps)
+
+    def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
+        """``settle`` each step, then ``write`` them together."""
+        return self.write([self.settle(s) for s in steps])
+
+    def apply_one(self, step: StepCommit) -> bool:
+        """``apply`` for one step: True when it applied, False when its instance (or an
+        item or instance it fences) changed meanwhile and nothing was written."""
+        return self.write([self.settle(step)])[0]

@@ -1,0 +1,192 @@
+"""The kinds of step of the intersection matrix: how a cell sets one up, which process
+makes its commit, and where that commit's crash points are.
+
+A kind's ``setup(lab, n)`` brings ``n`` instances to where the step is next (in this
+process, through the API); ``op(lab, crash)`` starts the processes that make the step
+— ``crash`` (an ``FSM_CRASH_AT`` value) given to the first — and returns them; ``todo``
+(the CLI kinds) says whether the step is still to be made after a fault (the operator
+runs the command again). A worker kind's step is made by ``fsm worker`` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from matrix_harness import MODULE, ROOT, Lab, Point, until
+
+Procs = list[subprocess.Popen[bytes]]
+Ref = str
+
+
+def ref(name: str) -> Ref:
+    return f"{ROOT / MODULE}:{name}"
+
+
+def _started(lab: Lab, name: str, n: int, run: bool) -> list[str]:
+    engine = lab.engine()
+    try:
+        data: list[dict[str, Any]]
+        if name.startswith("fan"):
+            data = [{"items": [f"p{i}-{j}" for j in range(2)]} for i in range(n)]
+        else:
+            data = [{"item": f"{name}{i}"} for i in range(n)]
+        ids = engine.start_many(ref(name), data, enqueue=not run)
+        if run:
+            asyncio.run(engine.run_many(ids))
+        return ids
+    finally:
+        engine.close()
+
+
+def _worker_op(lab: Lab, crash: str | None) -> Procs:
+    return [lab.worker(crash)]
+
+
+def _each(lab: Lab, crash: str | None, argvs: list[list[str]]) -> Procs:
+    """One CLI process per argv, in turn; ``crash`` for the first."""
+    procs = [lab.fsm(*argvs[0], crash=crash)] if argvs else []
+    if procs and crash is None:
+        procs[0].wait(60)
+    for argv in argvs[1:]:
+        if procs[0].poll() is None:
+            return procs  # the first stopped at its crash point: the rest come later
+        procs.append(lab.fsm(*argv))
+        procs[-1].wait(60)
+    return procs
+
+
+@dataclass
+class Kind:
+    """One kind of step (see the module docstring)."""
+
+    name: str
+    setup: Callable[[Lab, int], list[str]]
+    op: Callable[[Lab, str | None], Procs]
+    #: Its commit points: the default cells' first, the full matrix's all.
+    points: list[Point]
+    todo: Callable[[Lab], bool] = lambda lab: False
+    keys_per_item: int = 1
+    by_worker: bool = field(default=False)
+    #: Seconds a worker gets to end every instance after the fault.
+    settle: float = 60.0
+    #: One faulted process makes the step for several instances (a worker, ``migrate``).
+    many_per_process: bool = False
+    #: Instances per cell by default (None: the matrix's default; FSM_MATRIX_FULL: 4).
+    n: int | None = None
+
+
+# -- plain action, fan-out child, join: steps a worker makes -------------------------------
+def _enqueue(name: str) -> Callable[[Lab, int], list[str]]:
+    return lambda lab, n: _started(lab, name, n, run=False)
+
+
+def _in_review(lab: Lab, n: int) -> list[str]:
+    """``n`` parents of ``fan_review``, run by a worker until every child waits in review."""
+    ids = _started(lab, "fan_review", n, run=False)
+    worker = lab.worker()
+    until(lambda: len(_open_items(lab)) == 2 * n, "every child to wait in review", 30)
+    assert lab.stop(worker) == 0, lab.output(worker)
+    return ids
+
+
+def _open_items(lab: Lab) -> list[str]:
+    engine = lab.engine()
+    try:
+        return [item.id for item in engine.reviews()]
+    finally:
+        engine.close()
+
+
+def _waiting(lab: Lab, state: str) -> list[str]:
+    return [r.id for r in lab.records() if r.status == "waiting" and r.state == state]
+
+
+def _decide(lab: Lab, crash: str | None, choice: str = "approve") -> Procs:
+    return _each(lab, crash, [["review", "decide", i, choice, "--as", "bob"]
+                              for i in _open_items(lab)])
+
+
+def _reject(lab: Lab, crash: str | None) -> Procs:
+    """A decision that ends the child (``reject`` -> ``rejected``, final)."""
+    return _decide(lab, crash, "reject")
+
+
+def _send(lab: Lab, crash: str | None) -> Procs:
+    procs: Procs = []
+    for iid in _waiting(lab, "wait"):
+        procs.append(lab.send(iid, crash if not procs else None))
+        if procs[0].poll() is None and len(procs) == 1 and crash:
+            return procs
+        procs[-1].wait(60)
+    return procs
+
+
+def _not_rerun(lab: Lab) -> list[str]:
+    store_records = lab.records()
+    engine = lab.engine()
+    try:
+        return [r.id for r in store_records
+                if not any(h.kind == "rerun" for h in engine.store.history(r.id))]
+    finally:
+        engine.close()
+
+
+def _rerun(lab: Lab, crash: str | None) -> Procs:
+    return _each(lab, crash, [["rerun", i, "--state", "work", "--in-place"]
+                              for i in _not_rerun(lab)])
+
+
+def _unforked(lab: Lab) -> list[str]:
+    records = lab.records()
+    forked = {r.forked_from for r in records}
+    return [r.id for r in records if not r.forked_from and r.id not in forked]
+
+
+def _fork(lab: Lab, crash: str | None) -> Procs:
+    return _each(lab, crash, [["fork", i, "--from-state", "work"] for i in _unforked(lab)])
+
+
+def _migrate(lab: Lab, crash: str | None) -> Procs:
+    return [lab.fsm("migrate", "--yes", "--batch", "1", crash=crash, MATRIX_VERSION="2")]
+
+
+def _unmigrated(lab: Lab) -> bool:
+    return any(r.machine_version == 1 and r.status != "completed" for r in lab.records())
+
+
+def _commit(when: str, label: str, n: int = 1) -> Point:
+    return Point("commit", when, label, n)
+
+
+def _both(label: str, method: str = "commit") -> list[Point]:
+    return [Point(method, "before", label), Point(method, "after", label)]
+
+
+KINDS = {k.name: k for k in [
+    Kind("plain", _enqueue("flow"), _worker_op,
+         [*_both("src=work"), *_both("outbox_begins", "outbox_begins"), *_both("outbox")],
+         by_worker=True, many_per_process=True),
+    Kind("child", _enqueue("fan"), _worker_op,
+         [*_both("child"), *_both("create"), *_both("wake")], by_worker=True,
+         many_per_process=True),
+    Kind("join", _enqueue("fan"), _worker_op, _both("join"), by_worker=True,
+         many_per_process=True, n=1),
+    Kind("review", lambda lab, n: _started(lab, "reviewed", n, run=True), _decide,
+         _both("review"), todo=lambda lab: bool(_open_items(lab))),
+    Kind("child-review", _in_review, _reject, _both("review"),
+         todo=lambda lab: bool(_open_items(lab)), settle=5.0, n=1),
+    Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True),
+    Kind("send", lambda lab, n: _started(lab, "signal", n, run=True), _send,
+         _both("src=wait"), todo=lambda lab: bool(_waiting(lab, "wait"))),
+    Kind("rerun", lambda lab, n: _started(lab, "flow", n, run=True), _rerun,
+         _both("rerun"), todo=lambda lab: bool(_not_rerun(lab)), keys_per_item=2),
+    Kind("fork", lambda lab, n: _started(lab, "flow", n, run=True), _fork,
+         [Point("create", "before", "fork"), Point("create", "after", "fork")],
+         todo=lambda lab: bool(_unforked(lab))),
+    Kind("migration", _enqueue("flow"), _migrate, _both("migration"), todo=_unmigrated,
+         many_per_process=True),
+]}

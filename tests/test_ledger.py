@@ -1,0 +1,84 @@
+"""The one writer (issue 20, step 2): only ``runtime/ledger.py`` calls a store's ``commit``.
+
+An AST scan of the package: any attribute ``commit`` read on an expression naming a store
+(``store.commit``, ``self.store.commit``, ``engine.store.commit``, passed or called) outside
+the ledger, the store backends themselves and the shipped contract suite fails the test.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import fsm_engine
+
+PACKAGE = Path(fsm_engine.__file__).resolve().parent
+#: Where ``commit`` may be reached: the ledger; the backends (their own methods); the
+#: contract suite, which tests the store's ``commit`` itself.
+ALLOWED = {PACKAGE / "runtime" / "ledger.py"}
+EXEMPT_DIRS = (PACKAGE / "store", PACKAGE / "testing")
+
+
+def _names_store(node: ast.expr) -> bool:
+    """True for ``store``, ``x.store``, ``x.y.store``, ``_store`` …"""
+    if isinstance(node, ast.Name):
+        return node.id.endswith("store")
+    return isinstance(node, ast.Attribute) and node.attr.endswith("store")
+
+
+def _store_commits(path: Path, name: str) -> list[str]:
+    """``name:line`` of each store ``commit`` reached in the module at ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return [f"{name}:{node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr == "commit"
+            and _names_store(node.value)]
+
+
+def test_only_the_ledger_commits() -> None:
+    found: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path in ALLOWED or any(d in path.parents for d in EXEMPT_DIRS):
+            continue
+        found += _store_commits(path, str(path.relative_to(PACKAGE.parent)))
+    assert found == [], "Store.commit called outside runtime/ledger.py: " + ", ".join(found)
+
+
+def test_the_scan_sees_a_commit(tmp_path: Path) -> None:
+    """The scan itself finds each form it must refuse (so an empty result means something)."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("store.commit([s])\nself.store.commit([s])\n"
+                      "to_thread(engine.store.commit, [s])\nconn.commit()\n")
+    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3"]
+
+
+def test_the_engine_writes_through_its_ledger(tmp_path: Path) -> None:
+    """Every engine commit reaches the store through ``Engine.ledger`` (its group committer
+    included): a counting ledger sees the steps of a run and a cancel."""
+    import asyncio
+
+    from pydantic import BaseModel
+
+    from fsm_engine import Engine, Machine, State, Transition
+
+    class Ctx(BaseModel):
+        n: int = 0
+
+    machine = Machine(name="ledger_t", context=Ctx, initial="a", states=[
+        State("a", action=lambda ctx: {"n": ctx.n + 1}), State("done", final=True)],
+        transitions=[Transition("ok", "a", "done")])
+    eng = Engine(str(tmp_path / "fsm.db"))
+    written: list[str] = []
+    write = eng.ledger.write
+
+    def counting(steps):  # type: ignore[no-untyped-def]
+        written.extend(s.record.id for s in steps)
+        return write(steps)
+    eng.ledger.write = counting  # type: ignore[method-assign]
+    try:
+        first = eng.start(machine, {})
+        asyncio.run(eng.run(first))
+        second = eng.start(machine, {})
+        eng.cancel(second)
+    finally:
+        eng.close()
+    assert written.count(first) == 1 and written.count(second) == 1  # a→done; the cancel

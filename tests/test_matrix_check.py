@@ -1,0 +1,133 @@
+"""The matrix's checker finds what it is there to find: each invariant broken on purpose
+in a real store's family (a fan-out of two children, each delivering once)."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import matrix_check
+import pytest
+from matrix_harness import Lab
+from matrix_kinds import ref
+
+from fsm_engine import Engine
+from fsm_engine.store import open_store
+from fsm_engine.testing.crash import CrashPoint
+
+
+class Tampered:
+    """A store whose reads are the real store's, changed by the test."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.extra: list[Any] = []
+        self.rows: dict[str, list[Any]] = {}
+
+    def list(self) -> builtins.list[Any]:
+        return [*self.store.list(), *self.extra]
+
+    def history(self, iid: str) -> builtins.list[Any]:
+        return self.rows.get(iid) or (self.store.history(iid) if iid in
+                                      {r.id for r in self.store.list()} else [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Lab, Engine]]:
+    lab = Lab(str(tmp_path / "fsm.db"), tmp_path)
+    for key in ("MATRIX_LOG", "MATRIX_SINK", "FSM_MACHINES_ROOT"):
+        monkeypatch.setenv(key, lab.env[key])
+    engine = lab.engine()
+    iid = engine.start(ref("fan"), {"items": ["a", "b"]})
+    asyncio.run(engine.run(iid))
+    yield lab, engine
+    engine.close()
+
+
+def found(lab: Lab, engine: Engine, store: Any = None, runs: Any = None,
+          sent: Any = None) -> list[str]:
+    return matrix_check.check(store or engine.store,
+                              lab.executions() if runs is None else runs,
+                              lab.deliveries() if sent is None else sent,
+                              definition=engine.definition)
+
+
+def test_a_clean_family_holds(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    assert len(lab.executions()) == 2 + 2 * 2 and len(lab.deliveries()) == 2
+    assert found(lab, engine) == []
+
+
+def test_a_step_run_after_its_commit(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    runs = lab.executions()
+    late = {**runs[0], "at": runs[-1]["at"] + 60}
+    assert any("after its last commit" in p for p in found(lab, engine, runs=[*runs, late]))
+
+
+def test_a_step_committed_without_a_run(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    assert any("without a run" in p for p in found(lab, engine, runs=lab.executions()[1:]))
+
+
+def test_an_item_under_two_keys_and_a_key_twice(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    sent = lab.deliveries()
+    problems = found(lab, engine, sent=[*sent, {**sent[0], "key": "x:notify:1"}, sent[1]])
+    assert any("under 2 keys" in p for p in problems)
+    assert any("delivered 2 times" in p for p in problems)
+
+
+def test_a_duplicate_child_and_a_parent_that_never_joined(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    store = Tampered(engine.store)
+    parent = next(r for r in engine.store.list() if r.parent_id is None)
+    child = next(r for r in engine.store.list() if r.parent_id)
+    store.extra = [replace(child, id=child.id + "x")]
+    store.rows[parent.id] = [h for h in engine.store.history(parent.id) if h.kind != "join"]
+    problems = found(lab, engine, store=store)
+    assert any("2 children for item/branch" in p for p in problems)
+    assert any("children all final, 0 join row(s)" in p for p in problems)
+
+
+def test_a_history_that_does_not_replay(family: tuple[Lab, Engine]) -> None:
+    lab, engine = family
+    store = Tampered(engine.store)
+    parent = next(r for r in engine.store.list() if r.parent_id is None)
+    rows = engine.store.history(parent.id)
+    store.rows[parent.id] = [replace(rows[0], delta={**rows[0].delta, "items": ["z"]}), *rows[1:]]
+    assert any("the deltas replay to" in p for p in found(lab, engine, store=store))
+
+
+@pytest.mark.parametrize("spec", ["commit", "commit:during:1", "commit:before:0",
+                                  "save:before:1", "commit:after:1:join:hup"])
+def test_a_malformed_crash_point_is_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="FSM_CRASH_AT"):
+        CrashPoint.parse(spec)
+
+
+def test_a_crash_point_counts_only_matching_calls() -> None:
+    point = CrashPoint.parse("commit:after:2:join:stop")
+    assert (point.when, point.label) == ("after", "join")
+    assert [point.hit(labels) for labels in ({"transition"}, {"join"}, {"transition"},
+                                             {"join", "wake"}, {"join"})] == [
+        False, False, False, True, False]
+
+
+def test_unarmed_the_store_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    monkeypatch.delenv("FSM_CRASH_AT", raising=False)
+    store = open_store(str(tmp_path / "a.db"))
+    assert "commit" not in vars(store)
+    store.close()
+    monkeypatch.setenv("FSM_CRASH_AT", "commit:before:5:join")
+    store = open_store(str(tmp_path / "b.db"))
+    assert "commit" in vars(store)  # wrapped on the instance; the class is untouched
+    store.close()

@@ -1,0 +1,149 @@
+"""Reviews inside a family (issue 19, finding 2): a decision that ends a fan-out child wakes
+its parent, and a parent whose children wait in review is left waiting (``run`` returns,
+``fsm run`` exits 3) instead of re-running the waiting children forever.  On SQLite and
+PostgreSQL, in process and through real ``fsm run`` / ``fsm resume`` subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+from fsm_engine import Engine
+from fsm_engine.runtime.loader import load_machine
+
+MACHINE = '''
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+from fsm_engine.definition.fanout import Map
+from fsm_engine.definition.review import Review
+
+
+class Item(BaseModel):
+    n: int
+    seen: bool = False
+
+
+def look(ctx):
+    return {"seen": True}
+
+
+item = Machine(name="rf_item", context=Item, initial="look", states=[
+    State("look", action=look),
+    State("review", review=Review(prompt="ok?", show=["n"], choices=["approve", "reject"])),
+    State("done", final=True), State("rejected", final=True, failure=True)],
+    transitions=[Transition("ok", "look", "review"), Transition("approve", "review", "done"),
+                 Transition("reject", "review", "rejected")])
+
+
+class Job(BaseModel):
+    ns: list[int] = []
+    got: list = []
+
+
+machine = Machine(name="rf", context=Job, initial="fan", states=[
+    State("fan", fan_out=Map(items="ns", machine=item, item_field="n", into="got")),
+    State("done", final=True)],
+    transitions=[Transition("joined", "fan", "done")])
+'''
+
+ITEMS = [1, 2]
+
+
+@pytest.fixture
+def module(tmp_path: Path) -> Path:
+    path = tmp_path / "rf_machine.py"
+    path.write_text(MACHINE)
+    return path
+
+
+def _approve_all(eng: Engine, parent_id: str) -> None:
+    for kid in eng.store.children(parent_id):
+        (item,) = eng.reviews(instance_id=kid.id)
+        done = eng.decide(item, "approve", by="ann")
+        assert done.status == "completed"
+
+
+async def _family_in_review(eng: Engine, module: Path) -> str:
+    machine, ref = load_machine(str(module))
+    pid = eng.start(machine, {"ns": ITEMS})
+    rec = await asyncio.wait_for(eng.run(pid), 20)  # before the fix: never returned
+    assert (rec.status, rec.reason) == ("waiting", "children")
+    kids = eng.store.children(pid)
+    assert [(k.status, k.state) for k in kids] == [("waiting", "review")] * len(ITEMS)
+    assert all(len(eng.store.history(k.id)) == 1 for k in kids)  # each stepped once
+    return pid
+
+
+@pytest.mark.timeout(60)  # before the fix: the run spun on its waiting children forever
+def test_run_leaves_the_parent_waiting(engine_factory: Any, module: Path) -> None:
+    eng = engine_factory()
+    asyncio.run(_family_in_review(eng, module))
+
+
+@pytest.mark.timeout(60)
+def test_decision_ending_a_child_wakes_its_parent(engine_factory: Any, module: Path) -> None:
+    eng = engine_factory()
+    machine, ref = load_machine(str(module))
+    pid = eng.start(machine, {"ns": ITEMS})
+
+    async def go() -> None:
+        await eng.step(pid)  # the parent starts its family and waits
+        for kid in eng.store.children(pid):
+            assert (await eng.run(kid.id)).state == "review"
+    asyncio.run(go())
+    assert eng.store.get(pid).status == "waiting"
+    _approve_all(eng, pid)
+    parent = eng.store.get(pid)
+    assert (parent.status, parent.reason) == ("running", "children")  # woken: claimable
+    assert [r.id for r in eng.resumable()] == [pid]
+    done = asyncio.run(eng.run(pid))
+    assert (done.status, [g["n"] for g in done.context["got"]]) == ("completed", ITEMS)
+
+
+def _cli(tmp: Path, db: str, *args: str, timeout: float = 30.0
+         ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``fsm ARGS --db DB``, and the CPU seconds it used."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-m", "fsm_engine.cli", *args, "--db", db],
+                          env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc, cpu
+
+
+def test_fsm_run_exits_3_then_resume_joins(tmp_path: Path, store_url: str,
+                                           module: Path) -> None:
+    data = tmp_path / "in.json"
+    data.write_text(json.dumps({"ns": ITEMS}))
+    run, cpu = _cli(tmp_path, store_url, "run", str(module), "--input", str(data), "--local",
+                    "-q")  # before the fix: still spinning at the timeout
+    assert run.returncode == 3, run.stdout[-2000:] + run.stderr[-2000:]
+    assert cpu < 10.0, f"fsm run used {cpu:.1f} s of CPU"
+    eng = Engine(store_url)
+    try:
+        (parent,) = [r for r in eng.store.list() if r.parent_id is None]
+        assert (parent.status, parent.reason) == ("waiting", "children")
+        assert all(len(eng.store.history(k.id)) == 1 for k in eng.store.children(parent.id))
+        eng.load(str(module))
+        _approve_all(eng, parent.id)
+        assert eng.store.get(parent.id).status == "running"
+    finally:
+        eng.close()
+    again, _ = _cli(tmp_path, store_url, "resume", "-q")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    eng = Engine(store_url)
+    try:
+        done = eng.store.get(parent.id)
+        assert (done.status, [g["n"] for g in done.context["got"]]) == ("completed", ITEMS)
+    finally:
+        eng.close()
