@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import math
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,7 +49,7 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text.encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN)
 
 
-def estimate_prompt_tokens(messages: list["Message"]) -> int:
+def estimate_prompt_tokens(messages: list[Message]) -> int:
     """Conservative token count of a chat prompt: every message's role and content plus
     ``MESSAGE_OVERHEAD`` per message and once for the reply's opening."""
     return MESSAGE_OVERHEAD + sum(
@@ -93,11 +94,15 @@ class Completion:
 
 @runtime_checkable
 class Provider(Protocol):
-    """An LLM that completes chat messages.
+    """An LLM that completes chat messages: the one contract every provider implements
+    (``openai_compat.OpenAICompatible``, ``local.LocalLlama``, ``scripted.Scripted``,
+    ``faults.FaultInjector``) and every model-call layer (``runtime.calls``) wraps.
 
     ``name`` is the provider kind (``"openai"``, ``"local"``, ``"scripted"``),
-    ``model`` the model id.  Implementations may subclass this protocol to
-    inherit the no-op :meth:`aclose`.
+    ``model`` the model id.  ``complete`` may also take ``timeout`` (seconds for this
+    call): the engine then passes what is left of the calling step's timeout
+    (:func:`accepts_timeout` tells).  Implementations may subclass this protocol to
+    inherit the default :meth:`count_tokens` and the no-op :meth:`aclose`.
     """
 
     name: str
@@ -116,7 +121,7 @@ class Provider(Protocol):
         """
         ...
 
-    def count_tokens(self, messages: list[Message]) -> int:
+    def count_tokens(self, messages: list[Message]) -> int | Awaitable[int]:
         """Tokens ``messages`` take as a prompt, counted before a call to check the token
         budget.  The default is the conservative :func:`estimate_prompt_tokens`; a
         provider with a tokenizer overrides it (it may be ``async def``).  Optional:

@@ -30,6 +30,8 @@ from .replay import visit_tokens
 from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
+from .calls import CallSettings, Limit
+from .reply_cache import RecordedReplies, ReplyCache
 from .step import MeteredLLM, Step, run_info
 from .threads import ActionThreads, in_own_thread
 
@@ -232,43 +234,53 @@ class Driver:
         return None
 
     def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
-        # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
-        left = None if rec.token_budget is None else rec.token_budget - rec.tokens_used
-        if left is not None and rec.parent_id is not None:  # the family shares one budget
-            family = fanout.family_left(self.store, rec)
-            left = left if family is None else min(left, family)
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
         in_visit = self._visit_tokens(rec, state, visit)
-        meter = MeteredLLM(provider, tokens_left=left, budget=rec.token_budget,
-                           breaker=self.models.breaker(provider), loop=asyncio.get_running_loop(),
-                           state_left=None if state.token_budget is None
-                           else state.token_budget - in_visit,
-                           state_budget=state.token_budget)
-        if state.repair_llm is not None:
-            repair = self.models.by_name.get(state.repair_llm)
-            if repair is not None and repair is not provider:
-                meter.repair = (repair, self.models.breaker(repair))
-        meter.loops_left = rec.max_transitions - rec.loop_count
-        meter.caller_input = rec.input
-        if self.models.rate_limits:
-            meter.rates = partial(self.models.limiter, alias=state.llm)
-        if state.cache is not None:
-            from .reply_cache import ReplyCache
-            meter.cache = ReplyCache(self.store, state.cache.ttl_s, self.clock)
-        if rec.forked_from is not None and rec.fork_options.get("reuse_llm") \
-                and not state.side_effect:
-            from .reply_cache import RecordedReplies
-            meter.recorded = RecordedReplies(self.store, rec.forked_from)
-        if self.tracer is not None:  # model calls become children of this step's span
-            from ..telemetry import current_context
-            meter.tracer, meter.trace_parent = self.tracer, current_context()
+        meter = MeteredLLM(provider, self._call_settings(rec, state, provider, in_visit),
+                           loop=asyncio.get_running_loop())
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
                     idempotency_key=fork.outbox_key(rec, state.name, visit), llm=meter,
                     loop_count=rec.loop_count, max_transitions=rec.max_transitions,
                     tokens_used=rec.tokens_used, token_budget=rec.token_budget,
                     triggers=cm.choosable(state.name), state_tokens_used=in_visit,
                     state_token_budget=state.token_budget)
+
+    def _call_settings(self, rec: InstanceRecord, state: State, provider: Any,
+                       in_visit: int) -> CallSettings:
+        """What governs this step's model calls (``runtime.calls``): budgets, breaker,
+        repair model, rate limits, reply cache, a fork's recorded replies, tracing."""
+        repair = None if state.repair_llm is None else self.models.by_name.get(state.repair_llm)
+        tracer, parent = self.tracer, None
+        if tracer is not None:  # model calls become children of this step's span
+            from ..telemetry import current_context
+            parent = current_context()
+        return CallSettings(
+            limits=self._limits(rec, state, in_visit), breaker=self.models.breaker(provider),
+            repair=None if repair is None or repair is provider
+            else (repair, self.models.breaker(repair)),
+            loops_left=rec.max_transitions - rec.loop_count, caller_input=rec.input,
+            rates=partial(self.models.limiter, alias=state.llm) if self.models.rate_limits else None,
+            cache=None if state.cache is None else ReplyCache(self.store, state.cache.ttl_s, self.clock),
+            recorded=RecordedReplies(self.store, rec.forked_from)
+            if rec.forked_from is not None and rec.fork_options.get("reuse_llm")
+            and not state.side_effect else None,
+            tracer=tracer, trace_parent=parent)
+
+    def _limits(self, rec: InstanceRecord, state: State, in_visit: int) -> tuple[Limit, ...]:
+        """The token budgets a step of ``rec`` in ``state`` runs under (instance: the family's
+        shared one when smaller; state: per visit, ``in_visit`` spent by earlier attempts)."""
+        out: list[Limit] = []
+        if rec.token_budget is not None:
+            # unclamped (may be < 0 after an overshoot) so BudgetExhausted reports the real spend
+            left = rec.token_budget - rec.tokens_used
+            if rec.parent_id is not None:  # the family shares one budget
+                family = fanout.family_left(self.store, rec)
+                left = left if family is None else min(left, family)
+            out.append(Limit("instance", left, rec.token_budget))
+        if state.token_budget is not None:
+            out.append(Limit("state", state.token_budget - in_visit, state.token_budget))
+        return tuple(out)
 
     def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the

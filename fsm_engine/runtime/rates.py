@@ -1,7 +1,7 @@
 """Rate limits per provider + model, shared by every worker through the store.
 
-``Models`` keeps one ``RateLimiter`` per limited model; the metered model handle
-(``runtime.step.MeteredLLM``) asks it for room before each call, with the call's
+``Models`` keeps one ``RateLimiter`` per limited model; the model-call layer
+(``runtime.calls.rate.RateLimitLayer``) asks it for room before each call, with the call's
 estimated tokens (counted prompt + ``max_tokens``), and settles the real usage
 after.  No room: ``RateLimitWait``, and the step ends with the instance waiting
 durably (status ``waiting``, reason ``rate_limited``, ``next_attempt_at`` when the
@@ -19,8 +19,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 from ..errors import FsmError, InvalidInput, RateLimitWait, StoreError
 from ..policies import RateLimit
