@@ -359,7 +359,7 @@ def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
 def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, tally: Tally,
                  decided: bool, now: float, tokens: int, detail: dict[str, Any],
                  outs: dict[str, ChildOutput] | None) -> StepCommit:
-    from .driver import apply_update
+    from .values import apply_update
     state = base.state
     fail = dict(tokens=tokens, detail=detail)
     if decided:
