@@ -49,15 +49,15 @@ _TYPES = {
 _BIT = {col: 1 << i for i, col in enumerate(MUTABLE)}
 
 
-class _Int8s(list):
+class _Int8s(list[Any]):
     """Values sent as one ``int8[]`` (cast in SQL where the column is narrower)."""
 
 
-class _Float8s(list):
+class _Float8s(list[Any]):
     """Values sent as one ``float8[]``."""
 
 
-class _Texts(list):
+class _Texts(list[Any]):
     """Values sent as one ``text[]``."""
 
 

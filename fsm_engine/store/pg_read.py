@@ -160,7 +160,7 @@ def delete(conn: Any, instance_ids: Sequence[str]) -> int:
         cur.execute("DELETE FROM outbox WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM review_items WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM instances WHERE id = ANY(%s)", (ids,))
-        return cur.rowcount
+        return int(cur.rowcount)
 
 
 def check(conn: Any) -> list[str]:

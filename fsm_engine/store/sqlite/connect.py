@@ -52,7 +52,7 @@ def _decode(cls: type, row: sqlite3.Row) -> Any:
 
 
 def _decode_worker(row: sqlite3.Row) -> WorkerRow:
-    worker = _decode(WorkerRow, row)
+    worker: WorkerRow = _decode(WorkerRow, row)
     if worker.queues is None:  # a row written before format 3
         worker.queues = []
     return worker
