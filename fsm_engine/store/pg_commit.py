@@ -23,7 +23,8 @@ constraint (nothing of it applied; the general path then names the step at fault
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.types.array import ListBinaryDumper

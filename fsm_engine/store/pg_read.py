@@ -16,7 +16,8 @@ under its lock.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
