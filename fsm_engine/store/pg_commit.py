@@ -23,7 +23,8 @@ constraint (nothing of it applied; the general path then names the step at fault
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.types.array import ListBinaryDumper
@@ -49,15 +50,15 @@ _TYPES = {
 _BIT = {col: 1 << i for i, col in enumerate(MUTABLE)}
 
 
-class _Int8s(list):
+class _Int8s(list[Any]):
     """Values sent as one ``int8[]`` (cast in SQL where the column is narrower)."""
 
 
-class _Float8s(list):
+class _Float8s(list[Any]):
     """Values sent as one ``float8[]``."""
 
 
-class _Texts(list):
+class _Texts(list[Any]):
     """Values sent as one ``text[]``."""
 
 

@@ -16,7 +16,8 @@ under its lock.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -160,7 +161,7 @@ def delete(conn: Any, instance_ids: Sequence[str]) -> int:
         cur.execute("DELETE FROM outbox WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM review_items WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM instances WHERE id = ANY(%s)", (ids,))
-        return cur.rowcount
+        return int(cur.rowcount)
 
 
 def check(conn: Any) -> list[str]:
