@@ -37,7 +37,6 @@ KNOWN_CIRCLES = {
 KNOWN_LONG = {
     "fsm_engine/store/sqlite.py": 649,     # step 5: store facets over a shared SQL base
     "fsm_engine/store/postgres.py": 832,   # step 5
-    "fsm_engine/runtime/engine.py": 800,   # step 3: client, runner, registry
     "fsm_engine/testing/contract.py": 867,  # step 6: one module per contract facet
 }
 
