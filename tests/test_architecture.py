@@ -33,7 +33,6 @@ KNOWN_CIRCLES = {
 
 #: Modules over MAX_LINES today, with their size now: they may shrink, not grow.
 KNOWN_LONG = {
-    "fsm_engine/runtime/engine.py": 800,   # step 3: client, runner, registry
     "fsm_engine/testing/contract.py": 867,  # step 6: one module per contract facet
 }
 

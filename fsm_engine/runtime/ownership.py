@@ -31,7 +31,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 from ..errors import FsmError, StoreError
 from ..store import RUNNING, Store
 from ..store.claims import ClaimRequest, adopted, takeover_row
-from ..store.records import InstanceRecord, StepCommit, WorkerRow
+from ..store.records import ChildState, InstanceRecord, StepCommit, WorkerRow
 from .workers import live_ids, new_worker, pid_alive
 
 log = logging.getLogger("fsm_engine")
@@ -392,7 +392,7 @@ class Ownership:
         row = takeover_row(rec, new, now, beat, cause)
         return StepCommit(new, rec.version, history=[row] if row else [], before=rec)
 
-    def can_take(self, rec: InstanceRecord) -> bool:
+    def can_take(self, rec: InstanceRecord | ChildState) -> bool:
         """True when ``rec`` is unowned, owned here, or owned by a worker known dead."""
         if rec.owner is None or rec.owner == self.id:
             return True

@@ -63,12 +63,13 @@ class Worker:
         self.own_plan = self.plan = plan or QueuePlan(total=concurrency)
         self._limits_at = float("-inf")  # monotonic time the stored limits were read
         self.limits: fleet.FleetLimits | None = None
-        engine._limits_read = True  # read here, off the loop, before each claim round
+        self.runner = engine.runner  # everything below goes through its public API
+        self.runner.limits_read = True  # read here, off the loop, before each claim round
         self.concurrency = self.plan.total
         self.machines = None if machines is None else list(machines)
         #: The queue of each instance running here (moved on when it stays across a boundary).
         self._queue: dict[str, str] = {}
-        engine.worker.queues = list(self.plan.serve or [])
+        self.runner.worker.queues = list(self.plan.serve or [])
         self.poll = poll
         self.grace = grace
         self.completed = 0
@@ -82,7 +83,7 @@ class Worker:
     @property
     def id(self) -> str:
         """The worker id (``owner`` of the instances it holds)."""
-        return self.engine.worker.id
+        return self.runner.worker.id
 
     def stop(self) -> None:
         """Ask ``serve`` to drain and return (safe from a signal handler on the loop)."""
@@ -93,10 +94,10 @@ class Worker:
         """Claim and run instances until ``stop``; then drain, release and deregister."""
         self._stopping, self._wake = asyncio.Event(), asyncio.Event()
         backoff = 0.05
-        await self._call(self.engine.ownership.register)
-        self.engine.ownership.release_idle = True  # held here but run by no task: give back
-        self.engine.driver.hand_off = self._hands_off
-        self.engine._ensure_worker()
+        await self._call(self.runner.ownership.register)
+        self.runner.ownership.release_idle = True  # held here but run by no task: give back
+        self.runner.hand_off = self._hands_off
+        self.runner.ensure_worker()
         while not self._stopping.is_set():
             try:
                 claimed = await self._fill()
@@ -119,7 +120,7 @@ class Worker:
         """Give orphans back, then claim up to the free slots; True when slots were filled."""
         if self._orphans:
             ids = sorted(self._orphans)
-            await self._call(self.engine.store.release, self.id, ids)
+            await self._call(self.runner.store.release, self.id, ids)
             self._orphans.difference_update(ids)
         free = self.concurrency - len(self._running)
         if free <= 0:
@@ -136,14 +137,14 @@ class Worker:
         if time.monotonic() - self._limits_at < fleet.REFRESH_S:
             return
         self._limits_at = time.monotonic()
-        limits = await self._call(fleet.read, self.engine.store)
+        limits = await self._call(fleet.read, self.runner.store)
         if limits is None or limits == self.limits:
             return
         if self.limits is not None or not limits.empty:
             log.info("worker %s: fleet limits %s", self.id, limits.to_json() or "none")
         self.limits = limits
         self.plan = self.own_plan.tightened(limits)
-        self.engine.use_limits(limits)
+        self.runner.use_limits(limits)
 
     def _load(self) -> Counter[str]:
         """How many instances of each queue run here now."""
@@ -157,7 +158,7 @@ class Worker:
             limit = min(c.limit, free - len(out))
             if limit <= 0:
                 break
-            out += self.engine.ownership.claim(
+            out += self.runner.ownership.claim(
                 limit, machines=self.machines, queues=c.queues, skip_queues=c.skip,
                 queue_limit=c.queue_limit, partition_limit=self.plan.partition_limit)
         return out
@@ -187,17 +188,17 @@ class Worker:
             self._wake.set()
 
     async def _one(self, rec: InstanceRecord, before: asyncio.Task[None] | None = None) -> None:
-        engine = self.engine
+        runner = self.runner
         if before is not None and not before.done():
             await asyncio.wait({before})
         try:
-            engine._compiled(rec)
+            runner.runnable(rec)
         except FsmError as exc:
             await self._park(rec, exc)
             return
-        engine._known[rec.id] = rec
+        runner.take(rec)
         try:
-            await engine.run(rec.id, self._count, family=False)
+            await runner.run(rec.id, self._count, family=False)
         except StaleWrite:
             pass  # taken over or cancelled meanwhile: its new owner goes on
         except StoreError as exc:
@@ -218,13 +219,13 @@ class Worker:
 
     async def _park(self, rec: InstanceRecord, exc: FsmError) -> None:
         """Leave an instance this worker cannot run, saying why (``fsm list``/``show``)."""
-        step = self.engine._parking(rec, exc)
+        step = self.runner.parking(rec, exc)
         if rec.id not in self._parked:
             self._parked.add(rec.id)
             log.warning("instance %s left alone: %s", rec.id, exc)
         try:
-            if step is None or not (await self._call(self.engine.ledger.apply, [step]))[0]:
-                await self._call(self.engine.store.release, self.id, [rec.id])
+            if step is None or not (await self._call(self.runner.ledger.apply, [step]))[0]:
+                await self._call(self.runner.store.release, self.id, [rec.id])
         except StoreError:
             self._orphans.add(rec.id)
 
@@ -234,7 +235,7 @@ class Worker:
         self._wake.clear()
         if self._waiter is None or self._waiter.done():
             self._waiter = asyncio.ensure_future(
-                self._call(self.engine.store.wait_for_work, self.poll))
+                self._call(self.runner.store.wait_for_work, self.poll))
         waits: set[asyncio.Future[Any]] = {self._waiter, asyncio.ensure_future(self._wake.wait()),
                  asyncio.ensure_future(self._stopping.wait())}
         done, pending = await asyncio.wait(waits, timeout=self.poll,
@@ -261,10 +262,10 @@ class Worker:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=5.0)
-        self.engine.ownership.stop_heartbeat()
+        self.runner.ownership.stop_heartbeat()
         for _ in range(3):
             try:
-                await self._call(self.engine.store.release, self.id)
+                await self._call(self.runner.store.release, self.id)
                 break
             except StoreError as exc:
                 log.warning("worker %s: release failed: %s", self.id, exc)

@@ -1,0 +1,222 @@
+"""The client: writes that run nothing (start, cancel, fork, rerun, reviews, decide).
+
+Like a DBOS ``DBOSClient`` or a Temporal client, it manages instances without stepping
+them: every change is one ledger commit (``runtime.ledger``) or one ``Store.create``; a
+runner (``runtime.runner``) or a worker then takes the instance up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..definition import Machine
+from ..errors import InstanceFinished, InvalidInput, StaleWrite
+from ..store import PENDING, Store
+from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem
+from . import outcome, values
+from . import reviews as review_queue
+from .compiled import CompiledMachine
+from .driver import Driver
+from .ledger import Ledger
+from .ownership import Ownership
+from .registry import Registry
+
+#: Records this engine just created or adopted, kept so ``run`` needn't read them back
+#: (a stale one is harmless: every write is compare-and-set on its version).
+KNOWN_MAX = 100_000
+
+
+def validate_input(model: type[BaseModel], data: BaseModel | dict[str, Any] | None
+                   ) -> dict[str, Any]:
+    """The input as the context's JSON dict; ``InvalidInput`` when it does not fit or holds
+    a value that would not come back from JSON as it went in (see ``runtime.values``)."""
+    raw = dict(data.__dict__) if isinstance(data, BaseModel) else dict(data or {})
+    try:
+        values.check_values(model, raw)
+        obj = model.model_validate(raw)
+        ctx = values.dump(obj, raw)
+        values.check_json(ctx)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(f"input does not fit {model.__name__}: {first['msg']} at "
+                           f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"input does not fit {model.__name__}: {exc}") from None
+    return ctx
+
+
+def _check_partition(partition: str | None) -> None:
+    if partition is not None and not (isinstance(partition, str) and 0 < len(partition) <= 200):
+        raise InvalidInput(f"a partition key is 1 to 200 characters, not {partition!r}")
+
+
+class Client:
+    """Writes that run nothing, over the store, the ledger and the registry.
+
+    Args:
+        known: records the runner may take up without reading them back (shared with it).
+        stop_local: called with an instance id whose cancellation committed (stops a run
+            of it in this process, if any).
+    """
+
+    def __init__(self, store: Store, ledger: Ledger, registry: Registry, driver: Driver,
+                 ownership: Ownership, clock: Callable[[], float],
+                 known: dict[str, InstanceRecord],
+                 stop_local: Callable[[str], None]) -> None:
+        self.store, self.ledger, self.registry, self.driver = store, ledger, registry, driver
+        self.ownership, self.clock, self.known = ownership, clock, known
+        self.stop_local = stop_local
+
+    # -- creating ---------------------------------------------------------------
+    def start_many(self, machine: Machine | str,
+                   inputs: Iterable[BaseModel | dict[str, Any] | None], *,
+                   token_budget: int | None = None, deadline_s: float | None = None,
+                   ids: list[str] | None = None, enqueue: bool = False,
+                   partition: str | None = None) -> list[str]:
+        """See ``Engine.start_many``: all created in one transaction, or none
+        (``InvalidInput`` with ``index``)."""
+        _check_partition(partition)
+        reg = self.registry
+        cm = reg.load(machine) if isinstance(machine, str) else reg.register(machine)
+        if not enqueue:
+            self.ownership.register()
+        owner = None if enqueue else self.ownership.worker.id
+        records = [self._record(cm, i, data, token_budget, deadline_s, ids, owner, partition)
+                   for i, data in enumerate(inputs)]
+        self.store.create(*records)
+        if not enqueue and len(self.known) + len(records) <= KNOWN_MAX:
+            self.known.update((r.id, r) for r in records)  # run() needn't read them back
+        return [r.id for r in records]
+
+    def _record(self, cm: CompiledMachine, i: int, data: BaseModel | dict[str, Any] | None,
+                token_budget: int | None, deadline_s: float | None, ids: list[str] | None,
+                owner: str | None, partition: str | None) -> InstanceRecord:
+        spec, now = cm.spec, self.clock()
+        try:
+            ctx = validate_input(spec.context, data)
+        except InvalidInput as exc:
+            exc.index = i  # which input (all or none start)
+            raise
+        return InstanceRecord(
+            id=ids[i] if ids else os.urandom(6).hex(), machine=spec.name,
+            module=self.registry.modules[spec.name], fingerprint=cm.fingerprint,
+            state=spec.initial, status=PENDING, context=ctx, input=dict(ctx),
+            max_transitions=spec.max_transitions,
+            token_budget=spec.token_budget if token_budget is None else token_budget,
+            created_at=now, updated_at=now, visits={spec.initial: 1},
+            deadline=None if deadline_s is None else now + deadline_s,
+            owner=owner, machine_version=spec.version,
+            queue=cm.states[spec.initial].queue, partition_key=partition)
+
+    # -- from outside ------------------------------------------------------------
+    def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
+        """See ``Engine.cancel``."""
+        self.known.pop(instance_id, None)
+        while True:
+            rec = self.store.get(instance_id)
+            if rec.final:
+                raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
+                                       instance_id=rec.id)
+            step = outcome.cancelled(rec, self.clock(), reason)
+            if self.ledger.apply_one(step):  # its running children are cancelled with it
+                self.stop_local(instance_id)
+                return step.record
+
+    def fork(self, instance_id: str, *, from_seq: int | None = None,
+             from_state: str | None = None, from_failure: bool = False,
+             reuse_llm: bool = False, redeliver: bool = False) -> str:
+        """See ``Engine.fork``."""
+        from .fork import fork_point, forked
+        orig = self.store.get(instance_id)
+        cm = self.registry.runnable(orig)
+        history = self.store.history(orig.id)
+        n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
+        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
+                           reuse_llm=reuse_llm, redeliver=redeliver)
+        self.store.create(rec, history=rows)
+        return rec.id
+
+    def rerun(self, instance_id: str, state: str, *, in_place: bool = False) -> str:
+        """See ``Engine.rerun``."""
+        if not in_place:
+            return self.fork(instance_id, from_state=state)
+        from .fork import fork_point
+        rec = self.store.get(instance_id)
+        if rec.status not in ("completed", "failed"):
+            raise InvalidInput(f"instance {rec.id} is {rec.status}: an in-place rerun needs a "
+                               "completed or failed instance (or rerun it as a fork)")
+        cm = self.registry.runnable(rec)
+        history = self.store.history(rec.id)
+        n = fork_point(history, state=state)
+        context = dict(rec.input)
+        for row in history[:n]:
+            context.update(row.delta)
+        rec = self.registry.upcast(cm, rec)
+        reset = outcome.reset(cm, rec, state, context, n, self.clock())
+        if not self.ledger.apply_one(self.driver.attach(reset)):
+            raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
+                             instance_id=rec.id)
+        self.known.pop(rec.id, None)
+        return rec.id
+
+    def forks(self, instance_id: str) -> list[InstanceRecord]:
+        """The instances forked from ``instance_id``, oldest first."""
+        return [r for r in self.store.list(machine=self.store.get(instance_id).machine)
+                if r.forked_from == instance_id]
+
+    # -- the review queue (see ``reviews.py``) -------------------------------------------
+    def reviews(self, *, status: str | None = REVIEW_OPEN, machine: str | None = None,
+                instance_id: str | None = None) -> list[ReviewItem]:
+        """See ``Engine.reviews``."""
+        return self.store.reviews(statuses=None if status is None else [status],
+                                  machine=machine, instance_id=instance_id)
+
+    def review(self, item: ReviewItem | str) -> ReviewItem:
+        """The item as stored now (by id or unambiguous id prefix); ``ReviewRefused``."""
+        return review_queue.find(self.store, item.id if isinstance(item, ReviewItem) else item)
+
+    def claim_review(self, item: ReviewItem | str, by: str) -> ReviewItem:
+        """See ``Engine.claim_review``."""
+        found = self.review(item)
+        if found.status != REVIEW_OPEN:
+            raise review_queue.ReviewRefused(
+                f"review {found.id}: already decided: {found.choice} by {found.decided_by}",
+                item_id=found.id)
+        why = review_queue.stale(found, self.store.get(found.instance_id))
+        if why or not self.store.claim_review(found.id, by, self.clock()):
+            raise review_queue.ReviewRefused(
+                f"review {found.id}: {why or f'claimed by {self.review(found).claimed_by}'}",
+                item_id=found.id)
+        return self.review(found)
+
+    def decide(self, item: ReviewItem | str, choice: str, *, by: str,
+               update: dict[str, Any] | None = None, note: str | None = None) -> InstanceRecord:
+        """See ``Engine.decide``."""
+        found = self.review(item)
+        rec = self.store.get(found.instance_id)
+        cm = self.registry.runnable(rec)
+        rec = self.registry.upcast(cm, rec)
+        commit = review_queue.decision(cm, rec, found, choice, by=by, now=self.clock(),
+                                       advance=self.driver.advance, update=update, note=note,
+                                       claimer=by)
+        if not self.ledger.apply_one(self.driver.attach(commit)):  # ends a child: wakes its parent
+            raise review_queue.ReviewRefused(
+                f"review {found.id}: the item or its instance changed meanwhile (decided, "
+                "claimed or moved on); nothing was written", item_id=found.id)
+        self.known.pop(rec.id, None)
+        return commit.record
+
+    async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
+        """Fire ``trigger`` on a ``waiting`` instance with context ``update`` (one commit);
+        return the record after it.  ``InvalidInput`` when it is not waiting."""
+        rec = self.store.get(instance_id)
+        if rec.status != "waiting":
+            raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
+        cm = self.registry.runnable(rec)
+        rec = self.registry.upcast(cm, rec)
+        return await self.driver.commit(rec, self.driver.advance(
+            cm, rec, cm.states[rec.state], None, trigger, update, 0.0))
