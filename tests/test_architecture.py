@@ -22,10 +22,6 @@ KNOWN_CIRCLES = {
     frozenset({"fsm_engine.cli", "fsm_engine.cli_fork", "fsm_engine.cli_inspect",
                "fsm_engine.cli_limits", "fsm_engine.cli_migrate", "fsm_engine.cli_observe",
                "fsm_engine.cli_review", "fsm_engine.cli_scale"}),
-    # step 6: the contract's shared fixtures move below the mixins that use them
-    frozenset({"fsm_engine.testing.contract", "fsm_engine.testing.contract_batch",
-               "fsm_engine.testing.contract_context", "fsm_engine.testing.contract_leases",
-               "fsm_engine.testing.contract_queues", "fsm_engine.testing.contract_reviews"}),
     # step 6: branch machines (plans) and the fan-out checks move above spec
     frozenset({"fsm_engine.definition.check", "fsm_engine.definition.export",
                "fsm_engine.definition.fanout", "fsm_engine.definition.spec"}),
@@ -33,7 +29,7 @@ KNOWN_CIRCLES = {
 
 #: Modules over MAX_LINES today, with their size now: they may shrink, not grow.
 KNOWN_LONG = {
-    "fsm_engine/testing/contract.py": 867,  # step 6: one module per contract facet
+    "fsm_engine/testing/contract.py": 791,  # step 6: one module per contract facet
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 from ..errors import StepRejected
 from ..store import StepCommit, Store
 from ..store.codec import CONTEXT_THRESHOLD
-from .contract import attempt, hist, live, moved, record
+from .contract_fixtures import attempt, hist, live, moved, record
 
 #: A history delta value above the large-value threshold (text a JSON encoder escapes).
 BIG = "a \"big\" value ☃\n" * (CONTEXT_THRESHOLD // 8)

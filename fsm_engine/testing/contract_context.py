@@ -13,7 +13,7 @@ from typing import Any
 
 from ..store import ClaimRequest, InstanceFilter, InstanceRecord, StepCommit, Store
 from ..store.codec import CONTEXT_THRESHOLD, INPUT_REF
-from .contract import hist, live, moved, record
+from .contract_fixtures import hist, live, moved, record
 
 #: A value well above the threshold, with text a JSON encoder must escape.
 BIG = "line \"quoted\" ☃\n" * (CONTEXT_THRESHOLD // 8)

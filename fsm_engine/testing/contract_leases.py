@@ -64,7 +64,7 @@ class LeaseContract:
         assert [x.id for x in store.workers()] == ["w"]  # a renewal registers nobody
 
     def test_a_takeover_ends_the_lease_for_good(self, store: Store) -> None:
-        from .contract import live, record
+        from .contract_fixtures import live, record
         old = _worker("old", 100.0, 110.0)
         store.put_worker(old)
         store.create(record("i", status="running", owner="old"))
@@ -79,7 +79,7 @@ class LeaseContract:
 
     def test_a_claim_of_unowned_or_own_instances_touches_no_worker_row(self, store: Store
                                                                       ) -> None:
-        from .contract import record
+        from .contract_fixtures import record
         me, other = _worker("me", 100.0, 110.0), _worker("other", 100.0, 110.0)
         store.put_worker(me)
         store.put_worker(other)
@@ -106,7 +106,7 @@ class LeaseContract:
         """The claim has ended the lease and is still in its transaction when the renewal
         comes (from another connection, by a clock that says the lease holds): the
         renewal waits for the claim and is refused; the claim takes the instance."""
-        from .contract import live, record
+        from .contract_fixtures import live, record
         old = _worker("old", 100.0, 110.0)
         store.put_worker(old)
         store.create(record("i", status="running", owner="old"))

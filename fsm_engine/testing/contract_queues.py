@@ -11,7 +11,7 @@ from ..store.rates import RateRequest
 
 
 def _rec(iid: str, queue: str = "default", partition: str | None = None, **kw: Any) -> Any:
-    from .contract import record
+    from .contract_fixtures import record
     rec = record(iid, **kw)
     rec.queue, rec.partition_key = queue, partition
     return rec
@@ -27,7 +27,7 @@ class QueueContract:
 
     def test_queue_and_partition_round_trip_and_queue_moves_with_a_step(self,
                                                                        store: Store) -> None:
-        from .contract import moved
+        from .contract_fixtures import moved
         store.create(_rec("a", "io", "tenant-a"))
         rec = store.get("a")
         assert (rec.queue, rec.partition_key) == ("io", "tenant-a")
@@ -36,7 +36,7 @@ class QueueContract:
         assert (store.get("a").queue, store.get("a").partition_key) == ("llm", "tenant-a")
 
     def test_claim_by_queue_and_skipping_queues(self, store: Store) -> None:
-        from .contract import live
+        from .contract_fixtures import live
         store.create(_rec("a", "io"), _rec("b", "llm"), _rec("c"), _rec("d", "llm"))
         live(store, "w1")
         got = store.claim(ClaimRequest("w1", now=1.0, queues=["llm"]))
@@ -47,7 +47,7 @@ class QueueContract:
 
     def test_a_global_queue_limit_counts_live_leases_of_every_worker(self,
                                                                     store: Store) -> None:
-        from .contract import live
+        from .contract_fixtures import live
         from ..store.records import WorkerRow
         store.create(*[_rec(f"i{n}", "llm") for n in range(6)], _rec("x", "io"))
         live(store, "w1", "w2")
@@ -68,7 +68,7 @@ class QueueContract:
         assert take("w1") == ["i2"] and take("w1") == []
 
     def test_a_partition_limit_holds_and_shares_slots_fairly(self, store: Store) -> None:
-        from .contract import live
+        from .contract_fixtures import live
         store.create(*[_rec(f"big{n:02}", partition="big") for n in range(20)],
                      *[_rec(f"small{n}", partition="small") for n in range(3)],
                      _rec("free1"), _rec("free2"))
@@ -83,7 +83,7 @@ class QueueContract:
         assert [r.id for r in again] == ["big00"]
 
     def test_partition_slots_go_to_the_least_loaded_key_first(self, store: Store) -> None:
-        from .contract import live
+        from .contract_fixtures import live
         store.create(*[_rec(f"big{n:02}", partition="big") for n in range(10)],
                      *[_rec(f"small{n}", partition="small") for n in range(3)])
         live(store, "w1")
@@ -95,7 +95,7 @@ class QueueContract:
     def test_concurrent_claimers_keep_the_queue_and_partition_limits(self, store: Store,
                                                                      reopen: Callable[[], Store]
                                                                      ) -> None:
-        from .contract import concurrently, live
+        from .contract_fixtures import concurrently, live
         store.create(*[_rec(f"i{n:03}", "llm", f"t{n % 3}") for n in range(60)])
         live(store, "w0", "w1", "w2", "w3")
         others = [reopen() for _ in range(3)]
@@ -139,7 +139,7 @@ class QueueContract:
 
     def test_concurrent_admissions_never_pass_the_limit(self, store: Store,
                                                         reopen: Callable[[], Store]) -> None:
-        from .contract import concurrently
+        from .contract_fixtures import concurrently
         others = [reopen() for _ in range(3)]
         admitted: list[int] = []
         lock = threading.Lock()

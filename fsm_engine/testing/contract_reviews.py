@@ -15,7 +15,7 @@ def item(iid: str, item_id: str = "r1", *, machine: str = "m", at: float = 1001.
 
 
 def _enter_review(store: Store, iid: str, item_id: str = "r1", **kw: object) -> None:
-    from .contract import hist, moved, record
+    from .contract_fixtures import hist, moved, record
     store.create(record(iid))
     new = moved(store.get(iid), "review", status="waiting")
     assert store.commit([StepCommit(new, 0, [hist(iid, 1, "start", "review")],
@@ -24,7 +24,7 @@ def _enter_review(store: Store, iid: str, item_id: str = "r1", **kw: object) -> 
 
 def _decision(store: Store, iid: str, item_id: str = "r1", *, by: str = "ann",
               claimer: str | None = "ann", version: int = 1) -> StepCommit:
-    from .contract import hist, moved
+    from .contract_fixtures import hist, moved
     new = moved(store.get(iid), "done", status="completed", context={"n": 0, "s": "edited"})
     return StepCommit(new, version, [hist(iid, 2, "review", "done")],
                       review_close=ReviewDecision(item_id, by, 1002.0, "approve", "looks fine",
@@ -48,7 +48,7 @@ class ReviewContract:
         assert store.reviews()[0].created_at == 1001.0
 
     def test_a_stale_step_opens_no_review(self, store: Store) -> None:
-        from .contract import moved, record
+        from .contract_fixtures import moved, record
         store.create(record("a"))
         new = moved(store.get("a"), "review", status="waiting")
         assert store.commit([StepCommit(new, 5, review_open=item("a"))]) == [False]
@@ -93,7 +93,7 @@ class ReviewContract:
         assert store.commit([_decision(store, "a", by="sla-timer", claimer=None)]) == [True]
 
     def test_decision_and_plain_steps_in_one_batch(self, store: Store) -> None:
-        from .contract import hist, moved, record
+        from .contract_fixtures import hist, moved, record
         _enter_review(store, "a")
         store.create(record("b"))
         plain = StepCommit(moved(store.get("b"), "middle"), 0, [hist("b", 1, "start", "middle")])
@@ -101,7 +101,7 @@ class ReviewContract:
         assert store.get("b").state == "middle" and store.reviews()[0].status == "open"
 
     def test_waiting_instance_is_claimable_once_its_timer_is_due(self, store: Store) -> None:
-        from .contract import record
+        from .contract_fixtures import record
         _enter_review(store, "a", due=2000.0)
         rec = store.get("a")
         rec.next_attempt_at = 2000.0
@@ -117,7 +117,7 @@ class ForkContract:
 
     def test_create_with_history_and_lineage(self, store: Store) -> None:
         from dataclasses import replace
-        from .contract import hist, record
+        from .contract_fixtures import hist, record
         rec = replace(record("f"), state="middle", seq=2, forked_from="a", forked_at_seq=2)
         rows = [hist("f", 1, "start", "x"), hist("f", 2, "x", "middle", delta={"n": 2})]
         store.create(rec, history=rows)
@@ -127,7 +127,7 @@ class ForkContract:
 
     def test_create_with_history_is_all_or_nothing(self, store: Store) -> None:
         import pytest
-        from .contract import hist, record
+        from .contract_fixtures import hist, record
         store.create(record("dup"))
         with pytest.raises(Exception):
             store.create(record("new"), record("dup"), history=[hist("new", 1, "start", "x")])
