@@ -22,6 +22,11 @@ import pytest
 from fsm_engine.errors import ProviderUnavailable
 from fsm_engine.llm.child import ModelServer
 
+try:
+    from llm_fixtures import gemma_path  # noqa: F401
+except ImportError:
+    from tests.llm_fixtures import gemma_path  # noqa: F401
+
 START_S = 1.5
 FAKE_CHILD = r'''
 import http.server, json, os, sys, threading, time
@@ -113,3 +118,47 @@ def test_a_start_is_not_cut_by_its_first_callers_cancellation(server):
 
     asyncio.run(go())
     assert _started(server) == [server.pid]
+
+
+def _request(sock, key: str) -> str:
+    """One ``GET /fsm/perf`` on ``sock``, its response read whole; its status line."""
+    sock.sendall(f"GET /fsm/perf HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}"
+                 "\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return "(closed)"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head.split(b"\r\n")[0].decode()
+
+
+def test_the_child_keeps_an_idle_connection_longer_than_the_client_pool_does(gemma_path):  # noqa: F811
+    """A server that drops an idle keep-alive connection no later than the client's pool
+    expires it races the client's next request onto a closed socket ("Connection error.",
+    no HTTP status: the supervisor then suspects the child).  The child must outlast it."""
+    import select
+    import socket
+
+    from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+    expiry = DEFAULT_CONNECTION_LIMITS.keepalive_expiry or 5.0
+    srv = ModelServer(gemma_path, alias="g", n_threads=1)
+    try:
+        asyncio.run(srv.ensure())
+        child = srv._child
+        assert child is not None
+        with socket.create_connection(("127.0.0.1", child.port), timeout=10) as sock:
+            assert " 200 " in _request(sock, child.key)
+            # idle past the client pool's expiry: the server must not have hung up
+            readable, _, _ = select.select([sock], [], [], expiry + 1.0)
+            closed = bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+            assert not closed, f"the child closed an idle connection within {expiry + 1:g}s"
+            assert " 200 " in _request(sock, child.key)
+    finally:
+        srv.close()
