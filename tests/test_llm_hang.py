@@ -79,8 +79,16 @@ def server(tmp_path):
     yield srv
     srv.close()
     for pid in _started(srv):  # never leave a child behind, whatever the outcome
-        if _alive(pid):
+        if _alive(pid) and _is_ours(pid, script):
             os.kill(pid, signal.SIGKILL)
+
+
+def _is_ours(pid: int, script: Path) -> bool:
+    """True when ``pid`` still runs ``script`` (not a later process given the same pid)."""
+    try:
+        return str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _started(srv: SlowServer) -> list[int]:
