@@ -206,8 +206,7 @@ class ModelServer:
         self._started_once = False
         self._not_before = 0.0
         self._streak = 0
-        self._lock: asyncio.Lock | None = None
-        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._start_task: asyncio.Task[str] | None = None
         self._closed = False
         _live.add(self)
 
@@ -263,30 +262,42 @@ class ModelServer:
             argv.append("--no-repack")
         return argv
 
-    def _start_lock(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock_loop is not loop:
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-        return self._lock
-
     async def ensure(self) -> str:
-        """The base URL of a ready child, starting one if none runs (see the module table)."""
+        """The base URL of a ready child, starting one if none runs (see the module table).
+
+        The start is the supervisor's own task, shared by every caller and shielded from
+        them: a caller that gives up (its step timed out) leaves it running for the next
+        one, so a start slower than a step's timeout still completes, once, and never
+        leaves a child running that nobody owns.
+        """
         if self._closed:
             raise ClientError(f"local model {self.alias!r} was closed")
         url = self.base_url
         if url is not None:
             return url
-        async with self._start_lock():
-            url = self.base_url
-            if url is not None:
-                return url
-            self._reap()
-            wait = self._not_before - time.monotonic()
-            if wait > 0:
-                raise ProviderUnavailable(
-                    f"local model {self.alias!r} is restarting after a crash; next start in "
-                    f"{wait:.1f}s", retry_after=wait)
-            return await self._start()
+        return await asyncio.shield(self._starting())
+
+    def _starting(self) -> asyncio.Task[str]:
+        """The start under way on this event loop, else a new one."""
+        loop = asyncio.get_running_loop()
+        task = self._start_task
+        if task is None or task.done() or task.get_loop() is not loop:
+            task = loop.create_task(self._start_once(), name=f"fsm-model-start-{self.alias}")
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen if unawaited
+            self._start_task = task
+        return task
+
+    async def _start_once(self) -> str:
+        url = self.base_url
+        if url is not None:
+            return url
+        self._reap()
+        wait = self._not_before - time.monotonic()
+        if wait > 0:
+            raise ProviderUnavailable(
+                f"local model {self.alias!r} is restarting after a crash; next start in "
+                f"{wait:.1f}s", retry_after=wait)
+        return await self._start()
 
     def _reap(self) -> None:
         """Forget a dead child, counting it as a crash and arming the backoff."""
@@ -315,6 +326,15 @@ class ModelServer:
         self._started_once = True
         port = _free_port()
         child = _Child(self._argv(port), port)
+        try:
+            return await self._await_ready(child)
+        except BaseException:  # cancelled (the loop closing) or failed: never left running
+            if self._child is not child:
+                child.stop(grace=1.0)
+            raise
+
+    async def _await_ready(self, child: _Child) -> _Child | None:
+        """Wait for ``child``'s ready line and HTTP port; adopt it (see :meth:`_spawn`)."""
         deadline = time.monotonic() + self.start_timeout
         while not child.ready.is_set():
             code = child.exited()

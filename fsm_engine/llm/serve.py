@@ -64,6 +64,11 @@ REFUSED = 3
 #: Bytes of KV states kept for prefix reuse (llama-cpp-python's LlamaRAMCache): a state
 #: after each call, so a re-ask or a later call sharing a prefix resumes from it.
 RAM_CACHE_BYTES = 256 << 20
+#: Seconds an idle keep-alive connection stays open.  Longer than the client pool's own
+#: expiry (httpx's 5 s): were it equal, as uvicorn's default is, a request sent as the pool
+#: reuses a connection at 5 s lands on a socket the server just closed ("Connection
+#: error.", no HTTP status), which the supervisor takes for a failing child.
+KEEP_ALIVE_S = 60
 
 
 class Refused(ClientError):
@@ -254,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                       "arch": llama.metadata.get("general.architecture")}), flush=True)
     import uvicorn
 
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning",
+                timeout_keep_alive=KEEP_ALIVE_S)
     return 0
 
 
