@@ -83,7 +83,7 @@ def fleet(store: Store) -> None:
     ]
     for iid, machine, status, state, reason, tokens, steps, at, ctx in specs:
         rec = record(iid, machine=machine, at=at)
-        rec.context = ctx
+        rec.context, rec.input = ctx, dict(ctx)  # as a run of it would hold: its history replays
         store.create(rec)
         rows, path = [], ["start", "work", "check", state][:steps] + [state]
         for seq in range(1, steps + 1):
@@ -95,4 +95,6 @@ def fleet(store: Store) -> None:
                       seq=steps, loop_count=steps, updated_at=at + 100 + steps)
         store.commit([StepCommit(new, 0, rows)])
     store.outbox_begin("a:work:1", "a", "work", 1, 1001.0)
-    store.commit([StepCommit(store.get("b"), store.get("b").version, attempt=attempt("b"))])
+    b = store.get("b")  # a failed attempt's tokens count in tokens_used, as in a real run
+    store.commit([StepCommit(replace(b, tokens_used=b.tokens_used + 7), b.version,
+                             attempt=attempt("b"))])
