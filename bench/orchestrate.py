@@ -15,9 +15,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .common import DOC_SIZES, TRANSITIONS
 from .peers import FLOOR, FSM_VARIANTS, PEERS, SIZED

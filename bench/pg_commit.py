@@ -17,23 +17,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
+from scale_out import server_cpu, spent  # noqa: E402
+
 from fsm_engine.store import open_store, pg_commit  # noqa: E402
 from fsm_engine.store.codec import encode_step  # noqa: E402
 from fsm_engine.store.records import HistoryRow, InstanceRecord, StepCommit  # noqa: E402
 from fsm_engine.testing.postgres import PostgresCluster  # noqa: E402
-from scale_out import server_cpu, spent  # noqa: E402
 
 TEXT = Path("/usr/share/common-licenses/GPL-3").read_text()[:2400]
 #: The context fields each of the seven steps sets (after the first, which reads the file).

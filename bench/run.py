@@ -16,7 +16,8 @@ Workloads (see bench/RESULTS.md for the latest numbers and the method):
 - MICRO: a ``transitions`` trigger and a pydantic round trip, for scale.
 
 Every number is the median of ``--reps`` repetitions, each in a child
-process, wall time and the child's CPU time (``time.process_time``); peers that fail to install or run show as ``n/a (reason)``.
+process, wall time and the child's CPU time (``time.process_time``); peers that fail to
+install or run show as ``n/a (reason)``.
 Writes the Markdown report to ``bench/RESULTS.md`` (``--out``) and prints it.
 """
 

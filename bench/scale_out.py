@@ -40,9 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 os.environ.setdefault("FSM_MACHINES_ROOT", str(ROOT))
 
+from scale_harness import MODERATION, Fleet, Sink, completed, enqueue, wait_until  # noqa: E402
+
 from fsm_engine.store import open_store  # noqa: E402
 from fsm_engine.testing.postgres import PostgresCluster  # noqa: E402
-from scale_harness import MODERATION, Fleet, Sink, completed, enqueue, wait_until  # noqa: E402
 
 STEPS = 7  # transitions per instance of the reference machine
 
@@ -166,7 +167,8 @@ def dbos_throughput(cluster: PostgresCluster, workers: int, n: int, delay: float
                     folder: Path) -> Rate:
     """The same shape on DBOS: ``workers`` processes serving one queue on the cluster."""
     import psycopg
-    from peers.dbos_scale import done, enqueue as dbos_enqueue
+    from peers.dbos_scale import done
+    from peers.dbos_scale import enqueue as dbos_enqueue
     name = f"dbos_{workers}_{int(time.time())}"
     cluster.sql(f"CREATE DATABASE {name}")
     url = cluster.url(name)

@@ -91,6 +91,7 @@ def main() -> None:
         build(db, args.n)
         print(f"built {args.n} instances in {time.perf_counter() - t:.1f} s: {db}")
     from starlette.testclient import TestClient
+
     from fsm_engine.stats import machine_stats
     from fsm_engine.ui import create_app
     store = SqliteStore(db, readonly=True)

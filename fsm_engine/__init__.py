@@ -19,11 +19,31 @@ if TYPE_CHECKING:
     from .definition.fanout import Branch, Map, Parallel, merge_outputs
     from .definition.review import Review
     from .errors import (
-        ActionError, BudgetExhausted, CircuitOpen, ClientError, DefinitionError, FingerprintMismatch,
-        FsmError, InstanceFinished, InstanceNotFound, InvalidInput, MachineLoadError, NeedsMigration,
-        NotAnFsmDatabase, ProviderError, ProviderTimeout, ProviderUnavailable, RateLimited,
-        ReviewRefused, ServerError, StaleWrite, StepRejected, StepTimeout, StoreError,
-        StructuredOutputError, VersionTooNew,
+        ActionError,
+        BudgetExhausted,
+        CircuitOpen,
+        ClientError,
+        DefinitionError,
+        FingerprintMismatch,
+        FsmError,
+        InstanceFinished,
+        InstanceNotFound,
+        InvalidInput,
+        MachineLoadError,
+        NeedsMigration,
+        NotAnFsmDatabase,
+        ProviderError,
+        ProviderTimeout,
+        ProviderUnavailable,
+        RateLimited,
+        ReviewRefused,
+        ServerError,
+        StaleWrite,
+        StepRejected,
+        StepTimeout,
+        StoreError,
+        StructuredOutputError,
+        VersionTooNew,
     )
     from .policies import BreakerPolicy, CachePolicy, Completion, RetryPolicy
     from .runtime import Engine, Step, load_machine

@@ -16,19 +16,18 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from .errors import FsmError, InstanceNotFound, InvalidInput, StoreError
 from .cli_trust import MACHINES, refuse_untrusted, trusting
-from .views import instance_json
+from .errors import FsmError, InstanceNotFound, InvalidInput
 from .runtime import Engine
 from .store import Store, is_postgres, open_store, store_url
-from .store.records import STATUSES
 from .terminal import console, error_line, json_text, safe_logging, shown
+from .views import instance_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Durable finite state machines for LLM workflows.")
@@ -143,6 +142,7 @@ def _input_for(arg: str) -> dict[str, Any]:
 def _live(store: Store) -> set[str]:
     """Ids of the live workers (to show instances of dead ones as ``orphaned``)."""
     import time as _time
+
     from .runtime.workers import live_ids
     return live_ids(store.workers(), _time.time(), 10.0)
 
@@ -238,16 +238,19 @@ def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = (),
 
 @app.command()
 def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
-        more: Optional[list[str]] = typer.Argument(None, metavar="[FILE]...",
+        more: list[str] | None = typer.Argument(None, metavar="[FILE]...",
                                                    help="More input files (--input A B C)."),
         input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
-        db: str = DB, budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
-        llm: Optional[list[str]] = typer.Option(None, "--llm", help="Model: local | local:gemma-3-270m | local:PATH.gguf | openai[:MODEL] | scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
-        faults: Optional[str] = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
-        concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+        db: str = DB, budget: int | None = typer.Option(None, "--budget", min=1, help="Token budget per instance."),
+        llm: list[str] | None = typer.Option(
+            None, "--llm", help="Model: local | local:gemma-3-270m | local:PATH.gguf | openai[:MODEL] | "
+                                "scripted:FILE (default FSM_LLM); NAME=SPEC for the states declaring "
+                                "llm=NAME (repeatable; or FSM_LLM_<NAME>)."),
+        faults: str | None = typer.Option(None, "--faults", help="e.g. timeout=0.1,http429=0.1"),
+        seed: int | None = typer.Option(None, "--seed", help="Seed for faults and jitter."),
+        concurrency: int | None = typer.Option(None, "--concurrency", min=1,
                                                   help="Max instances at once (default: all; 2 with the local model)."),
-        deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
+        deadline: float | None = typer.Option(None, "--deadline", min=0.001,
                                                  help="Seconds each instance may take in all."),
         as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -318,10 +321,10 @@ def _default_concurrency(engine: Engine) -> int | None:
 
 @app.command()
 def resume(db: str = DB,
-           llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
-           faults: Optional[str] = typer.Option(None, "--faults", help="As for `fsm run`."),
-           seed: Optional[int] = typer.Option(None, "--seed", help="Seed for faults and jitter."),
-           concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+           llm: list[str] | None = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
+           faults: str | None = typer.Option(None, "--faults", help="As for `fsm run`."),
+           seed: int | None = typer.Option(None, "--seed", help="Seed for faults and jitter."),
+           concurrency: int | None = typer.Option(None, "--concurrency", min=1,
                                                      help="Max instances at once (as for `fsm run`)."),
            as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -343,7 +346,7 @@ def resume(db: str = DB,
 @app.command()
 def step(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
          db: str = DB,
-         llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
+         llm: list[str] | None = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
          as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON."),
          machines: list[str] = MACHINES) -> None:
     """Run exactly one step of an instance."""
@@ -400,10 +403,10 @@ def cancel(instance_id: str = typer.Argument(..., help="Instance id (or an unamb
 
 @app.command()
 def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
-            output: Optional[str] = typer.Option(None, "-o", "--output",
+            output: str | None = typer.Option(None, "-o", "--output",
                                                  help="File: .svg, .png or .dot (Mermaid text with --mermaid)"),
             mermaid: bool = typer.Option(False, "--mermaid", help="Mermaid stateDiagram-v2 instead of graphviz."),
-            instance: Optional[str] = typer.Option(None, "--instance",
+            instance: str | None = typer.Option(None, "--instance",
                                                    help="Overlay this instance's path, with attempts, "
                                                         "time and tokens per state."),
             stats: bool = typer.Option(False, "--stats",
@@ -451,8 +454,8 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
     out.print(f"wrote {output}")
 
 
-from . import cli_limits, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers
-from . import cli_fork, cli_inspect, cli_migrate, cli_observe, cli_review  # noqa: E402,F401  (register list, history, outbox,
+from . import cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
+
 #                                         stats, ui, prune, check)
 
 

@@ -5,8 +5,6 @@ Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from .cli import DB, _fail, _find, _open, app
@@ -17,20 +15,20 @@ from .terminal import shown
 
 
 @app.command()
-def fork(instance_id: Optional[str] = typer.Argument(None, help="Instance id (or a prefix); "
+def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a prefix); "
                                                      "omit with --status for a bulk fork."),
-         db: Optional[str] = DB,
-         from_seq: Optional[int] = typer.Option(None, "--from-seq", min=0,
+         db: str | None = DB,
+         from_seq: int | None = typer.Option(None, "--from-seq", min=0,
                                                 help="Copy history rows 1..N."),
-         from_state: Optional[str] = typer.Option(None, "--from-state",
+         from_state: str | None = typer.Option(None, "--from-state",
                                                   help="Before the latest visit of this state "
                                                        "is left."),
          from_failure: bool = typer.Option(False, "--from-failure",
                                            help="Just before the last failure."),
-         status: Optional[str] = typer.Option(None, "--status", help="Bulk: instances in this "
+         status: str | None = typer.Option(None, "--status", help="Bulk: instances in this "
                                               "status (each from its last failure)."),
-         reason: Optional[str] = typer.Option(None, "--reason", help="Bulk: with this reason."),
-         machine: Optional[str] = typer.Option(None, "--machine", help="Bulk: of this machine."),
+         reason: str | None = typer.Option(None, "--reason", help="Bulk: with this reason."),
+         machine: str | None = typer.Option(None, "--machine", help="Bulk: of this machine."),
          yes: bool = typer.Option(False, "--yes", help="Bulk: fork them (default: a dry run)."),
          reuse_llm: bool = typer.Option(False, "--reuse-llm/--fresh",
                                         help="Answer model calls whose prompt is byte-identical "
@@ -86,7 +84,7 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
           in_place: bool = typer.Option(False, "--in-place",
                                         help="Reset this instance (appending to its history) "
                                              "instead of forking it."),
-          db: Optional[str] = DB, machines: list[str] = MACHINES) -> None:
+          db: str | None = DB, machines: list[str] = MACHINES) -> None:
     """Force a state to run again (after its prompt or parameters changed): from just before
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`)."""
     engine = trusting(Engine(_open(db)), machines)
@@ -102,10 +100,10 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
 
 @app.command()
 def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
-           module: Optional[str] = typer.Argument(None, help="Machine module to replay "
+           module: str | None = typer.Argument(None, help="Machine module to replay "
                                                   "through (default: the instance's own, "
                                                   "when under the machines root)."),
-           db: Optional[str] = DB,
+           db: str | None = DB,
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")
            ) -> None:
     """Replay a stored instance through the current (or given) definition, in memory: no

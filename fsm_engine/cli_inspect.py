@@ -7,7 +7,7 @@ every column (``cli_tables``); times are local with their age.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -27,6 +27,7 @@ def _when_arg(text: str | None) -> float | None:
         return None
     import datetime as _dt
     import time as _time
+
     from .cli_observe import parse_age
     try:
         return _dt.datetime.fromisoformat(text).astimezone().timestamp()
@@ -41,21 +42,21 @@ def _when_arg(text: str | None) -> float | None:
 
 @app.command("list")
 def list_(db: str = DB,
-          status: Optional[list[str]] = typer.Option(None, "--status", metavar="STATUS",
+          status: list[str] | None = typer.Option(None, "--status", metavar="STATUS",
                                                      help="Only this status (repeatable; "
                                                           "'orphaned': its worker died)."),
-          machine: Optional[str] = typer.Option(None, "--machine", "-m", metavar="NAME",
+          machine: str | None = typer.Option(None, "--machine", "-m", metavar="NAME",
                                                  help="Only this machine."),
-          state: Optional[list[str]] = typer.Option(None, "--state", metavar="STATE",
+          state: list[str] | None = typer.Option(None, "--state", metavar="STATE",
                                                     help="Only this state (repeatable)."),
-          reason: Optional[list[str]] = typer.Option(None, "--reason", metavar="REASON",
+          reason: list[str] | None = typer.Option(None, "--reason", metavar="REASON",
                                                      help="Only this failure reason (repeatable)."),
-          text: Optional[str] = typer.Option(None, "--text", "-t", metavar="TEXT",
+          text: str | None = typer.Option(None, "--text", "-t", metavar="TEXT",
                                              help="Only instances whose id, context or last "
                                                   "error contains this (case-insensitive)."),
-          since: Optional[str] = typer.Option(None, "--since", metavar="WHEN",
+          since: str | None = typer.Option(None, "--since", metavar="WHEN",
                                               help="Created at or after: ISO time or age (2h, 30d)."),
-          until: Optional[str] = typer.Option(None, "--until", metavar="WHEN",
+          until: str | None = typer.Option(None, "--until", metavar="WHEN",
                                               help="Created before: ISO time or age (2h, 30d)."),
           sort: str = typer.Option("created", "--sort", metavar="ORDER",
                                    help="created, updated, tokens or transitions."),
@@ -63,9 +64,9 @@ def list_(db: str = DB,
           limit: int = typer.Option(100, "--limit", min=0, metavar="N", help="At most this many (0: all)."),
           offset: int = typer.Option(0, "--offset", min=0, metavar="N", help="Skip this many first (paging)."),
           wide: bool = typer.Option(False, "--wide", help="A table whatever the terminal's width."),
-          forks_of: Optional[str] = typer.Option(None, "--forks-of", metavar="ID",
+          forks_of: str | None = typer.Option(None, "--forks-of", metavar="ID",
                                                  help="Only the forks of this instance."),
-          family: Optional[str] = typer.Option(None, "--family", metavar="ID",
+          family: str | None = typer.Option(None, "--family", metavar="ID",
                                                help="Only this instance and its fan-out children."),
           children: bool = typer.Option(False, "--children",
                                         help="Also fan-out children (default: top-level only)."),
@@ -190,9 +191,9 @@ def _follow(store: Store, rec: Any, rows: list[dict[str, Any]], as_json: bool,
 
 @app.command()
 def outbox(db: str = DB,
-           instance: Optional[str] = typer.Option(None, "--instance",
+           instance: str | None = typer.Option(None, "--instance",
                                                   help="Only this instance's rows (id or prefix)."),
-           status: Optional[str] = typer.Option(None, "--status", help="Only 'pending' or 'done' rows."),
+           status: str | None = typer.Option(None, "--status", help="Only 'pending' or 'done' rows."),
            as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON.")) -> None:
     """List side-effect deliveries (idempotency keys and their status)."""
     if status is not None and status not in ("pending", "done"):

@@ -6,7 +6,7 @@ seconds and obeys them (its own flags can only tighten them); see ``runtime.flee
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -15,11 +15,11 @@ from .cli import DB, _fail, _open, _print_json, app, out
 
 
 @app.command()
-def limits(db: Optional[str] = DB,
+def limits(db: str | None = DB,
            queue_limit: list[str] = typer.Option(
                [], "--queue-limit", metavar="QUEUE=N|none,…",
                help="Most instances of a queue leased at once over all workers (none: remove)."),
-           partition_limit: Optional[str] = typer.Option(
+           partition_limit: str | None = typer.Option(
                None, "--partition-limit", metavar="N|none",
                help="Most instances of one partition key leased at once (none: remove)."),
            rate_limit: list[str] = typer.Option(

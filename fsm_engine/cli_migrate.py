@@ -7,7 +7,7 @@ Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -38,8 +38,8 @@ def _line(e: Entry, yes: bool) -> str:
 
 
 @app.command()
-def migrate(db: Optional[str] = DB,
-            machine: Optional[str] = typer.Option(None, "--machine",
+def migrate(db: str | None = DB,
+            machine: str | None = typer.Option(None, "--machine",
                                                   help="Only instances of this machine."),
             dry_run: bool = typer.Option(True, "--dry-run/--yes",
                                          help="Show what would change (default), or apply it."),

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -92,9 +92,9 @@ def _print_stats(stats: Any) -> None:
 
 @app.command()
 def stats(db: str = DB,
-          machine: Optional[str] = typer.Option(None, "--machine", "-m",
+          machine: str | None = typer.Option(None, "--machine", "-m",
                                                 help="Only this machine's instances."),
-          status: Optional[list[str]] = typer.Option(None, "--status",
+          status: list[str] | None = typer.Option(None, "--status",
                                                      help="Only instances in this status (repeatable)."),
           as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON.")) -> None:
     """Counts by status, state and reason; tokens and time per state (p50/p95/max);
@@ -131,13 +131,13 @@ def ui(db: str = DB,
                                 help="TCP port (0: any free port, printed)."),
        host: str = typer.Option("127.0.0.1", "--host",
                                 help="Address to bind; anything but loopback needs --token."),
-       token: Optional[str] = typer.Option(None, "--token", envvar="FSM_UI_TOKEN",
+       token: str | None = typer.Option(None, "--token", envvar="FSM_UI_TOKEN",
                                            help="Require this bearer token (or ?token=) on "
                                                 "every request (or FSM_UI_TOKEN)."),
        refresh: int = typer.Option(3, "--refresh", min=0,
                                    help="Seconds between reloads of pages showing running "
                                         "instances (0: never)."),
-       allowed_host: Optional[list[str]] = typer.Option(
+       allowed_host: list[str] | None = typer.Option(
            None, "--allowed-host", metavar="NAME[:PORT]",
            help="Also serve requests whose Host is this name (repeatable; default: only "
                 "loopback names and the bound address, with its port).")) -> None:
@@ -167,7 +167,7 @@ def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:
 def prune(db: str = DB,
           older_than: str = typer.Option(..., "--older-than",
                                          help="Finished (last updated) longer ago than this: 30d, 12h, 90m."),
-          status: Optional[list[str]] = typer.Option(None, "--status",
+          status: list[str] | None = typer.Option(None, "--status",
                                                      help="Only this final status (repeatable; "
                                                           "default: completed, failed, cancelled)."),
           yes: bool = typer.Option(False, "--yes", help="Delete (without it: a dry run that "
@@ -225,8 +225,9 @@ def viewer_hint(db: str | None) -> str:
     shell-quoted; a URL's password left out: libpq takes it from ``PGPASSWORD`` or
     ``~/.pgpass``)."""
     import shlex
-    from .store import is_postgres, store_url
+
     from .redaction import redact
+    from .store import is_postgres, store_url
     url = store_url(db)
     if is_postgres(url):
         url = redact(url)

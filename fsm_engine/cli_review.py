@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -55,8 +55,8 @@ def _update(sets: list[str], edit: str | None) -> dict[str, Any]:
 
 
 @review_app.command("list")
-def list_(db: Optional[str] = DB,
-          machine: Optional[str] = typer.Option(None, "--machine", help="Only this machine."),
+def list_(db: str | None = DB,
+          machine: str | None = typer.Option(None, "--machine", help="Only this machine."),
           status: str = typer.Option("open", "--status", help="open, decided or all."),
           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Review items across instances, oldest first (open ones by default)."""
@@ -84,7 +84,7 @@ def list_(db: Optional[str] = DB,
 
 @review_app.command()
 def show(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix works)."),
-         db: Optional[str] = DB,
+         db: str | None = DB,
          as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """One review item: its prompt, the fields shown, the choices and any decision."""
     engine = _engine(db)
@@ -115,7 +115,7 @@ def show(item: str = typer.Argument(..., help="Review item id (an unambiguous pr
 @review_app.command()
 def claim(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix works)."),
           by: str = typer.Option(..., "--as", help="Who claims it."),
-          db: Optional[str] = DB) -> None:
+          db: str | None = DB) -> None:
     """Claim an item: decisions by anyone else are refused until it is decided."""
     engine = _engine(db)
     try:
@@ -128,11 +128,11 @@ def claim(item: str = typer.Argument(..., help="Review item id (an unambiguous p
 @review_app.command()
 def decide(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix works)."),
            choice: str = typer.Argument(..., help="One of the item's choices."),
-           by: Optional[str] = typer.Option(None, "--as", help="Who decides (default: $USER)."),
+           by: str | None = typer.Option(None, "--as", help="Who decides (default: $USER)."),
            sets: list[str] = typer.Option([], "--set", help="Edit: FIELD=VALUE (JSON or text)."),
-           edit: Optional[str] = typer.Option(None, "--edit", help="Edit: a JSON object file."),
-           note: Optional[str] = typer.Option(None, "--note", help="Why (kept in the history)."),
-           db: Optional[str] = DB, machines: list[str] = MACHINES) -> None:
+           edit: str | None = typer.Option(None, "--edit", help="Edit: a JSON object file."),
+           note: str | None = typer.Option(None, "--note", help="Why (kept in the history)."),
+           db: str | None = DB, machines: list[str] = MACHINES) -> None:
     """Decide an item; the instance continues with the next worker step (`fsm resume`,
     `fsm worker`)."""
     import os

@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -110,15 +111,15 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
 
 @app.command()
 def start(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
-          more: Optional[list[str]] = typer.Argument(None, metavar="[FILE]...",
+          more: list[str] | None = typer.Argument(None, metavar="[FILE]...",
                                                      help="More input files."),
           input: list[str] = typer.Option([], "--input", "-i", help="Input file(s)."),
-          db: Optional[str] = DB,
-          budget: Optional[int] = typer.Option(None, "--budget", min=1,
+          db: str | None = DB,
+          budget: int | None = typer.Option(None, "--budget", min=1,
                                                help="Token budget per instance."),
-          deadline: Optional[float] = typer.Option(None, "--deadline", min=0.001,
+          deadline: float | None = typer.Option(None, "--deadline", min=0.001,
                                                    help="Seconds each instance may take in all."),
-          partition: Optional[str] = typer.Option(
+          partition: str | None = typer.Option(
               None, "--partition", help="Partition key (e.g. a tenant id): see "
                                         "`fsm worker --partition-limit`.")
           ) -> None:
@@ -144,8 +145,8 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
 
 @app.command()
 def wait(ids: list[str] = typer.Argument(..., help="Instance ids (unambiguous prefixes work)."),
-         db: Optional[str] = DB,
-         timeout: Optional[float] = typer.Option(None, "--timeout", min=0.0,
+         db: str | None = DB,
+         timeout: float | None = typer.Option(None, "--timeout", min=0.0,
                                                  help="Give up after this many seconds (exit 3)."),
          as_json: bool = typer.Option(False, "--json", help="Print the final records as JSON."),
          quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")) -> None:
@@ -174,7 +175,7 @@ def _profiled(fn: Callable[[], None]) -> None:
 
 
 @app.command()
-def worker(db: Optional[str] = DB,
+def worker(db: str | None = DB,
            concurrency: list[str] = typer.Option(
                ["32"], "--concurrency", metavar="N|QUEUE=N,…",
                help="Most instances stepping at once here (N), and per queue (llm=4,io=32)."),
@@ -183,7 +184,7 @@ def worker(db: Optional[str] = DB,
            queue_limit: list[str] = typer.Option(
                [], "--queue-limit", metavar="QUEUE=N,…",
                help="Most instances of a queue at once over ALL workers (through the store)."),
-           partition_limit: Optional[int] = typer.Option(
+           partition_limit: int | None = typer.Option(
                None, "--partition-limit", min=1, max=1_000_000,  # runtime.queues.MAX_COUNT
                help="Most instances of one partition key at once over all workers."),
            rate_limit: list[str] = typer.Option(
@@ -191,7 +192,7 @@ def worker(db: Optional[str] = DB,
                help="A model's shared rate limit (MODEL: a --llm name, or default)."),
            machines: list[str] = typer.Option([], "--machines", "-m",
                                               help="Only run these machine modules (loaded now)."),
-           llm: Optional[list[str]] = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
+           llm: list[str] | None = typer.Option(None, "--llm", help="As for `fsm run` (repeatable)."),
            lease: float = typer.Option(5.0, "--lease", min=0.3,
                                        help="Lease seconds (renewed every third of it)."),
            grace: float = typer.Option(10.0, "--grace", min=0.0,
@@ -246,7 +247,7 @@ def _plan(concurrency: list[str], queues: list[str], limits: list[str],
 
 
 @app.command()
-def workers(db: Optional[str] = DB,
+def workers(db: str | None = DB,
             as_json: bool = typer.Option(False, "--json", help="Print the workers as JSON.")) -> None:
     """List registered workers: host, pid, queues, heartbeat age, lease left, instances held."""
     store = _open(db)

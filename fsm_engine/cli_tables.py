@@ -9,7 +9,8 @@ ISO-8601 with their age (``09:50:46 (5 min ago)``).
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -68,7 +69,7 @@ def _blocks(console: Console, rows: list[list[str]], title: str, skip: set[int])
     for row in rows:
         cells = [c for i, c in enumerate(row) if i not in skip]
         console.print(Text(f"─ {labels[0]} {cells[0]}", style="bold"))
-        items = [f"{label.ljust(pad)} {value or '-'}" for label, value in zip(labels[1:], cells[1:])]
+        items = [f"{label.ljust(pad)} {value or '-'}" for label, value in zip(labels[1:], cells[1:], strict=False)]
         i = 0
         while i < len(items):
             pair = items[i:i + 2]

@@ -23,21 +23,26 @@ import random
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import tenacity
 
 from .errors import (
-    BudgetExhausted, CircuitOpen, ClientError, InvalidInput, ProviderError, StepTimeout,
+    BudgetExhausted,
+    CircuitOpen,
+    ClientError,
+    InvalidInput,
+    ProviderError,
+    StepTimeout,
     StructuredOutputError,
 )
 
 
-class Disposition(str, Enum):
+class Disposition(str, Enum):  # noqa: UP042 - str() of a member stays "Disposition.X"
     """What the runtime does with an exception raised by an action."""
 
     RETRY = "retry"        # transient: another attempt may succeed
@@ -470,7 +475,7 @@ class RateLimit:
         return out
 
     @classmethod
-    def parse(cls, spec: str) -> "RateLimit":
+    def parse(cls, spec: str) -> RateLimit:
         """``"rpm:500,tpm:40000[,window:60]"`` as a ``RateLimit``; ``InvalidInput``."""
         from .errors import InvalidInput
         fields = {"rpm": "rpm", "tpm": "tpm", "window": "window_s", "hold": "hold_s"}

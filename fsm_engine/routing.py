@@ -8,7 +8,7 @@ default, so a hallucinated route cannot leave the diagram.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def choose_trigger(text: str, allowed: Sequence[str], default: str) -> str:

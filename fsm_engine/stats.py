@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 from .store.base import Store
 from .store.records import FINAL_STATUSES, NOT_MOVES, RECOVERY, InstanceFilter, StepRow
@@ -67,7 +68,7 @@ class Dist:
     max: float | None = None
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> "Dist":
+    def of(cls, values: Iterable[float]) -> Dist:
         """The summary of ``values`` (any order)."""
         data = sorted(values)
         if not data:
@@ -235,7 +236,8 @@ def _one_machine(store: Store, where: InstanceFilter, machine: str, total: int) 
         reask_rate=acc.with_reask / seen if seen else None)
 
 
-def machine_stats(store: Store, where: InstanceFilter = InstanceFilter()) -> dict[str, MachineStats]:
+def machine_stats(store: Store, where: InstanceFilter = InstanceFilter()  # noqa: B008 - frozen
+                  ) -> dict[str, MachineStats]:
     """Statistics per machine over the instances matching ``where`` (machine name order)."""
     machines = store.count(where, "machine")
     return {m: _one_machine(store, where, m, n)

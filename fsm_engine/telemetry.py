@@ -37,7 +37,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 log = logging.getLogger("fsm_engine")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict
-from typing import Any, Iterable
+from typing import Any
 
 from .store.records import HistoryRow, InstanceRecord, OutboxRow
 
@@ -46,7 +47,7 @@ def context_after(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> list[dict[
 def history_json(rec: InstanceRecord, rows: list[HistoryRow]) -> list[dict[str, Any]]:
     """History rows as dicts ``{seq, source, dest, trigger, kind, guards, tokens, error,
     reason, duration_ms, at, delta, detail, context}``; ``context`` is the context after the row."""
-    return [asdict(row) | {"context": ctx} for row, ctx in zip(rows, context_after(rec, rows))]
+    return [asdict(row) | {"context": ctx} for row, ctx in zip(rows, context_after(rec, rows), strict=False)]
 
 
 def outbox_json(rows: list[OutboxRow]) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conftest import MACHINES, license_files
+
 from fsm_engine import Engine, Machine, load_machine
 from fsm_engine.llm import Scripted
 

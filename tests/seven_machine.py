@@ -32,4 +32,4 @@ def seven_steps() -> Machine:
     return Machine(name="seven", context=C, initial="s0", max_transitions=20,
                    states=[*states, State("done", final=True)],
                    transitions=[Transition("next", a, b)
-                                for a, b in zip(names, [*names[1:], "done"])])
+                                for a, b in zip(names, [*names[1:], "done"], strict=False)])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import MACHINES, license_files, scripted
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
@@ -19,8 +20,6 @@ from fsm_engine.cli import app
 from fsm_engine.llm import Scripted
 from fsm_engine.llm.base import estimate_prompt_tokens, estimate_tokens
 from fsm_engine.runtime.compiled import compile_machine
-
-from conftest import MACHINES, license_files, scripted
 
 LONG = [{"role": "user", "content": "Summarise this text. " * 20}]  # ~140 tokens estimated
 

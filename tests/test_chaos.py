@@ -12,11 +12,10 @@ import json
 import time
 
 import pytest
+from conftest import GOOD_VERDICT, MACHINES, license_files, scripted
 
 from fsm_engine import Engine
 from fsm_engine.llm import FaultInjector
-
-from conftest import GOOD_VERDICT, MACHINES, license_files, scripted
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import MACHINES, ROOT, license_files
 from typer.testing import CliRunner
 
-from conftest import MACHINES, ROOT, license_files
 from fsm_engine import Engine, SqliteStore
 from fsm_engine.cli import app
 from fsm_engine.store import InstanceRecord
@@ -173,7 +173,7 @@ def error_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
                               timeout=120)
         return Ran(argv, proc.returncode, proc.stdout, proc.stderr, needle)
     with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(zip(SUBPROCESS_CASES, pool.map(one, SUBPROCESS_CASES)))
+        return dict(zip(SUBPROCESS_CASES, pool.map(one, SUBPROCESS_CASES), strict=False))
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -333,7 +333,7 @@ def test_history_json(fleet: Fleet) -> None:
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
     assert len(rows) == rec["loop_count"]
     assert rows[0]["source"] == "init" and rows[-1]["dest"] == "done"
-    assert all(a["dest"] == b["source"] for a, b in zip(rows, rows[1:]))
+    assert all(a["dest"] == b["source"] for a, b in zip(rows, rows[1:], strict=False))
     assert sum(r["tokens"] for r in rows) == rec["tokens_used"]
     assert [r["trigger"] for r in rows][:3] == ["start", "collected", "prepared"]
 

@@ -9,11 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+from test_cli import MODERATION, ROUTER, VERDICT_LINE, finished_instance, inputs, run_main, write_script
 
 from fsm_engine import Engine
 from fsm_engine.sinks import append_jsonl
-from test_cli import (MODERATION, ROUTER, VERDICT_LINE, finished_instance, inputs, run_main,
-                      write_script)
 
 
 def one_error(code: int, err: str, needle: str) -> None:

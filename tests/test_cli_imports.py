@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from observe_fixtures import Fleet
 
 HEAVY = ("openai", "llama_cpp", "sqlite_utils", "starlette", "uvicorn", "jinja2",

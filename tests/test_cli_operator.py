@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import MACHINES, license_files, scripted
+from observe_fixtures import Fleet, hold_and_die
 from typer.testing import CliRunner
 
-from conftest import MACHINES, license_files, scripted
 from fsm_engine import Engine, SqliteStore, load_machine
 from fsm_engine.cli import app
 from fsm_engine.cli_observe import _fsm_command
 from fsm_engine.cli_tables import COLUMNS
 from fsm_engine.store import InstanceFilter
-from observe_fixtures import Fleet, hold_and_die
 
 ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
 ROUTER = str(MACHINES / "router.py")
@@ -376,7 +376,7 @@ def test_diagram_stats_counts_equal_the_store(fleet: Fleet, tmp_path: Path) -> N
     text = out.read_text()
     for trigger, n in taken.items():
         assert re.search(rf'label="{re.escape(trigger)}[^"]* ×{n}"', text), trigger
-    for state, n in now.items():
+    for _state, n in now.items():
         assert f"now {n}" in text
     assert invoke("diagram", MODERATION, "--stats", "--db", fleet.db, "-o",
                   str(tmp_path / "agg.svg")).exit_code == 0

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pytest
+from test_store_contract import moved, record
 
 from fsm_engine import SqliteStore, StoreError
 from fsm_engine.runtime.commit import GroupCommitter
 from fsm_engine.store import HistoryRow, InstanceRecord, StepCommit
-
-from test_store_contract import moved, record
 
 
 class Recording:

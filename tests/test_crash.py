@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import GOOD_VERDICT, MACHINES, ROOT, license_files
 
 from fsm_engine.store import SqliteStore
 from fsm_engine.store.records import InstanceRecord
 from fsm_engine.views import context_after
-
-from conftest import GOOD_VERDICT, MACHINES, ROOT, license_files
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +198,7 @@ def audit(db: str, pids: list[int] | None = None) -> list[InstanceRecord]:
             assert rec.seq == len(rows), rec.id
             assert rec.state == (rows[-1].dest if rows else INITIAL[rec.machine]), rec.id
             assert rec.context == (context_after(rec, rows)[-1] if rows else rec.input), rec.id
-            for before, after in zip(rows, rows[1:]):
+            for before, after in zip(rows, rows[1:], strict=False):
                 assert after.source == before.dest, rec.id
             for row in recoveries(rows):
                 info = row.detail["recovery"]

@@ -75,7 +75,7 @@ def odd_machine() -> dict[str, Any]:
     """A chain through states whose names are hostile to DOT, SVG and Mermaid."""
     names = ["start", *ODD_NAMES, "end: ok"]
     states = [state(n) for n in names[:-1]] + [state(names[-1], final=True)]
-    hops = [move(a, f"go: {i}; \"{b}\"", b) for i, (a, b) in enumerate(zip(names, names[1:]))]
+    hops = [move(a, f"go: {i}; \"{b}\"", b) for i, (a, b) in enumerate(zip(names, names[1:], strict=False))]
     return {"name": 'odd "machine"\\', "initial": "start", "states": states, "transitions": hops}
 
 

@@ -18,19 +18,27 @@ import time
 from typing import Any
 
 import pytest
+from conftest import MACHINES, ROOT, scripted
 from pydantic import BaseModel
 
 from fsm_engine import (
-    BreakerPolicy, CircuitOpen, Engine, InstanceFinished, InvalidInput, Machine, RetryPolicy,
-    ServerError, State, Transition, fire,
+    BreakerPolicy,
+    CircuitOpen,
+    Engine,
+    InstanceFinished,
+    InvalidInput,
+    Machine,
+    RetryPolicy,
+    ServerError,
+    State,
+    Transition,
+    fire,
 )
 from fsm_engine.llm import Completion, Scripted
 from fsm_engine.runtime.breaker import Breaker
 from fsm_engine.store import SqliteStore
 from fsm_engine.store.records import StepCommit, WorkerRow
 from fsm_engine.views import context_after
-
-from conftest import MACHINES, ROOT, scripted
 
 MSG = [{"role": "user", "content": "go"}]
 
@@ -304,7 +312,7 @@ def test_retries_then_success_records_attempts(engines):
     expected = [FAST_RETRY.delay(1, rng=rng), FAST_RETRY.delay(2, rng=rng)]
     assert [(a.attempt, a.error_class, a.tokens) for a in tries] == [
         (1, "ServerError", 5), (2, "ServerError", 5)]
-    for row, delay in zip(tries, expected):
+    for row, delay in zip(tries, expected, strict=False):
         assert row.next_at - row.at == pytest.approx(delay, abs=1e-6)
     row = eng.store.history(iid)[-1]
     assert row.detail["attempt"] == 3 and row.at >= tries[-1].next_at and row.tokens == 10
@@ -704,7 +712,10 @@ def test_guard_raising_on_the_fallback_path_fails_the_instance(db_path):
     """A failing action whose fallback guard raises ends failed, never stuck in running."""
     from pydantic import BaseModel as _BM
 
-    from fsm_engine import Engine as _Engine, Machine as _M, State as _S, Transition as _T
+    from fsm_engine import Engine as _Engine
+    from fsm_engine import Machine as _M
+    from fsm_engine import State as _S
+    from fsm_engine import Transition as _T
 
     class Ctx(_BM):
         n: int = 0
@@ -727,7 +738,10 @@ def test_guard_raising_on_the_fallback_path_fails_the_instance(db_path):
 def test_reaching_a_wait_state_at_the_cap_fails_with_loop_limit(db_path):
     from pydantic import BaseModel as _BM
 
-    from fsm_engine import Engine as _Engine, Machine as _M, State as _S, Transition as _T
+    from fsm_engine import Engine as _Engine
+    from fsm_engine import Machine as _M
+    from fsm_engine import State as _S
+    from fsm_engine import Transition as _T
 
     class Ctx(_BM):
         n: int = 0
@@ -745,7 +759,10 @@ def test_hung_sync_actions_do_not_starve_the_thread_pool(db_path):
     threads still runs the untimed sync actions that follow."""
     from pydantic import BaseModel as _BM
 
-    from fsm_engine import Engine as _Engine, Machine as _M, State as _S, Transition as _T
+    from fsm_engine import Engine as _Engine
+    from fsm_engine import Machine as _M
+    from fsm_engine import State as _S
+    from fsm_engine import Transition as _T
 
     class Ctx(_BM):
         n: int = 0

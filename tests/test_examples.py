@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from conftest import GOOD_VERDICT, MACHINES, license_files, scripted
+
 from fsm_engine import Engine, load_machine
 from fsm_engine.diagram import build_graph, to_dot
 from fsm_engine.runtime.compiled import compile_machine

@@ -10,15 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cli import run_main
+from test_queues import MACHINE, replies
 
 from fsm_engine.errors import StoreError
 from fsm_engine.policies import RateLimit
 from fsm_engine.runtime.fleet import FleetLimits, merge_rates, parse_queue_limits
 from fsm_engine.runtime.queues import QueuePlan
 from fsm_engine.store import ClaimRequest, open_store
-
-from test_cli import run_main
-from test_queues import MACHINE, replies
 
 
 def test_limits_round_trip_through_their_stored_json() -> None:
@@ -145,8 +144,9 @@ def test_stored_limits_refuse_infinite_windows() -> None:
 def test_a_limit_named_for_a_states_model_binds_the_default_provider(engine_factory) -> None:
     """`llm="primary"` on a state, one unnamed provider serving it: a limit named
     `primary` (the README's example) applies to it."""
-    from fsm_engine import Machine, State, Transition
     from test_queues import Ctx, ask
+
+    from fsm_engine import Machine, State, Transition
     named = Machine(name="named", context=Ctx, initial="ask",
                     states=[State("ask", action=ask, llm="primary"), State("done", final=True)],
                     transitions=[Transition("next", "ask", "done")])

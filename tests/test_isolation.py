@@ -5,7 +5,8 @@ process while ``run()`` is inside a step (issue 10, items 3 and 9)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -14,7 +15,6 @@ from fsm_engine import Engine, FsmError, Machine, SqliteStore, State, StepReject
 from fsm_engine.runtime import values
 from fsm_engine.runtime.commit import GroupCommitter
 from fsm_engine.store import HistoryRow, InstanceRecord, StepCommit
-
 from fsm_engine.testing.contract import moved, record
 
 N = 50
@@ -119,7 +119,7 @@ def test_a_store_failure_reaches_every_waiter_and_leaves_no_claim(db_path: str) 
     ids = eng.start_many(MACHINE, [{"n": i} for i in range(5)])
     flaky.broken = True
     results = asyncio.run(eng.run_many(ids))
-    assert all(isinstance(r, StoreError) and r.instance_id == i for r, i in zip(results, ids))
+    assert all(isinstance(r, StoreError) and r.instance_id == i for r, i in zip(results, ids, strict=False))
     assert all(flaky.store.get(i).owner == eng.worker.id for i in ids)  # nothing could be written
     flaky.broken = False
     eng.ownership.check([])  # the heartbeat retries the releases once the store works again

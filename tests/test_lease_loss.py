@@ -13,11 +13,12 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Callable
-
-import pytest
+from collections.abc import Callable
+from typing import Any
 
 import lease_machine as lm
+import pytest
+
 from fsm_engine.runtime.worker import Worker
 from fsm_engine.runtime.workers import live_ids
 

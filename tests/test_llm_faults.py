@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from fsm_engine.errors import (InvalidInput, ProviderError, ProviderTimeout, RateLimited,
-                               ServerError)
+from fsm_engine.errors import InvalidInput, ProviderError, ProviderTimeout, RateLimited, ServerError
 from fsm_engine.llm import FaultInjector, Scripted, parse_fault_spec
 from fsm_engine.llm.faults import FAULT_KINDS, mangle_json
 

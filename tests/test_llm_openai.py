@@ -17,8 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fsm_engine.errors import (ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable,
-                               RateLimited, ServerError)
+from fsm_engine.errors import ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
 from fsm_engine.llm import OpenAICompatible
 from fsm_engine.llm.openai_compat import parse_retry_after
 

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from fsm_engine.errors import (ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable,
-                               RateLimited, ServerError)
+from fsm_engine.errors import ClientError, InvalidInput, ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
 from fsm_engine.llm import Completion, FaultInjector, Provider, Scripted, provider_from_spec
 
 MSG = [{"role": "user", "content": "hi"}]

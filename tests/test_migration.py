@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from fsm_engine import (
-    DefinitionError, Engine, FingerprintMismatch, Machine, NeedsMigration, State, Transition,
+    DefinitionError,
+    Engine,
+    FingerprintMismatch,
+    Machine,
+    NeedsMigration,
+    State,
+    Transition,
     VersionTooNew,
 )
 
@@ -185,7 +191,7 @@ def test_fsm_migrate_dry_run_then_yes(db_path: str, module: Path) -> None:
         recs = [engine.store.get(i) for i in ids]
         assert (recs[0].machine_version, recs[0].state, recs[0].context["lang"]) == (
             2, "validate", "en")
-        for old, new in zip(stored[1:], recs[1:]):  # kept where they are, with the cause
+        for old, new in zip(stored[1:], recs[1:], strict=False):  # kept where they are, with the cause
             assert (new.state, new.context, new.seq, new.machine_version) == (
                 old.state, old.context, old.seq, 1)
             assert new.reason == "needs_migration" and new.last_error

@@ -6,9 +6,9 @@ import asyncio
 import json
 
 import pytest
+from conftest import MACHINES, license_files, scripted
 from pydantic import BaseModel
 
-from conftest import MACHINES, license_files, scripted
 from fsm_engine import BreakerPolicy, Engine, FsmError, Machine, RetryPolicy, State, Step, Transition
 from fsm_engine.errors import DefinitionError, InvalidInput
 from fsm_engine.llm import Scripted

@@ -9,11 +9,10 @@ import random
 import time
 
 import pytest
-
-from fsm_engine.store import open_store
-
 import test_crash
 from test_crash import Runner, kill
+
+from fsm_engine.store import open_store
 
 RUNNER = test_crash.RUNNER.replace(
     "asyncio.run(eng.resume())",
@@ -71,7 +70,6 @@ def _audit(db: str) -> tuple:
     store = open_store(db)
     try:
         parents = [r for r in store.list() if r.parent_id is None]
-        kids = store.list()[len(parents):] if parents else []
         for rec in store.list():
             rows = store.history(rec.id)
             assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), rec.id

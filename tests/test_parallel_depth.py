@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fsm_engine.llm import Scripted
-
 import parallel_machines as pm
+
+from fsm_engine.llm import Scripted
 
 #: Every call: 10 prompt + 20 completion tokens.
 CALL = {"text": "ok", "prompt_tokens": 10, "completion_tokens": 20}

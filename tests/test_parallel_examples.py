@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import MACHINES, license_files, scripted
-from fsm_engine import Engine
 from llm_fixtures import gemma_path  # noqa: F401  (fixture)
+
+from fsm_engine import Engine
 
 SCREEN = "[header: Acme] [button: 'Click here!!!'] [text: 'Buy now, limited offer'] [footer]"
 
@@ -44,7 +44,8 @@ def test_digest_maps_sections_and_composes(tmp_path) -> None:
 
 
 def test_screenshot_dag_runs_two_analyses_then_suggests(tmp_path) -> None:
-    replies = [{"match": "Describe the layout", "text": '{"layout": "header, button, text", "issues": ["shouty button"]}',
+    replies = [{"match": "Describe the layout",
+                "text": '{"layout": "header, button, text", "issues": ["shouty button"]}',
                 "prompt_tokens": 30, "completion_tokens": 10},
                {"match": "Judge the tone", "text": "not json at all", "prompt_tokens": 30, "completion_tokens": 5},
                {"match": "Suggest up to", "text": '{"suggestions": ["calmer button text"]}',

@@ -9,13 +9,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import parallel_machines as pm
 import pytest
 from typer.testing import CliRunner
 
 from fsm_engine import Engine
 from fsm_engine.cli import app
-
-import parallel_machines as pm
 
 MACHINES = str(Path(pm.__file__))
 

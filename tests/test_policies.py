@@ -9,8 +9,17 @@ import random
 import pytest
 
 from fsm_engine import (
-    BreakerPolicy, BudgetExhausted, CircuitOpen, ClientError, InvalidInput, ProviderTimeout,
-    ProviderUnavailable, RateLimited, RetryPolicy, ServerError, StepTimeout,
+    BreakerPolicy,
+    BudgetExhausted,
+    CircuitOpen,
+    ClientError,
+    InvalidInput,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    RetryPolicy,
+    ServerError,
+    StepTimeout,
     StructuredOutputError,
 )
 from fsm_engine.policies import NO_RETRY, Disposition, classify

@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, scripted
 
 README = (ROOT / "README.md").read_text()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import MACHINES, license_files
-from fsm_engine import Engine
-from fsm_engine.llm import OpenAICompatible
 from llm_fixtures import gemma_path, llama_server  # noqa: F401  (fixtures)
 from test_real_model import check_instance
+
+from fsm_engine import Engine
+from fsm_engine.llm import OpenAICompatible
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -87,9 +87,10 @@ def test_primary_server_stopped_mid_run_falls_back_to_the_embedded_model(
     import sys
 
     from conftest import MACHINES, license_files
+    from llm_fixtures import _wait_ready, free_port
+
     from fsm_engine import BreakerPolicy, Engine
     from fsm_engine.llm import LocalLlama
-    from llm_fixtures import _wait_ready, free_port
 
     port = free_port()
     server = subprocess.Popen(

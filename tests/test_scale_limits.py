@@ -12,15 +12,15 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from scale_harness import MODERATION, Fleet, inputs, wait_until
 
 from fsm_engine import Engine
 from fsm_engine.store import open_store
-
-from scale_harness import MODERATION, Fleet, inputs, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

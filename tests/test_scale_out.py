@@ -17,13 +17,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from scale_harness import (
+    FSM,
+    ROOT,
+    Fleet,
+    audit,
+    check_books,
+    completed,
+    enqueue,
+    final,
+    install_audit,
+    leases_granted,
+    wait_until,
+)
 
 from fsm_engine.store import open_store
-
-from scale_harness import (
-    FSM, ROOT, Fleet, audit, check_books, completed, enqueue, final, install_audit,
-    leases_granted, wait_until,
-)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -271,6 +279,7 @@ def test_bad_postgres_urls_are_one_line_exit_2(pg_cluster, case: str) -> None:
 def test_listen_notify_wakes_a_waiting_worker(pg_cluster) -> None:
     """``wait_for_work`` returns when another connection creates an instance."""
     import threading
+
     from fsm_engine.testing.contract import record
     url = pg_cluster.database()
     waiter, writer = open_store(url), open_store(url)

@@ -7,8 +7,8 @@ import asyncio
 import json
 
 import pytest
-
 from conftest import MACHINES, license_files
+
 from fsm_engine import Engine, load_machine
 from fsm_engine.errors import ClientError, InvalidInput
 from fsm_engine.llm import Scripted
@@ -57,7 +57,7 @@ def test_bad_keys_are_refused(line: dict) -> None:
 
 def test_concurrent_instances_get_the_reply_keyed_by_their_input(db_path, notify_file) -> None:
     files = license_files(3)
-    decisions = dict(zip(files, ("approve", "review", "reject")))
+    decisions = dict(zip(files, ("approve", "review", "reject"), strict=False))
     provider = Scripted.from_replies([{"input": {"path": f}, "text": verdict(d),
                                        "prompt_tokens": 5, "completion_tokens": 5, "delay_s": 0.01}
                                       for f, d in decisions.items()])

@@ -8,12 +8,12 @@ import math
 from collections import Counter, defaultdict
 
 import pytest
+from observe_fixtures import Fleet
 from typer.testing import CliRunner
 
 from fsm_engine import SqliteStore
 from fsm_engine.cli import app
 from fsm_engine.stats import Dist, percentile
-from observe_fixtures import Fleet
 
 
 def nearest_rank(values: list[float], p: float) -> float:

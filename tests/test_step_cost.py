@@ -32,7 +32,7 @@ class Derived(BaseModel):
     total: int = 0
 
     @model_validator(mode="after")
-    def add(self) -> "Derived":
+    def add(self) -> Derived:
         self.total = self.a + self.b
         return self
 

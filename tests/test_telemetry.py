@@ -14,13 +14,13 @@ import textwrap
 import pytest
 
 pytest.importorskip("opentelemetry.sdk")
+from conftest import scripted  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-
-from conftest import scripted  # noqa: E402
-from fsm_engine import Engine  # noqa: E402
 from seven_machine import SECRET, seven_steps  # noqa: E402
+
+from fsm_engine import Engine  # noqa: E402
 
 #: The model's reply: not hex, so it cannot appear inside an instance id by chance.
 REPLY = "forty-two, said the model"

@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 
 pytest.importorskip("starlette")
+from observe_fixtures import QUOTED_STATE, XSS, Fleet  # noqa: E402
+from procs import stop  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from fsm_engine import SqliteStore, StoreError  # noqa: E402
 from fsm_engine.ui import create_app  # noqa: E402
-from procs import stop  # noqa: E402
-from observe_fixtures import QUOTED_STATE, XSS, Fleet  # noqa: E402
 
 ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
 TOKEN = "s3cret-token-for-tests"

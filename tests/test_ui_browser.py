@@ -19,14 +19,14 @@ import urllib.error
 import urllib.request
 import zlib
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+from observe_fixtures import QUOTED_STATE, XSS, Family, Fleet, build_family
+from procs import stop  # noqa: E402
 
 from fsm_engine import SqliteStore
 from fsm_engine.store import InstanceFilter
-from procs import stop  # noqa: E402
-from observe_fixtures import QUOTED_STATE, XSS, Family, Fleet, build_family
 
 pytestmark = pytest.mark.browser
 
@@ -256,7 +256,7 @@ def test_no_script_from_the_database_runs(browser: object, server: str, fleet: F
         assert d.execute_script("return typeof window.__xss") == "undefined"  # type: ignore[attr-defined]
         assert d.execute_script("return document.scripts.length") == 0  # type: ignore[attr-defined]
         with pytest.raises(NoAlertPresentException):
-            d.switch_to.alert.text  # type: ignore[attr-defined]
+            _ = d.switch_to.alert.text  # type: ignore[attr-defined]
         logs = d.get_log("browser")  # type: ignore[attr-defined]
         assert not [entry for entry in logs if "alert" in entry.get("message", "")], logs
     load(d, f"{server}/instances/{fleet.ids['quoted'][0]}")

@@ -97,7 +97,7 @@ def test_update_refused_fails_the_instance_with_its_path(eng: Engine, case: str,
 
 
 def test_accepted_values_round_trip_exactly(eng: Engine) -> None:
-    when = dt.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=dt.UTC)
     given = {"loose": {"a": [1, 2.5, None, True, "é\u2603"]}, "items": [{"x": -0.0}, 10**30],
              "inner": Inner(when=when, tags={"b", "a"}), "ratio": 1e308, "text": "\u0000nul"}
     iid = eng.start(MACHINE, given)
@@ -113,7 +113,7 @@ def test_accepted_values_round_trip_exactly(eng: Engine) -> None:
 
 def test_json1_accepts_every_stored_context_delta_and_detail(eng: Engine, db_path: str) -> None:
     ids = [eng.start(MACHINE, {"ratio": 0.5}) for _ in range(len(REFUSED) + 1)]
-    for iid, (_, value, _) in zip(ids, REFUSED):
+    for iid, (_, value, _) in zip(ids, REFUSED, strict=False):
         UPDATES[iid] = value
     UPDATES[ids[-1]] = {"ratio": 2.0, "meta": {"ok": [1.5, "x"]}}
     asyncio.run(eng.run_many(ids))

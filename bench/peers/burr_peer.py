@@ -78,7 +78,7 @@ class Bench:
         self.next_id += 1
         return (ApplicationBuilder()
                 .with_actions(**self.actions)
-                .with_transitions(*zip(ACTIONS, ACTIONS[1:]))
+                .with_transitions(*zip(ACTIONS, ACTIONS[1:], strict=False))
                 .initialize_from(persister, resume_at_next_action=True,
                                  default_state={"n": 0}, default_entrypoint=ACTIONS[0])
                 .with_state_persister(persister)

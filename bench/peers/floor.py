@@ -20,7 +20,13 @@ import time
 from typing import Any
 
 from ..common import (
-    INFER, INSERT_HISTORY, INSERT_INSTANCE, SCHEMA, STATES, TRANSITIONS, UPDATE_INSTANCE,
+    INFER,
+    INSERT_HISTORY,
+    INSERT_INSTANCE,
+    SCHEMA,
+    STATES,
+    TRANSITIONS,
+    UPDATE_INSTANCE,
     connect,
 )
 
@@ -78,7 +84,7 @@ class Bench:
         for fut, _, _ in batch:
             fut.set_result(None)
 
-    def _group(self, iid: str, k: int) -> "asyncio.Future[None]":
+    def _group(self, iid: str, k: int) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
         if not self._pending:
             loop.call_soon(self._flush)

@@ -43,7 +43,7 @@ def _graph(action: Any, infer: Any) -> StateGraph:
     for name in nodes:
         builder.add_node(name, infer if name == INFER else action)
     builder.add_edge(START, nodes[0])
-    for a, b in zip(nodes, nodes[1:]):
+    for a, b in zip(nodes, nodes[1:], strict=False):
         builder.add_edge(a, b)
     builder.add_edge(nodes[-1], END)
     return builder

@@ -19,8 +19,15 @@ from transitions import Machine
 from transitions.extensions.asyncio import AsyncMachine
 
 from ..common import (
-    FINAL, INFER, INSERT_HISTORY, INSERT_INSTANCE, SCHEMA, STATES, TRANSITIONS,
-    UPDATE_INSTANCE, connect,
+    FINAL,
+    INFER,
+    INSERT_HISTORY,
+    INSERT_INSTANCE,
+    SCHEMA,
+    STATES,
+    TRANSITIONS,
+    UPDATE_INSTANCE,
+    connect,
 )
 
 

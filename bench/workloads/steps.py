@@ -20,7 +20,13 @@ import time
 from dataclasses import dataclass
 
 from ..common import (
-    TRANSITIONS, Sample, db_bytes, doc_text, fresh_path, peak_rss_mib, reset_peak_rss,
+    TRANSITIONS,
+    Sample,
+    db_bytes,
+    doc_text,
+    fresh_path,
+    peak_rss_mib,
+    reset_peak_rss,
 )
 
 WARMUP = 5

@@ -3,7 +3,14 @@
 from .check import Checked, check
 from .export import export_machine, fingerprint
 from .spec import (
-    BUDGET_EXHAUSTED, FALLBACK, Fire, Machine, RunInfo, State, Transition, fire,
+    BUDGET_EXHAUSTED,
+    FALLBACK,
+    Fire,
+    Machine,
+    RunInfo,
+    State,
+    Transition,
+    fire,
 )
 
 __all__ = ["Machine", "State", "Transition", "Fire", "fire", "RunInfo", "check", "Checked",

@@ -20,8 +20,9 @@ from __future__ import annotations
 import inspect
 import re
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -68,7 +69,8 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     """True for ``async def`` functions and async generators (also as callable objects or
     ``functools.partial``): calling one returns an awaitable, always truthy."""
     target = getattr(fn, "func", fn)  # functools.partial
-    call = getattr(type(target), "__call__", None) if not inspect.isroutine(target) else None
+    # the callable object's own __call__, to ask whether that is async
+    call = getattr(type(target), "__call__", None) if not inspect.isroutine(target) else None  # noqa: B004
     return any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
                for f in (target, call) if f is not None)
 

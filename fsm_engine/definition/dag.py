@@ -15,8 +15,9 @@ on states.  A cycle, an unknown dependency or a duplicate name is a
 from __future__ import annotations
 
 import graphlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel
 

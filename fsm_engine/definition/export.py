@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .spec import Machine, State
 
 
-def _state_dict(machine: "Machine", s: "State") -> dict[str, Any]:
+def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
     out = {
         "name": s.name, "final": s.final, "failure": s.failure, "wait": s.wait,
         "action": ref_name(s.action), "timeout": s.timeout,
@@ -41,7 +41,7 @@ def _state_dict(machine: "Machine", s: "State") -> dict[str, Any]:
     return out
 
 
-def _fan_out_dict(machine: "Machine", s: "State") -> dict[str, Any]:
+def _fan_out_dict(machine: Machine, s: State) -> dict[str, Any]:
     """A fan-out state's shape: kind, items, policy, and each branch machine's export."""
     from .fanout import Map, completion_of, plans
     fo = s.fan_out
@@ -59,7 +59,7 @@ def _fan_out_dict(machine: "Machine", s: "State") -> dict[str, Any]:
     }
 
 
-def export_machine(machine: "Machine") -> dict[str, Any]:
+def export_machine(machine: Machine) -> dict[str, Any]:
     """Return ``{"name", "initial", "max_transitions", "token_budget", "states", "transitions"}``.
 
     ``transitions`` has one entry per (source, trigger, dest) with guard names
@@ -83,7 +83,7 @@ def export_machine(machine: "Machine") -> dict[str, Any]:
     return out
 
 
-def fingerprint(machine: "Machine") -> str:
+def fingerprint(machine: Machine) -> str:
     """SHA-256 (first 16 hex digits) of the export plus the context's JSON Schema."""
     exported = export_machine(machine)
     for state in exported["states"]:

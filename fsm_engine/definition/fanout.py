@@ -25,8 +25,9 @@ updates (``merge_outputs`` merges action outputs, as a DAG layer does).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..policies import Completion, RetryPolicy
 
@@ -58,12 +59,12 @@ class Branch:
             parent context).
     """
 
-    run: "Machine | Ref"
+    run: Machine | Ref
     skippable: bool = False
     default_output: Mapping[str, Any] | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
-    fallback: "Ref | None" = None
+    fallback: Ref | None = None
     llm: str | None = None
     input: Callable[[Any], Mapping[str, Any]] | None = None
 
@@ -76,7 +77,7 @@ class Parallel:
     See the module docstring for ``into``, ``reducer`` and ``completion``.
     """
 
-    branches: Mapping[str, "Machine | Ref | Branch"]
+    branches: Mapping[str, Machine | Ref | Branch]
     into: str | None = None
     reducer: Reducer | None = None
     completion: Completion | str = "all_successful"
@@ -104,7 +105,7 @@ class Map:
     """
 
     items: str
-    machine: "Machine | Ref | Branch"
+    machine: Machine | Ref | Branch
     item_field: str | None = None
     input: Callable[[Any, Any], Mapping[str, Any]] | None = None
     into: str | None = None
@@ -142,12 +143,12 @@ class BranchPlan:
     """How one branch runs: set by the compiler (``runtime.compiled``)."""
 
     name: str
-    machine: "Machine"
+    machine: Machine
     wrapped: bool
     spec: Branch = field(repr=False)
 
 
-def wrap_action(parent: "Machine", state: str, name: str, branch: Branch) -> "Machine":
+def wrap_action(parent: Machine, state: str, name: str, branch: Branch) -> Machine:
     """A single action as a one-state branch machine on the parent's context model
     (its retry, timeout and fallback action from ``branch``)."""
     from .spec import Machine, State, Transition
@@ -164,7 +165,7 @@ def wrap_action(parent: "Machine", state: str, name: str, branch: Branch) -> "Ma
                    transitions=transitions, max_transitions=10, namespace=parent.namespace)
 
 
-def plans(parent: "Machine", state: str, fan_out: FanOut) -> list[BranchPlan]:
+def plans(parent: Machine, state: str, fan_out: FanOut) -> list[BranchPlan]:
     """The branches of ``fan_out`` (a ``Map`` has one, run once per item)."""
     from .spec import Machine
     named = (fan_out.normalised() if isinstance(fan_out, Parallel)
@@ -178,7 +179,7 @@ def plans(parent: "Machine", state: str, fan_out: FanOut) -> list[BranchPlan]:
     return out
 
 
-def problems(parent: "Machine", state: Any) -> list[str]:
+def problems(parent: Machine, state: Any) -> list[str]:
     """What is wrong with ``state``'s fan-out (each problem names the state and branch)."""
     fo, where = state.fan_out, f"state {state.name!r}"
     if not isinstance(fo, (Parallel, Map)):
@@ -190,7 +191,7 @@ def problems(parent: "Machine", state: Any) -> list[str]:
     return out
 
 
-def _shape_problems(parent: "Machine", state: Any, fo: "Parallel | Map") -> list[str]:
+def _shape_problems(parent: Machine, state: Any, fo: Parallel | Map) -> list[str]:
     """The fan-out state itself: its kind, its join transition, fields, reducer, limits."""
     out: list[str] = []
     if state.action is not None or state.wait or state.final:
@@ -218,7 +219,7 @@ def _shape_problems(parent: "Machine", state: Any, fo: "Parallel | Map") -> list
     return out
 
 
-def _branch_problems(fo: "Parallel | Map", plan: BranchPlan) -> list[str]:
+def _branch_problems(fo: Parallel | Map, plan: BranchPlan) -> list[str]:
     """One branch's machine, each problem starting with ``": "`` or ``" (machine ...): "``."""
     from ..errors import DefinitionError
     from .check import check

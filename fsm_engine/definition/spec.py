@@ -24,8 +24,9 @@ in the module that defines the machine, when the machine is checked.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -155,7 +156,7 @@ class State:
     token_budget: int | None = None
     review: Review | None = None
     cache: CachePolicy | None = None
-    fan_out: "FanOut | None" = None
+    fan_out: FanOut | None = None
     queue: str = "default"
     inline: bool = False
 

@@ -52,7 +52,7 @@ class Node:
     notes: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
     #: A fan-out state's branch machines: (branch label, its graph), drawn inside its cluster.
-    branches: tuple[tuple[str, "Graph"], ...] = ()
+    branches: tuple[tuple[str, Graph], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ def _nodes(export: Mapping[str, Any], initial: str, overlay: Mapping[str, Any] |
     return nodes
 
 
-def _branches(state: Mapping[str, Any]) -> tuple[tuple[str, "Graph"], ...]:
+def _branches(state: Mapping[str, Any]) -> tuple[tuple[str, Graph], ...]:
     """A fan-out state's branch machines as graphs (a ``Map``'s one machine: ``each item``)."""
     fan = state.get("fan_out")
     if not fan:

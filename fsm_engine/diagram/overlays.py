@@ -8,7 +8,8 @@ Figures are short label lines: ``2 attempts``, ``1.2 s``, ``340 tok``.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..store.records import NOT_MOVES, RECOVERY, AttemptRow, HistoryRow, InstanceRecord
 
@@ -90,7 +91,7 @@ def _branch_counts(counts: Mapping[str, int]) -> str:
                                                      if counts.get("running") else ""))
 
 
-def aggregate_overlay(stats: "MachineStats") -> dict[str, Any]:
+def aggregate_overlay(stats: MachineStats) -> dict[str, Any]:
     """Many instances of one machine: per state the instances in it now, mean wall time
     and mean tokens per step; per edge how many times it was taken."""
     figures = {}

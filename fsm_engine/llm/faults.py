@@ -33,8 +33,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from fsm_engine.errors import (InvalidInput, ProviderError, ProviderTimeout, RateLimited,
-                               ServerError)
+from fsm_engine.errors import InvalidInput, ProviderError, ProviderTimeout, RateLimited, ServerError
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, accepts_timeout
 
 __all__ = ["FaultInjector", "parse_fault_spec", "FAULT_KINDS", "mangle_json"]

@@ -204,7 +204,7 @@ class LocalLlama(Provider):
                 # shielded: when the step gives up meanwhile, killing a frozen child still happens
                 raise await asyncio.shield(self.server.explain(exc)) from None
 
-    async def count_tokens(self, messages: list[Message]) -> int:  # type: ignore[override]
+    async def count_tokens(self, messages: list[Message]) -> int:
         """Tokens of the messages' text by the model's own tokenizer (the child's
         ``/extras/tokenize/count``), plus :data:`TEMPLATE_TOKENS` per message for the
         chat template's markers.  Raises ProviderError when the child cannot answer."""

@@ -127,7 +127,8 @@ class OpenAICompatible(Provider):
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         #: ``base_url`` as messages, logs and the repr show it (credentials redacted).
         self.shown_url = redact(self.base_url) if self.base_url else "api.openai.com"
-        self.model: str | None = model or os.environ.get("FSM_MODEL") or None
+        # None until resolved from the server's model list (``resolve_model``)
+        self.model: str | None = model or os.environ.get("FSM_MODEL") or None  # type: ignore[assignment]
         self.timeout = float(timeout or env_number("FSM_HTTP_TIMEOUT", float, 0.001)
                              or DEFAULT_TIMEOUT)
         self.concurrency = int(concurrency or env_number("FSM_LLM_CONCURRENCY", int, 1)

@@ -38,8 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsm_engine.errors import (ClientError, InvalidInput, ProviderError, ProviderTimeout,
-                               ProviderUnavailable, RateLimited, ServerError)
+from fsm_engine.errors import (
+    ClientError,
+    InvalidInput,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    ServerError,
+)
 from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
 
 __all__ = ["Scripted", "Reply", "ERROR_KINDS", "LOG_ENV"]

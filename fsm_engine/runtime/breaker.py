@@ -27,13 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import CircuitOpen, StoreError
 from ..policies import BreakerPolicy
 from ..store.base import Store
 from ..store.records import BreakerRow
-
 
 log = logging.getLogger("fsm_engine")
 

@@ -30,7 +30,8 @@ with the load instead of the loop stalling on each round trip (measured with
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Generic, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 from ..errors import StepRejected, StoreError
 from ..store.base import Store
@@ -76,7 +77,7 @@ class GroupCommitter:
         done = self.enqueue(step)
         return await done if isinstance(done, asyncio.Future) else done
 
-    def enqueue(self, step: StepCommit) -> "bool | asyncio.Future[bool]":
+    def enqueue(self, step: StepCommit) -> bool | asyncio.Future[bool]:
         """``submit`` without its coroutine (the step hot path awaits one layer less): the
         outcome at once (a lone instance, committed here), else a future settled with it."""
         if not self._pending and not self._writing and self.solo():  # commit right here
@@ -129,20 +130,20 @@ class GroupCommitter:
             while self._pending:
                 self._fail(self._take(), StoreError("group commit stopped"))
 
-    def _take(self) -> list[tuple[StepCommit, "asyncio.Future[bool]"]]:
+    def _take(self) -> list[tuple[StepCommit, asyncio.Future[bool]]]:
         batch = self._pending[: self.max_batch]
         del self._pending[: self.max_batch]
         return batch
 
-    def _settle(self, batch: list[tuple[StepCommit, "asyncio.Future[bool]"]],
+    def _settle(self, batch: list[tuple[StepCommit, asyncio.Future[bool]]],
                 results: list[bool]) -> None:
         self.batches += 1
         self.steps += len(batch)
-        for (_, fut), ok in zip(batch, results):
+        for (_, fut), ok in zip(batch, results, strict=False):
             if not fut.done():
                 fut.set_result(ok)
 
-    def _settle_error(self, batch: list[tuple[StepCommit, "asyncio.Future[bool]"]],
+    def _settle_error(self, batch: list[tuple[StepCommit, asyncio.Future[bool]]],
                       exc: Exception) -> None:
         """A refused step (``StepRejected``) fails alone and the rest go again; any other
         store failure reaches every waiter of the batch."""
@@ -155,7 +156,7 @@ class GroupCommitter:
         self._fail(batch, exc)
 
     @staticmethod
-    def _fail(batch: list[tuple[StepCommit, "asyncio.Future[bool]"]], exc: Exception) -> None:
+    def _fail(batch: list[tuple[StepCommit, asyncio.Future[bool]]], exc: Exception) -> None:
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(exc)
@@ -194,6 +195,6 @@ class Coalesced(Generic[A, R]):
                     fut.set_exception(exc)
             return
         self.batches += 1
-        for (_, fut), result in zip(pending, results):
+        for (_, fut), result in zip(pending, results, strict=False):
             if not fut.done():
                 fut.set_result(result)

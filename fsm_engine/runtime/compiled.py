@@ -13,7 +13,8 @@ machine and a choice costs a few microseconds.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import transitions
 
@@ -76,7 +77,7 @@ class FanOutPlan(NamedTuple):
     spec: Any                      # definition.fanout.Parallel | Map
     completion: Any                # policies.Completion
     branches: tuple[Any, ...]      # definition.fanout.BranchPlan, one per branch
-    machines: tuple["CompiledMachine", ...]
+    machines: tuple[CompiledMachine, ...]
 
     @property
     def is_map(self) -> bool:
@@ -131,7 +132,7 @@ class CompiledMachine:
                                self._tm.events[trig].transitions.get(s, [])]
                            for trig in self.triggers[s]} for s in self.states}
 
-    def family(self) -> list["CompiledMachine"]:
+    def family(self) -> list[CompiledMachine]:
         """This machine and every branch machine of its fan-outs, nested ones too."""
         out = [self]
         for plan in self.fan_outs.values():
@@ -168,7 +169,7 @@ class CompiledMachine:
                                                           (ctx, run(), log), {})
                     if not all(cond.check(data) for cond in conditions):
                         continue
-                return Choice(trig, dest, log)
+                return Choice(trig, dest, log)  # type: ignore[arg-type]  # a plan's dest is set
         return None
 
     def export(self) -> dict[str, Any]:

@@ -11,29 +11,37 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any
 
 from pydantic import BaseModel
 
 from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
 from ..errors import (
-    FsmError, ActionError, BudgetExhausted, CircuitOpen, InvalidInput, StaleWrite, StepRejected,
-    StepTimeout, StructuredOutputError,
+    ActionError,
+    BudgetExhausted,
+    CircuitOpen,
+    FsmError,
+    InvalidInput,
+    StaleWrite,
+    StepRejected,
+    StepTimeout,
+    StructuredOutputError,
 )
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
 from . import fanout, fork, migration, outcome, reviews, values
-from .models import Models
-from .replay import visit_tokens
-from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
+from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
-from .calls import CallSettings, Limit
+from .models import Models
+from .replay import visit_tokens
 from .reply_cache import RecordedReplies, ReplyCache
 from .step import MeteredLLM, Step, run_info
 from .threads import ActionThreads, in_own_thread
+from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
             StructuredOutputError: "invalid_output", InvalidInput: "invalid_update"}
@@ -114,7 +122,7 @@ class Driver:
         #: action or delivery starts under a lease that ran out.
         self.lease_current: Callable[[str | None], bool] = lambda owner: True
         #: Told the children a committed step created (so they run without a read).
-        self.born: Callable[[list[InstanceRecord]], None] = lambda records: None
+        self.born: Callable[[Sequence[InstanceRecord]], None] = lambda records: None
 
     def attach(self, step: StepCommit) -> StepCommit:
         """``step`` carrying its instance's pending upcast, if it continues from it."""
@@ -319,7 +327,7 @@ class Driver:
                 pending, result = self._call(entry, ran_on.ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
-        except (Exception, asyncio.TimeoutError) as exc:
+        except (TimeoutError, Exception) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
         if step is not None and step.llm.rate_wait is not None:  # waits, whatever the action did
@@ -348,8 +356,8 @@ class Driver:
         from .fork import delivered, recorded_outcome
         try:
             done = delivered(rec, state.name, step.visit, self.store.outbox(rec.forked_from))
-            row = done and recorded_outcome(self.store.history(rec.forked_from), state.name,
-                                            step.visit)
+            row = recorded_outcome(self.store.history(rec.forked_from), state.name,
+                                   step.visit) if done else None
         except FsmError:  # the original was pruned: deliver anew
             return None
         if not done or row is None:

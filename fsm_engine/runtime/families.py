@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..definition.fanout import CHILDREN
@@ -50,7 +50,7 @@ class Families:
         self.born: dict[str, InstanceRecord] = {}
         self.ended: dict[str, asyncio.Event] = {}  # per waiting parent: a child ended
 
-    def adopt_born(self, records: list[InstanceRecord]) -> None:
+    def adopt_born(self, records: Sequence[InstanceRecord]) -> None:
         """``Driver.born``: children just created owned here, kept for their first run."""
         self.born.update((r.id, r) for r in records if r.owner is not None)
 

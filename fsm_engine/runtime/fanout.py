@@ -29,7 +29,8 @@ parent waits, and a family looked up by the moved ``seq`` would be started again
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -38,7 +39,14 @@ from ..definition.spec import BUDGET_EXHAUSTED
 from ..errors import InvalidInput
 from ..store.base import Store
 from ..store.records import (
-    COMPLETED, PENDING, RUNNING, WAITING, ChildOutput, ChildState, InstanceRecord, StepCommit,
+    COMPLETED,
+    PENDING,
+    RUNNING,
+    WAITING,
+    ChildOutput,
+    ChildState,
+    InstanceRecord,
+    StepCommit,
 )
 from . import outcome
 from .compiled import CompiledMachine, FanOutPlan
@@ -112,7 +120,7 @@ def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, start: int 
                 data = item
             out.append((str(i), i, child, bp, _fit(child, data, f"item {i} of {spec.items!r}")))
         return out
-    pairs = list(enumerate(zip(plan.branches, plan.machines)))[start:stop]
+    pairs = list(enumerate(zip(plan.branches, plan.machines, strict=False)))[start:stop]
     for i, (bp, child) in pairs:
         if bp.spec.input is not None:
             data = dict(bp.spec.input(ctx))
@@ -283,6 +291,7 @@ def output(plan: FanOutPlan, kid: InstanceRecord | ChildState,
     if kid.status != COMPLETED:
         return dict(bp.spec.default_output) if bp.spec.skippable else None
     data = kid if out is None else out
+    assert not isinstance(data, ChildState), "a ChildState's output comes with it (out)"
     if bp.wrapped:  # an action's output: the fields it changed
         return {k: v for k, v in data.context.items() if data.input.get(k) != v}
     return dict(data.context)
@@ -321,7 +330,8 @@ def join(cm: CompiledMachine, store: Store, plan: FanOutPlan, rec: InstanceRecor
     """The join: take ``joined``/``branch_failed`` with the reduced outputs, the children's
     tokens, their cancellation when still running; fenced on every child read (``outs``:
     the final children's outputs by id when ``tally`` holds ``ChildState``s, all final)."""
-    also, tokens = cancel_running(store, tally.kids, now, "join")
+    # ChildStates only when every child is final: those are counted, none is cancelled
+    also, tokens = cancel_running(store, tally.kids, now, "join")  # type: ignore[arg-type]
     base = outcome.clone(rec)
     base.reason = None
     detail = {"branches": tally.counts(), "children_tokens": tokens}
@@ -361,7 +371,7 @@ def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, ta
                  outs: dict[str, ChildOutput] | None) -> StepCommit:
     from .values import apply_update
     state = base.state
-    fail = dict(tokens=tokens, detail=detail)
+    fail: dict[str, Any] = dict(tokens=tokens, detail=detail)
     if decided:
         total = len(work_total(plan, base))
         try:

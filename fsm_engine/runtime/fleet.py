@@ -22,8 +22,9 @@ Stored shape (JSON; every key optional)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import InvalidInput, StoreError
 from ..policies import RateLimit
@@ -70,7 +71,7 @@ class FleetLimits:
         return out
 
     @classmethod
-    def from_json(cls, value: Any) -> "FleetLimits":
+    def from_json(cls, value: Any) -> FleetLimits:
         """Decode a stored object; ``StoreError`` naming every problem when it is not one."""
         problems: list[str] = []
         if value is None:
@@ -104,7 +105,7 @@ class FleetLimits:
 
     def changed(self, *, queue_limits: Mapping[str, int | None] = {},
                 partition_limit: int | None | str = "keep",
-                rate_limits: Mapping[str, RateLimit | None] = {}) -> "FleetLimits":
+                rate_limits: Mapping[str, RateLimit | None] = {}) -> FleetLimits:
         """A copy with these set (a value of ``None`` removes that limit)."""
         queues = {**self.queue_limits, **queue_limits}
         rates = {**self.rate_limits, **rate_limits}

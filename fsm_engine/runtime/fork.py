@@ -19,7 +19,13 @@ from dataclasses import replace
 
 from ..errors import InvalidInput
 from ..store.records import (
-    PENDING, RECOVERY, RUNNING, AttemptRow, HistoryRow, InstanceRecord, OutboxRow,
+    PENDING,
+    RECOVERY,
+    RUNNING,
+    AttemptRow,
+    HistoryRow,
+    InstanceRecord,
+    OutboxRow,
 )
 from .compiled import CompiledMachine
 from .replay import CHOSEN as _COUNTED

@@ -15,8 +15,9 @@ Finished instances are never touched (a fork of one is upcast when it runs).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FsmError, MachineRefused, NeedsMigration, VersionTooNew
 from ..store.records import PENDING, RUNNING, WAITING, InstanceFilter, InstanceRecord, StepCommit
@@ -56,8 +57,8 @@ class Entry:
                 "diff": self.diff, "applied": self.applied}
 
 
-def _entry(engine: "Engine", rec: InstanceRecord, live: set[str]) -> Entry:
-    base = dict(id=rec.id, machine=rec.machine, state=rec.state, status=rec.status,
+def _entry(engine: Engine, rec: InstanceRecord, live: set[str]) -> Entry:
+    base: dict[str, Any] = dict(id=rec.id, machine=rec.machine, state=rec.state, status=rec.status,
                 from_version=rec.machine_version, record=rec)
     try:
         cm = engine.definition(rec)
@@ -81,7 +82,7 @@ def _entry(engine: "Engine", rec: InstanceRecord, live: set[str]) -> Entry:
     return Entry(**base, to_version=to, outcome=MIGRATE, diff=up.diff, upcast=up)
 
 
-def survey(engine: "Engine", machine: str | None = None) -> list[Entry]:
+def survey(engine: Engine, machine: str | None = None) -> list[Entry]:
     """Every unfinished instance (of ``machine``, or all), oldest first, sorted into what
     ``apply`` would do with it; nothing is written.  ``MachineRefused`` when one names a
     module the engine may not import (``Engine.trust``)."""
@@ -92,7 +93,7 @@ def survey(engine: "Engine", machine: str | None = None) -> list[Entry]:
     return [_entry(engine, rec, live) for rec in records]
 
 
-def _commit(engine: "Engine", e: Entry) -> StepCommit | None:
+def _commit(engine: Engine, e: Entry) -> StepCommit | None:
     """What ``apply`` writes for ``e``: its upcast, or the ``needs_migration`` mark."""
     if e.outcome == MIGRATE and e.upcast is not None:
         return migration.alone(e.upcast)
@@ -104,7 +105,7 @@ def _commit(engine: "Engine", e: Entry) -> StepCommit | None:
     return None
 
 
-def apply(engine: "Engine", entries: Sequence[Entry], *, batch: int = 100,
+def apply(engine: Engine, entries: Sequence[Entry], *, batch: int = 100,
           on_batch: Callable[[list[Entry]], None] | None = None) -> list[Entry]:
     """Write what ``survey`` found, ``batch`` instances a transaction; set ``applied`` on
     each entry written (an instance that changed meanwhile is left, ``applied`` False).
@@ -113,7 +114,7 @@ def apply(engine: "Engine", entries: Sequence[Entry], *, batch: int = 100,
     for start in range(0, len(todo), max(1, batch)):
         chunk = todo[start:start + batch]
         results = engine.ledger.apply([c for _, c in chunk])
-        for (e, _), ok in zip(chunk, results):
+        for (e, _), ok in zip(chunk, results, strict=False):
             e.applied = ok
         if on_batch is not None:
             on_batch([e for e, _ in chunk])

@@ -16,8 +16,8 @@ failures never blocks calls to ``fallback``'s model.  So are rate limits
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..definition.spec import State
 from ..errors import FsmError

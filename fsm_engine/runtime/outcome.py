@@ -14,11 +14,19 @@ from typing import Any
 
 from ..redaction import redact
 from ..store.records import (
-    CANCELLED, COMPLETED, FAILED, RATE_LIMITED, RUNNING, WAITING, AttemptRow, HistoryRow, InstanceRecord,
-    ReviewItem, StepCommit,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    RATE_LIMITED,
+    RUNNING,
+    WAITING,
+    AttemptRow,
+    HistoryRow,
+    InstanceRecord,
+    ReviewItem,
+    StepCommit,
 )
 from .compiled import CompiledMachine
-
 
 _FIELDS = operator.attrgetter(*(f.name for f in fields(InstanceRecord)))
 

@@ -25,8 +25,8 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from ..errors import FsmError, StoreError
 from ..store import RUNNING, Store

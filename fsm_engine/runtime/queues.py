@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
 
@@ -67,7 +68,7 @@ class QueuePlan:
         """Queues with a limit of their own (claimed one by one), sorted."""
         return tuple(sorted(set(self.per_queue) | set(self.global_limits)))
 
-    def tightened(self, fleet: "FleetLimits") -> "QueuePlan":
+    def tightened(self, fleet: FleetLimits) -> QueuePlan:
         """This plan under the fleet's stored limits: per queue and for partitions, the
         smaller of this worker's limit and the stored one."""
         queues = sorted(set(self.global_limits) | set(fleet.queue_limits))

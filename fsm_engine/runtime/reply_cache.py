@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FsmError, StoreError
 from ..store.records import ReplyRow
@@ -43,10 +44,10 @@ def reply_key(provider: Any, messages: list[dict[str, str]], params: dict[str, A
 class ReplyCache:
     """Reads and writes one state's cached replies (``ttl_s`` seconds old at most)."""
 
-    def __init__(self, store: "Store", ttl_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, store: Store, ttl_s: float, clock: Callable[[], float]) -> None:
         self.store, self.ttl_s, self.clock = store, ttl_s, clock
 
-    def get(self, key: str) -> "Completion | None":
+    def get(self, key: str) -> Completion | None:
         """The cached answer under ``key`` (0 tokens billed), or None."""
         from ..llm.base import Completion
         try:
@@ -59,7 +60,7 @@ class ReplyCache:
         return Completion(text=row.text, prompt_tokens=0, completion_tokens=0,
                           finish_reason=row.finish_reason, model=row.model)
 
-    def put(self, key: str, provider: Any, out: "Completion") -> None:
+    def put(self, key: str, provider: Any, out: Completion) -> None:
         """Store a successful answer (not one cut at ``max_tokens``)."""
         if out.finish_reason == "length":
             return
@@ -76,11 +77,11 @@ class RecordedReplies:
     """The replies recorded in one instance's history (``llm_calls`` entries with a
     ``key`` and a ``reply``), by key; read once, on the first lookup."""
 
-    def __init__(self, store: "Store", instance_id: str) -> None:
+    def __init__(self, store: Store, instance_id: str) -> None:
         self.store, self.instance_id = store, instance_id
-        self._by_key: "dict[str, Completion] | None" = None
+        self._by_key: dict[str, Completion] | None = None
 
-    def _load(self) -> "dict[str, Completion]":
+    def _load(self) -> dict[str, Completion]:
         from ..llm.base import Completion
         found: dict[str, Completion] = {}
         try:
@@ -99,7 +100,7 @@ class RecordedReplies:
                         finish_reason=call.get("finish_reason") or "stop", model=model))
         return found
 
-    def get(self, key: str) -> "Completion | None":
+    def get(self, key: str) -> Completion | None:
         """The original's reply to the call with this key (0 tokens), or None."""
         if self._by_key is None:
             self._by_key = self._load()

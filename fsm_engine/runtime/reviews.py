@@ -8,14 +8,21 @@ one-line ``ReviewRefused`` raised before anything is written.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
 from ..errors import ActionError, InvalidInput, ReviewRefused
 from ..store.base import Store
 from ..store.records import (
-    FAILED, REVIEW_OPEN, WAITING, InstanceRecord, ReviewDecision, ReviewItem, StepCommit,
+    FAILED,
+    REVIEW_OPEN,
+    WAITING,
+    InstanceRecord,
+    ReviewDecision,
+    ReviewItem,
+    StepCommit,
 )
 from . import outcome
 from .compiled import CompiledMachine

@@ -26,7 +26,8 @@ import _thread
 import asyncio
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 _Result = tuple["asyncio.Future[Any]", Any, "BaseException | None"]
@@ -56,7 +57,7 @@ class ActionThreads:
         self._done: dict[asyncio.AbstractEventLoop, list[_Result]] = {}
         self._done_lock = threading.Lock()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` in a worker thread; await the returned future for its result
         (or its exception).  Must be called from a running event loop; raises
         ``RuntimeError`` after ``shutdown``."""

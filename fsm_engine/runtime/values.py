@@ -41,8 +41,8 @@ import math
 import types
 import typing
 import uuid
-from collections.abc import Iterator
-from typing import Any, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import typing_extensions
 from pydantic import BaseModel, ValidationError

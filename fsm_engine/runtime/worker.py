@@ -26,12 +26,13 @@ import functools
 import logging
 import time
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import FsmError, StaleWrite, StoreError
 from ..store.records import InstanceRecord
-from .engine import Engine
 from . import fleet
+from .engine import Engine
 from .queues import QueuePlan
 
 log = logging.getLogger("fsm_engine")
@@ -248,7 +249,7 @@ class Worker:
         assert self._stopping is not None
         try:
             await asyncio.wait_for(self._stopping.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _drain(self) -> None:

@@ -1,8 +1,9 @@
 """What a claim writes: the pure part of ``Store.claim`` shared by every backend.
 
 A worker claims an instance that is runnable (``pending`` or ``running``, due
-now, or ``waiting`` with a timer that is due: a review's SLA) and not leased by anyone else: no owner, or an owner whose lease has
-expired or who is known dead.  Claiming makes the claimer the owner and, when
+now, or ``waiting`` with a timer that is due: a review's SLA) and not leased by anyone
+else: no owner, or an owner whose lease has expired or who is known dead.  Claiming makes
+the claimer the owner and, when
 the instance was taken over from a dead owner in the middle of a step (not
 asleep in a retry backoff), counts one recovery; the runtime fails an instance
 whose recoveries without progress exceed its limit (``crash_loop``).
@@ -19,8 +20,9 @@ instance nobody holds, or one this owner already holds, writes no row.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from . import leases
 from .records import RATE_LIMITED, RECOVERY, RUNNING, WAITING, HistoryRow, InstanceRecord

@@ -14,14 +14,22 @@ import functools
 import hashlib
 import json
 import operator
+from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import pydantic_core
 
 from ..errors import StepRejected, StoreError
 from .records import (
-    AttemptRow, BreakerRow, ChildOutput, HistoryRow, InstanceRecord, ReplyRow, ReviewItem, StepCommit,
+    AttemptRow,
+    BreakerRow,
+    ChildOutput,
+    HistoryRow,
+    InstanceRecord,
+    ReplyRow,
+    ReviewItem,
+    StepCommit,
     WorkerRow,
 )
 
@@ -273,7 +281,7 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
         values = [*_SCALAR_VALUES(after), dumps(after.visits), text, dumps(refs)]
         return MUTABLE, values
     cols, values = [], []
-    for col, old, new in zip(SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after)):
+    for col, old, new in zip(SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after), strict=False):
         if old != new:
             cols.append(col)
             values.append(new)

@@ -36,7 +36,7 @@ orders them:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .codec import dumps
 from .records import WorkerRow

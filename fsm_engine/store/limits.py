@@ -8,7 +8,8 @@ fsm_engine ignores the row).  ``Store.put_limits`` replaces it in one transactio
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import StoreError
 

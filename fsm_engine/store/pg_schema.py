@@ -11,7 +11,8 @@ to another application: it is refused, never modified.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import NotAnFsmDatabase, StoreError
 from .records import FORMAT_VERSION

@@ -12,8 +12,9 @@ Times are the callers' clocks (epoch seconds), as for leases.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 #: Statements (``?`` placeholders) each backend runs inside its transaction.
 EXPIRE = "DELETE FROM rate_calls WHERE name = ? AND until <= ?"

@@ -6,8 +6,9 @@ Times are UNIX epoch seconds (float); token counts are integers; ``context``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NamedTuple, Sequence
+from typing import Any, Final, Literal, NamedTuple
 
 #: An instance's status. ``pending``: created, never stepped; ``running``: owned by a
 #: worker or between steps; ``waiting``: needs an external trigger (or a review, a
@@ -367,7 +368,7 @@ class StepCommit:
     fence: Sequence[tuple[str, int]] = ()
     #: Steps of other instances applied with this one, all or none (a join cancelling the
     #: children still running).
-    also: Sequence["StepCommit"] = ()
+    also: Sequence[StepCommit] = ()
     #: An instance to wake: if it is ``waiting`` with reason ``children`` it becomes
     #: ``running`` (claimable), version bumped (a child telling its parent it finished).
     wake: str | None = None

@@ -16,9 +16,8 @@ if TYPE_CHECKING:
     import sqlite_utils
 
 from ..errors import NotAnFsmDatabase, StoreError
-from .records import FORMAT_VERSION
-
 from .codec import JSON_COLUMNS  # noqa: F401 - re-exported
+from .records import FORMAT_VERSION
 
 
 def _v1(db: sqlite_utils.Database) -> None:

@@ -12,7 +12,8 @@ rolls the whole transaction back, as for any refusal.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import StepRejected
 from .codec import INSERT_HISTORY

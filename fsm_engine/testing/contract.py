@@ -23,13 +23,24 @@ import pytest
 
 from ..errors import InstanceNotFound, InvalidInput, StepRejected, StoreError
 from ..store import (
-    BreakerRow, ClaimRequest, HistoryRow, InstanceFilter, OutboxBegin,
-    StepCommit, Store, WorkerRow,
+    BreakerRow,
+    ClaimRequest,
+    HistoryRow,
+    InstanceFilter,
+    OutboxBegin,
+    StepCommit,
+    Store,
+    WorkerRow,
 )
-
-
 from .contract_fixtures import (  # noqa: F401 - re-exported for backends' own tests
-    UNICODE, attempt, concurrently, fleet, hist, live, moved, record,
+    UNICODE,
+    attempt,
+    concurrently,
+    fleet,
+    hist,
+    live,
+    moved,
+    record,
 )
 
 
@@ -130,12 +141,12 @@ class ReadSideContract:
         assert any("instance d" in p and "'elsewhere'" in p and "'done'" in p for p in problems)
 
 
-from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
-from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
-from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
-from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
 from .contract_batch import BatchContract  # noqa: E402 - uses the helpers above
+from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
 from .contract_definitions import DefinitionContract  # noqa: E402
+from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
+from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
+from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
 
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,

@@ -6,8 +6,9 @@ for third-party backends' own tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 from ..store import AttemptRow, HistoryRow, InstanceRecord, StepCommit, Store, WorkerRow
 from ..store.records import Status

@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from ..store import ClaimRequest, Store, WorkerRow
-from ..store import claims
+from ..store import ClaimRequest, Store, WorkerRow, claims
 
 
 def _worker(wid: str, beat: float, until: float | None, **kw: Any) -> WorkerRow:

@@ -4,7 +4,8 @@ sharing limits rely on (mixed into ``StoreContract``)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..store import ClaimRequest, StepCommit, Store
 from ..store.rates import RateRequest
@@ -47,8 +48,8 @@ class QueueContract:
 
     def test_a_global_queue_limit_counts_live_leases_of_every_worker(self,
                                                                     store: Store) -> None:
-        from .contract_fixtures import live
         from ..store.records import WorkerRow
+        from .contract_fixtures import live
         store.create(*[_rec(f"i{n}", "llm") for n in range(6)], _rec("x", "io"))
         live(store, "w1", "w2")
         store.put_worker(WorkerRow("gone", "h", 1, "1", 0.0, 0.0, lease_until=0.5))

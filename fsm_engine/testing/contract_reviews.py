@@ -117,6 +117,7 @@ class ForkContract:
 
     def test_create_with_history_and_lineage(self, store: Store) -> None:
         from dataclasses import replace
+
         from .contract_fixtures import hist, record
         rec = replace(record("f"), state="middle", seq=2, forked_from="a", forked_at_seq=2)
         rows = [hist("f", 1, "start", "x"), hist("f", 2, "x", "middle", delta={"n": 2})]
@@ -127,9 +128,10 @@ class ForkContract:
 
     def test_create_with_history_is_all_or_nothing(self, store: Store) -> None:
         import pytest
+
         from .contract_fixtures import hist, record
         store.create(record("dup"))
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - each backend refuses the duplicate its own way
             store.create(record("new"), record("dup"), history=[hist("new", 1, "start", "x")])
         assert [r.id for r in store.list()] == ["dup"]
 

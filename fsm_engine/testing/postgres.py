@@ -88,7 +88,7 @@ class PostgresCluster:
         except OSError:
             return ""
 
-    def start(self) -> "PostgresCluster":
+    def start(self) -> PostgresCluster:
         """initdb (first time) and start; returns self once it accepts connections."""
         if not os.path.exists(self.data):
             pwfile = os.path.join(self.root, "pw")
@@ -141,7 +141,7 @@ class PostgresCluster:
         self.sql(f"CREATE SCHEMA {name}")
         return self.url(schema=name)
 
-    def __enter__(self) -> "PostgresCluster":
+    def __enter__(self) -> PostgresCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -18,8 +18,9 @@ outbox) as JSON.  Error pages show messages with credentials redacted.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup

@@ -16,8 +16,9 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..diagram import build_graph, to_dot
 from ..diagram.dot import pipe
@@ -26,10 +27,21 @@ from ..errors import FsmError, InvalidInput, StoreError
 from ..runtime.workers import live_ids
 from ..store.base import Store
 from ..store.records import (
-    NOT_MOVES, ORDERS, STATUSES, HistoryRow, InstanceFilter, InstanceRecord,
+    NOT_MOVES,
+    ORDERS,
+    STATUSES,
+    HistoryRow,
+    InstanceFilter,
+    InstanceRecord,
 )
 from ..views import (
-    guard_reading, history_json, instance_json, iso_time, recovery_note, shown_status, when,
+    guard_reading,
+    history_json,
+    instance_json,
+    iso_time,
+    recovery_note,
+    shown_status,
+    when,
 )
 
 PAGE_SIZES = (20, 50, 100, 200)
@@ -57,7 +69,7 @@ class ListQuery:
     per: int = 50
 
     @classmethod
-    def parse(cls, params: Mapping[str, str]) -> "ListQuery":
+    def parse(cls, params: Mapping[str, str]) -> ListQuery:
         """Read parameters leniently: an unknown sort, direction or size falls back to
         the default, a bad status is ``InvalidInput`` (shown as a 400 page)."""
         def text(key: str) -> str:
@@ -78,7 +90,7 @@ class ListQuery:
 
     def filter(self) -> InstanceFilter:
         """The store filter (``orphaned`` is pending/running, narrowed afterwards)."""
-        statuses = None
+        statuses: tuple[str, ...] | None = None
         if self.status == "orphaned":
             statuses = ("pending", "running")
         elif self.status:
