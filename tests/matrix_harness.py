@@ -15,11 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from procs import wait_until
 
 from fsm_engine import Engine
 from fsm_engine.store import FINAL_STATUSES, open_store
@@ -145,11 +146,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 def until(predicate: Callable[[], bool], what: str, timeout: float = 60.0,
           interval: float = 0.05) -> None:
     """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout``."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    wait_until(predicate, timeout, what, interval)
 
 
 def stopped(proc: subprocess.Popen[bytes]) -> bool:

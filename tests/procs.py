@@ -1,8 +1,12 @@
-"""Subprocesses the tests start (servers: ``fsm ui``, ``llama_cpp.server``)."""
+"""Subprocesses the tests start (servers: ``fsm ui``, ``llama_cpp.server``), and waiting
+on what they do."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 
 def stop(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
@@ -13,3 +17,22 @@ def stop(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (``/proc/PID/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.1) -> None:
+    """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

@@ -17,11 +17,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from procs import wait_until  # noqa: F401 - its tests import it from here
 
 from fsm_engine.store.records import InstanceFilter
 
@@ -133,14 +134,6 @@ class Fleet:
         return codes
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
-               interval: float = 0.1) -> None:
-    """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout``."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
 
 
 def completed(store: Any) -> int:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive
 from pydantic import BaseModel
 
 from fsm_engine import Engine, Machine, RetryPolicy, State, Step, Transition
@@ -44,15 +45,6 @@ def test_template_choice(metadata, chat_format, expected):
 def test_a_model_without_template_that_is_not_gemma_is_refused(metadata):
     with pytest.raises(Refused, match="no chat template and is not a Gemma model"):
         choose_template(metadata, None)
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _poll(predicate, timeout: float = 20.0) -> bool:
@@ -115,14 +107,14 @@ def test_a_crash_mid_call_is_retried_and_every_instance_ends_final(gemma_path, t
 
     records = asyncio.run(go())
     assert [r.status for r in records] == ["completed"] * 10
-    assert killed and not _alive(killed[0])
+    assert killed and not alive(killed[0])
     assert provider.server is not None and provider.server.restarts >= 1
     store = Engine(str(tmp_path / "fsm.db")).store
     errors = [a.error for r in records for a in store.attempts(r.id)]
     assert any("process died during the call" in e and sig.name in e for e in errors), errors
     new_pid = provider.server.pid
     asyncio.run(provider.aclose())
-    assert new_pid is not None and not _alive(new_pid)  # stopped with the provider
+    assert new_pid is not None and not alive(new_pid)  # stopped with the provider
 
 
 CHILD_OF_KILLED_PARENT = """
@@ -141,10 +133,10 @@ def test_the_child_dies_with_a_sigkilled_parent(gemma_path):  # noqa: F811
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
     try:
         child_pid = int(parent.stdout.readline())
-        assert _alive(child_pid)
+        assert alive(child_pid)
         parent.kill()
         parent.wait(timeout=10)
-        assert _poll(lambda: not _alive(child_pid)), "model child outlived its SIGKILLed parent"
+        assert _poll(lambda: not alive(child_pid)), "model child outlived its SIGKILLed parent"
     finally:
         parent.kill()
 
@@ -198,5 +190,5 @@ def test_a_frozen_child_is_killed_and_the_step_retried(gemma_path, tmp_path):  #
 
     rec = asyncio.run(go())
     assert rec.status == "completed" and rec.context["source"] == "model"
-    assert stopped and not _alive(stopped[0])  # the frozen child was killed
+    assert stopped and not alive(stopped[0])  # the frozen child was killed
     assert provider.server.restarts >= 1

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 from fsm_engine.errors import ProviderUnavailable
 from fsm_engine.llm.child import ModelServer
@@ -63,14 +64,6 @@ class SlowServer(ModelServer):
         return [sys.executable, str(self.script), str(port), str(self.pids), str(self.start_s)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.fixture
 def server(tmp_path):
     script = tmp_path / "child.py"
@@ -79,7 +72,7 @@ def server(tmp_path):
     yield srv
     srv.close()
     for pid in _started(srv):  # never leave a child behind, whatever the outcome
-        if _alive(pid) and _is_ours(pid, script):
+        if alive(pid) and _is_ours(pid, script):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -108,7 +101,7 @@ def test_callers_timing_out_during_a_start_leave_one_child_and_no_orphan(server)
     url, waited = asyncio.run(_impatient_then_patient(server))
     pids = _started(server)
     assert server.pid is not None and url.endswith("/v1")
-    orphans = [p for p in pids if p != server.pid and _alive(p)]
+    orphans = [p for p in pids if p != server.pid and alive(p)]
     assert orphans == [], f"children started {pids}, served by {server.pid}"
     assert pids == [server.pid], f"one start, not one per caller: {pids}"
     # the patient caller waited for the start already under way, not a start of its own
