@@ -51,12 +51,6 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Durable finite state machines for LLM workflows."""
 
 
-def _safe(text: str) -> str:
-    """Text for the terminal (``terminal.shown``): lone surrogates (undecodable file
-    names) become ``\\udcXX`` escapes, control characters ``\\xNN`` escapes."""
-    return shown(text)
-
-
 def _print_json(data: Any) -> None:
     """Strict JSON on stdout (a database written before values were checked may hold a
     bare NaN: it is printed as the string ``"NaN"``, never as a non-standard token)."""
@@ -230,9 +224,9 @@ def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = (),
         from .cli_tables import print_records
         print_records(out, records)
         for line in _tally(records, tally):
-            out.print(_safe(line), highlight=False)
+            out.print(shown(line), highlight=False)
         if hint:
-            out.print(_safe(hint), highlight=False, soft_wrap=True, markup=False)
+            out.print(shown(hint), highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(exit_code(records))
 
 
@@ -281,7 +275,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     except InvalidInput as exc:
         engine.close()
         at = getattr(exc, "index", None)
-        raise InvalidInput(f"{_safe(input[at])}: {exc}" if at is not None else str(exc)) from None
+        raise InvalidInput(f"{shown(input[at])}: {exc}" if at is not None else str(exc)) from None
     if not quiet:
         typer.echo(header, err=True)
     from .cli_observe import viewer_hint
@@ -385,7 +379,7 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
         _print_json(data)
         return
     for key, value in data.items():
-        out.print(Text.assemble((key, "bold"), ": " + _safe(json.dumps(value, ensure_ascii=False))),
+        out.print(Text.assemble((key, "bold"), ": " + shown(json.dumps(value, ensure_ascii=False))),
                   highlight=False)
 
 

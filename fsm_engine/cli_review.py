@@ -14,10 +14,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from .cli import DB, _open, _print_json, _safe, app, out
+from .cli import DB, _open, _print_json, app, out
 from .cli_trust import MACHINES, trusting
 from .errors import InvalidInput
 from .runtime import Engine
+from .terminal import shown
 from .views import when
 
 review_app = typer.Typer(no_args_is_help=True, help="The human review queue.")
@@ -77,7 +78,7 @@ def list_(db: str | None = DB,
     for col in ("state", "status", "by", "due"):
         table.add_column(col)
     for i in items:
-        table.add_row(i.id, i.instance_id, _safe(i.state), i.status,
+        table.add_row(i.id, i.instance_id, shown(i.state), i.status,
                       i.decided_by or i.claimed_by or "-", when(i.due_at) if i.due_at else "-")
     out.print(table)
 
@@ -109,7 +110,7 @@ def show(item: str = typer.Argument(..., help="Review item id (an unambiguous pr
         lines.append(f"decided   {found.choice} by {found.decided_by} {when(found.decided_at)}"
                      + (f": {found.note}" if found.note else ""))
     for line in lines:
-        typer.echo(_safe(line))
+        typer.echo(shown(line))
 
 
 @review_app.command()
@@ -144,5 +145,5 @@ def decide(item: str = typer.Argument(..., help="Review item id (an unambiguous 
         rec = engine.decide(found, choice, by=who, update=update, note=note)
     finally:
         engine.close()
-    typer.echo(_safe(f"review {found.id}: {choice} by {who}; instance {rec.id} is {rec.status} "
+    typer.echo(shown(f"review {found.id}: {choice} by {who}; instance {rec.id} is {rec.status} "
                      f"in state {rec.state!r}"))
