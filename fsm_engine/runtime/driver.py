@@ -32,7 +32,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import fanout, fork, migration, outcome, reviews, values
+from . import agent, fanout, fork, migration, outcome, reviews, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -306,6 +306,8 @@ class Driver:
         if not self.lease_current(rec.owner):
             raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
                              "began (another worker may own it now)", instance_id=rec.id)
+        if state.agent is not None:  # a tool-calling loop: one turn or call per step
+            return await agent.step(self, cm, rec, state, now)
         entry = cm.actions.get(state.name)
         # only actions that take ``step`` (and side effects, for their key) need a Step
         step = (self._make_step(cm, rec, state)

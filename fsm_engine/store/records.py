@@ -30,8 +30,11 @@ RECOVERY = "recovery"
 #: History kind of a migration: the instance was upcast to its machine's current version
 #: (``runtime.migration``); like a takeover, a record of the runtime, not a move.
 MIGRATION = "migration"
+#: History kind of an agent state's journal (``runtime.agent``): one model turn, one tool
+#: call or one approval of a tool call; the instance stays in its state (source = dest).
+TOOL = "tool"
 #: History kinds that are not moves: statistics, diagrams and the viewer skip them.
-NOT_MOVES = frozenset({RECOVERY, MIGRATION})
+NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL})
 
 #: Version of the stored record format; bumped with a migration.
 FORMAT_VERSION = 11

@@ -1,0 +1,181 @@
+"""An agent state's journal: what its history rows of kind ``tool`` say, and the prompts
+and commits built from them (pure, no I/O).
+
+Rows of one visit (``detail.agent`` tells which):
+
+- ``turn``: a model turn: ``turn`` (1-based), ``calls`` (``[{"id", "tool", "arguments"}]``
+  as the model asked), ``reply`` (its text), ``error`` (an unreadable reply); the row's
+  ``tokens`` are the turn's;
+- ``call``: a tool call: ``turn``, ``call`` (its id), ``tool``, ``arguments`` (validated,
+  as run), ``result`` or ``error``, ``attempts``; the row's ``duration_ms`` is the call's;
+- ``ask`` / ``decision``: a call of a tool in ``approve`` put to review, and the
+  reviewer's (or the SLA timer's) ``choice`` with the ``arguments`` it approved.
+
+The model's reply protocol (``reply_schema`` constrains it where the provider decodes by
+schema): ``{"tool": NAME, "arguments": {…}}``, ``{"tool_calls": [{"name": NAME,
+"arguments": {…}}, …]}`` (several calls in one turn) or ``{"final": OUTPUT}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..store.records import RUNNING, TOOL, WAITING, HistoryRow, InstanceRecord, StepCommit
+from . import outcome
+
+if TYPE_CHECKING:
+    from ..definition.agent import Agent
+    from ..store.records import ReviewItem
+
+
+@dataclass(slots=True)
+class Journal:
+    """One visit's rows, in order: turns, the calls done, and approvals."""
+
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    asked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Invalid calls and replies in a row (reset by a call that ran).
+    errors_in_row: int = 0
+
+    def pending(self) -> dict[str, Any] | None:
+        """The last turn's first call not yet done (``None``: the model's turn)."""
+        if not self.turns:
+            return None
+        return next((c for c in self.turns[-1]["calls"] if c["id"] not in self.done), None)
+
+
+def read(rows: list[HistoryRow], state: str, visit: int) -> Journal:
+    """The journal of ``state``'s ``visit`` from an instance's history rows."""
+    j = Journal()
+    for row in rows:
+        d = row.detail
+        if row.kind != TOOL or row.source != state or d.get("visit") != visit:
+            continue
+        kind = d.get("agent")
+        if kind == "turn":
+            j.turns.append(d)
+            j.errors_in_row = j.errors_in_row + 1 if d.get("error") else j.errors_in_row
+        elif kind == "call":
+            j.done[d["call"]] = d
+            j.errors_in_row = j.errors_in_row + 1 if d.get("invalid") else 0
+        elif kind == "ask":
+            j.asked[d["call"]] = d
+        elif kind == "decision":
+            j.decided[d["call"]] = d
+    return j
+
+
+# -- the protocol ------------------------------------------------------------------------
+
+def reply_schema(agent: Agent) -> dict[str, Any]:
+    """The JSON-schema union of one reply: a call of one of the tools, or the final output."""
+    calls = [{"type": "object", "required": ["tool", "arguments"], "additionalProperties": False,
+              "properties": {"tool": {"const": t.name}, "arguments": t.schema()}}
+             for t in agent.by_name.values()]
+    final = {"type": "object", "required": ["final"], "additionalProperties": False,
+             "properties": {"final": agent.output.model_json_schema()}}
+    return {"anyOf": [*calls, final]}
+
+
+def system_prompt(agent: Agent) -> str:
+    """The system message: the task, the tools (name, description, argument schema) and
+    the reply protocol."""
+    tools = [{"name": t.name, "description": t.description, "arguments": t.schema()}
+             for t in agent.by_name.values()]
+    return (f"{agent.instructions}\n\nYou can call these tools:\n"
+            f"{json.dumps(tools, ensure_ascii=False)}\n\n"
+            'Reply with JSON only: {"tool": NAME, "arguments": {...}} to call a tool, or '
+            '{"final": ANSWER} when you can answer, where ANSWER matches '
+            f"{json.dumps(agent.output.model_json_schema(), ensure_ascii=False)}.")
+
+
+def messages(agent: Agent, task: dict[str, Any], j: Journal) -> list[dict[str, str]]:
+    """The prompt of the next turn: system, the task (the instance's context as JSON), then
+    each journaled turn's reply and its calls' results (byte-identical on a resume, so
+    recorded replies answer it)."""
+    out = [{"role": "system", "content": system_prompt(agent)},
+           {"role": "user", "content": json.dumps(task, ensure_ascii=False, sort_keys=True)}]
+    for turn in j.turns:
+        out.append({"role": "assistant", "content": turn.get("reply", "")})
+        results = [_result(j.done.get(c["id"]), c) for c in turn["calls"]]
+        if turn.get("error"):
+            results = [{"error": turn["error"]}]
+        out.append({"role": "user", "content": "Tool results: "
+                    + json.dumps(results, ensure_ascii=False, sort_keys=True)})
+    return out
+
+
+def _result(done: dict[str, Any] | None, call: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"call": call["id"], "tool": call["tool"]}
+    if done is None:
+        out["error"] = "not run"
+    elif "error" in done:
+        out["error"] = done["error"]
+    else:
+        out["result"] = done.get("result")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A parsed turn: ``calls`` to make, or ``final`` (the output as JSON), or ``error``."""
+
+    calls: list[dict[str, Any]]
+    final: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def parse(text: str, turn: int, finish_reason: str | None = None) -> Reply:
+    """The reply ``text`` of turn ``turn`` in the protocol (see the module doc); an
+    unreadable one is ``Reply([], error=…)``, fed back to the model."""
+    from ..errors import StructuredOutputError
+    from ..structured import parse_structured
+    try:
+        data = parse_structured(text, None, finish_reason=finish_reason).data
+    except StructuredOutputError as exc:
+        return Reply([], error=f"unreadable reply: {exc}"[:500])
+    if isinstance(data, dict) and "final" in data:
+        final = data["final"]
+        return Reply([], final=final if isinstance(final, dict) else {"answer": final})
+    raw = data.get("tool_calls") if isinstance(data, dict) else None
+    asked = raw if isinstance(raw, list) else [data]
+    calls = []
+    for n, c in enumerate(asked, start=1):
+        if not isinstance(c, dict) or not isinstance(c.get("tool", c.get("name")), str):
+            return Reply([], error='a reply is {"tool": NAME, "arguments": {...}} or '
+                                   '{"final": ANSWER}')
+        calls.append({"id": f"{turn}.{n}", "tool": c.get("tool", c.get("name")),
+                      "arguments": c.get("arguments", {})})
+    return Reply(calls)
+
+
+# -- the commits -------------------------------------------------------------------------
+
+def entry(rec: InstanceRecord, detail: dict[str, Any], now: float, *, tokens: int = 0,
+          duration_ms: float = 0.0, turn: bool = False, error: str | None = None,
+          outbox_done: tuple[str, dict[str, Any]] | None = None,
+          waiting: bool = False, review: ReviewItem | None = None) -> StepCommit:
+    """The commit journaling one row of kind ``tool``; the instance stays in its state
+    (``running``, still owned, or ``waiting`` unowned on a review).  A ``turn`` counts
+    one transition against ``max_transitions``."""
+    new = outcome.clone(rec)
+    new.tokens_used += tokens
+    new.loop_count += 1 if turn else 0
+    new.attempt, new.updated_at = 1, now
+    new.status = WAITING if waiting else RUNNING
+    if waiting:
+        new.owner = None
+        new.next_attempt_at = review.due_at if review is not None else None
+    else:
+        new.next_attempt_at = None
+    new.seq += 1
+    name = str(detail.get("tool") or detail.get("agent"))
+    row = HistoryRow(instance_id=rec.id, seq=new.seq, source=rec.state, dest=rec.state,
+                     trigger=name, at=now, kind=TOOL, duration_ms=duration_ms, tokens=tokens,
+                     error=error, detail=detail, machine_version=rec.machine_version)
+    return StepCommit(new, rec.version, [row], outbox_done=outbox_done, before=rec,
+                      review_open=review)

@@ -1,0 +1,229 @@
+"""Agent states (issue 23): the loop, its journal, its bounds and bad tool output.
+
+Scripted model; real SQLite files and the real PostgreSQL cluster (``engine_factory``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import agent_machine
+import pytest
+from pydantic import BaseModel
+
+from fsm_engine import Agent, DefinitionError, Engine, Machine, State, Transition
+from fsm_engine.llm import Scripted
+from fsm_engine.runtime.compiled import compile_machine
+from fsm_engine.store.records import TOOL
+
+Q = {"question": "what is 2 + 3?"}
+
+
+def calls(*pairs: tuple[str, dict[str, Any]], tokens: int = 10) -> dict[str, Any]:
+    """A scripted turn calling ``(tool, arguments)`` pairs."""
+    return {"tool_calls": [{"name": n, "arguments": a} for n, a in pairs],
+            "prompt_tokens": tokens, "completion_tokens": tokens}
+
+
+def final(answer: str, tokens: int = 10) -> dict[str, Any]:
+    return {"text": json.dumps({"final": {"answer": answer}}), "prompt_tokens": tokens,
+            "completion_tokens": tokens}
+
+
+#: The 3-turn, 4-call loop of the issue: two calls, then two (one a side effect), then
+#: the final answer.
+LOOP = [calls(("add", {"a": 2, "b": 3}), ("echo", {"text": "hi"})),
+        calls(("echo", {"text": "again"}), ("send_report", {"text": "2+3=5"})),
+        final("5")]
+
+
+def _tool_rows(engine: Engine, iid: str) -> list[Any]:
+    return [r for r in engine.store.history(iid) if r.kind == TOOL]
+
+
+def _run(engine: Engine, machine: Machine, data: dict[str, Any] = Q) -> Any:
+    iid = engine.start(machine, data)
+    return asyncio.run(engine.run(iid))
+
+
+def test_a_three_turn_four_call_loop_journals_every_turn_and_call(
+        engine_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log, sink = tmp_path / "tools.jsonl", tmp_path / "sink.jsonl"
+    monkeypatch.setenv("AGENT_TOOL_LOG", str(log))
+    monkeypatch.setenv("AGENT_SINK", str(sink))
+    engine = engine_factory(llm=Scripted.from_replies(LOOP))
+    rec = _run(engine, agent_machine.machine)
+    assert (rec.status, rec.state, rec.context["answer"]) == ("completed", "answered", "5")
+    rows = _tool_rows(engine, rec.id)
+    kinds = [(r.detail["agent"], r.detail.get("tool")) for r in rows]
+    assert kinds == [("turn", None), ("call", "add"), ("call", "echo"), ("turn", None),
+                     ("call", "echo"), ("call", "send_report")]
+    assert [r.detail["result"] for r in rows if r.detail["agent"] == "call"] == \
+        [5, "hi", "again", "sent"]
+    assert all(r.source == r.dest == "research" for r in rows)
+    # each turn's tokens on its row; the final turn's on the transition; all billed
+    assert [r.tokens for r in rows if r.detail["agent"] == "turn"] == [20, 20]
+    assert rec.tokens_used == 60
+    assert rec.loop_count == 3  # three turns, the last one the transition out
+    ran = [json.loads(x)["tool"] for x in log.read_text().splitlines()]
+    assert ran == ["add", "echo", "echo", "send_report"]
+    [delivery] = [json.loads(x) for x in sink.read_text().splitlines()]
+    assert delivery["key"] == f"{rec.id}:research:1:2:2.2"
+    [box] = engine.store.outbox(rec.id)
+    assert (box.key, box.status) == (delivery["key"], "done")
+
+
+def test_the_model_sees_each_result_in_the_next_turn(engine_factory: Any) -> None:
+    model = Scripted.from_replies(LOOP)
+    engine = engine_factory(llm=model)
+    _run(engine, agent_machine.machine)
+    second = model.requests[1]
+    assert second[-2] == {"role": "assistant", "content": json.dumps(
+        {"tool_calls": LOOP[0]["tool_calls"]})}
+    fed = json.loads(second[-1]["content"].removeprefix("Tool results: "))
+    assert fed == [{"call": "1.1", "tool": "add", "result": 5},
+                   {"call": "1.2", "tool": "echo", "result": "hi"}]
+    assert "add" in second[0]["content"] and "Add two integers." in second[0]["content"]
+
+
+def test_a_single_call_reply_and_the_schema_union_are_understood(engine_factory: Any) -> None:
+    model = Scripted.from_replies([
+        {"text": '{"tool": "add", "arguments": {"a": 1, "b": 1}}'}, final("2")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, agent_machine.machine)
+    assert rec.context["answer"] == "2"
+    from fsm_engine.runtime.agent_journal import reply_schema
+    schema = reply_schema(agent_machine.machine.state("research").agent)
+    consts = [b["properties"].get("tool", {}).get("const") for b in schema["anyOf"]]
+    assert consts[:2] == ["add", "echo"] and "final" in schema["anyOf"][-1]["properties"]
+
+
+def test_a_model_that_never_stops_ends_at_exactly_max_turns(engine_factory: Any) -> None:
+    model = Scripted.from_replies([calls(("add", {"a": 1, "b": 2}))])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, agent_machine.machine)
+    assert (rec.state, rec.status) == ("turns_exhausted", "completed")
+    assert model.calls == 4  # max_turns
+    turns = [r for r in _tool_rows(engine, rec.id) if r.detail["agent"] == "turn"]
+    assert len(turns) == 4
+    assert engine.store.history(rec.id)[-1].reason == "max_turns"
+
+
+def test_a_budget_that_runs_out_mid_loop_refuses_the_call_at_zero_tokens(
+        engine_factory: Any) -> None:
+    m = agent_machine._machine("agent-budget", Agent(tools=agent_machine.TOOLS,
+                               output=agent_machine.Answer, max_turns=8, max_tokens=64),
+                               token_budget=2000)
+    big = calls(("add", {"a": 1, "b": 2}), tokens=450)  # 900 a turn: the third cannot fit
+    model = Scripted.from_replies([big])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    assert rec.state == "budget_exhausted"
+    served = model.calls
+    last = engine.store.history(rec.id)[-1]
+    assert (last.trigger, last.tokens, last.reason) == ("budget_exhausted", 0, "token_budget")
+    assert served == 2 and rec.tokens_used == 1800
+
+
+def test_turns_count_against_max_transitions(engine_factory: Any) -> None:
+    m = agent_machine._machine("agent-cap", Agent(tools=agent_machine.TOOLS,
+                               output=agent_machine.Answer, max_turns=50), max_transitions=3)
+    model = Scripted.from_replies([calls(("add", {"a": 1, "b": 2}))])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    assert (rec.status, rec.reason) == ("failed", "loop_limit")
+    assert model.calls == 3
+
+
+@pytest.mark.parametrize(("tool", "expected"), [
+    ("boom", "RuntimeError: the disk is on fire"),
+    ("huge", "too large: 100002 characters of JSON"),
+    ("opaque", "not JSON (object)"),
+])
+def test_bad_tool_output_is_an_error_result_and_the_instance_goes_on(
+        engine_factory: Any, tool: str, expected: str) -> None:
+    model = Scripted.from_replies([calls((tool, {})), final("coped")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, agent_machine.machine)
+    assert (rec.status, rec.context["answer"]) == ("completed", "coped")
+    [call] = [r for r in _tool_rows(engine, rec.id) if r.detail["agent"] == "call"]
+    assert expected in call.detail["error"] and "result" not in call.detail
+    assert expected in model.requests[1][-1]["content"]
+
+
+def test_a_tool_retry_policy_retries_inside_the_call(engine_factory: Any) -> None:
+    agent_machine._flaky_runs.clear()
+    engine = engine_factory(llm=Scripted.from_replies([calls(("flaky", {})), final("ok")]))
+    rec = _run(engine, agent_machine.machine)
+    [call] = [r for r in _tool_rows(engine, rec.id) if r.detail["agent"] == "call"]
+    assert (call.detail["result"], call.detail["attempts"]) == ("ok", 3)
+
+
+def test_unknown_tools_and_bad_arguments_go_back_to_the_model_then_end_the_loop(
+        engine_factory: Any) -> None:
+    model = Scripted.from_replies([calls(("rm_rf", {})), calls(("add", {"a": "x"})),
+                                   {"text": "I refuse to use JSON"}, final("never")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, agent_machine.machine)
+    assert rec.state == "turns_exhausted"
+    assert engine.store.history(rec.id)[-1].reason == "tool_errors"
+    rows = _tool_rows(engine, rec.id)
+    errors = [r.detail.get("error", "") for r in rows if r.detail.get("error")]
+    assert "unknown tool 'rm_rf'" in errors[0]
+    assert "invalid arguments for add" in errors[1] and "at a" in errors[1]
+    assert errors[2].startswith("unreadable reply")
+    assert model.calls == 3
+
+
+def test_an_invalid_final_output_is_fed_back_and_can_be_fixed(engine_factory: Any) -> None:
+    model = Scripted.from_replies([{"text": '{"final": {"answr": "5"}}'}, final("5")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, agent_machine.machine)
+    assert rec.context["answer"] == "5"
+    assert "the final output is invalid" in model.requests[1][-1]["content"]
+
+
+# -- declaration ----------------------------------------------------------------------------
+
+class _Out(BaseModel):
+    nope: str
+
+
+def _no_hint(x) -> str:  # type: ignore[no-untyped-def]
+    return str(x)
+
+
+def test_every_problem_of_an_agent_state_is_listed_at_load() -> None:
+    class Ctx(BaseModel):
+        question: str
+    bad = Machine(name="bad", context=Ctx, initial="r", states=[
+        State("r", agent=Agent(tools=[agent_machine.add, _no_hint], output=_Out,
+                               approve=["send_mail"], max_turns=0)),
+        State("end", final=True)], transitions=[Transition("done", "r", "end")])
+    with pytest.raises(DefinitionError) as err:
+        compile_machine(bad)
+    text = "\n".join(err.value.problems)
+    for needle in ("tool '_no_hint': parameter(s) x have no type hint",
+                   "approve names unknown tool 'send_mail'",
+                   "outcome 'turns_exhausted' is not a trigger",
+                   "outcome 'budget_exhausted' is not a trigger",
+                   "outcome 'rejected' is not a trigger",
+                   "output field 'nope' is not a context field",
+                   "max_turns must be an int >= 1"):
+        assert needle in text, (needle, text)
+
+
+def test_a_tool_argument_model_comes_from_its_signature_and_docstring() -> None:
+    from fsm_engine import Tool
+    t = Tool(agent_machine.add)
+    assert t.description == "Add two integers."
+    assert t.schema()["required"] == ["a", "b"]
+    assert t.validate({"a": "2", "b": 3}) == {"a": 2, "b": 3}
+    with pytest.raises(ValueError, match="Extra inputs"):
+        t.validate({"a": 1, "b": 2, "c": 3})
+    sent = agent_machine.send_report
+    assert sent.side_effect and sent.call_params == ("call",)
+    assert list(sent.schema()["properties"]) == ["text"]
