@@ -173,7 +173,7 @@ def entry(rec: InstanceRecord, detail: dict[str, Any], now: float, *, tokens: in
     else:
         new.next_attempt_at = None
     new.seq += 1
-    name = str(detail.get("tool") or detail.get("agent"))
+    name = str(detail["tool"] if detail.get("agent") == "call" else detail.get("agent"))
     row = HistoryRow(instance_id=rec.id, seq=new.seq, source=rec.state, dest=rec.state,
                      trigger=name, at=now, kind=TOOL, duration_ms=duration_ms, tokens=tokens,
                      error=error, detail=detail, machine_version=rec.machine_version)
