@@ -227,3 +227,70 @@ def test_a_tool_argument_model_comes_from_its_signature_and_docstring() -> None:
     sent = agent_machine.send_report
     assert sent.side_effect and sent.call_params == ("call",)
     assert list(sent.schema()["properties"]) == ["text"]
+
+
+# -- operate: fork and replay ----------------------------------------------------------------
+
+def test_fork_reuse_llm_replays_recorded_turns_and_never_redelivers(
+        engine_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log, sink = tmp_path / "tools.jsonl", tmp_path / "sink.jsonl"
+    monkeypatch.setenv("AGENT_TOOL_LOG", str(log))
+    monkeypatch.setenv("AGENT_SINK", str(sink))
+    other = Scripted.from_replies([final("a different answer")])
+    engine = engine_factory(llm=Scripted.from_replies(LOOP))
+    orig = _run(engine, agent_machine.machine)
+    engine.close()
+    engine = engine_factory(llm=other)
+    rows = engine.store.history(orig.id)
+    second_turn = next(r.seq for r in rows if r.detail.get("agent") == "turn"
+                       and r.detail["turn"] == 2)
+    fid = engine.fork(orig.id, from_seq=second_turn, reuse_llm=True)
+    rec = asyncio.run(engine.run(fid))
+    assert (rec.state, rec.context) == ("answered", orig.context)
+    assert other.calls == 0  # the final turn's prompt is byte-identical: its recorded reply
+    ran = [json.loads(x)["tool"] for x in log.read_text().splitlines()]
+    assert ran == ["add", "echo", "echo", "send_report", "echo"]  # only the unjournaled echo
+    assert len(sink.read_text().splitlines()) == 1  # send_report: delivered by the original
+    [call] = [r for r in engine.store.history(fid) if r.detail.get("tool") == "send_report"
+              and r.detail.get("agent") == "call"]
+    assert call.detail["delivered_by_original"] == f"{orig.id}:research:1:2:2.2"
+    assert rec.tokens_used == orig.tokens_used - 20  # the final turn came back at 0 tokens
+
+
+def test_replay_of_an_agent_history_is_identical(engine_factory: Any) -> None:
+    from fsm_engine.runtime.replay import replay
+    engine = engine_factory(llm=Scripted.from_replies(LOOP))
+    rec = _run(engine, agent_machine.machine)
+    cm = compile_machine(agent_machine.machine)
+    history = engine.store.history(rec.id)
+    report = replay(cm, rec, history, engine.store.attempts(rec.id))
+    assert report.identical and report.steps == len(history)
+
+
+def test_each_tool_call_is_an_execute_tool_span_under_its_step(db_path: str) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = Engine(db_path, llm=Scripted.from_replies(
+        [calls(("add", {"a": 1, "b": 2}), ("boom", {})), final("3")]),
+        tracer=provider.get_tracer("test"))
+    try:
+        _run(engine, agent_machine.machine)
+    finally:
+        engine.close()
+        provider.shutdown()
+    found = exporter.get_finished_spans()
+    tools = [s for s in found if s.name.startswith("execute_tool")]
+    assert [s.name for s in tools] == ["execute_tool add", "execute_tool boom"]
+    assert tools[0].attributes["gen_ai.operation.name"] == "execute_tool"
+    assert (tools[0].attributes["gen_ai.tool.name"], tools[0].attributes["gen_ai.tool.call.id"]) \
+        == ("add", "1.1")
+    assert "error.type" not in tools[0].attributes
+    assert tools[1].attributes["error.type"] == "RuntimeError"
+    steps = {s.context.span_id: s for s in found if s.name == "fsm.step"}
+    assert all(t.parent is not None and t.parent.span_id in steps for t in tools)
+    assert sum(s.name.startswith("chat ") for s in found) == 2

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -122,19 +123,48 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
         args = decided["arguments"]
     key = f"{fork.outbox_key(rec, state.name, visit)}:{turn}:{call['id']}"
     done = None
+    prior = _delivered_by_original(driver, rec, state.name, visit, call["id"], args) \
+        if tool.side_effect else None
+    if prior is not None:  # a fork: the original delivered this very call
+        return journal.entry(rec, {**base, "arguments": args, "result": prior.get("result"),
+                                   "delivered_by_original": prior.get("idempotency_key")},
+                             now)
     if tool.side_effect:
         await driver.begins(OutboxBegin(key, rec.id, state.name, visit, driver.clock()))
         base["idempotency_key"] = key
         done = (key, {"visit": visit, "call": call["id"]})
     started = time.perf_counter()
-    result, error, attempts = await agent_tools.run(
-        tool, args, ToolCall(rec.id, state.name, visit, turn, call["id"], key),
-        limit=agent.max_result_chars, threads=driver.threads, rng=driver.rng)
+    run = partial(agent_tools.run, tool, args,
+                  ToolCall(rec.id, state.name, visit, turn, call["id"], key),
+                  limit=agent.max_result_chars, threads=driver.threads, rng=driver.rng)
+    if driver.tracer is None:
+        result, error, attempts = await run()
+    else:
+        from ..telemetry import traced_tool
+        result, error, attempts = await traced_tool(driver.tracer, tool.name, call["id"], run)
     ms = (time.perf_counter() - started) * 1000.0
     detail = {**base, "arguments": args, "attempts": attempts,
               **({"error": error} if error is not None else {"result": result})}
     return journal.entry(rec, detail, driver.clock(), duration_ms=ms, error=error,
                          outbox_done=done)
+
+
+def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visit: int,
+                           call: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    """For a fork (not ``redeliver``): the original's journaled call ``call`` of this visit
+    when it delivered with the same arguments (``None``: deliver anew)."""
+    if rec.forked_from is None or rec.fork_options.get("redeliver"):
+        return None
+    from ..errors import FsmError
+    try:
+        rows = driver.store.history(rec.forked_from)
+    except FsmError:  # the original was pruned: deliver anew
+        return None
+    j = journal.read(rows, state, visit)
+    prior = j.done.get(call)
+    if prior is None or prior.get("arguments") != args or "error" in prior:
+        return None
+    return prior
 
 
 def _await_review(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, agent: Agent,
