@@ -55,9 +55,10 @@ POINTS: list[tuple[str, dict[str, str]]] = [
 ]
 
 
-def _run(tmp: Path, extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(tmp: Path, extra: dict[str, str], db: str | None = None
+         ) -> subprocess.CompletedProcess[str]:
     cfg = tmp / "cfg.json"
-    cfg.write_text(json.dumps({"db": str(tmp / "fsm.db"), "replies": KEYED,
+    cfg.write_text(json.dumps({"db": db or str(tmp / "fsm.db"), "replies": KEYED,
                                "module": str(HERE / "agent_machine.py")}))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}",
            "AGENT_TOOL_LOG": str(tmp / "tools.jsonl"), "AGENT_SINK": str(tmp / "sink.jsonl"),
@@ -100,12 +101,28 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize(("point", "env"), POINTS, ids=[p for p, _ in POINTS])
 def test_a_kill_anywhere_in_the_loop_resumes_to_the_same_output(
         tmp_path: Path, point: str, env: dict[str, str], uninterrupted: dict[str, Any]) -> None:
-    killed = _run(tmp_path, env)
+    _kill_and_resume(tmp_path, point, env, str(tmp_path / "fsm.db"), uninterrupted)
+
+
+#: The kinds of point, once each, on PostgreSQL.
+PG_POINTS = [p for p in POINTS if p[0] in ("before-journal-3", "after-journal-4", "mid-echo",
+                                           "mid-outbox", "before-final")]
+
+
+@pytest.mark.parametrize(("point", "env"), PG_POINTS, ids=[p for p, _ in PG_POINTS])
+def test_a_kill_in_the_loop_on_postgres_resumes_to_the_same_output(
+        tmp_path: Path, point: str, env: dict[str, str], uninterrupted: dict[str, Any],
+        pg_cluster: Any) -> None:
+    _kill_and_resume(tmp_path, point, env, pg_cluster.database(), uninterrupted)
+
+
+def _kill_and_resume(tmp_path: Path, point: str, env: dict[str, str], db: str,
+                     uninterrupted: dict[str, Any]) -> None:
+    killed = _run(tmp_path, env, db)
     assert killed.returncode == -9, (point, killed.returncode, killed.stderr[-2000:])
-    db = str(tmp_path / "fsm.db")
     before = _journaled(db)
     runs_before = Counter(_key(r) for r in _lines(tmp_path / "tools.jsonl"))
-    resumed = _run(tmp_path, {})
+    resumed = _run(tmp_path, {}, db)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     store = open_store(db)
     try:

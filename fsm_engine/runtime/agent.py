@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..definition.agent import TURNS_EXHAUSTED, Agent, ToolCall
-from ..store.records import OutboxBegin, StepCommit
+from ..store.records import TOOL, OutboxBegin, StepCommit
 from . import agent_journal as journal
 from . import agent_review, agent_tools, fork, outcome, reviews
 from .compiled import CompiledMachine
@@ -47,7 +47,47 @@ async def step(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: 
     agent = state.agent
     assert agent is not None
     visit = rec.visits.get(state.name, 1)
-    j = journal.read(driver.store.history(rec.id), state.name, visit)
+    j = _journal(driver, rec, state.name, visit)
+    commit = await _next(driver, cm, rec, state, agent, j, visit, now)
+    _remember(driver, rec, commit, j)
+    return commit
+
+
+def _journal(driver: Driver, rec: InstanceRecord, state: str, visit: int) -> journal.Journal:
+    """The visit's journal: kept in memory from the step that committed ``rec`` (the
+    record object the runner steps next), else read from the history."""
+    kept = _kept(driver).get(rec.id)
+    if kept is not None and kept[0] is rec:
+        return kept[1]
+    return journal.read(driver.store.history(rec.id), state, visit)
+
+
+def _kept(driver: Driver) -> dict[str, tuple[InstanceRecord, journal.Journal]]:
+    kept: dict[str, tuple[InstanceRecord, journal.Journal]] | None = \
+        getattr(driver, "agent_journals", None)
+    if kept is None:
+        kept = driver.agent_journals = {}  # type: ignore[attr-defined]  # the driver's cache
+    return kept
+
+
+def _remember(driver: Driver, rec: InstanceRecord, commit: StepCommit,
+              j: journal.Journal) -> None:
+    """Keep ``j`` with the journal row ``commit`` adds, for the step after it (dropped when
+    the instance leaves the state or waits)."""
+    new = commit.record
+    kept = _kept(driver)
+    if new.state != rec.state or new.status != "running" or new.owner is None:
+        kept.pop(rec.id, None)
+        return
+    for row in commit.history:
+        if row.kind == TOOL:
+            j.add(row)
+    kept[rec.id] = (new, j)
+
+
+async def _next(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                agent: Agent, j: journal.Journal, visit: int, now: float) -> StepCommit:
+    """The commit of the next thing to do, given the journal ``j``."""
     call = j.pending()
     if call is not None:
         return await _call(driver, cm, rec, state, agent, j, call, visit, now)

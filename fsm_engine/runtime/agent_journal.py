@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ..store.records import RUNNING, TOOL, WAITING, HistoryRow, InstanceRecord, StepCommit
@@ -48,29 +49,34 @@ class Journal:
         return next((c for c in self.turns[-1]["calls"] if c["id"] not in self.done), None)
 
 
+    def add(self, row: HistoryRow) -> None:
+        """Take one journal row of this visit (rows of other kinds are ignored)."""
+        d = row.detail
+        kind = d.get("agent")
+        if kind == "turn":
+            self.turns.append(d)
+            self.errors_in_row += 1 if d.get("error") else 0
+        elif kind == "call":
+            self.done[d["call"]] = d
+            self.errors_in_row = self.errors_in_row + 1 if d.get("invalid") else 0
+        elif kind == "ask":
+            self.asked[d["call"]] = d
+        elif kind == "decision":
+            self.decided[d["call"]] = d
+
+
 def read(rows: list[HistoryRow], state: str, visit: int) -> Journal:
     """The journal of ``state``'s ``visit`` from an instance's history rows."""
     j = Journal()
     for row in rows:
-        d = row.detail
-        if row.kind != TOOL or row.source != state or d.get("visit") != visit:
-            continue
-        kind = d.get("agent")
-        if kind == "turn":
-            j.turns.append(d)
-            j.errors_in_row = j.errors_in_row + 1 if d.get("error") else j.errors_in_row
-        elif kind == "call":
-            j.done[d["call"]] = d
-            j.errors_in_row = j.errors_in_row + 1 if d.get("invalid") else 0
-        elif kind == "ask":
-            j.asked[d["call"]] = d
-        elif kind == "decision":
-            j.decided[d["call"]] = d
+        if row.kind == TOOL and row.source == state and row.detail.get("visit") == visit:
+            j.add(row)
     return j
 
 
 # -- the protocol ------------------------------------------------------------------------
 
+@lru_cache(maxsize=256)
 def reply_schema(agent: Agent) -> dict[str, Any]:
     """The JSON-schema union of one reply: a call of one of the tools, or the final output."""
     calls = [{"type": "object", "required": ["tool", "arguments"], "additionalProperties": False,
@@ -81,6 +87,7 @@ def reply_schema(agent: Agent) -> dict[str, Any]:
     return {"anyOf": [*calls, final]}
 
 
+@lru_cache(maxsize=256)
 def system_prompt(agent: Agent) -> str:
     """The system message: the task, the tools (name, description, argument schema) and
     the reply protocol."""
