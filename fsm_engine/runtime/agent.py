@@ -109,8 +109,7 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
     started = time.perf_counter()
     try:
         out = await st.llm.complete(journal.messages(agent, rec.context, j),
-                                    max_tokens=agent.max_tokens,
-                                    json_schema=journal.reply_schema(agent))
+                                    **journal.call_options(agent, st.llm.provider))
     except Exception as exc:  # budget, breaker, provider: as for any step's model call
         ms = (time.perf_counter() - started) * 1000.0
         if st.llm.rate_wait is not None:

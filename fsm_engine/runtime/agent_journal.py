@@ -12,8 +12,10 @@ Rows of one visit (``detail.agent`` tells which):
   reviewer's (or the SLA timer's) ``choice`` with the ``arguments`` it approved.
 
 The model's reply protocol (``reply_schema`` constrains it where the provider decodes by
-schema): ``{"tool": NAME, "arguments": {…}}``, ``{"tool_calls": [{"name": NAME,
-"arguments": {…}}, …]}`` (several calls in one turn) or ``{"final": OUTPUT}``.
+schema; a provider speaking the OpenAI tool-calling protocol gets ``openai_tools`` and
+answers calls natively, returned in the ``tool_calls`` form): ``{"tool": NAME,
+"arguments": {…}}``, ``{"tool_calls": [{"name": NAME, "arguments": {…}}, …]}`` (several
+calls in one turn) or ``{"final": OUTPUT}``.
 """
 
 from __future__ import annotations
@@ -85,6 +87,23 @@ def reply_schema(agent: Agent) -> dict[str, Any]:
     final = {"type": "object", "required": ["final"], "additionalProperties": False,
              "properties": {"final": agent.output.model_json_schema()}}
     return {"anyOf": [*calls, final]}
+
+
+@lru_cache(maxsize=256)
+def openai_tools(agent: Agent) -> list[dict[str, Any]]:
+    """The tools in the OpenAI tool-calling protocol's form (``tools=`` of a chat call)."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.schema()}}
+            for t in agent.by_name.values()]
+
+
+def call_options(agent: Agent, provider: Any) -> dict[str, Any]:
+    """A turn's call options: the tools natively for a provider that speaks the OpenAI
+    tool-calling protocol (``supports_tools``), else the reply's JSON-schema union for
+    constrained decoding."""
+    if getattr(provider, "supports_tools", False):
+        return {"max_tokens": agent.max_tokens, "tools": openai_tools(agent)}
+    return {"max_tokens": agent.max_tokens, "json_schema": reply_schema(agent)}
 
 
 @lru_cache(maxsize=256)
