@@ -53,6 +53,7 @@ def test_fsm_run_with_a_scripted_model_answers_and_shows_the_tool_calls(tmp_path
     script = tmp_path / "script.jsonl"
     lines = [{"tool_calls": [{"name": "grep", "arguments": {"pattern": "copyleft"}}],
               "prompt_tokens": 300, "completion_tokens": 20},
+             {"tool_calls": [{"name": "grep", "arguments": {"pattern": XSS}}]},
              {"text": json.dumps({"final": {"answer": "GPL-2, GPL-3"}}),
               "prompt_tokens": 400, "completion_tokens": 15}]
     script.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -75,7 +76,27 @@ def test_fsm_run_with_a_scripted_model_answers_and_shows_the_tool_calls(tmp_path
     dot = tmp_path / "i.dot"
     _fsm("diagram", str(MACHINES / "agent.py"), "--db", db, "--instance", iid, "-o", str(dot),
          cwd=tmp_path)
-    assert "grep×1" in dot.read_text()
+    assert "grep×2" in dot.read_text()
+    _viewer_shows_the_calls(db, iid)
+
+
+XSS = "<script>alert(1)</script>"
+
+
+def _viewer_shows_the_calls(db: str, iid: str) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from fsm_engine import SqliteStore
+    from fsm_engine.ui import create_app
+    store = SqliteStore(db, readonly=True)
+    try:
+        page = TestClient(create_app(store)).get(f"/instances/{iid}").text
+        assert page.count('class="history-row') == len(store.history(iid))
+    finally:
+        store.close()
+    assert "call 1.1 grep" in page and "turn 2: grep" in page
+    assert XSS not in page and "&lt;script&gt;" in page
 
 
 @pytest.mark.model
