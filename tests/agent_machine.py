@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,20 @@ def opaque() -> Any:
     return object()
 
 
+@tool(timeout=0.2)
+async def stall() -> str:
+    """Never answers in time (async)."""
+    await asyncio.sleep(30)
+    return "late"
+
+
+@tool(timeout=0.2)
+def stall_sync() -> str:
+    """Never answers in time (a thread)."""
+    time.sleep(1.0)
+    return "late"
+
+
 _flaky_runs: list[int] = []
 
 
@@ -100,7 +116,7 @@ def _machine(name: str, agent: Agent, **kw: Any) -> Machine:
                      *[Transition(o, "research", o) for o in outcomes]])
 
 
-TOOLS = [add, echo, send_report, boom, huge, opaque, flaky]
+TOOLS = [add, echo, send_report, boom, huge, opaque, flaky, stall, stall_sync]
 
 #: Tools, no approval: the loop, durability and bounds.
 machine = _machine("agent-loop", Agent(tools=TOOLS, output=Answer, max_turns=4,

@@ -128,6 +128,23 @@ def test_a_budget_that_runs_out_mid_loop_refuses_the_call_at_zero_tokens(
     assert served == 2 and rec.tokens_used == 1800
 
 
+def test_the_state_budget_counts_every_turn_of_the_visit(engine_factory: Any) -> None:
+    m = Machine(name="agent-state-budget", context=agent_machine.Ctx, initial="research",
+                max_transitions=50, states=[
+                    State("research", token_budget=2000, agent=Agent(
+                        tools=agent_machine.TOOLS, output=agent_machine.Answer, max_turns=8)),
+                    State("answered", final=True), State("out", final=True)],
+                transitions=[Transition("done", "research", "answered"),
+                             Transition("turns_exhausted", "research", "out"),
+                             Transition("budget_exhausted", "research", "out")])
+    model = Scripted.from_replies([calls(("add", {"a": 1, "b": 2}), tokens=450)])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    last = engine.store.history(rec.id)[-1]
+    assert (rec.state, last.trigger, last.tokens) == ("out", "budget_exhausted", 0)
+    assert model.calls == 2 and rec.tokens_used == 1800
+
+
 def test_turns_count_against_max_transitions(engine_factory: Any) -> None:
     m = agent_machine._machine("agent-cap", Agent(tools=agent_machine.TOOLS,
                                output=agent_machine.Answer, max_turns=50), max_transitions=3)
@@ -142,6 +159,8 @@ def test_turns_count_against_max_transitions(engine_factory: Any) -> None:
     ("boom", "RuntimeError: the disk is on fire"),
     ("huge", "too large: 100002 characters of JSON"),
     ("opaque", "not JSON (object)"),
+    ("stall", "TimeoutError: tool stall took longer than 0.2 s"),
+    ("stall_sync", "TimeoutError: tool stall_sync took longer than 0.2 s"),
 ])
 def test_bad_tool_output_is_an_error_result_and_the_instance_goes_on(
         engine_factory: Any, tool: str, expected: str) -> None:

@@ -105,7 +105,7 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
                 agent: Agent, j: journal.Journal, visit: int, now: float) -> StepCommit:
     """One model turn: its calls journaled, or its final output taken."""
     model_state = state if agent.llm is None else dataclasses.replace(state, llm=agent.llm)
-    st = driver._make_step(cm, rec, model_state)
+    st = driver._make_step(cm, rec, model_state, spent=j.tokens)
     started = time.perf_counter()
     try:
         out = await st.llm.complete(journal.messages(agent, rec.context, j),

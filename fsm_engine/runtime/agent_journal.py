@@ -43,6 +43,8 @@ class Journal:
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Invalid calls and replies in a row (reset by a call that ran).
     errors_in_row: int = 0
+    #: Tokens the visit's journaled turns were billed (against the state's budget).
+    tokens: int = 0
 
     def pending(self) -> dict[str, Any] | None:
         """The last turn's first call not yet done (``None``: the model's turn)."""
@@ -55,6 +57,7 @@ class Journal:
         """Take one journal row of this visit (rows of other kinds are ignored)."""
         d = row.detail
         kind = d.get("agent")
+        self.tokens += row.tokens
         if kind == "turn":
             self.turns.append(d)
             self.errors_in_row += 1 if d.get("error") else 0

@@ -46,7 +46,12 @@ async def _once(tool: Tool, args: dict[str, Any], call: ToolCall,
     kwargs.update(dict.fromkeys(tool.call_params, call))
     if tool.is_async:
         coro = tool.fn(**kwargs)
-        return await (coro if tool.timeout is None else asyncio.wait_for(coro, tool.timeout))
+        if tool.timeout is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, tool.timeout)
+        except TimeoutError:
+            raise TimeoutError(f"tool {tool.name} took longer than {tool.timeout:g} s") from None
     fn = partial(tool.fn, **kwargs)
     if tool.timeout is None:
         return await threads.submit(fn)

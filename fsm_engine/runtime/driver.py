@@ -241,10 +241,11 @@ class Driver:
             return fanout.step(cm, self.store, rec, now, self.host(rec))
         return None
 
-    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
+    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                   spent: int = 0) -> Step:  # spent: this visit's tokens in earlier commits
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
-        in_visit = self._visit_tokens(rec, state, visit)
+        in_visit = self._visit_tokens(rec, state, visit) + spent
         meter = MeteredLLM(provider, self._call_settings(rec, state, provider, in_visit),
                            loop=asyncio.get_running_loop())
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
