@@ -313,3 +313,10 @@ def test_each_tool_call_is_an_execute_tool_span_under_its_step(db_path: str) -> 
     steps = {s.context.span_id: s for s in found if s.name == "fsm.step"}
     assert all(t.parent is not None and t.parent.span_id in steps for t in tools)
     assert sum(s.name.startswith("chat ") for s in found) == 2
+
+
+def test_a_credential_in_a_tool_result_is_neither_stored_nor_shown_the_model() -> None:
+    from fsm_engine.runtime.agent_tools import as_json
+    value, error = as_json({"dsn": "postgresql://app:hunter2@db/x", "n": 1}, 1000)
+    assert error is None and value == {"dsn": "postgresql://app@db/x", "n": 1}
+    assert as_json(float("nan"), 1000)[1] is not None

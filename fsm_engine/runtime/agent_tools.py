@@ -23,8 +23,9 @@ from .threads import ActionThreads, in_own_thread
 
 
 def as_json(value: Any, limit: int) -> tuple[Any, str | None]:
-    """``(value as a JSON value, None)`` (a pydantic model dumped), or ``(None, why)`` when
-    it is not JSON-able or its JSON is longer than ``limit`` characters (never retried)."""
+    """``(value as a JSON value, None)`` (a pydantic model dumped; credentials in it
+    redacted, ``fsm_engine.redaction``), or ``(None, why)`` when it is not JSON-able or its
+    JSON is longer than ``limit`` characters (never retried)."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     try:
@@ -34,7 +35,11 @@ def as_json(value: Any, limit: int) -> tuple[Any, str | None]:
     if len(text) > limit:
         return None, (f"the result is too large: {len(text)} characters of JSON, the limit "
                       f"is {limit}")
-    return json.loads(text), None
+    clean = redact(text)  # a credential a tool read is neither stored nor shown the model
+    try:
+        return json.loads(clean), None
+    except ValueError:
+        return clean, None
 
 
 async def _once(tool: Tool, args: dict[str, Any], call: ToolCall,
