@@ -124,6 +124,8 @@ class ToolStats:
     calls: int
     errors: int
     duration_ms: Dist
+    #: The agent state that called it (the first seen, when several do).
+    state: str = ""
 
 
 @dataclass(slots=True)
@@ -178,6 +180,7 @@ class _Accumulator:
         #: per tool: [duration_ms of each call], and its error results
         self.tool_ms: dict[str, list[float]] = defaultdict(list)
         self.tool_errors: dict[str, int] = defaultdict(int)
+        self.tool_state: dict[str, str] = {}
 
     def add(self, row: StepRow) -> None:
         """Take the next row; rows of one instance arrive together, in seq order."""
@@ -194,6 +197,7 @@ class _Accumulator:
         for row in journal:
             if row.trigger not in _NOT_CALLS:
                 self.tool_ms[row.trigger].append(row.duration_ms)
+                self.tool_state.setdefault(row.trigger, row.source)
                 self.tool_errors[row.trigger] += row.error is not None
         rows = [r for r in rows if r.kind not in NOT_MOVES]  # a takeover, a migration: no step
         if not rows:
@@ -261,7 +265,7 @@ def _one_machine(store: Store, where: InstanceFilter, machine: str, total: int) 
         tokens=Dist.of(acc.instance_tokens), wall_s=Dist.of(acc.instance_wall),
         fallback_rate=acc.with_fallback / seen if seen else None,
         reask_rate=acc.with_reask / seen if seen else None,
-        tools={t: ToolStats(t, len(ms), acc.tool_errors[t], Dist.of(ms))
+        tools={t: ToolStats(t, len(ms), acc.tool_errors[t], Dist.of(ms), acc.tool_state[t])
                for t, ms in sorted(acc.tool_ms.items())})
 
 

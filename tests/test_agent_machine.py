@@ -77,6 +77,9 @@ def test_fsm_run_with_a_scripted_model_answers_and_shows_the_tool_calls(tmp_path
     _fsm("diagram", str(MACHINES / "agent.py"), "--db", db, "--instance", iid, "-o", str(dot),
          cwd=tmp_path)
     assert "grep×2" in dot.read_text()
+    _fsm("diagram", str(MACHINES / "agent.py"), "--db", db, "--stats", "-o", str(dot),
+         cwd=tmp_path)
+    assert "grep×2" in dot.read_text()
     _viewer_shows_the_calls(db, iid)
 
 

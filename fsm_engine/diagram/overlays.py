@@ -124,6 +124,8 @@ def aggregate_overlay(stats: MachineStats) -> dict[str, Any]:
                 lines.append(f"{st.tokens.mean:.0f} tok/step")
         if lines:
             figures[name] = [" · ".join(lines)]
+    for state, tools in _tools_by_state(stats).items():
+        figures.setdefault(state, []).append(tools)
     starts = sum(st.entered for st in stats.states.values()) - sum(e.taken for e in stats.edges)
     return {"instance_id": "", "title": f"{stats.instances} instance(s)",
             "moves": [{"source": e.source, "dest": e.dest, "trigger": e.trigger,
@@ -131,4 +133,12 @@ def aggregate_overlay(stats: MachineStats) -> dict[str, Any]:
             "starts": max(0, starts), "figures": figures}
 
 
-__all__ = ["instance_overlay", "aggregate_overlay", "seconds"]
+def _tools_by_state(stats: MachineStats) -> dict[str, str]:
+    """Per agent state, its tools' calls over the instances: ``grep×12 read_file×30``."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for t in stats.tools.values():
+        out[t.state].append(f"{t.tool}×{t.calls}" + (f" ({t.errors} err)" if t.errors else ""))
+    return {state: " ".join(parts) for state, parts in out.items()}
+
+
+__all__ = ["instance_overlay", "aggregate_overlay", "seconds", "tool_calls"]
