@@ -39,9 +39,10 @@ class Question(BaseModel):
 
 
 class Answer(BaseModel):
-    """The final output (applied to the context)."""
+    """The final output (applied to the context; no length bound: a bound becomes a
+    grammar repetition the embedded model's constrained decoding pays for)."""
 
-    answer: str = Field(max_length=2000)
+    answer: str
 
 
 def _files() -> list[Path]:

@@ -109,17 +109,29 @@ def call_options(agent: Agent, provider: Any) -> dict[str, Any]:
     return {"max_tokens": agent.max_tokens, "json_schema": reply_schema(agent)}
 
 
+def _signature(name: str, schema: dict[str, Any]) -> str:
+    """``name(a: integer, b: string = "x")`` from an argument model's JSON Schema."""
+    required = set(schema.get("required", ()))
+    parts = []
+    for arg, spec in (schema.get("properties") or {}).items():
+        kind = spec.get("type") or "any" if isinstance(spec, dict) else "any"
+        default = "" if arg in required or not isinstance(spec, dict) or "default" not in spec \
+            else f" = {json.dumps(spec['default'])}"
+        parts.append(f"{arg}: {kind}{default}")
+    return f"{name}({', '.join(parts)})"
+
+
 @lru_cache(maxsize=256)
 def system_prompt(agent: Agent) -> str:
-    """The system message: the task, the tools (name, description, argument schema) and
-    the reply protocol."""
-    tools = [{"name": t.name, "description": t.description, "arguments": t.schema()}
-             for t in agent.by_name.values()]
-    return (f"{agent.instructions}\n\nYou can call these tools:\n"
-            f"{json.dumps(tools, ensure_ascii=False)}\n\n"
-            'Reply with JSON only: {"tool": NAME, "arguments": {...}} to call a tool, or '
-            '{"final": ANSWER} when you can answer, where ANSWER matches '
-            f"{json.dumps(agent.output.model_json_schema(), ensure_ascii=False)}.")
+    """The system message: the task, the tools (a signature and the description each)
+    and the reply protocol."""
+    tools = "\n".join(f"- {_signature(t.name, t.schema())}: {t.description}"
+                      for t in agent.by_name.values())
+    fields = ", ".join(f'"{f}": ...' for f in agent.output.model_fields)
+    first = next(iter(agent.by_name), "TOOL")
+    return (f"{agent.instructions}\n\nTools:\n{tools}\n\n"
+            f'Reply with one JSON object only. To call a tool: {{"tool": "{first}", '
+            '"arguments": {...}}. To answer: {"final": {' + fields + "}}.")
 
 
 def messages(agent: Agent, task: dict[str, Any], j: Journal) -> list[dict[str, str]]:
