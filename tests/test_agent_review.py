@@ -95,7 +95,7 @@ def _fsm(*args: str, env: dict[str, str], check: bool = True) -> subprocess.Comp
 def _script(tmp_path: Path) -> str:
     """``ASK`` keyed by what the prompt holds, so a new process's model goes on where the
     last one stopped."""
-    keyed = [{**ASK[2], "match": '"result": "sent"'}, {**ASK[1], "match": '"tool": "add"'},
+    keyed = [{**ASK[2], "match": '"result": "sent"'}, {**ASK[1], "match": '"result": 5'},
              ASK[0]]
     path = tmp_path / "script.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in keyed))
@@ -162,3 +162,21 @@ def test_the_sla_timer_takes_its_choice_once_across_a_sigkilled_worker(tmp_path:
         worker.kill()
         worker.wait(10)
         store.close()
+
+
+def test_an_sla_approval_goes_on_in_the_same_run(engine_factory: Any,
+                                                  logs: tuple[Path, Path]) -> None:
+    m = agent_machine._machine("agent-sla-approve", agent_machine.Agent(
+        tools=agent_machine.TOOLS, output=agent_machine.Answer, max_turns=4,
+        approve=["send_report"], sla_s=30, on_timeout="approve"), max_transitions=30)
+    clock = [1000.0]
+    engine = engine_factory(llm=Scripted.from_replies(ASK), clock=lambda: clock[0])
+    iid = engine.start(m, Q)
+    assert asyncio.run(engine.run(iid)).status == "waiting"
+    clock[0] += 31  # the SLA passes
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.state, rec.context["answer"]) == ("answered", "reported")
+    [item] = engine.store.reviews()
+    assert (item.choice, item.decided_by) == ("approve", "sla-timer")
+    [sent] = [json.loads(x) for x in logs[1].read_text().splitlines()]
+    assert sent["text"] == "2+3=5"

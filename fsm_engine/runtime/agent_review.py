@@ -73,8 +73,8 @@ def decision(cm: CompiledMachine, rec: InstanceRecord, item: ReviewItem, choice:
         detail = {"agent": "decision", "visit": item.visit, "turn": item.show.get("turn"),
                   "call": item.show.get("call"), "tool": tool.name, "arguments": args,
                   "choice": choice, "review": review}
-        commit = journal.entry(rec, detail, now)
-        commit.record.owner = None  # a client runs nothing: any worker goes on with it
+        commit = journal.entry(rec, detail, now)  # owner kept: none after a person's
+        # decision (a waiting instance is unowned), the worker's after the SLA timer's
     commit.before = rec
     commit.review_close = ReviewDecision(item.id, by, now, choice, note, dict(edit) or None,
                                          claimer)
