@@ -320,3 +320,23 @@ def test_a_credential_in_a_tool_result_is_neither_stored_nor_shown_the_model() -
     value, error = as_json({"dsn": "postgresql://app:hunter2@db/x", "n": 1}, 1000)
     assert error is None and value == {"dsn": "postgresql://app@db/x", "n": 1}
     assert as_json(float("nan"), 1000)[1] is not None
+
+
+def test_a_failed_turn_is_retried_under_the_state_retry_policy(engine_factory: Any) -> None:
+    from fsm_engine import RetryPolicy
+    m = Machine(name="agent-retry", context=agent_machine.Ctx, initial="research", states=[
+        State("research", retry=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=0.0),
+              timeout=5, agent=Agent(tools=agent_machine.TOOLS, output=agent_machine.Answer)),
+        State("answered", final=True), State("out", final=True)],
+        transitions=[Transition("done", "research", "answered"),
+                     Transition("turns_exhausted", "research", "out"),
+                     Transition("budget_exhausted", "research", "out")])
+    model = Scripted.from_replies([calls(("add", {"a": 1, "b": 1})),
+                                   {"text": "", "error": "http500", "prompt_tokens": 7},
+                                   final("2")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    assert (rec.state, rec.context["answer"]) == ("answered", "2")
+    [attempt] = engine.store.attempts(rec.id)
+    assert (attempt.error_class, attempt.tokens) == ("ServerError", 7)
+    assert rec.tokens_used == 20 + 7 + 20

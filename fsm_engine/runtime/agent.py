@@ -12,8 +12,9 @@ does the next thing, whose commit journals it (through the driver's group commit
 2. else, after ``max_turns`` turns: ``turns_exhausted``;
 3. else a model turn through ``step.llm`` (so replay, cache, budgets, deadline, breaker,
    rate limits, tracing and billing apply as to any step: a turn that cannot fit the
-   budget is refused before the call and takes ``budget_exhausted``): its calls are
-   journaled, or its final output, validated by ``Agent.output``, fires ``Agent.done``.
+   budget is refused before the call and takes ``budget_exhausted``; ``State.timeout``
+   bounds each turn's call, ``State.retry`` retries it): its calls are journaled, or its
+   final output, validated by ``Agent.output``, fires ``Agent.done``.
 
 A process killed anywhere resumes at the first thing not journaled: a call journaled is
 never run again (its recorded result goes back to the model), a turn journaled is never
@@ -22,6 +23,7 @@ asked again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from functools import partial
@@ -106,6 +108,8 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
     """One model turn: its calls journaled, or its final output taken."""
     model_state = state if agent.llm is None else dataclasses.replace(state, llm=agent.llm)
     st = driver._make_step(cm, rec, model_state, spent=j.tokens)
+    if state.timeout is not None:  # the state's timeout bounds each turn's model call
+        st.llm.deadline = asyncio.get_running_loop().time() + state.timeout
     started = time.perf_counter()
     try:
         out = await st.llm.complete(journal.messages(agent, rec.context, j),
