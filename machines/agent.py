@@ -98,7 +98,7 @@ machine = Machine(
     states=[
         State("research", agent=Agent(
             tools=[list_files, read_file, grep, send_report], output=Answer, max_turns=6,
-            approve=["send_report"], max_tokens=200, max_result_chars=1600,
+            approve=["send_report"], max_tokens=200, max_result_chars=1600, min_calls=1,
             instructions="You answer questions about software license texts. Use the "
                          "tools to look at the files, then give the final answer: name "
                          "the licenses.")),

@@ -340,3 +340,19 @@ def test_a_failed_turn_is_retried_under_the_state_retry_policy(engine_factory: A
     [attempt] = engine.store.attempts(rec.id)
     assert (attempt.error_class, attempt.tokens) == ("ServerError", 7)
     assert rec.tokens_used == 20 + 7 + 20
+
+
+def test_min_calls_keeps_the_final_answer_out_until_a_tool_ran(engine_factory: Any) -> None:
+    from fsm_engine.runtime.agent_journal import call_options
+    m = agent_machine._machine("agent-min-calls", Agent(
+        tools=agent_machine.TOOLS, output=agent_machine.Answer, min_calls=1))
+    agent = m.state("research").agent
+    assert agent is not None
+    first = call_options(agent, None, final=False)["json_schema"]["anyOf"]
+    assert all("tool" in b["properties"] for b in first)  # no final output in the union
+    model = Scripted.from_replies([final("from memory"), calls(("add", {"a": 1, "b": 1})),
+                                   final("2")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    assert (rec.state, rec.context["answer"]) == ("answered", "2")
+    assert "call a tool first" in model.requests[1][-1]["content"]

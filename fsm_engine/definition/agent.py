@@ -195,6 +195,9 @@ class Agent:
         sla_s / on_timeout: an approval not decided within ``sla_s`` seconds takes
             ``on_timeout`` (``"approve"`` or ``"reject"``); both or neither.
         done: the trigger the final output fires.
+        min_calls: tool calls made before a final output is accepted: until then the
+            reply schema (or ``tool_choice="required"``) allows only calls, and a final
+            output is an error result (for small models that answer from memory).
     """
 
     tools: Sequence[Tool | Callable[..., Any]]
@@ -209,6 +212,7 @@ class Agent:
     sla_s: float | None = None
     on_timeout: str | None = None
     done: str = DONE
+    min_calls: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(as_tool(t) for t in self.tools))
@@ -250,7 +254,9 @@ class Agent:
         return out
 
     def _bound_problems(self, where: str) -> list[str]:
-        out = [f"{where}: {k} must be an int >= 1" for k in
+        out = [] if isinstance(self.min_calls, int) and 0 <= self.min_calls else [
+            f"{where}: min_calls must be an int >= 0"]
+        out += [f"{where}: {k} must be an int >= 1" for k in
                ("max_turns", "max_tokens", "max_errors", "max_result_chars")
                if not isinstance(getattr(self, k), int) or getattr(self, k) < 1]
         if (self.sla_s is None) != (self.on_timeout is None):

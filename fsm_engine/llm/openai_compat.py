@@ -241,12 +241,14 @@ class OpenAICompatible(Provider):
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None, timeout: float | None = None,
-                       tools: list[dict[str, Any]] | None = None) -> Completion:
+                       tools: list[dict[str, Any]] | None = None,
+                       tool_choice: str | None = None) -> Completion:
         """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
 
         ``tools``: OpenAI function tools (``[{"type": "function", "function": {name,
         description, parameters}}]``); a reply that calls them comes back as the text
-        ``{"tool_calls": [{"name": …, "arguments": {…}}]}`` (an agent state's protocol).
+        ``{"tool_calls": [{"name": …, "arguments": {…}}]}`` (an agent state's protocol);
+        ``tool_choice`` (``"auto"``, ``"required"``, ``"none"``) goes with them.
 
         ``timeout`` (seconds, e.g. what is left of the step's timeout) bounds the
         call including its wait for a free slot; None: the provider's ``timeout``.
@@ -269,6 +271,8 @@ class OpenAICompatible(Provider):
                 kwargs["response_format"] = _response_format(json_schema, self.json_mode)
             if tools:
                 kwargs["tools"] = tools
+                if tool_choice:
+                    kwargs["tool_choice"] = tool_choice
             response = await self._create(kwargs, json_schema)
         return await self._completion(response, messages)
 

@@ -113,7 +113,8 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
     started = time.perf_counter()
     try:
         out = await st.llm.complete(journal.messages(agent, rec.context, j),
-                                    **journal.call_options(agent, st.llm.provider))
+                                    **journal.call_options(agent, st.llm.provider,
+                                                           j.calls_made >= agent.min_calls))
     except Exception as exc:  # budget, breaker, provider: as for any step's model call
         ms = (time.perf_counter() - started) * 1000.0
         if st.llm.rate_wait is not None:
@@ -124,6 +125,9 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
     ms = (time.perf_counter() - started) * 1000.0
     number = len(j.turns) + 1
     reply = journal.parse(out.text, number, out.finish_reason)
+    if reply.final is not None and j.calls_made < agent.min_calls:
+        reply = journal.Reply([], error=f"call a tool first: {agent.min_calls} call(s) are "
+                                        "needed before the final answer")
     if reply.final is not None:
         try:
             output = agent.output.model_validate(reply.final).model_dump(mode="json")

@@ -46,6 +46,11 @@ class Journal:
     #: Tokens the visit's journaled turns were billed (against the state's budget).
     tokens: int = 0
 
+    @property
+    def calls_made(self) -> int:
+        """Calls that reached their tool (not an unknown tool or invalid arguments)."""
+        return sum(1 for d in self.done.values() if not d.get("invalid"))
+
     def pending(self) -> dict[str, Any] | None:
         """The last turn's first call not yet done (``None``: the model's turn)."""
         if not self.turns:
@@ -82,14 +87,15 @@ def read(rows: list[HistoryRow], state: str, visit: int) -> Journal:
 # -- the protocol ------------------------------------------------------------------------
 
 @lru_cache(maxsize=256)
-def reply_schema(agent: Agent) -> dict[str, Any]:
-    """The JSON-schema union of one reply: a call of one of the tools, or the final output."""
+def reply_schema(agent: Agent, final: bool = True) -> dict[str, Any]:
+    """The JSON-schema union of one reply: a call of one of the tools, or (``final``) the
+    final output."""
     calls = [{"type": "object", "required": ["tool", "arguments"], "additionalProperties": False,
               "properties": {"tool": {"const": t.name}, "arguments": t.schema()}}
              for t in agent.by_name.values()]
-    final = {"type": "object", "required": ["final"], "additionalProperties": False,
-             "properties": {"final": agent.output.model_json_schema()}}
-    return {"anyOf": [*calls, final]}
+    answer = {"type": "object", "required": ["final"], "additionalProperties": False,
+              "properties": {"final": agent.output.model_json_schema()}}
+    return {"anyOf": [*calls, answer] if final else calls}
 
 
 @lru_cache(maxsize=256)
@@ -100,13 +106,15 @@ def openai_tools(agent: Agent) -> list[dict[str, Any]]:
             for t in agent.by_name.values()]
 
 
-def call_options(agent: Agent, provider: Any) -> dict[str, Any]:
+def call_options(agent: Agent, provider: Any, final: bool = True) -> dict[str, Any]:
     """A turn's call options: the tools natively for a provider that speaks the OpenAI
-    tool-calling protocol (``supports_tools``), else the reply's JSON-schema union for
-    constrained decoding."""
+    tool-calling protocol (``supports_tools``; ``tool_choice="required"`` when a final
+    output is not allowed yet), else the reply's JSON-schema union for constrained
+    decoding (without the final output when it is not allowed yet)."""
     if getattr(provider, "supports_tools", False):
-        return {"max_tokens": agent.max_tokens, "tools": openai_tools(agent)}
-    return {"max_tokens": agent.max_tokens, "json_schema": reply_schema(agent)}
+        out = {"max_tokens": agent.max_tokens, "tools": openai_tools(agent)}
+        return out if final else out | {"tool_choice": "required"}
+    return {"max_tokens": agent.max_tokens, "json_schema": reply_schema(agent, final)}
 
 
 def _signature(name: str, schema: dict[str, Any]) -> str:
