@@ -9,9 +9,10 @@
   (33 commits an instance);
 * **plain**: one state whose no-op action loops 33 times (33 commits an instance).
 
-Client CPU (this process, ``time.process_time``) per commit of each, the agent's per
-tool call (its CPU less 9 turns at the agent's per-commit cost is not separable, so the
-figure is the loop's CPU over its 24 calls), and, on PostgreSQL, the server's CPU too.
+Client CPU (this process, ``time.process_time``) per commit of each and, on PostgreSQL,
+the server's CPU too; and the **marginal CPU of one tool call**: the same loop with 6
+calls a turn instead of 3, less the 3-call loop, over the 24 extra calls (what a call adds:
+its journal commit, validation, thread hand-off, the longer prompt of the next turn).
 The ratios are what to compare (the machine is shared).
 """
 
@@ -77,14 +78,16 @@ PLAIN = Machine(
                  Transition("stop", "tick", "done")])
 
 
-def replies() -> list[dict[str, Any]]:
-    turn = {"tool_calls": [{"name": "noop", "arguments": {}}] * CALLS}
+def replies(calls: int = CALLS) -> list[dict[str, Any]]:
+    turn = {"tool_calls": [{"name": "noop", "arguments": {}}] * calls}
     return [turn] * TURNS + [{"text": json.dumps({"final": {"answer": "ok"}})}]
 
 
-def cpu_per_commit(db: str, machine: Machine, n: int, server: Any = None) -> tuple[float, float]:
-    """(client µs, server µs) per commit over ``n`` instances of ``machine`` run in turn."""
-    engine = Engine(db, llm=Scripted.from_replies(replies()), seed=1, tracer=None)
+def cpu_per_commit(db: str, machine: Machine, n: int, server: Any = None,
+                   calls: int = CALLS) -> tuple[float, float]:
+    """(client µs, server µs) per commit (of a ``COMMITS``-commit instance: compare like
+    with like) over ``n`` instances of ``machine`` run in turn."""
+    engine = Engine(db, llm=Scripted.from_replies(replies(calls)), seed=1, tracer=None)
     try:
         warm = engine.start(machine, {})
         asyncio.run(engine.run(warm))  # imports, compile, first connection
@@ -108,13 +111,18 @@ def cpu_per_commit(db: str, machine: Machine, n: int, server: Any = None) -> tup
 def report(name: str, db: str, n: int, server: Any = None) -> None:
     agent_c, agent_s = cpu_per_commit(db, AGENT, n, server)
     plain_c, plain_s = cpu_per_commit(db, PLAIN, n, server)
-    per_call = agent_c * COMMITS / (TURNS * CALLS)
+    wide_c, wide_s = cpu_per_commit(db, AGENT, n, server, calls=2 * CALLS)
+    extra = TURNS * CALLS
+    per_call = (wide_c - agent_c) * COMMITS / extra
+    per_call_s = (wide_s - agent_s) * COMMITS / extra
     print(f"{name}: plain step {plain_c:.0f} µs client"
           + (f" + {plain_s:.0f} µs server" if server else "")
           + f"; agent commit (turn or call) {agent_c:.0f} µs client"
           + (f" + {agent_s:.0f} µs server" if server else "")
-          + f" = {agent_c / plain_c:.2f}× the plain step; loop of {TURNS}×{CALLS}: "
-          f"{agent_c * COMMITS / 1000:.1f} ms client, {per_call:.0f} µs per tool call")
+          + f" = {agent_c / plain_c:.2f}× the plain step; one more tool call: {per_call:.0f} µs"
+          + (f" + {per_call_s:.0f} µs server" if server else "")
+          + f" = {per_call / plain_c:.2f}× the plain step; loop of {TURNS}×{CALLS}: "
+          f"{agent_c * COMMITS / 1000:.1f} ms client")
 
 
 def main() -> None:
