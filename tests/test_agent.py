@@ -356,3 +356,23 @@ def test_min_calls_keeps_the_final_answer_out_until_a_tool_ran(engine_factory: A
     rec = _run(engine, m)
     assert (rec.state, rec.context["answer"]) == ("answered", "2")
     assert "call a tool first" in model.requests[1][-1]["content"]
+
+
+def test_a_final_output_the_context_refuses_fails_the_instance_not_the_worker(
+        engine_factory: Any) -> None:
+    class Ctx(BaseModel):
+        question: str
+        answer: int = 0  # the output's answer is a string: the context refuses it
+
+    class Out(BaseModel):
+        answer: str
+    m = Machine(name="agent-bad-output", context=Ctx, initial="research", states=[
+        State("research", agent=Agent(tools=agent_machine.TOOLS, output=Out)),
+        State("answered", final=True), State("out", final=True)],
+        transitions=[Transition("done", "research", "answered"),
+                     Transition("turns_exhausted", "research", "out"),
+                     Transition("budget_exhausted", "research", "out")])
+    engine = engine_factory(llm=Scripted.from_replies([final("not a number")]))
+    rec = _run(engine, m)
+    assert (rec.status, rec.reason) == ("failed", "invalid_update")
+    assert "answer" in (rec.last_error or "")

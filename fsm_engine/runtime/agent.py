@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..definition.agent import TURNS_EXHAUSTED, Agent, ToolCall
+from ..errors import ActionError, InvalidInput
 from ..store.records import TOOL, OutboxBegin, StepCommit
 from . import agent_journal as journal
 from . import agent_review, agent_tools, fork, outcome, reviews
@@ -50,7 +51,10 @@ async def step(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: 
     assert agent is not None
     visit = rec.visits.get(state.name, 1)
     j = _journal(driver, rec, state.name, visit)
-    commit = await _next(driver, cm, rec, state, agent, j, visit, now)
+    try:
+        commit = await _next(driver, cm, rec, state, agent, j, visit, now)
+    except (InvalidInput, ActionError) as exc:  # an outcome's update or guard refused
+        return driver._on_error(cm, rec, state, None, exc, 0.0)
     _remember(driver, rec, commit, j)
     return commit
 

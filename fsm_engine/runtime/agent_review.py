@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..definition.agent import REJECTED, Agent
-from ..errors import ReviewRefused
+from ..errors import ActionError, InvalidInput, ReviewRefused
 from ..store.records import InstanceRecord, ReviewDecision, ReviewItem, StepCommit
 from . import agent_journal as journal
 from .compiled import CompiledMachine
@@ -66,8 +66,11 @@ def decision(cm: CompiledMachine, rec: InstanceRecord, item: ReviewItem, choice:
         raise _refuse(item, f"edit rejected: {exc}") from None
     review = {"item": item.id, "by": by, "note": note, "edit": dict(edit)}
     if choice == "reject":
-        commit = advance(cm, rec, state, None, REJECTED, {}, 0.0, kind="review",
-                         reason="rejected")
+        try:
+            commit = advance(cm, rec, state, None, REJECTED, {}, 0.0, kind="review",
+                             reason="rejected")
+        except (InvalidInput, ActionError) as exc:
+            raise _refuse(item, str(exc)) from None
         commit.history[0].detail["review"] = review
     else:
         detail = {"agent": "decision", "visit": item.visit, "turn": item.show.get("turn"),

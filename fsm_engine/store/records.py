@@ -165,7 +165,9 @@ class HistoryRow:
     ``skip``, or a runtime-forced move: ``fail``, ``cancel``, ``loop_limit``,
     ``migration`` (an upcast to a newer machine version: ``detail`` holds
     ``from_version``, ``to_version``, ``renamed`` and ``removed``);
-    ``recovery`` (``RECOVERY``) records a takeover by another worker (source = dest).
+    ``recovery`` (``RECOVERY``) records a takeover by another worker (source = dest);
+    ``tool`` (``TOOL``) one model turn, tool call or approval of an agent state
+    (source = dest; ``detail.agent`` says which, ``runtime.agent_journal``).
     ``machine_version`` is the machine version the row was written under.
     ``guards`` lists ``[name, result]`` for each guard evaluated, in order;
     ``delta`` holds the context fields the step changed (the context after
