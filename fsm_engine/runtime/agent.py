@@ -180,6 +180,7 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
         return journal.entry(rec, {**base, "arguments": args, "result": prior.get("result"),
                                    "delivered_by_original": prior.get("idempotency_key")},
                              now)
+    driver._check_lease(rec)  # no tool starts under a lease that ran out (a model turn took)
     if tool.side_effect:
         await driver.begins(OutboxBegin(key, rec.id, state.name, visit, driver.clock()))
         base["idempotency_key"] = key
