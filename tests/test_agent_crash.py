@@ -24,6 +24,8 @@ from fsm_engine.runtime.invariants import check
 from fsm_engine.store import open_store
 from fsm_engine.store.records import TOOL
 
+pytestmark = pytest.mark.slow  # real processes SIGKILLed
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 

@@ -11,11 +11,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from procs import alive, wait_until
 from test_agent_crash import KEYED
 
 from fsm_engine.store import open_store
 from fsm_engine.store.records import TOOL
+
+pytestmark = pytest.mark.slow  # real processes SIGKILLed
 
 HERE = Path(__file__).resolve().parent
 MODULE = str(HERE / "agent_machine.py")
