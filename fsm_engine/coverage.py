@@ -75,6 +75,8 @@ class Coverage:
     forced: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     #: Exits the definition makes possible, per state (``retry`` → retries_exhausted …).
     possible: set[tuple[str, str]] = field(default_factory=set)
+    #: Each instance's declared edges in order (``fsm paths`` marks the paths seen).
+    paths: Counter[tuple[Edge, ...]] = field(default_factory=Counter)
 
     @property
     def percent(self) -> float:
@@ -121,6 +123,7 @@ class Coverage:
         self.exits.update(other.exits)
         self.forced.update(other.forced)
         self.possible |= other.possible
+        self.paths.update(other.paths)
         return self
 
 
@@ -235,13 +238,18 @@ def collect(export: Mapping[str, Any], histories: Iterable[Sequence[HistoryRow]]
     for history in histories:
         cov.instances += 1
         cov.states[initial] = cov.states.get(initial, 0) + 1
+        walked: list[Edge] = []
         for row in history:
             if row.kind not in NOT_MOVES:
-                _count(cov, plan, row)
+                edge = _count(cov, plan, row)
+                if edge is not None:
+                    walked.append(edge)
+        cov.paths[tuple(walked)] += 1
     return cov
 
 
-def _count(cov: Coverage, plan: _Plan, row: HistoryRow) -> None:
+def _count(cov: Coverage, plan: _Plan, row: HistoryRow) -> Edge | None:
+    """Count ``row`` into ``cov``; the declared edge it took (None: forced)."""
     edge, seen = _attribute(plan, row)
     for e, guard, result in seen:
         cov.guards.setdefault((e, guard), Counter())[result] += 1
@@ -254,6 +262,7 @@ def _count(cov: Coverage, plan: _Plan, row: HistoryRow) -> None:
     exit_ = _exit(row)
     if exit_ is not None:
         cov.exits[(row.source, exit_)] += 1
+    return edge
 
 
 def from_store(store: Any, export: Mapping[str, Any]) -> Coverage:

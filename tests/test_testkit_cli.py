@@ -1,0 +1,144 @@
+"""``fsm coverage``, ``fsm paths``, ``fsm test`` and ``fsm export-test``: exit codes, the
+coverage gate, exported tests that pass and then fail naming the first divergent
+transition, and bad input as one error line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import runpy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import run_main
+
+from fsm_engine import Engine
+from fsm_engine.llm.scripted import Scripted
+from fsm_engine.testing import VirtualClock
+from tests import cover_machine, export_machine
+
+HERE = Path(__file__).parent
+COVER = str(HERE / "cover_machine.py")
+
+
+def _store(tmp_path: Path, inputs: list[dict[str, Any]]) -> str:
+    db = str(tmp_path / "cov.db")
+    engine = Engine(db)
+    ids = [engine.start(cover_machine.machine, i) for i in inputs]
+    asyncio.run(engine.run_many(ids))
+    engine.close()
+    return db
+
+
+def _one_error(code: int, out: str, err: str, needle: str) -> None:
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsm: error: "), err
+    assert needle in lines[0], err
+    assert "Traceback" not in out + err
+
+
+def test_fail_under_100_fails_on_a_store_that_never_took_the_fallback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _store(tmp_path, [{"n": 12}, {"n": 3}])
+    code, out, err = run_main(["coverage", COVER, "--db", db, "--fail-under", "100"], capsys)
+    assert code == 1, (out, err)
+    assert "measure --fallback--> rescue" in out and "never taken" in out
+    assert "under --fail-under 100 %" in err
+    code, out, _ = run_main(["coverage", COVER, "--db", db, "--fail-under", "50"], capsys)
+    assert code == 0
+
+
+def test_full_coverage_passes_the_gate_and_draws_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _store(tmp_path, [{"n": 12}, {"n": 3}, {"n": -1}])
+    dot = tmp_path / "cov.dot"
+    code, out, err = run_main(["coverage", COVER, "--db", db, "--json", "--fail-under", "100",
+                               "--diagram", str(dot)], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["percent"] == 100.0 and doc["instances"] == 3
+    assert doc["unreached_states"] == ["failed"]
+    text = dot.read_text()
+    assert "entered ×0" in text and "dashed" in text  # the unreached failure state
+    assert "⚑ !is_lucky: only False" in text  # small's guard seen one way only
+
+
+def test_paths_lists_each_path_and_what_was_seen(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _store(tmp_path, [{"n": 12}])
+    code, out, _ = run_main(["paths", COVER, "--db", db], capsys)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert "measure -> large -> done  seen ×1" in lines
+    assert "measure -> rescue -> done  never seen" in lines
+    assert lines[-1] == "3 path(s)"
+
+
+def test_fsm_test_runs_the_module_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["test", COVER, "--fail-under", "100"], capsys)
+    assert code == 0, (out, err)
+    assert out.count("ok   ") == len(cover_machine.CASES)
+    assert "edges 6/6 (100.0 %)" in out
+
+
+def test_fsm_test_fails_a_case_that_goes_elsewhere(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "wrong.py"
+    module.write_text(COVER_TEXT().replace('"final": "failed"', '"final": "done"'))
+    code, out, err = run_main(["test", str(module)], capsys)
+    assert code == 1
+    assert "FAIL refused" in out and "final: expected 'done', got 'failed'" in out
+    assert "1 of 4 case(s) failed" in err
+
+
+def COVER_TEXT() -> str:  # noqa: N802 - the module's text, as a constant would read
+    return Path(COVER).read_text()
+
+
+def _exported_run(tmp_path: Path) -> tuple[str, str]:
+    """One instance of the export machine: a failed call, a wordy answer, approved."""
+    vc = VirtualClock()
+    db = str(tmp_path / "orig.db")
+    replies = [{"error": "unavailable"}, {"text": "a long answer", "completion_tokens": 5}]
+    engine = vc.engine(db, llm=Scripted.from_replies(replies), breaker=None)
+    iid = engine.start(export_machine.machine, {"text": "say something about postgresql://bob:hunter2@db/x"})
+    vc.run(engine.run(iid))
+    rec = engine.decide(engine.reviews(instance_id=iid)[0], "approve", by="ann")
+    engine.close()
+    assert rec.state == "done"
+    return db, iid
+
+
+def test_an_exported_test_passes_then_names_the_first_divergent_transition(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db, iid = _exported_run(tmp_path)
+    original = str(HERE / "export_machine.py")
+    out_file = tmp_path / f"test_case_{iid}.py"
+    code, out, err = run_main(["export-test", iid, "-o", str(out_file), "--db", db,
+                               "--machine", original], capsys)
+    assert code == 0, err
+    assert "2 recorded replies" in out
+    assert "hunter2" not in out_file.read_text()  # the credential in the input is masked
+    runpy.run_path(str(out_file))[f"test_case_{iid}"]()  # passes on the original machine
+    changed = tmp_path / "export_changed.py"
+    shutil.copy(original, changed)
+    changed.write_text(changed.read_text().replace("LONGER = 3", "LONGER = 30"))
+    text = out_file.read_text().replace(repr(original), repr(str(changed)))
+    out_file.write_text(text)
+    with pytest.raises(AssertionError) as info:
+        runpy.run_path(str(out_file))[f"test_case_{iid}"]()
+    assert "transition 1: recorded ask --long--> review, now ask --short--> done" \
+        in str(info.value)
+
+
+def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _store(tmp_path, [{"n": 3}])
+    _one_error(*run_main(["export-test", "nosuchid", "-o", str(tmp_path / "t.py"), "--db", db],
+                         capsys), "nosuchid")
+    assert not (tmp_path / "t.py").exists()
+    _one_error(*run_main(["test", str(HERE / "export_machine.py")], capsys), "no CASES")
+    _one_error(*run_main(["coverage", str(HERE / "export_machine.py"), "--db", db], capsys),
+               "no instances of machine 'exported'")
