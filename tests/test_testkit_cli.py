@@ -142,3 +142,32 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     _one_error(*run_main(["test", str(HERE / "export_machine.py")], capsys), "no CASES")
     _one_error(*run_main(["coverage", str(HERE / "export_machine.py"), "--db", db], capsys),
                "no instances of machine 'exported'")
+
+
+def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    (tmp_path / "test_some.py").write_text(
+        "import asyncio\n"
+        "from fsm_engine import Engine\n"
+        "from tests.cover_machine import machine\n\n"
+        "def test_small(tmp_path):\n"
+        "    e = Engine(str(tmp_path / 'a.db'))\n"
+        "    asyncio.run(e.run(e.start(machine, {'n': 3})))\n"
+        "    e.close()\n\n"
+        "def test_large(tmp_path):\n"
+        "    e = Engine(str(tmp_path / 'b.db'))\n"
+        "    asyncio.run(e.run(e.start(machine, {'n': 12})))\n"
+        "    e.close()\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "fsm_engine.testing.plugin",
+            "--fsm-coverage", COVER, str(tmp_path / "test_some.py"), "-p", "no:cacheprovider"]
+    env = {**__import__("os").environ, "PYTHONPATH": str(HERE.parent)}
+    ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "100"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=120)
+    assert "2 passed" in ran.stdout, ran.stdout + ran.stderr
+    assert "2 instance(s); edges 4/6 (66.7 %)" in ran.stdout
+    assert "measure --fallback--> rescue  0  never taken" in ran.stdout
+    assert ran.returncode == 1  # the tests passed, the coverage gate did not
+    ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "60"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=120)
+    assert ran.returncode == 0, ran.stdout
