@@ -213,16 +213,17 @@ def _attribute(plan: _Plan, row: HistoryRow
     return None, []
 
 
-def _exit(row: HistoryRow) -> str | None:
-    """The policy exit ``row`` records, or None."""
-    if row.kind in ("fallback", "skip", "loop_limit"):
-        return row.kind
-    if row.kind == "review":
-        review = row.detail.get("review") or {}
-        return "review_timeout" if review.get("by") == _SLA else None
-    if row.reason in EXITS:
-        return row.reason
-    return "error" if row.kind == "fail" and row.error else None
+def _exits(row: HistoryRow) -> list[str]:
+    """The policy exits ``row`` records: its kind's (a fallback, a skip, the loop cap, a
+    review its SLA timer decided) and its reason's (``fallback`` after ``timeout`` is both)."""
+    out = [row.kind] if row.kind in ("fallback", "skip", "loop_limit") else []
+    if row.kind == "review" and (row.detail.get("review") or {}).get("by") == _SLA:
+        out.append("review_timeout")
+    if row.reason in EXITS and row.reason not in out:
+        out.append(row.reason)
+    if not out and row.kind == "fail" and row.error:
+        out.append("error")
+    return out
 
 
 # -- many rows ------------------------------------------------------------------------
@@ -259,8 +260,7 @@ def _count(cov: Coverage, plan: _Plan, row: HistoryRow) -> Edge | None:
         cov.forced[(row.source, row.dest, row.trigger)] += 1
     if row.kind != "cancel":
         cov.states[row.dest] = cov.states.get(row.dest, 0) + 1
-    exit_ = _exit(row)
-    if exit_ is not None:
+    for exit_ in _exits(row):
         cov.exits[(row.source, exit_)] += 1
     return edge
 

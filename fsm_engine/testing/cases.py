@@ -17,14 +17,18 @@ A module gives its cases as ``CASES`` (a list), else a file ``<module>_cases.jso
 beside it holds one case per line.  Each case runs in one store shared by the module's
 cases (so their coverage is computed from it), on a fresh engine and a fresh
 ``VirtualClock``; a run that waits on a review with no decision left, and no timer, ends.
+While cases run, the built-in sink (``FSM_NOTIFY_URL`` / ``FSM_NOTIFY_FILE``) writes into
+their temporary folder: a case's side effects never reach a configured receiver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,7 +168,7 @@ async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) 
         elif rec.next_attempt_at is not None and (not items or decisions):
             if decisions:
                 decisions.pop(0)
-            await vc.sleep(max(0.0, rec.next_attempt_at - vc.now()) + 0.001)
+            vc.advance(max(0.0, rec.next_attempt_at - vc.now()) + 0.001)  # one renewal
         else:
             return rec
         rec = await engine.run(iid)
@@ -188,6 +192,8 @@ def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     got = CaseResult(str(case.get("name", iid)), [machine.initial, *(m[2] for m in moves)],
                      moves, rec.state, rec.status, dict(rec.context))
     got.problems = _problems(case, got)
+    if got.problems and rec.last_error:
+        got.problems.append(f"its last error: {rec.last_error}")
     return got
 
 
@@ -195,7 +201,7 @@ def run_cases(machine: Any, cases: Sequence[Mapping[str, Any]]) -> tuple[list[Ca
     """Run every case in one throwaway store; return the results and their coverage."""
     from ..coverage import from_store
     from ..store import open_store
-    with tempfile.TemporaryDirectory(prefix="fsm-cases-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fsm-cases-") as tmp, _sink_in(tmp):
         path = str(Path(tmp) / "cases.db")
         results = [run_case(machine, case, path) for case in cases]
         store = open_store(path)
@@ -205,12 +211,29 @@ def run_cases(machine: Any, cases: Sequence[Mapping[str, Any]]) -> tuple[list[Ca
             store.close()
 
 
+@contextlib.contextmanager
+def _sink_in(folder: str) -> Iterator[None]:
+    """The built-in sink (``fsm_engine.sinks.deliver``) writing into ``folder`` while the
+    cases run: a case's side effects never reach a configured webhook or file."""
+    saved = {k: os.environ.get(k) for k in ("FSM_NOTIFY_URL", "FSM_NOTIFY_FILE")}
+    os.environ.pop("FSM_NOTIFY_URL", None)
+    os.environ["FSM_NOTIFY_FILE"] = str(Path(folder) / "notifications.jsonl")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def assert_case(module: str, case: Mapping[str, Any]) -> CaseResult:
     """Run ``case`` through the machine of ``module`` (``load_machine``'s reference);
     raise ``AssertionError`` listing what differs, the first divergent transition first."""
     from ..runtime import load_machine
     machine, _ = load_machine(module)
-    with tempfile.TemporaryDirectory(prefix="fsm-case-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fsm-case-") as tmp, _sink_in(tmp):
         got = run_case(machine, case, str(Path(tmp) / "case.db"))
     if got.problems:
         raise AssertionError(f"case {got.name} of {module}:\n  " + "\n  ".join(got.problems))

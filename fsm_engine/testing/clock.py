@@ -31,7 +31,10 @@ Limits (where real time still passes):
   provider (``fsm_engine.llm.scripted``), whose ``delay_s`` is virtual;
 * one process, one loop: ``fsm worker`` processes, other processes' leases and the
   store's own timestamps (``Store.release``'s ``updated_at``) use real time;
-* ``duration_ms`` in history rows is measured with ``time.perf_counter``: real.
+* ``duration_ms`` in history rows is measured with ``time.perf_counter``: real;
+* a long wait *inside* a run renews the engine's lease every ``lease_seconds / 3`` of
+  virtual time (a store write each, ~0.3 ms: an hour ≈ 0.4 s real); between runs,
+  ``advance`` jumps at the cost of one renewal.
 """
 
 from __future__ import annotations
