@@ -198,7 +198,7 @@ def _attribute(plan: _Plan, row: HistoryRow
                ) -> tuple[Edge | None, list[tuple[Edge, str, bool]]]:
     """The declared edge ``row`` took (None: a forced move) and its guard outcomes."""
     log = [g for g in row.guards if isinstance(g, (list, tuple)) and len(g) == 2]
-    moved = row.kind in ("transition", "fallback", "skip", "review")
+    moved = row.kind in ("transition", "fallback", "skip", "review", "join")
     hypotheses: list[str | None] = [None, row.trigger] if row.kind in ("transition", "skip") \
         else [row.trigger] if moved else [None]  # a failure records no trigger it tried
     for trigger in hypotheses:

@@ -171,3 +171,14 @@ def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) ->
     ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "60"], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=120)
     assert ran.returncode == 0, ran.stdout
+
+
+def test_paths_bound_each_cycle(capsys: pytest.CaptureFixture[str]) -> None:
+    router = str(HERE.parent / "machines" / "router.py")
+    code, out, _ = run_main(["paths", router], capsys)
+    assert code == 0 and out.strip().splitlines() == [
+        "draft -> review -> done", "draft -> done", "2 path(s)"]
+    code, out, _ = run_main(["paths", router, "--loops", "1", "--json"], capsys)
+    found = [" ".join(p["triggers"]) for p in json.loads(out)["paths"]]
+    assert found == ["to_review revise to_review accept", "to_review revise finish",
+                     "to_review accept", "finish"]
