@@ -91,3 +91,20 @@ def test_a_sync_action_in_a_thread_holds_virtual_time() -> None:
 def test_advance_refuses_going_back() -> None:
     with pytest.raises(ValueError):
         VirtualClock().advance(-1)
+
+
+def test_rate_limit_windows_and_resume_pass_on_virtual_time(tmp_path: Path) -> None:
+    from fsm_engine.policies import RateLimit
+    from tests.rate_machine import MACHINE
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "v.db", llm=Scripted.from_replies([{"text": "ok"}]),
+                       rate_limits={"*": RateLimit(rpm=2, window_s=60.0)})
+    for n in range(5):
+        engine.start(MACHINE, {"n": n})
+    began = time.perf_counter()
+    ended = vc.run(engine.resume())
+    took = time.perf_counter() - began
+    engine.close()
+    assert sorted(r.status for r in ended) == ["completed"] * 5
+    assert vc.offset >= 119.9  # five calls at two a minute: two windows waited out
+    print(f"resume under a rate limit: {took:.3f} s real for {vc.offset:.0f} s virtual")
