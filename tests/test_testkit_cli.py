@@ -182,3 +182,16 @@ def test_paths_bound_each_cycle(capsys: pytest.CaptureFixture[str]) -> None:
     found = [" ".join(p["triggers"]) for p in json.loads(out)["paths"]]
     assert found == ["to_review revise to_review accept", "to_review revise finish",
                      "to_review accept", "finish"]
+
+
+def test_cases_from_a_sibling_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "borrowed.py"
+    module.write_text("from tests.cover_machine import machine  # noqa: F401\n")
+    cases = [{"name": "large", "input": {"n": 12}, "final": "done"},
+             {"name": "small", "input": {"n": 3}, "path": ["measure", "small", "done"]}]
+    (tmp_path / "borrowed_cases.jsonl").write_text("\n".join(map(json.dumps, cases)) + "\n")
+    code, out, err = run_main(["test", str(module), "--fail-under", "100"], capsys)
+    assert code == 1, out  # two cases: the fallback edge is never taken
+    assert out.count("ok   ") == 2 and "edges 4/6" in out
+    (tmp_path / "borrowed_cases.jsonl").write_text('{"input": {"n": 1}, "colour": "red"}\n')
+    _one_error(*run_main(["test", str(module)], capsys), "unknown key(s) ['colour']")

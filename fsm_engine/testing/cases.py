@@ -24,6 +24,7 @@ their temporary folder: a case's side effects never reach a configured receiver.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -63,7 +64,16 @@ class CaseResult:
         return not self.problems
 
 
-def _module_of(machine: Any) -> Any:
+def _module_of(ref: str, machine: Any) -> Any:
+    """The module ``load_machine(ref)`` imported (already loaded: no code runs again)."""
+    from ..runtime import loader
+    target, _ = loader._split(ref)
+    try:
+        if loader._is_file(target):
+            return loader._import_path(loader.resolve(target))
+        return importlib.import_module(target)
+    except Exception:  # noqa: BLE001 - fall back to the module holding the machine
+        pass
     for module in list(sys.modules.values()):
         if getattr(module, "machine", None) is machine:
             return module
@@ -77,7 +87,7 @@ def cases_of(ref: str, machine: Any) -> list[dict[str, Any]]:
     """The cases of the module ``ref`` that defines ``machine`` (``CASES``, else a sibling
     ``*_cases.jsonl``), checked.  ``InvalidInput`` (one line) when there are none or one is
     malformed."""
-    module = _module_of(machine)
+    module = _module_of(ref, machine)
     cases = getattr(module, "CASES", None)
     if cases is None:
         where = Path(getattr(module, "__file__", "") or ref)
