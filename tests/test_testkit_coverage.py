@@ -70,3 +70,27 @@ def test_guard_results_are_told_apart_per_transition(engine_factory: Any) -> Non
     assert len(cov.edges) == 6  # five declared and the fallback
     assert round(cov.percent, 1) == 33.3  # measure->small, small->done
     assert cov.states["rescue"] == 0
+
+
+def _row(seq: int, source: str, trigger: str, dest: str, guards: list[list[Any]],
+         kind: str = "transition") -> Any:
+    from fsm_engine.store.records import HistoryRow
+    return HistoryRow("i", seq, source, dest, trigger, 0.0, kind=kind, guards=guards)
+
+
+def test_a_fired_trigger_and_a_changed_definition_are_told_apart() -> None:
+    from fsm_engine.coverage import collect
+    export = machine.export()
+    fired = [_row(1, "measure", "small", "small", [["!is_big", False]]),  # fire("small")
+             _row(2, "small", "next", "done", [["!is_lucky", False]])]
+    changed = [_row(1, "measure", "big", "large", [["is_huge", True]]),  # a guard renamed
+               _row(2, "large", "next", "done", [])]
+    cov = collect(export, [fired, changed])
+    small = Edge("measure", "small", "small", ("!is_big",))
+    big = Edge("measure", "big", "large", ("is_big",))
+    assert cov.edges[small] == 1 and cov.guards[(small, "!is_big")] == Counter({False: 1})
+    assert cov.edges[big] == 1 and not cov.guards[(big, "is_big")]  # counted, guards unseen
+    assert cov.instances == 2 and cov.states["done"] == 2 and cov.states["measure"] == 2
+    assert [list(p) for p in cov.paths] == [
+        [small, Edge("small", "next", "done", ("!is_lucky",))],
+        [big, Edge("large", "next", "done")]]

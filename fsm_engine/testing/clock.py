@@ -40,7 +40,6 @@ Limits (where real time still passes):
 from __future__ import annotations
 
 import asyncio
-import random
 import selectors
 import time
 from collections.abc import Coroutine
@@ -112,7 +111,6 @@ class VirtualClock:
         self.offset = 0.0
         #: Real work outside the loop in flight (threads): while > 0 time follows real time.
         self.held = 0
-        self.rng = random.Random(seed)
         self._engines: list[Any] = []
 
     def now(self) -> float:
