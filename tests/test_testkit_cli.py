@@ -195,3 +195,24 @@ def test_cases_from_a_sibling_jsonl(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert out.count("ok   ") == 2 and "edges 4/6" in out
     (tmp_path / "borrowed_cases.jsonl").write_text('{"input": {"n": 1}, "colour": "red"}\n')
     _one_error(*run_main(["test", str(module)], capsys), "unknown key(s) ['colour']")
+
+
+def test_a_fan_out_run_exports_its_childrens_replies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    digest = str(HERE.parent / "machines" / "digest.py")
+    from fsm_engine import load_machine
+    machine, _ = load_machine(digest)
+    vc = VirtualClock()
+    db = str(tmp_path / "orig.db")
+    replies = [{"text": '{"title": "Terms", "gist": "What may be done."}'},
+               {"text": "no JSON here"}]  # every second answer fails: re-asks, rule notes
+    engine = vc.engine(db, llm=Scripted.from_replies(replies), breaker=None)
+    iid = engine.start(machine, {"path": "/usr/share/common-licenses/BSD"})
+    rec = vc.run(engine.run(iid))
+    engine.close()
+    assert rec.state == "done"
+    out_file = tmp_path / "test_digest_case.py"
+    code, _, err = run_main(["export-test", iid, "-o", str(out_file), "--db", db,
+                             "--machine", digest], capsys)
+    assert code == 0, err
+    runpy.run_path(str(out_file))[f"test_case_{iid}"]()  # the children get their replies

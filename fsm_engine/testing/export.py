@@ -5,9 +5,11 @@
 failed becomes a scripted ``error`` of its kind), the provider errors of its failed
 attempts (``Store.attempts``), its review decisions (``"timeout"`` for one its SLA timer
 took), its deadline and token budget, and what it did: its transitions, final state,
-status and context.  ``write_test`` writes a pytest file holding that case as JSON, which
-replays it through the current machine on the virtual clock (``cases.assert_case``) and
-fails naming the first divergent transition.
+status and context.  An instance with fan-out children brings their replies too, each
+keyed by its caller's input (``input`` in the script line), since children run at once.
+``write_test`` writes a pytest file holding that case as JSON, which replays it through
+the current machine on the virtual clock (``cases.assert_case``) and fails naming the
+first divergent transition.
 
 Every string written passes through ``fsm_engine.redaction.redact``: a credential in an
 input, a reply or a context value is masked, never written.  Not recorded, so not
@@ -94,12 +96,32 @@ def _decisions(history: Sequence[HistoryRow]) -> list[Any]:
     return out
 
 
+def _family(store: Any, rec: InstanceRecord) -> list[InstanceRecord]:
+    """``rec`` and its fan-out descendants, parents first."""
+    out, todo = [], [rec]
+    while todo:
+        one = todo.pop(0)
+        out.append(one)
+        todo += store.children(one.id)
+    return out
+
+
+def _family_replies(store: Any, rec: InstanceRecord) -> list[dict[str, Any]]:
+    """The replies of ``rec`` and, when it has fan-out children, of each of them, keyed by
+    the calling instance's input (children run at once: each must get its own)."""
+    family = _family(store, rec)
+    if len(family) == 1:
+        return _replies(store.history(rec.id), store.attempts(rec.id))
+    return [{**line, "input": one.input} for one in family
+            for line in _replies(store.history(one.id), store.attempts(one.id))]
+
+
 def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
     """The case replaying ``rec`` (see the module docstring), secrets masked."""
-    history, attempts = store.history(rec.id), store.attempts(rec.id)
+    history = store.history(rec.id)
     case: dict[str, Any] = {
         "name": f"instance {rec.id}", "input": rec.input,
-        "replies": _replies(history, attempts), "decisions": _decisions(history),
+        "replies": _family_replies(store, rec), "decisions": _decisions(history),
         "moves": [[h.source, h.trigger, h.dest] for h in history if h.kind not in NOT_MOVES],
         "final": rec.state, "status": rec.status, "output": rec.context,
     }
