@@ -327,6 +327,8 @@ class Driver:
                 pending, result = self._call(entry, ran_on.ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
+        except StaleWrite:
+            raise  # the lease was lost before the action started (``_fenced``)
         except (TimeoutError, Exception) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
@@ -393,6 +395,8 @@ class Driver:
         loop = asyncio.get_running_loop()
         if step is not None and timeout is not None:  # the model call's HTTP timeout follows
             step.llm.deadline = loop.time() + timeout
+        if rec.owner is not None:
+            fn = self._fenced(fn, is_async, rec)
         if is_async:
             fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
         elif timeout is None:
@@ -407,6 +411,31 @@ class Driver:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise StepTimeout(timeout, instance_id=rec.id, state=state.name)
         return fut.result()
+
+    def _fenced(self, fn: Callable[..., Any], is_async: bool, rec: InstanceRecord
+                ) -> Callable[..., Any]:
+        """``fn`` checking the lease again where it starts. A thread or a task starts on a
+        later turn of the loop than ``_attempt``'s check: a worker stopped in between
+        (SIGSTOP while its loop made another commit) may have been taken over, and then
+        the action must not start at all (``StaleWrite``), not merely lose its commit."""
+        current, owner = self.lease_current, rec.owner
+
+        def refused() -> StaleWrite:
+            return StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
+                              "action started (another worker may own it now)",
+                              instance_id=rec.id)
+        if is_async:
+            async def started(*args: Any) -> Any:
+                if not current(owner):
+                    raise refused()
+                return await fn(*args)
+            return started
+
+        def began(*args: Any) -> Any:
+            if not current(owner):
+                raise refused()
+            return fn(*args)
+        return began
 
     @staticmethod
     def _inline(fn: Callable[..., Any], args: tuple[Any, ...], step: Step | None) -> Any:
