@@ -478,11 +478,9 @@ class Driver:
                               guards=evaluated) from exc
         detail = _detail(rec, step)
         if choice is None:
-            fail = outcome.failed(
-                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms,
+            return outcome.failed(
+                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms, guards=evaluated,
                 error=f"no transition from {state.name!r} passed its guards", detail=detail)
-            fail.history[0].guards = evaluated  # every guard that failed (fsm coverage)
-            return fail
         done = (step.idempotency_key, {"visit": step.visit}) if step and state.side_effect else None
         commit = outcome.transition(
             cm, rec, trigger=choice.trigger, dest=choice.dest, now=self.clock(),
