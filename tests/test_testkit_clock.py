@@ -108,3 +108,18 @@ def test_rate_limit_windows_and_resume_pass_on_virtual_time(tmp_path: Path) -> N
     assert sorted(r.status for r in ended) == ["completed"] * 5
     assert vc.offset >= 119.9  # five calls at two a minute: two windows waited out
     print(f"resume under a rate limit: {took:.3f} s real for {vc.offset:.0f} s virtual")
+
+
+def test_same_seed_same_history_times_included(tmp_path: Path) -> None:
+    def once(name: str, seed: int) -> list[tuple[Any, ...]]:
+        vc = VirtualClock(seed=seed)
+        engine = vc.engine(tmp_path / name, llm=Scripted.from_replies(REPLIES), breaker=None)
+        ids = [engine.start(build(1.0), {"mode": m}, instance_id=f"i-{m}") for m in MODES]
+        vc.run(engine.run_many(ids))
+        rows = [(h.instance_id, h.seq, h.dest, h.at) for i in ids for h in engine.store.history(i)]
+        rows += [(a.instance_id, a.attempt, a.next_at) for i in ids for a in engine.store.attempts(i)]
+        engine.close()
+        return rows
+    first = once("a.db", 7)
+    assert first == once("b.db", 7)  # the backoffs' jitter and every timestamp repeat
+    assert first != once("c.db", 8)  # another seed, other backoffs
