@@ -216,3 +216,20 @@ def test_a_fan_out_run_exports_its_childrens_replies(
                              "--machine", digest], capsys)
     assert code == 0, err
     runpy.run_path(str(out_file))[f"test_case_{iid}"]()  # the children get their replies
+
+
+@pytest.mark.parametrize("bad", [
+    ('{"input": {}, "decisions": [{"by": "x"}]}', "a decision is"),
+    ('{"input": {}, "decisions": "approve"}', "a decision is"),
+    ('{"input": [1]}', "'input' must be an object"),
+    ('{"input": {}, "deadline_s": "soon"}', "'deadline_s' must be a number"),
+    ('{"input": {}, "replies": [{"colour": 1}]}', "scripted reply #0"),
+    ('[1, 2]', "a case is an object"),
+    ('{"input": ', "line 1: not JSON"),
+])
+def test_malformed_cases_are_one_error_line(bad: tuple[str, str], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "borrowed.py"
+    module.write_text("from tests.cover_machine import machine  # noqa: F401\n")
+    (tmp_path / "borrowed_cases.jsonl").write_text(bad[0] + "\n")
+    _one_error(*run_main(["test", str(module)], capsys), bad[1])

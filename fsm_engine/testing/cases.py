@@ -122,6 +122,23 @@ def _check(case: Any, where: str) -> None:
         raise InvalidInput(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
     if not isinstance(case.get("input", {}), dict):
         raise InvalidInput(f"{where}: 'input' must be an object")
+    if not isinstance(case.get("replies", []), list):
+        raise InvalidInput(f"{where}: 'replies' must be a list of script lines")
+    if case.get("replies"):  # every case checked before any runs
+        from ..llm.scripted import Scripted
+        try:
+            Scripted.from_replies(case["replies"])
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
+    for d in case.get("decisions", []) if isinstance(case.get("decisions", []), list) else [None]:
+        if d != "timeout" and not (isinstance(d, dict) and isinstance(d.get("choice"), str)):
+            raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
+                               "'choice'")
+    for key in ("deadline_s", "token_budget"):
+        value = case.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value <= 0):
+            raise InvalidInput(f"{where}: {key!r} must be a number > 0")
 
 
 def _moves(history: Sequence[Any]) -> list[list[str]]:
