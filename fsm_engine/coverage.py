@@ -175,7 +175,8 @@ def _walk(candidates: Sequence[Edge], log: Sequence[Sequence[Any]]
           ) -> tuple[bool, Edge | None, list[tuple[Edge, str, bool]]]:
     """Replay ``choose`` over ``candidates`` with the logged guard results: (whether the
     log fits exactly, the edge chosen or None, each bool outcome with its edge)."""
-    pos, seen = 0, []
+    pos = 0
+    seen: list[tuple[Edge, str, bool]] = []
     for edge in candidates:
         passed = True
         for guard in edge.guards:

@@ -216,6 +216,10 @@ def test_a_fan_out_run_exports_its_childrens_replies(
                              "--machine", digest], capsys)
     assert code == 0, err
     runpy.run_path(str(out_file))[f"test_case_{iid}"]()  # the children get their replies
+    code, out, err = run_main(["coverage", digest + ":section", "--db", db, "--json"], capsys)
+    assert code == 0, err  # a branch machine is covered by the children's rows
+    doc = json.loads(out)
+    assert doc["machine"] == "digest-section" and doc["instances"] == len(rec.context["notes"])
 
 
 @pytest.mark.parametrize("bad", [

@@ -59,7 +59,7 @@ def coverage_dot(export: Mapping[str, Any], cov: Coverage) -> str:
             attrs.update(style=",".join([*styles, "dashed"]), color=_RED, fontcolor=_RED)
         dot.node(ids[node.name], label=_lines([node.name, *node.notes, f"entered ×{entered}"]),
                  **attrs)
-    if graph.initial in ids:
+    if graph.initial is not None and graph.initial in ids:
         dot.node("__start__", label="", shape="point", style="invis", width="0.1")
         dot.edge("__start__", ids[graph.initial])
     for edge, taken in cov.edges.items():

@@ -56,13 +56,13 @@ T = TypeVar("T")
 _REAL_SLICE = 0.05
 
 
-class _SkippingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _SkippingSelector(selectors.DefaultSelector):
     """A selector that, instead of blocking until the next timer, advances the clock."""
 
     clock: VirtualClock
 
-    def select(self, timeout: float | None = None) -> list[Any]:
-        ready: list[Any] = super().select(0)
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
         if ready or timeout == 0:
             return ready
         clock = self.clock
