@@ -50,7 +50,9 @@ def print_coverage(cov: Any) -> None:
         out.print(shown(f"  {edge.label:<{width}}  {n:>6}" + ("" if n else "  never taken")),
                   highlight=False)
     lines = [f"unreached state: {s}" for s, n in cov.states.items() if not n]
-    lines += [f"one-sided guard: {g} only {r} on {e.label}" for e, g, r in cov.one_sided()]
+    from .coverage import verdict
+    lines += [f"one-sided guard: {g} only {r} ({verdict(g, r)}) on {e.label}"
+              for e, g, r in cov.one_sided()]
     lines += [f"policy exit: {s} {x} ×{n}" for (s, x), n in sorted(cov.exits.items())]
     lines += [f"policy exit never seen: {s} {x}" for s, x in sorted(cov.possible)
               if not cov.exits[(s, x)]]

@@ -36,7 +36,7 @@ from typing import Any
 
 from .store.records import NOT_MOVES, HistoryRow
 
-__all__ = ["Coverage", "Edge", "collect", "from_store", "EXITS"]
+__all__ = ["Coverage", "Edge", "collect", "from_store", "verdict", "EXITS"]
 
 #: Policy exits in report order (see the module docstring).
 EXITS = ("fallback", "skip", "retries_exhausted", "timeout", "token_budget", "loop_limit",
@@ -125,6 +125,12 @@ class Coverage:
         self.possible |= other.possible
         self.paths.update(other.paths)
         return self
+
+
+def verdict(guard: str, result: bool) -> str:
+    """What a guard's ``result`` meant for its edge: ``passed`` or ``refused`` (an
+    ``unless`` guard, ``!g``, passes on False)."""
+    return "passed" if result is not guard.startswith("!") else "refused"
 
 
 # -- the definition's shape ---------------------------------------------------------

@@ -63,7 +63,7 @@ def test_full_coverage_passes_the_gate_and_draws_it(
     assert doc["unreached_states"] == ["failed"]
     text = dot.read_text()
     assert "entered ×0" in text and "dashed" in text  # the unreached failure state
-    assert "⚑ !is_lucky: only False" in text  # small's guard seen one way only
+    assert "⚑ !is_lucky: only False (passed)" in text  # small's guard seen one way only
 
 
 def test_paths_lists_each_path_and_what_was_seen(

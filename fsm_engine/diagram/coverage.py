@@ -3,7 +3,8 @@
 Drawing rules, on top of :mod:`.dot`'s: a taken edge is solid with ``×N`` (its count);
 an edge never taken is dashed red (``×0``); a state never entered has a dashed red
 border; an edge whose guard was seen with one outcome only carries an extra line
-``⚑ guard: only True`` (or ``False``; ``never evaluated`` for one not seen at all).
+``⚑ guard: only True (passed)`` (or ``False``, ``refused``: an ``unless`` guard ``!g``
+passes on False; ``never evaluated`` for one not seen on a taken edge).
 The caption gives the edge percentage and the instance count.  Output is deterministic.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import graphviz
 
-from ..coverage import Coverage, Edge
+from ..coverage import Coverage, Edge, verdict
 from .dot import _EDGE_STYLE, _NODE_STYLE, _RED, _graph_id, _lines, pipe
 from .model import EdgeKind, build_graph, node_ids
 
@@ -34,7 +35,8 @@ def _edge_lines(cov: Coverage, edge: Edge, taken: int) -> list[str]:
     for guard in edge.guards:
         seen = +cov.guards.get((edge, guard), Counter())
         if len(seen) == 1:
-            lines.append(f"⚑ {guard}: only {next(iter(seen))}")
+            result = next(iter(seen))
+            lines.append(f"⚑ {guard}: only {result} ({verdict(guard, result)})")
         elif not seen and taken:
             lines.append(f"⚑ {guard}: never evaluated")
     return lines
