@@ -168,9 +168,11 @@ def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) ->
     assert "2 instance(s); edges 4/6 (66.7 %)" in ran.stdout
     assert "measure --fallback--> rescue  0  never taken" in ran.stdout
     assert ran.returncode == 1  # the tests passed, the coverage gate did not
-    ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "60"], capture_output=True,
-                         text=True, env=env, cwd=tmp_path, timeout=120)
+    ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "60", "--fsm-coverage-diagram",
+                          str(tmp_path / "cov")], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=120)
     assert ran.returncode == 0, ran.stdout
+    assert "stroke-dasharray" in (tmp_path / "cov" / "covered.coverage.svg").read_text()
 
 
 def test_paths_bound_each_cycle(capsys: pytest.CaptureFixture[str]) -> None:

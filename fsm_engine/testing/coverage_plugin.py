@@ -4,16 +4,20 @@ Every commit any engine of the session makes goes through the ledger
 (``runtime.ledger.OBSERVERS``); the history rows of the applied steps of instances of
 MODULE's machine are kept (in memory, per instance) and, at the end of the session, their
 coverage (``fsm_engine.coverage``) is printed in the terminal summary, as ``fsm
-coverage`` prints it.  ``--fsm-coverage-fail-under PCT`` fails the session (exit 1) when
-fewer than PCT % of the edges were taken.  Only this process's engines are seen: steps
-made by ``fsm worker`` subprocesses are not.
+coverage`` prints it (the option repeats: one report per machine).
+``--fsm-coverage-fail-under PCT`` fails the session (exit 1) when fewer than PCT % of a
+machine's edges were taken; ``--fsm-coverage-diagram DIR`` draws each to
+``DIR/<machine>.coverage.svg``.  Only this process's engines are seen: steps made by
+``fsm worker`` subprocesses are not.
 
 Loaded with ``fsm_engine.testing.plugin`` (``pytest_plugins = [...]`` or ``-p``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,58 +51,73 @@ class Collector:
         return collect(self.machine.export(), self.rows.values())
 
 
-_STASH = pytest.StashKey[Collector]()
+_STASH = pytest.StashKey[list[Collector]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fsm", "fsm_engine test kit")
-    group.addoption("--fsm-coverage", metavar="MODULE", default=None,
+    group.addoption("--fsm-coverage", metavar="MODULE", action="append", default=[],
                     help="Report which states, edges, guard outcomes and policy exits of "
-                         "MODULE's machine the session exercised.")
+                         "MODULE's machine the session exercised (repeatable).")
     group.addoption("--fsm-coverage-fail-under", metavar="PCT", type=float, default=None,
-                    help="Fail the session when fewer than PCT %% of the edges were taken.")
+                    help="Fail the session when fewer than PCT %% of a machine's edges "
+                         "were taken.")
+    group.addoption("--fsm-coverage-diagram", metavar="DIR", default=None,
+                    help="Draw each machine's coverage to DIR/<machine>.coverage.svg.")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    module = config.getoption("--fsm-coverage", None)
-    if not module:
+    modules = config.getoption("--fsm-coverage", None) or []
+    if not modules:
         return
     from ..runtime import ledger
-    collector = Collector(module)
-    ledger.OBSERVERS.append(collector)
-    config.stash[_STASH] = collector
+    collectors = [Collector(module) for module in modules]
+    ledger.OBSERVERS.extend(collectors)
+    config.stash[_STASH] = collectors
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    collector = config.stash.get(_STASH, None)
-    if collector is not None:
-        from ..runtime import ledger
+    from ..runtime import ledger
+    for collector in config.stash.get(_STASH, []):
         if collector in ledger.OBSERVERS:
             ledger.OBSERVERS.remove(collector)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    collector = config.stash.get(_STASH, None)
-    if collector is None:
-        return
-    cov = collector.coverage()
-    tr = terminalreporter
+    folder = config.getoption("--fsm-coverage-diagram", None)
+    for collector in config.stash.get(_STASH, []):
+        cov = collector.coverage()
+        _summary(terminalreporter, cov)
+        if folder:
+            from ..diagram.coverage import render_coverage
+            path = Path(folder) / (re.sub(r"[^\w.-]", "_", cov.machine) + ".coverage.svg")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            render_coverage(collector.machine.export(), cov, str(path))
+            terminalreporter.write_line(f"  wrote {path}")
+
+
+def _summary(tr: Any, cov: Any) -> None:
+    from ..coverage import verdict
     tr.section(f"fsm coverage: {cov.machine}")
     taken = sum(1 for n in cov.edges.values() if n)
     tr.write_line(f"{cov.instances} instance(s); edges {taken}/{len(cov.edges)} "
                   f"({cov.percent:.1f} %)")
     for edge, n in cov.edges.items():
         tr.write_line(f"  {edge.label}  {n}" + ("" if n else "  never taken"))
+    for state, n in cov.states.items():
+        if not n:
+            tr.write_line(f"  unreached state: {state}")
     for edge, guard, result in cov.one_sided():
-        tr.write_line(f"  one-sided guard: {guard} only {result} on {edge.label}")
+        tr.write_line(f"  one-sided guard: {guard} only {result} ({verdict(guard, result)}) "
+                      f"on {edge.label}")
     for state, name in sorted(cov.possible):
         if not cov.exits[(state, name)]:
             tr.write_line(f"  policy exit never seen: {state} {name}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    collector = session.config.stash.get(_STASH, None)
     under = session.config.getoption("--fsm-coverage-fail-under", None)
-    if collector is not None and under is not None and collector.coverage().percent < under:
+    if under is None:
+        return
+    if any(c.coverage().percent < under for c in session.config.stash.get(_STASH, [])):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
