@@ -239,3 +239,28 @@ def test_malformed_cases_are_one_error_line(bad: tuple[str, str], tmp_path: Path
     module.write_text("from tests.cover_machine import machine  # noqa: F401\n")
     (tmp_path / "borrowed_cases.jsonl").write_text(bad[0] + "\n")
     _one_error(*run_main(["test", str(module)], capsys), bad[1])
+
+
+def test_an_exported_side_effect_replays_from_its_recorded_result(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    review = str(HERE / "review_machine.py")
+    from fsm_engine import load_machine
+    machine, _ = load_machine(review)
+    sink = tmp_path / "sink.txt"
+    monkeypatch.setenv("REVIEW_SINK", str(sink))  # publish writes its key here
+    vc = VirtualClock()
+    db = str(tmp_path / "orig.db")
+    engine = vc.engine(db)
+    iid = engine.start(machine, {"text": "hello"})
+    vc.run(engine.run(iid))
+    engine.decide(engine.reviews(instance_id=iid)[0], "approve", by="ann")
+    rec = vc.run(engine.run(iid))
+    engine.close()
+    assert rec.state == "done" and len(sink.read_text().splitlines()) == 1
+    out_file = tmp_path / "test_review_case.py"
+    code, _, err = run_main(["export-test", iid, "-o", str(out_file), "--db", db,
+                             "--machine", review], capsys)
+    assert code == 0, err
+    runpy.run_path(str(out_file))[f"test_case_{iid}"]()
+    assert len(sink.read_text().splitlines()) == 1  # the replay delivered nothing again

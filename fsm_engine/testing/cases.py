@@ -9,6 +9,10 @@ A case is a plain-JSON object:
 * ``decisions``: review decisions, in order, each ``{"choice", "by", "update", "note"}``
   or ``"timeout"`` (let the review's SLA timer decide);
 * ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them;
+* ``results``: recorded action results, ``{state: [update, …]}`` in visit order, and
+  ``stub``: the states whose action is replaced by them (default: with ``results``, the
+  machine's side-effect states, so a replay never delivers again); a stubbed action
+  called more often than recorded fails its step;
 * what to expect, each optional: ``path`` (the states entered, initial first), ``moves``
   (``[source, trigger, dest]`` per transition), ``final`` (the last state), ``status``
   and ``output`` (context fields and their values).
@@ -41,7 +45,7 @@ __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
            "first_divergence"]
 
 _KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
-         "moves", "final", "status", "output"}
+         "moves", "final", "status", "output", "results", "stub"}
 #: A script no call fits: a case without ``replies`` fails any model call it makes.
 _NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
 
@@ -134,6 +138,8 @@ def _check(case: Any, where: str) -> None:
         if d != "timeout" and not (isinstance(d, dict) and isinstance(d.get("choice"), str)):
             raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
                                "'choice'")
+    if not isinstance(case.get("results", {}), dict) or not isinstance(case.get("stub", []), list):
+        raise InvalidInput(f"{where}: 'results' is an object of lists, 'stub' a list of states")
     for key in ("deadline_s", "token_budget"):
         value = case.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -202,9 +208,36 @@ async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) 
     return rec
 
 
+def _recorded(state: str, results: Sequence[Mapping[str, Any]]) -> Any:
+    """An action answering each visit of ``state`` with its recorded update."""
+    left = list(results)
+
+    async def recorded(ctx: Any) -> dict[str, Any]:
+        if not left:
+            raise InvalidInput(f"state {state!r}: no recorded result left for this visit")
+        return dict(left.pop(0))
+    recorded.__name__ = f"recorded_{state.replace('-', '_')}"
+    return recorded
+
+
+def _stubbed(machine: Any, case: Mapping[str, Any]) -> Any:
+    """``machine`` with the ``stub`` states' actions answered from ``results``."""
+    import dataclasses
+    results = case.get("results") or {}
+    stub = case.get("stub")
+    names = set(stub) if stub is not None else {s.name for s in machine.states
+                                                 if s.side_effect and s.name in results}
+    if not names:
+        return machine
+    states = [dataclasses.replace(s, action=_recorded(s.name, results.get(s.name, ())))
+              if s.name in names and s.action is not None else s for s in machine.states]
+    return dataclasses.replace(machine, states=states)
+
+
 def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock."""
     from ..llm.scripted import Scripted
+    machine = _stubbed(machine, case)
     vc = VirtualClock()
     engine = vc.engine(store, llm=Scripted.from_replies(list(case.get("replies") or _NO_MODEL)),
                        breaker=None)

@@ -4,17 +4,19 @@
 ``llm_calls`` entries of its history rows: ``reply`` text and token counts; a call that
 failed becomes a scripted ``error`` of its kind), the provider errors of its failed
 attempts (``Store.attempts``), its review decisions (``"timeout"`` for one its SLA timer
-took), its deadline and token budget, and what it did: its transitions, final state,
-status and context.  An instance with fan-out children brings their replies too, each
+took), its deadline and token budget, what each successful action returned (its row's
+``delta``: side-effect states replay from it, never delivering again), and what it did:
+its transitions, final state, status and context.  An instance with fan-out children brings their replies too, each
 keyed by its caller's input (``input`` in the script line), since children run at once.
 ``write_test`` writes a pytest file holding that case as JSON, which replays it through
 the current machine on the virtual clock (``cases.assert_case``) and fails naming the
 first divergent transition.
 
 Every string written passes through ``fsm_engine.redaction.redact``: a credential in an
-input, a reply or a context value is masked, never written.  Not recorded, so not
-replayed: what a sync action read from the world (files, tools, HTTP) — it runs again —
-and an attempt that failed in the action itself (not in a model call).
+input, a reply or a context value is masked, never written.  Other actions run again
+(what they read from the world — files, tools, HTTP — is not replayed unless the case's
+``stub`` names them); an attempt that failed in the action itself (not in a model call)
+is not replayed either.
 """
 
 from __future__ import annotations
@@ -125,6 +127,12 @@ def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
         "moves": [[h.source, h.trigger, h.dest] for h in history if h.kind not in NOT_MOVES],
         "final": rec.state, "status": rec.status, "output": rec.context,
     }
+    results: dict[str, list[dict[str, Any]]] = {}
+    for h in history:  # what each successful action returned (side effects replay from it)
+        if h.kind == "transition":
+            results.setdefault(h.source, []).append(h.delta)
+    if results:
+        case["results"] = results
     if rec.deadline is not None:
         case["deadline_s"] = max(0.0, rec.deadline - rec.created_at)
     if rec.token_budget is not None:
