@@ -208,16 +208,21 @@ async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) 
     return rec
 
 
-def _recorded(state: str, results: Sequence[Mapping[str, Any]]) -> Any:
-    """An action answering each visit of ``state`` with its recorded update."""
+def _recorded(state: Any, results: Sequence[Mapping[str, Any]]) -> Any:
+    """An action answering each visit of ``state`` with its recorded update (sync for an
+    ``inline`` state, else async: no thread either way)."""
     left = list(results)
 
-    async def recorded(ctx: Any) -> dict[str, Any]:
+    def answer(ctx: Any) -> dict[str, Any]:
         if not left:
-            raise InvalidInput(f"state {state!r}: no recorded result left for this visit")
+            raise InvalidInput(f"state {state.name!r}: no recorded result left for this visit")
         return dict(left.pop(0))
-    recorded.__name__ = f"recorded_{state.replace('-', '_')}"
-    return recorded
+
+    async def recorded(ctx: Any) -> dict[str, Any]:
+        return answer(ctx)
+    fn = answer if state.inline else recorded
+    fn.__name__ = f"recorded_{state.name.replace('-', '_')}"
+    return fn
 
 
 def _stubbed(machine: Any, case: Mapping[str, Any]) -> Any:
@@ -229,7 +234,7 @@ def _stubbed(machine: Any, case: Mapping[str, Any]) -> Any:
                                                  if s.side_effect and s.name in results}
     if not names:
         return machine
-    states = [dataclasses.replace(s, action=_recorded(s.name, results.get(s.name, ())))
+    states = [dataclasses.replace(s, action=_recorded(s, results.get(s.name, ())))
               if s.name in names and s.action is not None else s for s in machine.states]
     return dataclasses.replace(machine, states=states)
 
