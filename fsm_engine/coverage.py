@@ -160,7 +160,8 @@ class _Plan:
 
 def _possible(export: Mapping[str, Any]) -> set[tuple[str, str]]:
     """Exits the definition declares: per state its retry, timeout, fallback, skip,
-    budget edge and review SLA; the loop cap on every non-final state."""
+    budget edge and review SLA (the loop cap, the breaker and the deadline may stop any
+    state: they are counted when seen, not listed as missing)."""
     out: set[tuple[str, str]] = set()
     triggers = {(str(t["source"]), str(t["trigger"])) for t in export.get("transitions", ())}
     for s in export.get("states", ()):
