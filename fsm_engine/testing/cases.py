@@ -22,7 +22,9 @@ beside it holds one case per line.  Each case runs in one store shared by the mo
 cases (so their coverage is computed from it), on a fresh engine and a fresh
 ``VirtualClock``; a run that waits on a review with no decision left, and no timer, ends.
 While cases run, the built-in sink (``FSM_NOTIFY_URL`` / ``FSM_NOTIFY_FILE``) writes into
-their temporary folder: a case's side effects never reach a configured receiver.
+their temporary folder: a case's side effects never reach a configured receiver.  Cases
+run without a circuit breaker (its state lives in the shared store, so one case's errors
+would open it for the next): a ``circuit_open`` exit is not reachable from a case.
 """
 
 from __future__ import annotations
