@@ -42,15 +42,17 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from ..runtime import threads
 
 __all__ = ["VirtualClock"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 #: The longest real wait (seconds) while real work outside the loop holds time.
 _REAL_SLICE = 0.05
@@ -89,7 +91,8 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.fsm_clock.offset
 
-    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Executor | None, func: Callable[[Unpack[Ts]], T],
+                        *args: *Ts) -> asyncio.Future[T]:
         fut = super().run_in_executor(executor, func, *args)
         self.fsm_clock.hold(fut)
         return fut
