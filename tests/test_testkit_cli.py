@@ -264,3 +264,25 @@ def test_an_exported_side_effect_replays_from_its_recorded_result(
     assert code == 0, err
     runpy.run_path(str(out_file))[f"test_case_{iid}"]()
     assert len(sink.read_text().splitlines()) == 1  # the replay delivered nothing again
+
+
+def test_an_exported_sla_decision_replays_on_the_virtual_clock(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    review = str(HERE / "review_machine.py")
+    from fsm_engine import load_machine
+    machine, _ = load_machine(review)
+    vc = VirtualClock()
+    db = str(tmp_path / "orig.db")
+    engine = vc.engine(db)
+    iid = engine.start(machine, {"text": "hello"})
+    vc.run(engine.run(iid))
+    vc.advance(3601)  # the review's hour passes undecided
+    rec = vc.run(engine.run(iid))
+    engine.close()
+    assert rec.state == "rejected"
+    out_file = tmp_path / "test_sla_case.py"
+    code, _, err = run_main(["export-test", iid, "-o", str(out_file), "--db", db,
+                             "--machine", review], capsys)
+    assert code == 0, err
+    assert '"decisions": ["timeout"]' in out_file.read_text()
+    runpy.run_path(str(out_file))[f"test_case_{iid}"]()
