@@ -226,7 +226,7 @@ def test_a_fan_out_run_exports_its_childrens_replies(
 
 @pytest.mark.parametrize("bad", [
     ('{"input": {}, "decisions": [{"by": "x"}]}', "a decision is"),
-    ('{"input": {}, "decisions": "approve"}', "a decision is"),
+    ('{"input": {}, "decisions": "approve"}', "'decisions' must be a list"),
     ('{"input": [1]}', "'input' must be an object"),
     ('{"input": {}, "deadline_s": "soon"}', "'deadline_s' must be a number"),
     ('{"input": {}, "replies": [{"colour": 1}]}', "scripted reply #0"),

@@ -121,32 +121,40 @@ def _read_jsonl(path: Path) -> list[Any]:
 
 
 def _check(case: Any, where: str) -> None:
+    """``InvalidInput`` naming ``where`` and the first problem of ``case``."""
     if not isinstance(case, dict):
         raise InvalidInput(f"{where}: a case is an object, not {type(case).__name__}")
     unknown = sorted(set(case) - _KEYS)
     if unknown:
         raise InvalidInput(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
-    if not isinstance(case.get("input", {}), dict):
-        raise InvalidInput(f"{where}: 'input' must be an object")
-    if not isinstance(case.get("replies", []), list):
-        raise InvalidInput(f"{where}: 'replies' must be a list of script lines")
-    if case.get("replies"):  # every case checked before any runs
-        from ..llm.scripted import Scripted
-        try:
-            Scripted.from_replies(case["replies"])
-        except InvalidInput as exc:
-            raise InvalidInput(f"{where}: {exc}") from None
-    for d in case.get("decisions", []) if isinstance(case.get("decisions", []), list) else [None]:
+    shapes = (("input", dict, "'input' must be an object"),
+              ("replies", list, "'replies' must be a list of script lines"),
+              ("decisions", list, "'decisions' must be a list"),
+              ("results", dict, "'results' is an object of lists"),
+              ("stub", list, "'stub' is a list of states"))
+    for key, kind, why in shapes:
+        if key in case and not isinstance(case[key], kind):
+            raise InvalidInput(f"{where}: {why}")
+    _check_replies(case, where)
+    for d in case.get("decisions", []):
         if d != "timeout" and not (isinstance(d, dict) and isinstance(d.get("choice"), str)):
             raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
                                "'choice'")
-    if not isinstance(case.get("results", {}), dict) or not isinstance(case.get("stub", []), list):
-        raise InvalidInput(f"{where}: 'results' is an object of lists, 'stub' a list of states")
     for key in ("deadline_s", "token_budget"):
         value = case.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value <= 0):
             raise InvalidInput(f"{where}: {key!r} must be a number > 0")
+
+
+def _check_replies(case: dict[str, Any], where: str) -> None:
+    """The case's script lines as the scripted provider checks them (before any case runs)."""
+    if case.get("replies"):
+        from ..llm.scripted import Scripted
+        try:
+            Scripted.from_replies(case["replies"])
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
 
 
 def _moves(history: Sequence[Any]) -> list[list[str]]:

@@ -11,8 +11,8 @@ from typing import Any
 
 import typer
 
-from .cli import DB, _fail, _find, _open, _print_json, app, out
-from .terminal import shown
+from ..terminal import shown
+from .common import DB, _fail, _find, _open, _print_json, app, out
 
 MODULE = typer.Argument(..., help="Machine module: path/to/file.py or dotted name.")
 FAIL_UNDER = typer.Option(None, "--fail-under", min=0.0, max=100.0, metavar="PCT",
@@ -20,8 +20,8 @@ FAIL_UNDER = typer.Option(None, "--fail-under", min=0.0, max=100.0, metavar="PCT
 
 
 def _machine(module: str) -> Any:
-    from .runtime import load_machine
-    from .runtime.compiled import compile_machine
+    from ..runtime import load_machine
+    from ..runtime.compiled import compile_machine
     machine, _ = load_machine(module)
     compile_machine(machine)  # a broken definition: one error line, nothing read
     return machine
@@ -29,7 +29,7 @@ def _machine(module: str) -> Any:
 
 def _coverage_of(machine: Any, db: str | None) -> Any:
     """The coverage of ``machine`` in ``db``; an error line when it holds none of it."""
-    from .coverage import from_store
+    from ..coverage import from_store
     store = _open(db)
     if not store.list(machine=machine.name):
         others = sorted({r.machine for r in store.list()})
@@ -50,7 +50,7 @@ def print_coverage(cov: Any) -> None:
         out.print(shown(f"  {edge.label:<{width}}  {n:>6}" + ("" if n else "  never taken")),
                   highlight=False)
     lines = [f"unreached state: {s}" for s, n in cov.states.items() if not n]
-    from .coverage import verdict
+    from ..coverage import verdict
     lines += [f"one-sided guard: {g} only {r} ({verdict(g, r)}) on {e.label}"
               for e, g, r in cov.one_sided()]
     lines += [f"policy exit: {s} {x} ×{n}" for (s, x), n in sorted(cov.exits.items())]
@@ -69,7 +69,7 @@ def finish_coverage(cov: Any, export: Any, as_json: bool, fail_under: float | No
     else:
         print_coverage(cov)
     if diagram:
-        from .diagram.coverage import render_coverage
+        from ..diagram.coverage import render_coverage
         try:
             render_coverage(export, cov, diagram)
         except (ValueError, OSError) as exc:
@@ -103,8 +103,8 @@ def paths(module: str = MODULE, db: str | None = typer.Option(
           as_json: bool = typer.Option(False, "--json", help="JSON instead of lines.")) -> None:
     """The paths from the initial state to each final state, each with how many instances
     took it (with --db)."""
-    from .paths import paths as find_paths
-    from .paths import states
+    from ..paths import paths as find_paths
+    from ..paths import states
     machine = _machine(module)
     cov = _coverage_of(machine, db) if db else None
     found = find_paths(machine.export(), loops=loops, limit=limit, coverage=cov)
@@ -129,7 +129,7 @@ def test_cases(module: str = MODULE,
     """Run the machine's example cases (``CASES`` in the module, or a sibling
     ``*_cases.jsonl``) on the virtual clock; print each outcome and the coverage.  Exit 1
     on a failed case or coverage under --fail-under."""
-    from .testing.cases import cases_of, run_cases
+    from ..testing.cases import cases_of, run_cases
     machine = _machine(module)
     cases = cases_of(module, machine)
     results, cov = run_cases(machine, cases)
@@ -160,8 +160,8 @@ def export_test(instance_id: str = typer.Argument(..., metavar="ID", help="Insta
     """Write a self-contained pytest file replaying a stored instance — its input, recorded
     model replies, failed attempts and review decisions — on the virtual clock, asserting
     the same path, final state and output fields."""
-    from .runtime.loader import Trust
-    from .testing.export import case_from_store, write_test
+    from ..runtime.loader import Trust
+    from ..testing.export import case_from_store, write_test
     store = _open(db)
     rec = _find(store, instance_id)
     if module is None:  # the row names it: data, so only a module under the machines root
