@@ -286,3 +286,23 @@ def test_an_exported_sla_decision_replays_on_the_virtual_clock(
     assert code == 0, err
     assert '"decisions": ["timeout"]' in out_file.read_text()
     runpy.run_path(str(out_file))[f"test_case_{iid}"]()
+
+
+def test_export_refuses_a_module_the_row_names_outside_the_machines_root(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outside = tmp_path / "elsewhere.py"  # not under the machines root (the current folder)
+    shutil.copy(HERE / "cover_machine.py", outside)
+    from fsm_engine import load_machine
+    machine, _ = load_machine(str(outside))
+    db = str(tmp_path / "x.db")
+    engine = Engine(db)
+    iid = engine.start(machine, {"n": 3})
+    asyncio.run(engine.run(iid))
+    engine.close()
+    target = tmp_path / "t.py"
+    _one_error(*run_main(["export-test", iid, "-o", str(target), "--db", db], capsys),
+               "not imported")
+    assert not target.exists()
+    code, _, err = run_main(["export-test", iid, "-o", str(target), "--db", db,
+                             "--machine", str(outside)], capsys)
+    assert code == 0, err  # named on the command line: trusted
