@@ -435,7 +435,7 @@ class Driver:
         detail = _detail(rec, step)
         if choice is None:
             return outcome.failed(
-                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms,
+                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms, guards=evaluated,
                 error=f"no transition from {state.name!r} passed its guards", detail=detail)
         done = (step.idempotency_key, {"visit": step.visit}) if step and state.side_effect else None
         commit = outcome.transition(
