@@ -114,3 +114,30 @@ machine = Machine(
         Transition("rejected", "research", "rejected"),
     ],
 )
+
+
+def _calls(*calls: tuple[str, dict[str, object]]) -> dict[str, object]:
+    return {"tool_calls": [{"name": n, "arguments": a} for n, a in calls],
+            "prompt_tokens": 300, "completion_tokens": 20}
+
+
+_GREP = _calls(("grep", {"pattern": "copyleft"}))
+_REPORT = _calls(("send_report", {"text": "Copyleft: GPL, LGPL, MPL, GFDL."}))
+_ANSWER = {"text": '{"final": {"answer": "GPL-2, GPL-3, LGPL, MPL, GFDL"}}',
+           "prompt_tokens": 400, "completion_tokens": 15}
+_QUESTION = {"question": "which of these licenses are copyleft?"}
+
+#: The machine's own cases (``fsm test machines/agent.py``), on the virtual clock.
+CASES = [
+    {"name": "greps, then answers", "input": _QUESTION, "replies": [_GREP, _ANSWER],
+     "path": ["research", "answered"], "output": {"answer": "GPL-2, GPL-3, LGPL, MPL, GFDL"}},
+    {"name": "a report a person approves", "input": _QUESTION,
+     "replies": [_GREP, _REPORT, _ANSWER], "decisions": [{"choice": "approve", "by": "ann"}],
+     "path": ["research", "answered"]},
+    {"name": "a report a person rejects", "input": _QUESTION, "replies": [_GREP, _REPORT],
+     "decisions": [{"choice": "reject", "by": "ann"}], "path": ["research", "rejected"]},
+    {"name": "never answers: max_turns", "input": _QUESTION, "replies": [_GREP],
+     "path": ["research", "gave_up"], "status": "failed"},
+    {"name": "no budget for the first turn", "input": _QUESTION, "token_budget": 50,
+     "moves": [["research", "budget_exhausted", "gave_up"]], "status": "failed"},
+]
