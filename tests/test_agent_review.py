@@ -180,3 +180,15 @@ def test_an_sla_approval_goes_on_in_the_same_run(engine_factory: Any,
     assert (item.choice, item.decided_by) == ("approve", "sla-timer")
     [sent] = [json.loads(x) for x in logs[1].read_text().splitlines()]
     assert sent["text"] == "2+3=5"
+
+
+def test_a_call_waiting_for_approval_cancelled_is_never_run(
+        engine_factory: Any, logs: tuple[Path, Path]) -> None:
+    engine = engine_factory(llm=Scripted.from_replies(ASK))
+    iid = _to_review(engine)
+    [item] = engine.reviews()
+    assert engine.cancel(iid).status == "cancelled"
+    with pytest.raises(ReviewRefused, match="stale"):
+        engine.decide(item, "approve", by="ann")
+    assert [r["tool"] for r in _ran(logs[0])] == ["add"]
+    assert not logs[1].exists()
