@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .definition import BUDGET_EXHAUSTED, FALLBACK, Fire, Machine, RunInfo, State, Transition, fire
+    from .definition.agent import Agent, Tool, ToolCall, tool
     from .definition.dag import Node, dag
     from .definition.fanout import Branch, Map, Parallel, merge_outputs
     from .definition.review import Review
@@ -58,6 +59,7 @@ _HOMES = {
     "Node": ".definition.dag", "dag": ".definition.dag",
     **dict.fromkeys(["Branch", "Map", "Parallel", "merge_outputs"], ".definition.fanout"),
     "Review": ".definition.review",
+    **dict.fromkeys(["Agent", "Tool", "ToolCall", "tool"], ".definition.agent"),
     **dict.fromkeys(["BreakerPolicy", "CachePolicy", "Completion", "RetryPolicy"], ".policies"),
     **dict.fromkeys(["Engine", "Step", "load_machine"], ".runtime"),
     **dict.fromkeys(["HistoryRow", "InstanceRecord", "SqliteStore", "Store", "open_store"], ".store"),
@@ -82,6 +84,8 @@ __all__ = [
     # definition
     "Machine", "State", "Transition", "fire", "Fire", "RunInfo", "FALLBACK", "BUDGET_EXHAUSTED",
     "RetryPolicy", "BreakerPolicy", "load_machine", "Review", "CachePolicy",
+    # agent states
+    "Agent", "Tool", "ToolCall", "tool",
     # fan-out and DAGs
     "Parallel", "Map", "Branch", "Completion", "merge_outputs", "Node", "dag",
     # runtime

@@ -33,6 +33,11 @@ Definitions (units in the field names: ``_ms`` milliseconds, ``_s`` seconds):
   to the tokens spent, and a parent's own figures are its own calls;
 * ``sources``: for each top-level context field named ``*_source`` (e.g. the
   moderation machine's ``verdict_source``), instances per value;
+* ``tools``: per tool of an agent state, its ``calls`` (history rows of kind ``tool``
+  journaling a call), the ``errors`` among them (an exception, a timeout, bad output,
+  an unknown tool or invalid arguments: results the model saw as errors) and their
+  ``duration_ms``; an agent's model turns are rows of kind ``tool`` too, so their tokens
+  count in the instance's ``tokens``;
 * percentiles are nearest-rank: ``p95`` is the smallest value with at least
   95 % of the values at or below it.
 """
@@ -46,7 +51,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .store.base import Store
-from .store.records import FINAL_STATUSES, NOT_MOVES, RECOVERY, InstanceFilter, StepRow
+from .store.records import FINAL_STATUSES, NOT_MOVES, RECOVERY, TOOL, InstanceFilter, StepRow
+
+#: Triggers of an agent's journal rows that are not tool calls (``runtime.agent_journal``).
+_NOT_CALLS = frozenset({"turn", "ask", "decision"})
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -108,6 +116,18 @@ class EdgeStats:
     instances: int
 
 
+@dataclass(frozen=True, slots=True)
+class ToolStats:
+    """One tool of an agent state: calls, error results, call durations (ms)."""
+
+    tool: str
+    calls: int
+    errors: int
+    duration_ms: Dist
+    #: The agent state that called it (the first seen, when several do).
+    state: str = ""
+
+
 @dataclass(slots=True)
 class MachineStats:
     """Everything ``fsm stats`` reports for one machine."""
@@ -124,6 +144,7 @@ class MachineStats:
     wall_s: Dist
     fallback_rate: float | None
     reask_rate: float | None
+    tools: dict[str, ToolStats] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``states`` keyed by name, ``edges`` as a list)."""
@@ -156,6 +177,10 @@ class _Accumulator:
         self.instance_wall: list[float] = []
         self.with_history = self.with_fallback = self.with_reask = 0
         self._rows: list[StepRow] = []
+        #: per tool: [duration_ms of each call], and its error results
+        self.tool_ms: dict[str, list[float]] = defaultdict(list)
+        self.tool_errors: dict[str, int] = defaultdict(int)
+        self.tool_state: dict[str, str] = {}
 
     def add(self, row: StepRow) -> None:
         """Take the next row; rows of one instance arrive together, in seq order."""
@@ -168,6 +193,12 @@ class _Accumulator:
         rows, self._rows = self._rows, []
         for row in rows:
             self.counts[row.source]["recoveries"] += row.kind == RECOVERY
+        journal = [r for r in rows if r.kind == TOOL]  # an agent's turns and calls
+        for row in journal:
+            if row.trigger not in _NOT_CALLS:
+                self.tool_ms[row.trigger].append(row.duration_ms)
+                self.tool_state.setdefault(row.trigger, row.source)
+                self.tool_errors[row.trigger] += row.error is not None
         rows = [r for r in rows if r.kind not in NOT_MOVES]  # a takeover, a migration: no step
         if not rows:
             return
@@ -179,7 +210,7 @@ class _Accumulator:
         self.with_history += 1
         self.with_fallback += any(r.kind == "fallback" for r in rows)
         self.with_reask += any(r.reasks > 0 for r in rows)
-        self.instance_tokens.append(sum(r.tokens for r in rows))
+        self.instance_tokens.append(sum(r.tokens for r in [*rows, *journal]))
         if rows[-1].status in FINAL_STATUSES:
             self.instance_wall.append(max(0.0, rows[-1].at - rows[0].created_at))
         for key in {(r.source, r.dest, r.trigger, r.kind) for r in rows}:
@@ -233,7 +264,9 @@ def _one_machine(store: Store, where: InstanceFilter, machine: str, total: int) 
         sources=sources, states=_states(acc, by_state), edges=edges,
         tokens=Dist.of(acc.instance_tokens), wall_s=Dist.of(acc.instance_wall),
         fallback_rate=acc.with_fallback / seen if seen else None,
-        reask_rate=acc.with_reask / seen if seen else None)
+        reask_rate=acc.with_reask / seen if seen else None,
+        tools={t: ToolStats(t, len(ms), acc.tool_errors[t], Dist.of(ms), acc.tool_state[t])
+               for t, ms in sorted(acc.tool_ms.items())})
 
 
 def machine_stats(store: Store, where: InstanceFilter = InstanceFilter()  # noqa: B008 - frozen
@@ -244,5 +277,5 @@ def machine_stats(store: Store, where: InstanceFilter = InstanceFilter()  # noqa
             for m, n in sorted(machines.items(), key=lambda kv: str(kv[0])) if m is not None}
 
 
-__all__ = ["Dist", "StateStats", "EdgeStats", "MachineStats", "machine_stats", "percentile",
+__all__ = ["Dist", "StateStats", "ToolStats", "EdgeStats", "MachineStats", "machine_stats", "percentile",
            "source_fields"]

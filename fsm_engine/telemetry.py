@@ -26,7 +26,11 @@ conventions for model calls):
   ``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model``,
   ``gen_ai.request.max_tokens``, ``gen_ai.request.temperature``,
   ``gen_ai.response.model``, ``gen_ai.response.finish_reasons``,
-  ``gen_ai.usage.input_tokens``, ``gen_ai.usage.output_tokens``, ``error.type``.
+  ``gen_ai.usage.input_tokens``, ``gen_ai.usage.output_tokens``, ``error.type``;
+* ``execute_tool {name}`` — child of its step, one per tool call of an agent state:
+  ``gen_ai.operation.name`` (``execute_tool``), ``gen_ai.tool.name``,
+  ``gen_ai.tool.call.id``, ``gen_ai.tool.type`` (``function``), ``error.type`` when the
+  call's result is an error.
 
 No prompt or reply text is put in a span unless
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``.
@@ -195,11 +199,26 @@ async def traced_call(tracer: Any, parent: Any, call: Callable[..., Awaitable[An
         return out
 
 
+async def traced_tool(tracer: Any, name: str, call_id: str,
+                      run: Callable[[], Awaitable[tuple[Any, str | None, int]]]
+                      ) -> tuple[Any, str | None, int]:
+    """``await run()`` (one tool call: ``(result, error, attempts)``) inside an
+    ``execute_tool {name}`` span (GenAI semantic conventions)."""
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+             "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function"}
+    with tracer.start_as_current_span(f"execute_tool {name}", attributes=attrs) as span:
+        out = await run()
+        if out[1] is not None:
+            span.set_attribute("error.type", out[1].split(":", 1)[0][:100])
+        return out
+
+
 def current_context() -> Any:
     """The current OpenTelemetry context (to parent spans started in other threads)."""
     from opentelemetry import context
     return context.get_current()
 
 
-__all__ = ["tracer_from_env", "traced_run", "traced_step", "traced_call", "current_context",
+__all__ = ["tracer_from_env", "traced_run", "traced_step", "traced_call", "traced_tool",
+           "current_context",
            "outcome_attributes"]

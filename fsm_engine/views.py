@@ -145,3 +145,30 @@ def recovery_note(detail: dict[str, Any]) -> str | None:
         text += f" while {info.get('status', 'idle')}"
     return text
 
+
+
+def agent_note(detail: dict[str, Any]) -> str | None:
+    """An agent journal row's ``detail`` (kind ``tool``) as one line (``None`` for other
+    rows): ``turn 2: add {"a": 2}, echo {…}``, ``call 1.1 add → 5``, ``ask 2.1 send_report``,
+    ``approve 2.1 by ann``; values cut to 80 characters."""
+    import json
+    kind = detail.get("agent")
+
+    def short(value: Any) -> str:
+        dumped = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+        return dumped if len(dumped) <= 80 else dumped[:79] + "…"
+    if kind == "turn":
+        calls = detail.get("calls") or []
+        asked = ", ".join(f"{c.get('tool')} {short(c.get('arguments'))}" for c in calls
+                          if isinstance(c, dict))
+        return f"turn {detail.get('turn')}: {asked or 'no call'}"
+    if kind == "call":
+        got = short(detail["result"]) if "result" in detail else "error"
+        return f"call {detail.get('call')} {detail.get('tool')} → {got}"
+    if kind == "ask":
+        return f"ask {detail.get('call')} {detail.get('tool')} {short(detail.get('arguments'))}"
+    if kind == "decision":
+        review = detail.get("review") or {}
+        by = review.get("by") if isinstance(review, dict) else None
+        return f"{detail.get('choice')} {detail.get('call')} by {by}"
+    return None

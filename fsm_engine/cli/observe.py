@@ -88,6 +88,19 @@ def _print_stats(stats: Any) -> None:
                            *(_fmt(v, digits) for v in (dist.p50, dist.p95, dist.max, dist.mean)),
                            end_section=i == 2)
     out.print(spread)
+    if stats.tools:
+        _print_tools(stats)
+
+
+def _print_tools(stats: Any) -> None:
+    """An agent's tools: calls, error results, call duration (ms) p50/p95."""
+    tools = Table(title=text(f"tools of {stats.machine}"), title_justify="left")
+    for col in ("tool", "calls", "errors", "p50 ms", "p95 ms"):
+        tools.add_column(col, justify="left" if col == "tool" else "right", overflow="fold")
+    for t in stats.tools.values():
+        tools.add_row(text(t.tool), str(t.calls), str(t.errors), _fmt(t.duration_ms.p50, 1),
+                      _fmt(t.duration_ms.p95, 1))
+    out.print(tools)
 
 
 @app.command()

@@ -169,6 +169,8 @@ def _states(m: Machine, names: list[str], problems: list[str],
         problems.extend(f"{where}: {p}" for p in _policy_problems(s))
         if s.review is not None:
             problems.extend(_review_problems(m, s))
+        if s.agent is not None:
+            problems.extend(_agent_problems(m, s))
         problems.extend(f"{where}: {p}" for p in _name_problems(s))
 
 
@@ -242,6 +244,20 @@ def _review_problems(m: Machine, s: Any) -> list[str]:
     triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
     fields = list(m.context.model_fields) if isinstance(m.context, type) else []
     return out + s.review.problems(s.name, fields, triggers)
+
+
+def _agent_problems(m: Machine, s: Any) -> list[str]:
+    where = f"state {s.name!r}"
+    out = []
+    if s.final or s.wait or s.action is not None or s.review is not None or s.fan_out:
+        out.append(f"{where}: an agent state has no action, review or fan-out and is "
+                   "neither final nor wait")
+    if s.agent.llm is not None and s.llm is not None and s.agent.llm != s.llm:
+        out.append(f"{where}: llm {s.llm!r} and agent llm {s.agent.llm!r} differ")
+    names = [st.name for st in m.states]
+    triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
+    fields = list(m.context.model_fields) if isinstance(m.context, type) else []
+    return out + s.agent.problems(s.name, fields, triggers)
 
 
 def _versions(m: Machine, names: list[str], problems: list[str]) -> None:

@@ -38,6 +38,8 @@ def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
         out["cache"] = {"ttl_s": s.cache.ttl_s}
     if s.fan_out is not None:
         out["fan_out"] = _fan_out_dict(machine, s)
+    if s.agent is not None:
+        out["agent"] = s.agent.export()
     return out
 
 

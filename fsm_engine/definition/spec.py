@@ -34,6 +34,7 @@ from ..policies import CachePolicy, RetryPolicy
 from .review import Review
 
 if TYPE_CHECKING:
+    from .agent import Agent
     from .fanout import FanOut
 
 Ref = Callable[..., Any] | str
@@ -137,6 +138,10 @@ class State:
             other instance moves.  It cannot be cut short, so it takes no ``timeout``
             (the instance's deadline is checked before it starts).  No effect on an
             ``async def`` action.
+        agent: a tool-calling loop (``fsm_engine.definition.agent.Agent``) run instead of
+            an action: every model turn and tool call is journaled as a history row of
+            kind ``tool``; it leaves by ``done`` (the validated output) or the outcomes
+            ``turns_exhausted``, ``budget_exhausted`` and ``rejected``.
     """
 
     name: str
@@ -159,6 +164,7 @@ class State:
     fan_out: FanOut | None = None
     queue: str = "default"
     inline: bool = False
+    agent: Agent | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,8 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
                                                 if state.get("repair_llm") else ""))
     if state.get("fan_out"):
         notes += _fan_out_notes(state["fan_out"])
+    if state.get("agent"):
+        notes += _agent_notes(state["agent"])
     retry = state.get("retry")
     if retry:
         attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None
@@ -167,6 +169,15 @@ def _fan_out_notes(fan: Mapping[str, Any]) -> list[str]:
              mode + "".join(f" {v}" for k, v in fan["completion"].items() if k != "mode")]
     if fan.get("max_concurrency"):
         notes.append(f"≤{fan['max_concurrency']} at once")
+    return notes
+
+
+def _agent_notes(agent: Mapping[str, Any]) -> list[str]:
+    """``agent ≤8 turns``, the tools (``*``: a side effect) and those needing approval."""
+    tools = [f"{t['name']}{'*' if t.get('side_effect') else ''}" for t in agent["tools"]]
+    notes = [f"agent ≤{agent['max_turns']} turns", "tools: " + ", ".join(tools)]
+    if agent.get("approve"):
+        notes.append("approve: " + ", ".join(agent["approve"]))
     return notes
 
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..store.records import NOT_MOVES, RECOVERY, AttemptRow, HistoryRow, InstanceRecord
+from ..store.records import NOT_MOVES, RECOVERY, TOOL, AttemptRow, HistoryRow, InstanceRecord
 
 if TYPE_CHECKING:
     from ..stats import MachineStats
@@ -37,14 +37,19 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
     recoveries: dict[str, int] = defaultdict(int)
     for row in history:
         recoveries[row.source] += row.kind == RECOVERY
+    journal = [h for h in history if h.kind == TOOL]  # an agent state's turns and calls
     history = [h for h in history if h.kind not in NOT_MOVES]  # takeovers, migrations
     tries, tokens, wall = _per_state(rec, history, attempts)
+    for row in journal:
+        tokens[row.source] += row.tokens
     figures = {}
     for state in dict.fromkeys([*tries, *wall]):
         figures[state] = [_figure(tries.get(state, 0), wall.get(state, 0.0), tokens.get(state, 0))]
         if recoveries.get(state):
             n = recoveries[state]
             figures[state].append(f"{n} takeover{'s' * (n != 1)}")
+    for state, line in tool_calls(journal).items():
+        figures.setdefault(state, []).append(line)
     for row in history:  # a fan-out's join: how its branches ended
         counts = row.detail.get("branches") if row.kind == "join" else None
         if counts:
@@ -53,6 +58,22 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
             "history": [{"seq": h.seq, "source": h.source, "dest": h.dest, "trigger": h.trigger}
                         for h in history],
             "figures": figures}
+
+
+def tool_calls(rows: Sequence[HistoryRow]) -> dict[str, str]:
+    """Per agent state, its tool calls in ``rows`` (kind ``tool``): ``add×2 echo×1 (1 error)``."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    errors: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if row.detail.get("agent") == "call":
+            counts[row.source][str(row.detail.get("tool"))] += 1
+            errors[row.source] += "error" in row.detail
+    out = {}
+    for state, tools in counts.items():
+        line = " ".join(f"{name}×{n}" for name, n in sorted(tools.items()))
+        n = errors[state]
+        out[state] = line + (f" ({n} error{'s' * (n != 1)})" if n else "")
+    return out
 
 
 def _per_state(rec: InstanceRecord, history: Sequence[HistoryRow], attempts: Sequence[AttemptRow]
@@ -103,6 +124,8 @@ def aggregate_overlay(stats: MachineStats) -> dict[str, Any]:
                 lines.append(f"{st.tokens.mean:.0f} tok/step")
         if lines:
             figures[name] = [" · ".join(lines)]
+    for state, tools in _tools_by_state(stats).items():
+        figures.setdefault(state, []).append(tools)
     starts = sum(st.entered for st in stats.states.values()) - sum(e.taken for e in stats.edges)
     return {"instance_id": "", "title": f"{stats.instances} instance(s)",
             "moves": [{"source": e.source, "dest": e.dest, "trigger": e.trigger,
@@ -110,4 +133,12 @@ def aggregate_overlay(stats: MachineStats) -> dict[str, Any]:
             "starts": max(0, starts), "figures": figures}
 
 
-__all__ = ["instance_overlay", "aggregate_overlay", "seconds"]
+def _tools_by_state(stats: MachineStats) -> dict[str, str]:
+    """Per agent state, its tools' calls over the instances: ``grep×12 read_file×30``."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for t in stats.tools.values():
+        out[t.state].append(f"{t.tool}×{t.calls}" + (f" ({t.errors} err)" if t.errors else ""))
+    return {state: " ".join(parts) for state, parts in out.items()}
+
+
+__all__ = ["instance_overlay", "aggregate_overlay", "seconds", "tool_calls"]

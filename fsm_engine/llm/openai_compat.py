@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -82,6 +83,22 @@ NO_KEY = "sk-no-key"
 DEFAULT_TIMEOUT = 600.0  # seconds, the openai SDK's own default
 REMOTE_CONCURRENCY = 16
 JSON_MODES = ("auto", "json_schema", "json_object", "off")
+
+
+def _tool_calls_text(message: Any) -> str | None:
+    """A reply's native ``tool_calls`` as ``{"tool_calls": [{"name", "arguments"}]}`` text
+    (arguments that are not a JSON object kept as their text); ``None`` without any."""
+    calls = getattr(message, "tool_calls", None) or []
+    out = []
+    for call in calls:
+        fn = getattr(call, "function", None)
+        raw = getattr(fn, "arguments", None) or "{}"
+        try:
+            args: Any = json.loads(raw)
+        except ValueError:
+            args = raw
+        out.append({"name": str(getattr(fn, "name", "")), "arguments": args})
+    return json.dumps({"tool_calls": out}, ensure_ascii=False) if out else None
 
 
 def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
@@ -218,11 +235,20 @@ class OpenAICompatible(Provider):
         self.model = listed[0]
         return self.model
 
+    #: Speaks the OpenAI tool-calling protocol: ``complete(..., tools=[...])`` (agent states).
+    supports_tools = True
+
     async def complete(self, messages: list[Message], *, max_tokens: int = 256,
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
-                       stop: list[str] | None = None, timeout: float | None = None
-                       ) -> Completion:
+                       stop: list[str] | None = None, timeout: float | None = None,
+                       tools: list[dict[str, Any]] | None = None,
+                       tool_choice: str | None = None) -> Completion:
         """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
+
+        ``tools``: OpenAI function tools (``[{"type": "function", "function": {name,
+        description, parameters}}]``); a reply that calls them comes back as the text
+        ``{"tool_calls": [{"name": …, "arguments": {…}}]}`` (an agent state's protocol);
+        ``tool_choice`` (``"auto"``, ``"required"``, ``"none"``) goes with them.
 
         ``timeout`` (seconds, e.g. what is left of the step's timeout) bounds the
         call including its wait for a free slot; None: the provider's ``timeout``.
@@ -243,6 +269,10 @@ class OpenAICompatible(Provider):
                 kwargs["stop"] = stop
             if json_schema is not None and self.json_mode != "off":
                 kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+            if tools:
+                kwargs["tools"] = tools
+                if tool_choice:
+                    kwargs["tool_choice"] = tool_choice
             response = await self._create(kwargs, json_schema)
         return await self._completion(response, messages)
 
@@ -273,7 +303,8 @@ class OpenAICompatible(Provider):
         prompt = getattr(usage, "prompt_tokens", None)
         completion = getattr(usage, "completion_tokens", None)
         choices = getattr(response, "choices", None)
-        text = (choices[0].message.content or "") if choices else ""
+        text = _tool_calls_text(choices[0].message) or (choices[0].message.content or "") \
+            if choices else ""
         missing = not isinstance(prompt, int) or not isinstance(completion, int)
         if missing:  # never a silent 0: the prompt by the tokenizer, the reply estimated
             counted = self.count_tokens(messages)

@@ -13,6 +13,13 @@ sleep before answering), ``error`` (one of :data:`ERROR_KINDS`: raise that
 billed usage) and ``retry_after`` (seconds, for ``http429``).  Replies are
 served in order and the script cycles when it runs out.
 
+Tool calls (an agent state's turn, ``fsm_engine.definition.agent``)::
+
+    {"tool_calls": [{"name": "grep", "arguments": {"pattern": "copyleft"}}]}
+
+``tool_calls`` (a list of ``{"name": str, "arguments": object}``) is served as the text
+``{"tool_calls": [...]}``, the agent protocol's form of several calls in one turn.
+
 Keyed replies, so that concurrent instances each get theirs::
 
     {"match": "GNU GENERAL PUBLIC", "text": "{\"decision\": \"review\"}"}
@@ -64,7 +71,7 @@ ERROR_KINDS: dict[str, tuple[type[ProviderError], int | None]] = {
 """Script ``error`` values → (exception class, HTTP status)."""
 
 _KEYS = {"text", "prompt_tokens", "completion_tokens", "finish_reason", "delay_s",
-         "error", "retry_after", "match", "input"}
+         "error", "retry_after", "match", "input", "tool_calls"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +120,27 @@ def _check(obj: Any) -> Reply:
     unknown = sorted(set(obj) - _KEYS)
     if unknown:
         raise ValueError(f"unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+    if "tool_calls" in obj:
+        if "text" in obj:
+            raise ValueError("'tool_calls' and 'text' exclude each other")
+        obj = {k: v for k, v in obj.items() if k != "tool_calls"} | {
+            "text": _tool_calls_text(obj["tool_calls"])}
     if "text" not in obj and "error" not in obj:
-        raise ValueError("needs 'text' (or 'error')")
+        raise ValueError("needs 'text' (or 'error' or 'tool_calls')")
     reply = Reply(**obj)
     _check_numbers(reply)
     _check_matching(reply)
     return reply
+
+
+def _tool_calls_text(calls: Any) -> str:
+    """A ``tool_calls`` line's list as the reply text ``{"tool_calls": [...]}``."""
+    if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str)
+            and isinstance(c.get("arguments", {}), dict) and set(c) <= {"name", "arguments"}
+            for c in calls):
+        raise ValueError("'tool_calls' must be a list of {\"name\": str, \"arguments\": {...}}")
+    return json.dumps({"tool_calls": calls}, ensure_ascii=False)
 
 
 def _check_numbers(reply: Reply) -> None:

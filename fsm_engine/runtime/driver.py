@@ -32,7 +32,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import fanout, fork, invoke, migration, outcome, reviews, values
+from . import agent, fanout, fork, invoke, migration, outcome, reviews, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -241,10 +241,11 @@ class Driver:
             return fanout.step(cm, self.store, rec, now, self.host(rec))
         return None
 
-    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State) -> Step:
+    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                   spent: int = 0) -> Step:  # spent: this visit's tokens in earlier commits
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
-        in_visit = self._visit_tokens(rec, state, visit)
+        in_visit = self._visit_tokens(rec, state, visit) + spent
         meter = MeteredLLM(provider, self._call_settings(rec, state, provider, in_visit),
                            loop=asyncio.get_running_loop())
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
@@ -304,6 +305,8 @@ class Driver:
         if rec.next_attempt_at is not None and rec.next_attempt_at > now:
             await asyncio.sleep(rec.next_attempt_at - now)
         self._check_lease(rec)
+        if state.agent is not None:  # a tool-calling loop: one turn or call per step
+            return await agent.step(self, cm, rec, state, now)
         entry = cm.actions.get(state.name)
         step = self._step_for(cm, rec, state, entry)
         if step is not None and state.side_effect:

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..definition.spec import RunInfo
-from ..store.records import AttemptRow, HistoryRow, InstanceRecord
+from ..store.records import TOOL, AttemptRow, HistoryRow, InstanceRecord
 from .compiled import CompiledMachine
 from .step import run_info
 
@@ -67,7 +67,8 @@ class Rebuilt:
         self.state = h.dest
         if h.dest != h.source or h.kind in CHOSEN:
             self.visits[h.dest] = self.visits.get(h.dest, 0) + 1
-        self.loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in CHOSEN else 0
+        self.loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in CHOSEN else \
+            int(h.kind == TOOL and h.detail.get("agent") == "turn")  # an agent's model turn
         self.tokens += h.tokens
 
     def run(self, rec: InstanceRecord, cm: CompiledMachine, h: HistoryRow) -> RunInfo:

@@ -93,6 +93,10 @@ def decision(cm: CompiledMachine, rec: InstanceRecord, item: ReviewItem, choice:
     if choice not in item.choices:
         raise _refuse(item, f"choice {choice!r} is not offered ({', '.join(item.choices)})")
     edit = _checked_edit(cm, item, rec, update or {})
+    if cm.states[item.state].agent is not None:  # a tool call's approval
+        from .agent_review import decision as call_decision
+        return call_decision(cm, rec, item, choice, by=by, now=now, advance=advance,
+                             edit=edit, note=note, claimer=claimer)
     base = rec
     if rec.loop_count >= rec.max_transitions:
         base = outcome.clone(rec)

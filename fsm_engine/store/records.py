@@ -30,8 +30,11 @@ RECOVERY = "recovery"
 #: History kind of a migration: the instance was upcast to its machine's current version
 #: (``runtime.migration``); like a takeover, a record of the runtime, not a move.
 MIGRATION = "migration"
+#: History kind of an agent state's journal (``runtime.agent``): one model turn, one tool
+#: call or one approval of a tool call; the instance stays in its state (source = dest).
+TOOL = "tool"
 #: History kinds that are not moves: statistics, diagrams and the viewer skip them.
-NOT_MOVES = frozenset({RECOVERY, MIGRATION})
+NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL})
 
 #: Version of the stored record format; bumped with a migration.
 FORMAT_VERSION = 11
@@ -162,7 +165,9 @@ class HistoryRow:
     ``skip``, or a runtime-forced move: ``fail``, ``cancel``, ``loop_limit``,
     ``migration`` (an upcast to a newer machine version: ``detail`` holds
     ``from_version``, ``to_version``, ``renamed`` and ``removed``);
-    ``recovery`` (``RECOVERY``) records a takeover by another worker (source = dest).
+    ``recovery`` (``RECOVERY``) records a takeover by another worker (source = dest);
+    ``tool`` (``TOOL``) one model turn, tool call or approval of an agent state
+    (source = dest; ``detail.agent`` says which, ``runtime.agent_journal``).
     ``machine_version`` is the machine version the row was written under.
     ``guards`` lists ``[name, result]`` for each guard evaluated, in order;
     ``delta`` holds the context fields the step changed (the context after

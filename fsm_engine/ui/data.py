@@ -35,6 +35,7 @@ from ..store.records import (
     InstanceRecord,
 )
 from ..views import (
+    agent_note,
     guard_reading,
     history_json,
     instance_json,
@@ -329,7 +330,7 @@ def _history_row(row: dict[str, Any], now: float) -> dict[str, Any]:
                                   for g in row.get("guards") or ()],
                   "delta_text": _pretty(row["delta"]) if row["delta"] else "",
                   "detail_text": _pretty(detail) if detail else "", "outputs": raw,
-                  "note": recovery_note(detail) or ""}
+                  "note": recovery_note(detail) or agent_note(detail) or ""}
 
 
 __all__ = ["Viewer", "ListQuery", "observed_export", "HistoryRow"]
