@@ -58,6 +58,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -70,7 +71,14 @@ from fsm_engine.errors import (
     RateLimited,
     ServerError,
 )
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, estimate_tokens
+from fsm_engine.llm.base import (
+    Completion,
+    JsonSchema,
+    Message,
+    Piece,
+    Provider,
+    estimate_tokens,
+)
 from fsm_engine.llm.http import Caps, bound, env_number
 from fsm_engine.policies import parse_retry_after
 from fsm_engine.redaction import redact
@@ -236,15 +244,71 @@ class OpenAICompatible(Provider):
             if left <= 0:
                 raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
                                       f"(concurrency {self.concurrency})")
-            kwargs: dict[str, Any] = {"model": await self.resolve_model(), "messages": messages,
-                                      "max_tokens": max_tokens, "temperature": temperature,
-                                      "timeout": left}
-            if stop:
-                kwargs["stop"] = stop
-            if json_schema is not None and self.json_mode != "off":
-                kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+            kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
+                                         left)
             response = await self._create(kwargs, json_schema)
         return await self._completion(response, messages)
+
+    async def stream(self, messages: list[Message], *, max_tokens: int = 256,
+                     temperature: float = 0.0, json_schema: JsonSchema | None = None,
+                     stop: list[str] | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[Piece]:
+        """``complete`` over Server-Sent Events (``stream: true``): the reply's text pieces
+        as the server sends them, then its ``Completion``.  The size cap and the deadline
+        of ``llm.http`` bound the whole stream.  Usage is the server's last event when it
+        sends one (``stream_options.include_usage``), else counted like a reply without
+        ``usage``: the prompt by :meth:`count_tokens`, the reply one token per piece or
+        the estimate, whichever is more (``usage_missing``).  Errors as ``complete``,
+        possibly after some pieces."""
+        limit = self.timeout if timeout is None else max(0.001, float(timeout))
+        started = time.monotonic()
+        async with self._semaphore():
+            left = limit - (time.monotonic() - started)
+            if left <= 0:
+                raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
+                                      f"(concurrency {self.concurrency})")
+            kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
+                                         left)
+            kwargs.update(stream=True, stream_options={"include_usage": True})
+            events = await self._create(kwargs, json_schema)
+            seen = _Events()
+            try:
+                async for event in events:
+                    piece = seen.take(event)
+                    if piece:
+                        yield piece
+            except ProviderError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped like a completion's failure
+                raise self._map_error(exc, left) from None
+        yield await self._streamed(seen, messages)
+
+    async def _request(self, messages: list[Message], max_tokens: int, temperature: float,
+                       json_schema: JsonSchema | None, stop: list[str] | None,
+                       left: float) -> dict[str, Any]:
+        """The SDK's keyword arguments for one chat completion."""
+        kwargs: dict[str, Any] = {"model": await self.resolve_model(), "messages": messages,
+                                  "max_tokens": max_tokens, "temperature": temperature,
+                                  "timeout": left}
+        if stop:
+            kwargs["stop"] = stop
+        if json_schema is not None and self.json_mode != "off":
+            kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+        return kwargs
+
+    async def _streamed(self, seen: _Events, messages: list[Message]) -> Completion:
+        """The ``Completion`` of a streamed reply from what its events said."""
+        text = "".join(seen.parts)
+        prompt, completion = seen.prompt, seen.completion
+        missing = prompt is None or completion is None
+        if missing:
+            counted = self.count_tokens(messages)
+            prompt = await counted if inspect.isawaitable(counted) else counted
+            completion = max(len(seen.parts), estimate_tokens(text))
+        return Completion(text=text, prompt_tokens=int(prompt or 0),
+                          completion_tokens=int(completion or 0),
+                          finish_reason=seen.finish or "stop",
+                          model=seen.model or self.model or "?", usage_missing=missing)
 
     async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None) -> Any:
         """Send the request; auto mode resends once in llama.cpp form if json_schema is refused."""
@@ -317,3 +381,32 @@ class OpenAICompatible(Provider):
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
         await self._client.close()
+
+
+
+class _Events:
+    """What the events of one streamed reply said: its pieces, usage, finish reason, model."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.prompt: int | None = None
+        self.completion: int | None = None
+        self.finish: str | None = None
+        self.model: str | None = None
+
+    def take(self, event: Any) -> str:
+        """Note one event; the text it adds (``""``: none)."""
+        usage = getattr(event, "usage", None)
+        prompt, completion = (getattr(usage, "prompt_tokens", None),
+                              getattr(usage, "completion_tokens", None))
+        if isinstance(prompt, int) and isinstance(completion, int):
+            self.prompt, self.completion = prompt, completion
+        self.model = getattr(event, "model", None) or self.model
+        choices = getattr(event, "choices", None)
+        if not choices:
+            return ""
+        self.finish = getattr(choices[0], "finish_reason", None) or self.finish
+        piece = str(getattr(getattr(choices[0], "delta", None), "content", None) or "")
+        if piece:
+            self.parts.append(piece)
+        return piece

@@ -1,0 +1,178 @@
+"""Streaming a model's reply (issue 22), in one process: the scripted provider's chunks, the
+call layers applied to a streamed call, the durable log's attempts and supersessions, and
+``engine.stream``'s merged events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from fsm_engine import CachePolicy, Engine, Machine, State, Step, Transition
+from fsm_engine.errors import InstanceNotFound, InvalidInput, ProviderTimeout
+from fsm_engine.llm.scripted import Scripted
+from fsm_engine.policies import RetryPolicy
+
+CHUNKS = ["Wri", "ting ", "as ", "it ", "goes."]
+
+
+class Ctx(BaseModel):
+    topic: str
+    answer: str = ""
+    seen: list[str] = []
+
+
+async def ask(ctx: Ctx, step: Step) -> dict[str, Any]:
+    reply = step.llm.stream([{"role": "user", "content": f"About {ctx.topic}"}], max_tokens=32)
+    seen = [piece async for piece in reply]
+    assert reply.completion is not None
+    return {"answer": reply.completion.text, "seen": seen}
+
+
+def machine(**state: Any) -> Machine:
+    return Machine(name="streamed", context=Ctx, initial="ask", states=[
+        State("ask", action=ask, **state), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+
+
+def rows(engine: Engine, iid: str) -> list[tuple[Any, ...]]:
+    return [(r.pos, r.seq, r.attempt, r.kind, r.text, r.offset) for r in
+            engine.store.stream_read(iid)]
+
+
+def run(engine: Engine, m: Machine, topic: str = "cats") -> tuple[str, Any]:
+    iid = engine.start(m, {"topic": topic})
+    return iid, asyncio.run(engine.run(iid))
+
+
+def collect(engine: Engine, iid: str, from_offset: int | str = 0) -> list[Any]:
+    async def go() -> list[Any]:
+        return [ev async for ev in engine.stream(iid, from_offset)]
+    return asyncio.run(go())
+
+
+def test_scripted_chunks_stream_in_order_then_the_completion() -> None:
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "completion_tokens": 5}])
+
+    async def go() -> list[Any]:
+        return [p async for p in llm.stream([{"role": "user", "content": "x"}])]
+    *pieces, done = asyncio.run(go())
+    assert pieces == CHUNKS and done.text == "".join(CHUNKS) and done.completion_tokens == 5
+    with pytest.raises(InvalidInput, match="concatenation"):
+        Scripted.from_replies([{"chunks": ["a", "b"], "text": "abc"}])
+    with pytest.raises(InvalidInput, match="list of strings"):
+        Scripted.from_replies([{"chunks": "ab"}])
+
+
+def test_a_streamed_step_writes_its_chunks_and_the_history_keeps_the_reply(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}]), seed=1)
+    iid, done = run(engine, machine())
+    assert done.context["seen"] == CHUNKS and done.context["answer"] == "".join(CHUNKS)
+    log = rows(engine, iid)
+    assert [r[3] for r in log][0] == "open" and log[-1][3] == "end"
+    assert [r[0] for r in log] == list(range(len(log)))  # positions without gaps
+    chunks = [r for r in log if r[3] == "chunk"]
+    assert "".join(r[4] for r in chunks) == "".join(CHUNKS)
+    assert [r[5] for r in chunks] == [sum(len(c[4]) for c in chunks[:i]) for i in range(len(chunks))]
+    assert {(r[1], r[2]) for r in log} == {(1, 1)}
+    [row] = engine.store.history(iid)
+    assert row.detail["llm_calls"][0]["reply"] == "".join(CHUNKS) and row.tokens == 12
+    engine.close()
+
+
+def test_engine_stream_merges_chunks_steps_and_the_final_status(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, _ = run(engine, machine())
+    events = collect(engine, iid)
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "open" and kinds[-3:] == ["end", "step", "final"]
+    step = events[-2]
+    assert (step.seq, step.source, step.trigger, step.dest) == (1, "ask", "ok", "done")
+    assert events[-1].status == "completed"
+    text = "".join(e.text for e in events if e.kind == "chunk")
+    assert text == "".join(CHUNKS)
+    # resuming from any event's cursor gives exactly the events after it
+    for n, ev in enumerate(events[:-1]):
+        assert collect(engine, iid, ev.cursor) == events[n + 1:]
+    # a bare offset resumes the log there (the step's commit comes again: at least once)
+    assert collect(engine, iid, 2) == events[2:]
+    with pytest.raises(InstanceNotFound):
+        collect(engine, "nope")
+    with pytest.raises(InvalidInput, match="bad stream offset"):
+        collect(engine, iid, "x:1")
+    engine.close()
+
+
+def test_a_cached_reply_is_replayed_as_one_chunk(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": CHUNKS, "prompt_tokens": 3, "completion_tokens": 5}]), seed=1)
+    m = machine(cache=CachePolicy(ttl_s=60))
+    run(engine, m)
+    iid, done = run(engine, m)
+    assert done.tokens_used == 0 and done.context["seen"] == ["".join(CHUNKS)]
+    assert [r[3:5] for r in rows(engine, iid)] == [
+        ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
+    assert engine.store.history(iid)[0].detail["llm_calls"][0]["cached"] is True
+    engine.close()
+
+
+def test_a_failed_attempt_is_superseded_by_the_retry(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": ["half ", "a rep"], "error": "timeout"}, {"chunks": CHUNKS}]), seed=1)
+    iid, done = run(engine, machine(retry=RetryPolicy(max_attempts=2, initial_interval=0.0)))
+    assert done.status == "completed" and done.context["answer"] == "".join(CHUNKS)
+    log = rows(engine, iid)
+    first = [r for r in log if r[2] == 1]
+    kinds = [r[3] for r in first]  # (pieces batch as the writes allow)
+    assert kinds[0] == "open" and kinds[-2:] == ["error", "superseded"]
+    assert set(kinds[1:-2]) == {"chunk"}
+    assert "".join(r[4] for r in first if r[3] == "chunk") == "half a rep"
+    events = collect(engine, iid)
+    [gone] = [e for e in events if e.kind == "superseded"]
+    assert (gone.seq, gone.attempt, gone.by) == (1, 1, (1, 2))
+    assert [e.info.get("error") for e in events if e.kind == "error"] == [ProviderTimeout.__name__]
+    second = "".join(e.text for e in events if e.kind == "chunk" and e.attempt == 2)
+    assert second == engine.store.history(iid)[0].detail["llm_calls"][-1]["reply"]
+    engine.close()
+
+
+class Verdict(BaseModel):
+    decision: str
+    reasons: list[str]
+
+
+class VCtx(BaseModel):
+    verdict: dict[str, Any] = {}
+
+
+async def judge(ctx: VCtx, step: Step) -> dict[str, Any]:
+    parsed = await step.llm.structured([{"role": "user", "content": "judge"}], Verdict,
+                                       stream=True, max_tokens=64)
+    return {"verdict": parsed.value.model_dump()}
+
+
+def test_a_reask_after_invalid_json_supersedes_the_first_answer(db_path) -> None:
+    good = '{"decision": "approve", "reasons": ["clear", "kind"]}'
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": ['{"decision": ', '"appr']},  # cut: invalid JSON
+        {"chunks": [good[:12], good[12:30], good[30:]]}]), seed=1)
+    m = Machine(name="judged", context=VCtx, initial="judge", states=[
+        State("judge", action=judge), State("done", final=True)],
+        transitions=[Transition("ok", "judge", "done")])
+    iid = engine.start(m, {})
+    done = asyncio.run(engine.run(iid))
+    assert done.context["verdict"] == json.loads(good)
+    events = collect(engine, iid)
+    [gone] = [e for e in events if e.kind == "superseded"]
+    assert (gone.attempt, gone.by) == (1, (1, 2))
+    ends = [e.attempt for e in events if e.kind == "end"]
+    assert ends == [1, 2]  # the first ended (its text was whole) and was still replaced
+    partials = [e.partial for e in events if e.kind == "chunk" and e.attempt == 2]
+    assert partials[-1] == json.loads(good)
+    assert partials[0] == {"decision": "approve"} or partials[0] == {}
+    assert [e.info for e in events if e.kind == "open"] == [{"json": True}] * 2
+    engine.close()
