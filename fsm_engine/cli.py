@@ -448,7 +448,7 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
     out.print(f"wrote {output}")
 
 
-from . import cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
+from . import cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale, cli_stream  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
 
 #                                         stats, ui, prune, check)
 

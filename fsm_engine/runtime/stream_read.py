@@ -147,7 +147,7 @@ def _partial(text: str | None) -> Any:
         return None
     from pydantic_core import from_json
     try:
-        return from_json(text, allow_partial=True)
+        return from_json(text, allow_inf_nan=False, allow_partial=True)
     except ValueError:
         return None
 
