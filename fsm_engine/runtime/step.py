@@ -95,7 +95,8 @@ class MeteredLLM:
         finally:
             end_call(token)
 
-    def stream(self, messages: list[dict[str, str]], **kwargs: Any) -> ReplyStream:
+    def stream(self, messages: list[dict[str, str]], *, json_reply: bool = False,
+               **kwargs: Any) -> ReplyStream:
         """Call the model and get its reply as it is generated (``complete``'s arguments)::
 
             reply = step.llm.stream(messages, max_tokens=200)
@@ -107,9 +108,10 @@ class MeteredLLM:
         reply cache, a fork's recorded replies, billing), and its pieces are appended to the
         store's stream log for ``engine.stream`` / ``fsm stream`` / the viewer, as attempt
         ``(seq, n)`` of this step (``runtime.streams``).  Raises as ``complete``, possibly
-        after some pieces."""
+        after some pieces.  ``json_reply`` (implied by ``json_schema``): the reply is JSON,
+        so subscribers also get the partial object parsed from it so far."""
         return self._streaming(self._stack or self._main(), self.provider, messages, kwargs,
-                               json=kwargs.get("json_schema") is not None)
+                               json=json_reply or kwargs.get("json_schema") is not None)
 
     def _streaming(self, stack: Provider | None, provider: Provider | None,
                    messages: list[dict[str, str]], kwargs: dict[str, Any], *,

@@ -4,10 +4,11 @@
 text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
 call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
 a ``ChunkWriter`` appends the pieces to the store's stream log (``store.streams``) in small
-batches, off the event loop: a write starts as soon as a piece arrives and none is in
-flight, and at most every ``FLUSH_S`` seconds (or at once past ``FLUSH_CHARS`` waiting), so
-a reader sees a piece within about one write plus ``FLUSH_S`` while a fast model costs
-at most one write per ``FLUSH_S``.  These writes are appends, not steps (``ledger.py``
+batches, off the event loop (a thread): the first write gathers for ``FLUSH_S`` seconds and
+opens the attempt with what came (a short reply is one transaction: open, text, end), and
+each later one starts ``FLUSH_S`` after the one before began (at once past ``FLUSH_CHARS``
+waiting), so a reader sees a piece within about ``FLUSH_S`` plus one write while a fast
+model costs at most one write per ``FLUSH_S``.  These writes are appends, not steps (``ledger.py``
 stays the only writer of steps); the attempt's ``end`` row is written before the call
 returns, so before the step can commit.
 """
@@ -127,13 +128,16 @@ class ChunkWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await self._open()
+            await self._wake.wait()  # the first piece (or the end): open with what came
+            await self._pace(loop, loop.time())
             while True:
                 await self._wake.wait()
                 self._wake.clear()
                 started = loop.time()
                 rows, self._pending = self._pending, []
-                if rows:
+                if not self.attempt:
+                    await self._open(rows)
+                elif rows:
                     await _io(self.to.store.stream_append, self.to.instance_id,
                               [_numbered(r, self.attempt) for r in rows])
                 if self._closed and not self._pending:
@@ -156,10 +160,12 @@ class ChunkWriter:
         if self._pending or self._closed:
             self._wake.set()
 
-    async def _open(self) -> None:
+    async def _open(self, rows: list[StreamRow]) -> None:
+        """Open the attempt with its first ``rows`` (one transaction)."""
         info = {"json": True} if self.json else {}
         self.attempt = await _io(self.to.store.stream_open, self.to.instance_id, self.to.seq,
-                                 self.to.since, info, time.time())
+                                 self.to.since, info, time.time(),
+                                 [_numbered(r, 0) for r in rows])
         _maybe_prune(self.to)
 
 

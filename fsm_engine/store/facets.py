@@ -322,11 +322,12 @@ class StreamStore(Protocol):
     remains the only writer of steps (the history row keeps the whole reply)."""
 
     def stream_open(self, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                    now: float) -> int:
+                    now: float, rows: Sequence[StreamRow] = ()) -> int:
         """Begin a new attempt of step ``seq`` in one transaction: ``superseded`` rows (``by``
         the new attempt) for every attempt of a step in ``[since, seq]`` not superseded
-        yet, then its ``open`` row (``info``, a JSON object); returns its number (1 + the
-        highest of step ``seq``).  The instance need not exist (nothing is checked).
+        yet, then its ``open`` row (``info``, a JSON object), then ``rows`` (its first,
+        stamped with its number); returns its number (1 + the highest of step ``seq``).
+        The instance need not exist (nothing is checked).
 
         Status: none changes."""
 

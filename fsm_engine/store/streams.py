@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["StreamRow", "KINDS", "TABLE", "open_attempt", "append", "decode", "READ", "PRUNE",
@@ -85,10 +85,11 @@ def _insert(execute: Execute, rows: Sequence[StreamRow], start: int) -> int:
 
 
 def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                 now: float) -> int:
+                 now: float, first: Sequence[StreamRow] = ()) -> int:
     """In the caller's (serialised) transaction: the new attempt's number (1 + the highest
     of step ``seq``), after a ``superseded`` row for each attempt of a step in
-    ``[since, seq]`` not superseded yet, then the attempt's ``open`` row."""
+    ``[since, seq]`` not superseded yet, then the attempt's ``open`` row, then ``first``
+    (rows of the attempt, given its number here)."""
     opened: dict[tuple[int, int], bool] = {}
     for row_seq, attempt, kind in execute(OPENED, [instance_id, since, seq]):
         key = (int(row_seq), int(attempt))
@@ -98,6 +99,7 @@ def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info:
     rows = [StreamRow(instance_id, s, a, "superseded", info=by, at=now)
             for (s, a), done in sorted(opened.items()) if not done]
     rows.append(StreamRow(instance_id, seq, attempt, "open", info=info, at=now))
+    rows += [replace(r, attempt=attempt) for r in first]
     _insert(execute, rows, int(execute(NEXT_POS, [instance_id])[0][0]))
     return attempt
 

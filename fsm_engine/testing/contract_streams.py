@@ -35,6 +35,9 @@ class StreamContract:
         assert store.stream_read("a", 2) == log[2:]
         assert store.stream_read("a", 1, limit=1) == log[1:2]
         assert store.stream_read("a", 3) == []
+        assert store.stream_open("c", 4, 4, {}, 5.0, [_chunk("c", 4, 0, "first", 0)]) == 1
+        assert [(r.kind, r.attempt, r.text) for r in store.stream_read("c")] == [
+            ("open", 1, ""), ("chunk", 1, "first")]  # opened with its first rows
 
     def test_a_new_attempt_supersedes_the_open_ones_of_its_range(self, store: Store) -> None:
         assert store.stream_open("a", 1, 1, {}, 1.0) == 1

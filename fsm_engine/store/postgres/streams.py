@@ -54,9 +54,9 @@ class PostgresStreams(PostgresBase):
         return self._run(go, txn=True)
 
     def stream_open(self, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                    now: float) -> int:
+                    now: float, rows: Sequence[StreamRow] = ()) -> int:
         return self._stream_txn(instance_id, lambda execute: streams.open_attempt(
-            execute, instance_id, seq, since, info, now))
+            execute, instance_id, seq, since, info, now, rows))
 
     def stream_append(self, instance_id: str, rows: Sequence[StreamRow]) -> int:
         return self._stream_txn(instance_id, lambda execute: streams.append(

@@ -20,10 +20,10 @@ class SqliteStreams(SqliteBase):
     every writer of the file: positions never collide."""
 
     def stream_open(self, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                    now: float) -> int:
+                    now: float, rows: Sequence[StreamRow] = ()) -> int:
         with self._write() as conn:
             return streams.open_attempt(lambda sql, args: conn.execute(sql, args).fetchall(),
-                                        instance_id, seq, since, info, now)
+                                        instance_id, seq, since, info, now, rows)
 
     def stream_append(self, instance_id: str, rows: Sequence[StreamRow]) -> int:
         with self._write() as conn:
