@@ -159,7 +159,7 @@ def test_a_reask_after_invalid_json_supersedes_the_first_answer(db_path) -> None
     good = '{"decision": "approve", "reasons": ["clear", "kind"]}'
     engine = Engine(db_path, llm=Scripted.from_replies([
         {"chunks": ['{"decision": ', '"appr']},  # cut: invalid JSON
-        {"chunks": [good[:12], good[12:30], good[30:]]}]), seed=1)
+        {"chunks": [good[:12], good[12:30], good[30:]], "chunk_delay_s": 0.03}]), seed=1)
     m = Machine(name="judged", context=VCtx, initial="judge", states=[
         State("judge", action=judge), State("done", final=True)],
         transitions=[Transition("ok", "judge", "done")])
@@ -173,6 +173,37 @@ def test_a_reask_after_invalid_json_supersedes_the_first_answer(db_path) -> None
     assert ends == [1, 2]  # the first ended (its text was whole) and was still replaced
     partials = [e.partial for e in events if e.kind == "chunk" and e.attempt == 2]
     assert partials[-1] == json.loads(good)
-    assert partials[0] == {"decision": "approve"} or partials[0] == {}
+    final = json.loads(good)
+    for p in partials:  # each the object decided so far: whole fields, lists growing
+        assert isinstance(p, dict)
+        for k, v in p.items():
+            assert v == (final[k][:len(v)] if isinstance(v, list) else final[k])
     assert [e.info for e in events if e.kind == "open"] == [{"json": True}] * 2
+    engine.close()
+
+
+def test_a_budget_refuses_a_streamed_call_before_anything_is_sent(db_path) -> None:
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}])
+    engine = Engine(db_path, llm=llm, seed=1)
+    iid = engine.start(machine(), {"topic": "cats" * 50}, token_budget=5)
+    done = asyncio.run(engine.run(iid))
+    assert (done.status, done.reason, done.tokens_used, llm.calls) == ("failed", "token_budget",
+                                                                       0, 0)
+    log = engine.store.stream_read(iid)
+    assert [(r.kind, r.info.get("error")) for r in log] == [
+        ("open", None), ("error", "BudgetExhausted")]  # an attempt that never wrote a word
+    engine.close()
+
+
+def test_a_fork_reusing_the_model_replays_the_recorded_reply_as_its_stream(db_path) -> None:
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}])
+    engine = Engine(db_path, llm=llm, seed=1)
+    iid, _ = run(engine, machine())
+    fork = engine.fork(iid, from_seq=0, reuse_llm=True)
+    done = asyncio.run(engine.run(fork))
+    assert (done.tokens_used, llm.calls) == (0, 1)  # nothing sent for the fork
+    assert done.context["seen"] == ["".join(CHUNKS)]
+    assert [(r.kind, r.text) for r in engine.store.stream_read(fork)] == [
+        ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
+    assert engine.store.history(fork)[-1].detail["llm_calls"][0]["replayed"] is True
     engine.close()

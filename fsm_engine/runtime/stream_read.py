@@ -29,8 +29,9 @@ from ..store.streams import StreamRow
 
 __all__ = ["StreamEvent", "events", "parse_cursor", "BATCH"]
 
-#: Most log rows read at once.
-BATCH = 256
+#: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
+#: of text, so a subscription holds at most about 512 KiB of rows).
+BATCH = 64
 #: Longest wait for new rows before the history is looked at again (seconds).
 WAIT_LOCAL_S, WAIT_REMOTE_S = 0.05, 0.25
 

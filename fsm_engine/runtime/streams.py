@@ -38,6 +38,8 @@ log = logging.getLogger("fsm_engine")
 FLUSH_S = 0.02
 #: Characters waiting that start a write at once.
 FLUSH_CHARS = 2048
+#: Most characters of one chunk row: the pieces of one write are merged up to this.
+ROW_CHARS = 8192
 #: Default retention of a committed step's stream rows (seconds; the history keeps the reply).
 RETENTION_S = 3600.0
 #: Least time between two prunes from one process (seconds).
@@ -134,7 +136,7 @@ class ChunkWriter:
                 await self._wake.wait()
                 self._wake.clear()
                 started = loop.time()
-                rows, self._pending = self._pending, []
+                rows, self._pending = merged(self._pending), []
                 if not self.attempt:
                     await self._open(rows)
                 elif rows:
@@ -167,6 +169,21 @@ class ChunkWriter:
                                  self.to.since, info, time.time(),
                                  [_numbered(r, 0) for r in rows])
         _maybe_prune(self.to)
+
+
+def merged(rows: list[StreamRow]) -> list[StreamRow]:
+    """``rows`` with consecutive chunks joined up to ``ROW_CHARS`` characters a row (a
+    longer piece stays whole): fewer rows for the same text and offsets."""
+    out: list[StreamRow] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if (row.kind == "chunk" and last is not None and last.kind == "chunk"
+                and len(last.text) + len(row.text) <= ROW_CHARS):
+            out[-1] = StreamRow(last.instance_id, last.seq, last.attempt, "chunk",
+                                last.text + row.text, last.offset)
+        else:
+            out.append(row)
+    return out
 
 
 def _numbered(row: StreamRow, attempt: int) -> StreamRow:
