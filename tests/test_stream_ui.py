@@ -156,3 +156,47 @@ def test_chromium_shows_the_live_text_before_the_commit(procs: Any) -> None:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_never_reads_blocks_nothing_and_costs_bounded_memory(procs: Any) -> None:
+    import fcntl
+    import socket
+    import struct
+    import termios
+    piece = "x" * 999 + "\n"
+    n = 16_000  # 16 MB of reply
+    p = procs([{"chunks": [piece] * n, "completion_tokens": n}])
+    base = p.viewer(TOKEN)
+    server = p.started[-1]
+    url = urlsplit(base)
+    before = _rss_kib(server.pid)
+    sock = socket.create_connection((url.hostname, url.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    worker = p.worker()  # s1 exists from here: the request below finds it
+    sock.sendall(f"GET /instances/s1/stream HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                 f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+    assert worker.wait(120) == 0  # the engine finished while the client read nothing
+    store = open_store(p.db)
+    try:
+        assert store.get("s1").status == "completed"
+    finally:
+        store.close()
+
+    def unread() -> int:
+        return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))[0]
+    sizes: list[int] = []
+    wait_until(lambda: sizes.append(unread()) or (len(sizes) > 20 and len(set(sizes[-20:])) == 1),
+               60, "the server to stop sending to a client that does not read", interval=0.05)
+    grown = _rss_kib(server.pid) - before
+    print(f"\nclient never reading: {sizes[-1] / 1e6:.2f} MB in its socket of {n * 1000 / 1e6:.0f}"
+          f" MB streamed; server RSS grew {grown / 1024:.1f} MiB")
+    assert sizes[-1] < n * 1000 // 4  # the server stopped: it sends as the client reads
+    assert grown < 24 * 1024  # and holds a batch of rows, not the reply (16 MB)
+    sock.close()
