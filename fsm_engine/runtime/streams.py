@@ -22,15 +22,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..store.streams import StreamRow
+from ..store.streams import StreamOp, StreamRow
 
 if TYPE_CHECKING:
     from ..llm.base import Completion
     from ..store.base import Store
     from ..store.records import InstanceRecord
 
-__all__ = ["StreamTarget", "ChunkWriter", "ReplyStream", "target", "FLUSH_S", "FLUSH_CHARS",
-           "RETENTION_S"]
+__all__ = ["StreamTarget", "Batcher", "ChunkWriter", "ReplyStream", "target", "FLUSH_S",
+           "FLUSH_CHARS", "RETENTION_S"]
 
 log = logging.getLogger("fsm_engine")
 
@@ -51,56 +51,134 @@ class StreamTarget(NamedTuple):
     """Where a step's streamed calls go: ``store``, the instance, the step ``seq`` (the
     history row the step will write), ``since`` (the first seq whose open attempts a new
     attempt supersedes: earlier seqs lost to crashes, see ``target``), and how long rows
-    of a committed step are kept (``retention_s``, seconds).  A ``NamedTuple``: one is
-    built per step."""
+    of a committed step are kept (``retention_s``, seconds), and the ``batcher`` its rows
+    go through (None: one of its own).  A ``NamedTuple``: one is built per step."""
 
     store: Any
     instance_id: str
     seq: int
     since: int
     retention_s: float = RETENTION_S
+    batcher: Batcher | None = None
 
 
-def target(store: Store, rec: InstanceRecord, retention_s: float = RETENTION_S) -> StreamTarget:
+def target(store: Store, rec: InstanceRecord, retention_s: float = RETENTION_S,
+           batcher: Batcher | None = None) -> StreamTarget:
     """The stream target of the next step of ``rec``.  A takeover writes a ``recovery``
     history row, so a step rerun after a crash has a later ``seq`` than the attempt it
     replaces: ``since`` reaches back over the recoveries since the last committed step."""
     seq = rec.seq + 1
     back = rec.recoveries if rec.recoveries and rec.recovered_seq == rec.seq else 0
-    return StreamTarget(store, rec.id, seq, seq - back, retention_s)
+    return StreamTarget(store, rec.id, seq, seq - back, retention_s, batcher)
 
 
-async def _io(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in a thread: a stream write never stalls the event loop."""
+class Batcher:
+    """The stream writes of one store, batched across every attempt streaming in this process
+    (a group commit for stream rows): one ``Store.stream_write`` transaction carries every
+    writer's pending rows.  A batch starts ``FLUSH_S`` after the first row waits (sooner
+    once ``FLUSH_CHARS`` wait) and at most every ``FLUSH_S``; one is in flight at a time.
+    On a local store (SQLite) it is written on the event loop, as the group committer
+    does: measured, a thread hop per write and the connection's lock cost more than the
+    write; on a remote one (PostgreSQL) in a thread.  Bound to the running event loop
+    (rebuilt for another)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.offload = bool(getattr(store, "remote", False))
+        self._dirty: dict[ChunkWriter, None] = {}  # writers with rows waiting, in order
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._writing = False
+        self._last = 0.0  # loop time the last batch began
+        self.batches = 0
+
+    def wake(self, writer: ChunkWriter, *, soon: bool = False) -> None:
+        """``writer`` has rows waiting (``soon``: many, or its last one)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._dirty, self._timer, self._writing = loop, {}, None, False
+        self._dirty[writer] = None
+        if self._writing:
+            return
+        due = self._last + FLUSH_S if soon else max(self._last + FLUSH_S, loop.time() + FLUSH_S)
+        if self._timer is not None and (not soon or self._timer.when() <= due):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(max(loop.time(), due), self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        if not self._dirty or self._writing:
+            return
+        assert self._loop is not None
+        self._last = self._loop.time()
+        writers, self._dirty = list(self._dirty), {}
+        ops = [w.take() for w in writers]
+        if not self.offload:
+            self._done(writers, ops, self._apply, ops)
+            return
+        self._writing = True
+        self._loop.create_task(self._offloaded(writers, ops))
+
+    async def _offloaded(self, writers: list[ChunkWriter], ops: list[StreamOp]) -> None:
+        try:
+            self._done(writers, ops, lambda o: o, await _thread(self._apply, ops))
+        finally:
+            self._writing = False
+            if self._dirty:
+                self.wake(next(iter(self._dirty)), soon=True)
+
+    def _apply(self, ops: list[StreamOp]) -> list[int] | BaseException:
+        try:
+            return list(self.store.stream_write(ops))
+        except Exception as exc:  # noqa: BLE001 - streaming must not fail the call
+            return exc
+
+    def _done(self, writers: list[ChunkWriter], ops: list[StreamOp], fn: Any, arg: Any) -> None:
+        out = fn(arg)
+        self.batches += 1
+        for n, writer in enumerate(writers):
+            writer.settled(out if isinstance(out, BaseException) else out[n], ops[n].open)
+        if self._dirty and not self._writing:
+            self.wake(next(iter(self._dirty)), soon=True)
+
+
+async def _thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
 class ChunkWriter:
-    """One attempt's rows, appended in order by one background task.
+    """One attempt's rows, written in order through its store's ``Batcher``.
 
-    ``add`` (sync, never blocks) queues a piece; ``end``/``fail`` write what is left and
-    the attempt's last row.  A store failure is logged and ends the writing (the call
-    goes on: the history will hold the reply); ``attempt`` is 0 until opened.
+    ``add`` (sync, never blocks) queues a piece; ``end``/``fail`` queue the attempt's last
+    row and wait until it is written.  A store failure is logged and ends the writing
+    (the call goes on: the history will hold the reply); ``attempt`` is 0 until opened.
     """
 
     def __init__(self, to: StreamTarget, *, json: bool = False) -> None:
         self.to, self.json = to, json
+        self.batcher: Batcher = to.batcher if to.batcher is not None else Batcher(to.store)
         self.attempt = 0
         self.chars = 0  # characters queued so far: the next chunk's offset
-        self._pending: list[StreamRow] = []
-        self._wake = asyncio.Event()
+        self._pieces: list[str] = []  # text waiting (it starts at chars - _waiting)
+        self._waiting = 0  # characters in _pieces
+        self._last: StreamRow | None = None  # the attempt's end or error row, waiting
+        self._opening = False
         self._closed = False
         self._broken = False
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._drained: asyncio.Future[None] | None = None
 
     def add(self, piece: str) -> None:
         """Queue ``piece`` (its offset is the characters queued before it)."""
         if self._broken or not piece:
             return
-        self._pending.append(StreamRow(self.to.instance_id, self.to.seq, 0, "chunk", piece,
-                                       self.chars))
+        first = not self._pieces
+        self._pieces.append(piece)
         self.chars += len(piece)
-        self._wake.set()
+        self._waiting += len(piece)
+        if first or self._waiting >= FLUSH_CHARS:  # (already woken for the others)
+            self._ready(self._waiting >= FLUSH_CHARS)
 
     async def end(self, out: Completion) -> None:
         """The reply is complete: write what is left and the ``end`` row, and wait for it."""
@@ -114,76 +192,69 @@ class ChunkWriter:
 
     def abandon(self) -> None:
         """The step was cancelled (e.g. its timeout): write what is left and an ``error``
-        row in the background, without waiting."""
-        self._pending.append(StreamRow(self.to.instance_id, self.to.seq, 0, "error",
-                                       info={"error": "cancelled"}))
-        self._closed = True
-        self._wake.set()
+        row when the next batch goes, without waiting."""
+        if not self._broken:
+            self._last = StreamRow(self.to.instance_id, self.to.seq, 0, "error",
+                                   info={"error": "cancelled"})
+            self._closed = True
+            self._ready(True)
 
     async def _close(self, last: StreamRow) -> None:
-        self._pending.append(last)
+        if self._broken:
+            return
+        self._last = last
         self._closed = True
-        self._wake.set()
+        self._drained = asyncio.get_running_loop().create_future()
+        self._ready(True)
         with contextlib.suppress(Exception):
-            await asyncio.shield(self._task)
+            await asyncio.shield(self._drained)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await self._wake.wait()  # the first piece (or the end): open with what came
-            await self._pace(loop, loop.time())
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                started = loop.time()
-                rows, self._pending = merged(self._pending), []
-                if not self.attempt:
-                    await self._open(rows)
-                elif rows:
-                    await _io(self.to.store.stream_append, self.to.instance_id,
-                              [_numbered(r, self.attempt) for r in rows])
-                if self._closed and not self._pending:
-                    return
-                await self._pace(loop, started)
-        except Exception as exc:  # noqa: BLE001 - streaming must not fail the call
-            self._broken = True
-            log.warning("stream of %s step %d: %s", self.to.instance_id, self.to.seq, exc)
+    def _ready(self, soon: bool) -> None:
+        if not self._opening:  # rows written while the attempt opens wait for its number
+            self.batcher.wake(self, soon=soon)
 
-    async def _pace(self, loop: asyncio.AbstractEventLoop, started: float) -> None:
-        """Wait out the rest of ``FLUSH_S`` since the last write began, unless the attempt
-        ends or ``FLUSH_CHARS`` wait meanwhile."""
-        while not self._closed and sum(len(r.text) for r in self._pending) < FLUSH_CHARS:
-            left = started + FLUSH_S - loop.time()
-            if left <= 0:
-                break
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
-        if self._pending or self._closed:
-            self._wake.set()
+    def take(self) -> StreamOp:
+        """The op writing the rows waiting (the batcher's): the first opens the attempt."""
+        rows = _chunks(self.to, self._pieces, self.chars - self._waiting)
+        if self._last is not None:
+            rows.append(self._last)
+        self._pieces, self._waiting, self._last = [], 0, None
+        to = self.to
+        if not self.attempt:
+            self._opening = True
+            return StreamOp(to.instance_id, tuple(_numbered(r, 0) for r in rows), True, to.seq,
+                            to.since, {"json": True} if self.json else {}, time.time())
+        return StreamOp(to.instance_id, tuple(_numbered(r, self.attempt) for r in rows))
 
-    async def _open(self, rows: list[StreamRow]) -> None:
-        """Open the attempt with its first ``rows`` (one transaction)."""
-        info = {"json": True} if self.json else {}
-        self.attempt = await _io(self.to.store.stream_open, self.to.instance_id, self.to.seq,
-                                 self.to.since, info, time.time(),
-                                 [_numbered(r, 0) for r in rows])
-        _maybe_prune(self.to)
+    def settled(self, result: int | BaseException, opened: bool) -> None:
+        """The batcher wrote (or failed to write) this writer's op."""
+        if isinstance(result, BaseException):
+            self._broken, self._pieces, self._last = True, [], None
+            log.warning("stream of %s step %d: %s", self.to.instance_id, self.to.seq, result)
+        elif opened:
+            self.attempt, self._opening = result, False
+            _maybe_prune(self.to)
+        if (self._pieces or self._last is not None) and not self._broken:
+            self.batcher.wake(self, soon=self._closed)
+        elif self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
 
-def merged(rows: list[StreamRow]) -> list[StreamRow]:
-    """``rows`` with consecutive chunks joined up to ``ROW_CHARS`` characters a row (a
-    longer piece stays whole): fewer rows for the same text and offsets."""
-    out: list[StreamRow] = []
-    for row in rows:
-        last = out[-1] if out else None
-        if (row.kind == "chunk" and last is not None and last.kind == "chunk"
-                and len(last.text) + len(row.text) <= ROW_CHARS):
-            out[-1] = StreamRow(last.instance_id, last.seq, last.attempt, "chunk",
-                                last.text + row.text, last.offset)
-        else:
-            out.append(row)
-    return out
+def _chunks(to: StreamTarget, pieces: list[str], offset: int) -> list[StreamRow]:
+    """``pieces`` (text starting at character ``offset`` of the reply) as chunk rows of at
+    most ``ROW_CHARS`` characters, pieces joined in order (a longer piece stays whole)."""
+    rows: list[StreamRow] = []
+    run: list[str] = []
+    size = 0
+    for piece in pieces:
+        if run and size + len(piece) > ROW_CHARS:
+            rows.append(StreamRow(to.instance_id, to.seq, 0, "chunk", "".join(run), offset))
+            offset, run, size = offset + size, [], 0
+        run.append(piece)
+        size += len(piece)
+    if run:
+        rows.append(StreamRow(to.instance_id, to.seq, 0, "chunk", "".join(run), offset))
+    return rows
 
 
 def _numbered(row: StreamRow, attempt: int) -> StreamRow:
@@ -203,7 +274,7 @@ def _maybe_prune(to: StreamTarget) -> None:
 
     async def prune() -> None:
         with contextlib.suppress(Exception):
-            await _io(to.store.stream_prune, now - to.retention_s)
+            await _thread(to.store.stream_prune, now - to.retention_s)
     _background.add(task := asyncio.get_running_loop().create_task(prune()))
     task.add_done_callback(_background.discard)
 
@@ -227,11 +298,27 @@ class ReplyStream:
         return self._pieces()
 
     async def text(self) -> Completion:
-        """Run the stream to its end without looking at the pieces; its ``Completion``."""
-        async for _ in self:
-            pass
-        assert self.completion is not None
-        return self.completion
+        """Run the stream to its end without looking at the pieces (they are still written
+        for subscribers); its ``Completion``.  Awaited in the caller's task: no task or queue
+        of its own."""
+        writer = self._writer()
+        try:
+            out, streamed = await self._send(writer.add if writer is not None else _drop)
+        except BaseException as exc:
+            await _failed(writer, exc)
+            raise
+        return await self._ended(writer, out, streamed)
+
+    async def _ended(self, writer: ChunkWriter | None, out: Completion, streamed: bool
+                     ) -> Completion:
+        """After the call: a reply answered from the store written as one piece, the
+        attempt's end written and waited for, ``completion`` set."""
+        if writer is not None:
+            if not streamed:
+                writer.add(out.text)
+            await writer.end(out)
+        self.completion = out
+        return out
 
     async def _pieces(self) -> AsyncIterator[str]:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
@@ -252,12 +339,12 @@ class ReplyStream:
             await _failed(writer, exc)
             raise
         if not streamed and out.text:  # answered from the cache or a fork's record
-            if writer is not None:
-                writer.add(out.text)
             yield out.text
-        if writer is not None:
-            await writer.end(out)
-        self.completion = out
+        await self._ended(writer, out, streamed)
+
+
+def _drop(piece: str) -> None:
+    """A sink that keeps nothing (a step with no stream target)."""
 
 
 async def _failed(writer: ChunkWriter | None, exc: BaseException) -> None:

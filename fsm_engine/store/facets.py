@@ -39,7 +39,7 @@ from .records import (
     StepRow,
     WorkerRow,
 )
-from .streams import StreamRow
+from .streams import StreamOp, StreamRow
 
 
 class StoreConnection(Protocol):
@@ -321,20 +321,15 @@ class StreamStore(Protocol):
     process.  These writes are not steps and never touch an instance: ``runtime/ledger.py``
     remains the only writer of steps (the history row keeps the whole reply)."""
 
-    def stream_open(self, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                    now: float, rows: Sequence[StreamRow] = ()) -> int:
-        """Begin a new attempt of step ``seq`` in one transaction: ``superseded`` rows (``by``
-        the new attempt) for every attempt of a step in ``[since, seq]`` not superseded
-        yet, then its ``open`` row (``info``, a JSON object), then ``rows`` (its first,
-        stamped with its number); returns its number (1 + the highest of step ``seq``).
-        The instance need not exist (nothing is checked).
-
-        Status: none changes."""
-
-    def stream_append(self, instance_id: str, rows: Sequence[StreamRow]) -> int:
-        """Append ``rows`` (all of ``instance_id``; ``pos`` ignored) at the end of its log in
-        one transaction, at consecutive positions; returns the first one's.  PostgreSQL
-        notifies ``streams.CHANNEL`` with the instance id.
+    def stream_write(self, ops: Sequence[StreamOp]) -> builtins.list[int]:
+        """Apply ``ops`` in one transaction, in order (``streams.StreamOp``): an op that
+        opens begins a new attempt of its step — ``superseded`` rows (``by`` it) for every
+        attempt of a step in ``[since, seq]`` not superseded yet, its ``open`` row, then its
+        rows, stamped with its number (1 + the highest of that step) — and any op appends
+        its rows at consecutive positions of its instance's log.  Returns, per op, the
+        attempt it opened, else the position of its first row.  The instances need not
+        exist (nothing is checked).  PostgreSQL notifies ``streams.CHANNEL`` with each
+        instance id.
 
         Status: none changes."""
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["StreamRow", "KINDS", "TABLE", "open_attempt", "append", "decode", "READ", "PRUNE",
-           "DELETE", "CHANNEL"]
+__all__ = ["StreamRow", "StreamOp", "KINDS", "TABLE", "open_attempt", "append", "write",
+           "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
 
 KINDS = ("open", "chunk", "end", "error", "superseded")
 #: The PostgreSQL channel a stream write notifies (payload: the instance id).
@@ -74,6 +74,29 @@ class StreamRow:
     info: dict[str, Any] = field(default_factory=dict)
     at: float = 0.0
     pos: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOp:
+    """One instance's part of a stream write (``Store.stream_write``): when ``open``, a new
+    attempt of step ``seq`` begins first (superseding the open attempts of steps
+    ``since``..``seq``; its ``open`` row carries ``info``, written at ``at``) and ``rows``
+    get its number; then ``rows`` are appended to the instance's log."""
+
+    instance_id: str
+    rows: tuple[StreamRow, ...] = ()
+    open: bool = False
+    seq: int = 0
+    since: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    at: float = 0.0
+
+
+def write(execute: Execute, ops: Sequence[StreamOp]) -> list[int]:
+    """In the caller's (serialised) transaction, each op in order: the attempt it opened
+    (``open``), else the position of its first row."""
+    return [open_attempt(execute, op.instance_id, op.seq, op.since, op.info, op.at, op.rows)
+            if op.open else append(execute, op.instance_id, op.rows) for op in ops]
 
 
 def _insert(execute: Execute, rows: Sequence[StreamRow], start: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -18,7 +18,7 @@ import psycopg
 from ...errors import StoreError
 from .. import streams
 from ..codec import marks
-from ..streams import StreamRow
+from ..streams import StreamOp, StreamRow
 from .connect import PostgresBase
 
 #: The advisory lock namespace of stream writers (``pg_advisory_xact_lock(int, int)``).
@@ -40,27 +40,24 @@ class PostgresStreams(PostgresBase):
                 lock = self.__dict__["_stream_lock_"] = threading.Lock()
             return lock
 
-    def _stream_txn(self, instance_id: str, fn: Callable[[streams.Execute], int]) -> int:
-        def go(conn: psycopg.Connection[Any]) -> int:
+    def stream_write(self, ops: Sequence[StreamOp]) -> builtins.list[int]:
+        if not ops:
+            return []
+        ids = sorted({op.instance_id for op in ops})
+
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
             with conn.cursor() as cur:
                 def execute(sql: str, args: Sequence[Any]) -> Sequence[Any]:
                     cur.execute(marks(sql), args)
                     return cur.fetchall() if cur.description is not None else []
-                cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                            (LOCK_SPACE, instance_id))
-                out = fn(execute)
-                cur.execute("SELECT pg_notify(%s, %s)", (streams.CHANNEL, instance_id))
+                for instance_id in ids:  # in one order: two writers never deadlock
+                    cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                                (LOCK_SPACE, instance_id))
+                out = streams.write(execute, ops)
+                for instance_id in ids:
+                    cur.execute("SELECT pg_notify(%s, %s)", (streams.CHANNEL, instance_id))
                 return out
         return self._run(go, txn=True)
-
-    def stream_open(self, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                    now: float, rows: Sequence[StreamRow] = ()) -> int:
-        return self._stream_txn(instance_id, lambda execute: streams.open_attempt(
-            execute, instance_id, seq, since, info, now, rows))
-
-    def stream_append(self, instance_id: str, rows: Sequence[StreamRow]) -> int:
-        return self._stream_txn(instance_id, lambda execute: streams.append(
-            execute, instance_id, rows))
 
     def stream_read(self, instance_id: str, from_pos: int = 0,
                     limit: int = 500) -> builtins.list[StreamRow]:

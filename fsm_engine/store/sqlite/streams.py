@@ -5,10 +5,9 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from .. import streams
-from ..streams import StreamRow
+from ..streams import StreamOp, StreamRow
 from .connect import SqliteBase
 
 #: How often ``stream_wait`` looks for another connection's commit (seconds).
@@ -19,16 +18,11 @@ class SqliteStreams(SqliteBase):
     """Stream rows appended under the write lock (``BEGIN IMMEDIATE``), which serialises
     every writer of the file: positions never collide."""
 
-    def stream_open(self, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                    now: float, rows: Sequence[StreamRow] = ()) -> int:
+    def stream_write(self, ops: Sequence[StreamOp]) -> builtins.list[int]:
+        if not ops:
+            return []
         with self._write() as conn:
-            return streams.open_attempt(lambda sql, args: conn.execute(sql, args).fetchall(),
-                                        instance_id, seq, since, info, now, rows)
-
-    def stream_append(self, instance_id: str, rows: Sequence[StreamRow]) -> int:
-        with self._write() as conn:
-            return streams.append(lambda sql, args: conn.execute(sql, args).fetchall(),
-                                  instance_id, rows)
+            return streams.write(lambda sql, args: conn.execute(sql, args).fetchall(), ops)
 
     def stream_read(self, instance_id: str, from_pos: int = 0,
                     limit: int = 500) -> builtins.list[StreamRow]:
