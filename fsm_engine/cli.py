@@ -22,6 +22,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from . import cli_stream
 from .cli_trust import MACHINES, refuse_untrusted, trusting
 from .errors import FsmError, InstanceNotFound, InvalidInput
 from .runtime import Engine
@@ -448,9 +449,10 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
     out.print(f"wrote {output}")
 
 
-from . import cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale, cli_stream  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
+from . import cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
 
 #                                         stats, ui, prune, check)
+cli_stream.register(app, DB, _open, _find)  # (it imports nothing of cli: no import circle)
 
 
 def main() -> None:

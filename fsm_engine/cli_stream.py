@@ -1,8 +1,9 @@
 """``fsm stream``: watch an instance live — its model replies as they are written, attempts
 superseded, steps committed — until it is final.
 
-Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported; the stream reader is
-imported when the command runs.
+``cli`` registers it on its app (``register``), handing over the ``--db`` option and its
+store helpers, so this module imports nothing of ``cli`` (no import circle); the stream
+reader is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import typer
 
-from .cli import DB, _find, _open, app
 from .terminal import json_text, shown
 
 
@@ -51,31 +52,42 @@ class _Text:
             self.line(f"[{ev.status}]")
 
 
-@app.command()
-def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
-           db: str = DB,
-           from_offset: str = typer.Option("0", "--from", metavar="N",
-                                           help="Start at this stream offset (or an event's "
-                                                "cursor N:S, to resume exactly)."),
-           as_json: bool = typer.Option(False, "--json",
-                                        help="One JSON object per event and line.")) -> None:
-    """Watch an instance live: model replies as they are generated, attempts superseded,
-    steps committed (trigger and destination); exits when the instance is final."""
-    from .runtime.stream_read import events, parse_cursor
-    parse_cursor(from_offset)  # a bad offset: one error line, before anything is read
-    store = _open(db)
-    rec = _find(store, instance_id)
+def register(app: typer.Typer, db_option: Any, open_store: Callable[[str | None], Any],
+             find: Callable[[Any, str], Any]) -> None:
+    """Add ``fsm stream`` to ``app``: ``db_option`` is the ``--db`` option, ``open_store``
+    opens the store it names and ``find`` resolves an id or unambiguous prefix."""
+
+    @app.command()
+    def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous "
+                                                             "prefix)."),
+               db: str = db_option,
+               from_offset: str = typer.Option("0", "--from", metavar="N",
+                                               help="Start at this stream offset (or an "
+                                                    "event's cursor N:S, to resume exactly)."),
+               as_json: bool = typer.Option(False, "--json",
+                                            help="One JSON object per event and line.")) -> None:
+        """Watch an instance live: model replies as they are generated, attempts superseded,
+        steps committed (trigger and destination); exits when the instance is final."""
+        from .runtime.stream_read import parse_cursor
+        parse_cursor(from_offset)  # a bad offset: one error line, before anything is read
+        store = open_store(db)
+        try:
+            watch(store, find(store, instance_id).id, from_offset, as_json)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        finally:
+            store.close()
+
+
+def watch(store: Any, instance_id: str, from_offset: str, as_json: bool) -> None:
+    """Print the instance's events from ``from_offset`` until it is final."""
+    from .runtime.stream_read import events
     human = _Text()
 
-    async def watch() -> None:
-        async for ev in events(store, rec.id, from_offset):
+    async def go() -> None:
+        async for ev in events(store, instance_id, from_offset):
             if as_json:
                 typer.echo(json_text(json.dumps(ev.as_json(), ensure_ascii=False)))
             else:
                 human.event(ev)
-    try:
-        asyncio.run(watch())
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    finally:
-        store.close()
+    asyncio.run(go())
