@@ -207,3 +207,23 @@ def test_a_fork_reusing_the_model_replays_the_recorded_reply_as_its_stream(db_pa
         ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
     assert engine.store.history(fork)[-1].detail["llm_calls"][0]["replayed"] is True
     engine.close()
+
+
+def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, capsys) -> None:
+    from test_cli import run_main
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, _ = run(engine, machine())
+    engine.close()
+    code, out, err = run_main(["stream", iid[:6], "--db", db_path], capsys)
+    assert code == 0, err
+    assert "".join(CHUNKS) in out and out.rstrip().endswith("[completed]")
+    assert "[step 1: ask --ok--> done]" in out
+    code, out, _ = run_main(["stream", iid, "--db", db_path, "--json", "--from", "1:0"], capsys)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and lines[0]["offset"] == 1 and lines[-1]["kind"] == "final"
+    for argv, needle in ((["stream", "nope", "--db", db_path], "nope"),
+                         (["stream", iid, "--db", db_path, "--from", "-3"], "bad stream offset")):
+        code, out, err = run_main(argv, capsys)
+        lines = err.strip().splitlines()
+        assert (code, out) == (2, "") and len(lines) == 1, err
+        assert lines[0].startswith("fsm: error: ") and needle in lines[0], err
