@@ -227,3 +227,29 @@ def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, 
         lines = err.strip().splitlines()
         assert (code, out) == (2, "") and len(lines) == 1, err
         assert lines[0].startswith("fsm: error: ") and needle in lines[0], err
+
+
+def test_on_postgres_a_read_only_subscriber_is_woken_by_notify(pg_cluster) -> None:
+    from fsm_engine.runtime.stream_read import events
+    from fsm_engine.store import open_store
+    url = pg_cluster.database()
+    engine = Engine(url, llm=Scripted.from_replies([{"chunks": CHUNKS, "chunk_delay_s": 0.03}]),
+                    seed=1)
+    iid = engine.start(machine(), {"topic": "pg"})
+    viewer = open_store(url, readonly=True)
+
+    async def go() -> list[Any]:
+        async def watch() -> list[Any]:
+            return [ev async for ev in events(viewer, iid)]
+        seen, _ = await asyncio.gather(watch(), engine.run(iid))
+        return seen
+    try:
+        seen = asyncio.run(go())
+        assert [e.kind for e in seen][-3:] == ["end", "step", "final"]
+        assert "".join(e.text for e in seen if e.kind == "chunk") == "".join(CHUNKS)
+        assert [e.offset for e in seen if e.kind not in ("step", "final")] == list(
+            range(len(seen) - 2))
+        assert seen == collect(engine, iid)  # the same events read again afterwards
+    finally:
+        viewer.close()
+        engine.close()
