@@ -13,7 +13,8 @@ which a reader resumes exactly (``from_offset``).  A bare offset ``P`` resumes t
 
 Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
 (``BATCH``), so a subscriber that stops reading holds nothing up.  Waiting for new rows is
-``Store.stream_wait``: a NOTIFY on PostgreSQL, a short poll on SQLite.
+``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on SQLite a look every
+``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no thread is held).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ __all__ = ["StreamEvent", "events", "parse_cursor", "BATCH"]
 #: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
 #: of text, so a subscription holds at most about 512 KiB of rows).
 BATCH = 64
-#: Longest wait for new rows before the history is looked at again (seconds).
-WAIT_LOCAL_S, WAIT_REMOTE_S = 0.05, 0.25
+#: Seconds between two looks at a local store (SQLite) for new rows, and the longest wait
+#: for a NOTIFY (PostgreSQL) before its history is looked at again.
+POLL_LOCAL_S, WAIT_REMOTE_S = 0.01, 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +90,25 @@ class _Merge:
 
     def __init__(self, store: Any, instance_id: str, pos: int, last_seq: int) -> None:
         self.store, self.instance_id = store, instance_id
+        self.remote = bool(getattr(store, "remote", False))
         self.pos, self.last_seq = pos, last_seq
         self.json: set[tuple[int, int]] = set()
         self.texts: dict[tuple[int, int], str] = {}
 
     async def call(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
+        """``fn(*args)``: in a thread for a remote store, inline for a local file (a short
+        indexed read: the thread hand-off would cost more, and threads are few)."""
+        if self.remote:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    async def wait(self) -> None:
+        """Until the log may have grown: a NOTIFY (remote store, in a thread, at most
+        ``WAIT_REMOTE_S``), else ``POLL_LOCAL_S`` on the event loop."""
+        if self.remote:
+            await asyncio.to_thread(self.store.stream_wait, self.instance_id, WAIT_REMOTE_S)
+        else:
+            await asyncio.sleep(POLL_LOCAL_S)
 
     def cursor(self) -> str:
         return f"{self.pos}:{self.last_seq}"
@@ -160,14 +175,13 @@ async def events(store: Any, instance_id: str, from_offset: int | str = 0
     ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset, before
     any event."""
     pos, after = parse_cursor(from_offset)
-    await asyncio.to_thread(store.get, instance_id)  # InstanceNotFound
     merge = _Merge(store, instance_id, pos, 0)
+    await merge.call(store.get, instance_id)  # InstanceNotFound
     if after is None and pos > 0:
         before = await merge.call(store.stream_read, instance_id, pos - 1, 1)
         after = before[0].seq - 1 if before else 0
     merge.last_seq = after or 0
     await merge.resume()
-    wait = WAIT_REMOTE_S if getattr(store, "remote", False) else WAIT_LOCAL_S
     while True:
         rows = await merge.call(store.stream_read, instance_id, merge.pos, BATCH)
         for row in rows:
@@ -187,4 +201,4 @@ async def events(store: Any, instance_id: str, from_offset: int | str = 0
                                   status=rec.status)
                 return
             continue
-        await merge.call(store.stream_wait, instance_id, wait)
+        await merge.wait()

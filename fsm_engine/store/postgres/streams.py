@@ -2,7 +2,8 @@
 
 Writers of one instance's log serialise on a transaction-scoped advisory lock (so
 positions never collide between a worker and a late one still streaming), and each write
-notifies ``streams.CHANNEL`` with the instance id; ``stream_wait`` LISTENs on it.
+notifies ``streams.CHANNEL`` with the instance id; ``stream_wait`` waits for one, through a
+single LISTEN connection per store read by a daemon thread.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -29,16 +30,14 @@ _MAKING = threading.Lock()
 class PostgresStreams(PostgresBase):
     """Stream rows on PostgreSQL; a connection of its own LISTENs for readers."""
 
-    _stream_listener: psycopg.Connection[Any] | None = None
-
     @property
-    def _stream_lock(self) -> threading.Lock:
-        """This store's lock around its listening connection (made at first use)."""
+    def _notes(self) -> _Notes:
+        """This store's NOTIFY listener (made at first use)."""
         with _MAKING:
-            lock: threading.Lock | None = self.__dict__.get("_stream_lock_")
-            if lock is None:
-                lock = self.__dict__["_stream_lock_"] = threading.Lock()
-            return lock
+            notes: _Notes | None = self.__dict__.get("_notes_")
+            if notes is None:
+                notes = self.__dict__["_notes_"] = _Notes(self._connect)
+            return notes
 
     def stream_write(self, ops: Sequence[StreamOp]) -> builtins.list[int]:
         if not ops:
@@ -66,35 +65,70 @@ class PostgresStreams(PostgresBase):
 
     def stream_wait(self, instance_id: str, timeout: float) -> None:
         """Waits for a NOTIFY on ``streams.CHANNEL`` naming ``instance_id`` up to ``timeout``
-        seconds; when the listening connection cannot be had, sleeps instead."""
-        end = time.monotonic() + max(0.0, timeout)
-        with self._stream_lock:
-            try:
-                listener = self._stream_listening()
-                while (left := end - time.monotonic()) > 0:
-                    for note in listener.notifies(timeout=left, stop_after=1):
-                        if note.payload == instance_id:
-                            return
-            except (psycopg.Error, StoreError):
-                if self._stream_listener is not None:
-                    self._stream_listener.close()
-                self._stream_listener = None
-                time.sleep(max(0.0, end - time.monotonic()))
-
-    def _stream_listening(self) -> psycopg.Connection[Any]:
-        conn = self._stream_listener
-        if conn is None or conn.closed or conn.broken:
-            conn = self._stream_listener = self._connect()
-            conn.execute(f"LISTEN {streams.CHANNEL}")
-        return conn
+        seconds (one listening connection and thread per store, shared by every waiter);
+        when the listener cannot connect, sleeps instead."""
+        self._notes.wait(instance_id, timeout)
 
     def stream_prune(self, before: float) -> int:
         return self._run(lambda conn: conn.execute(marks(streams.PRUNE), (before,)).rowcount,
                          txn=True)
 
     def close(self) -> None:
-        with self._stream_lock:
-            if self._stream_listener is not None:
-                self._stream_listener.close()
-            self._stream_listener = None
+        notes = self.__dict__.get("_notes_")
+        if notes is not None:
+            notes.stop()
         super().close()
+
+
+class _Notes:
+    """One LISTEN connection and a daemon thread counting notifications per instance;
+    waiters sleep on a condition until their instance's count moves."""
+
+    #: Instances remembered at most (past it the counts restart: a waiter then waits out
+    #: its timeout once).
+    MAX_IDS = 10_000
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
+        self.connect = connect
+        self.cond = threading.Condition()
+        self.seen: dict[str, int] = {}
+        self.thread: threading.Thread | None = None
+        self.conn: psycopg.Connection[Any] | None = None
+        self.stopped = False
+
+    def wait(self, instance_id: str, timeout: float) -> None:
+        with self.cond:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._listen, daemon=True,
+                                               name="fsm-stream-listen")
+                self.thread.start()
+            start = self.seen.get(instance_id, 0)
+            self.cond.wait_for(lambda: self.seen.get(instance_id, 0) != start,
+                               max(0.0, timeout))
+
+    def _listen(self) -> None:
+        while not self.stopped:
+            try:
+                if self.conn is None or self.conn.closed or self.conn.broken:
+                    self.conn = self.connect()
+                    self.conn.execute(f"LISTEN {streams.CHANNEL}")
+                for note in self.conn.notifies(timeout=1.0):
+                    self._count(note.payload)
+            except (psycopg.Error, StoreError):
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                time.sleep(0.5)
+
+    def _count(self, instance_id: str) -> None:
+        with self.cond:
+            if len(self.seen) >= self.MAX_IDS:
+                self.seen.clear()
+            self.seen[instance_id] = self.seen.get(instance_id, 0) + 1
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        self.stopped = True
+        conn = self.conn
+        if conn is not None:
+            conn.close()
