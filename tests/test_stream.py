@@ -253,3 +253,22 @@ def test_on_postgres_a_read_only_subscriber_is_woken_by_notify(pg_cluster) -> No
     finally:
         viewer.close()
         engine.close()
+
+
+def test_a_step_timeout_mid_stream_marks_the_attempt_and_the_retry_supersedes_it(
+        db_path) -> None:
+    slow = {"chunks": [f"p{i} " for i in range(40)], "chunk_delay_s": 0.05}
+    engine = Engine(db_path, llm=Scripted.from_replies([slow, {"chunks": CHUNKS}]), seed=1)
+    m = machine(timeout=0.3, retry=RetryPolicy(max_attempts=2, initial_interval=0.0))
+    iid, done = run(engine, m)
+    assert done.status == "completed" and done.context["answer"] == "".join(CHUNKS)
+    events = collect(engine, iid)
+    first = [e for e in events if (e.seq, e.attempt) == (1, 1)]
+    kinds = [e.kind for e in first]
+    assert kinds[0] == "open" and "end" not in kinds  # cut by the timeout: never complete
+    assert ("error", "cancelled") in [(e.kind, e.info.get("error")) for e in first]
+    assert [e.by for e in first if e.kind == "superseded"] == [(1, 2)]
+    cut = "".join(e.text for e in first if e.kind == "chunk")
+    assert cut and "".join(slow["chunks"]).startswith(cut) and cut != "".join(slow["chunks"])
+    assert [e.kind for e in events if e.attempt == 2][-1] == "end"
+    engine.close()
