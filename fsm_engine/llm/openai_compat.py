@@ -52,6 +52,7 @@ the key in a header).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import ipaddress
 import logging
@@ -281,6 +282,9 @@ class OpenAICompatible(Provider):
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped like a completion's failure
                 raise self._map_error(exc, left) from None
+            finally:  # the connection goes back (or away) even when the caller gave up
+                with contextlib.suppress(Exception):
+                    await events.close()
         yield await self._streamed(seen, messages)
 
     async def _request(self, messages: list[Message], max_tokens: int, temperature: float,

@@ -26,11 +26,17 @@ async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str
             call.sink(whole.text)
         return whole
     out: Completion | None = None
-    async for piece in provider.stream(messages, **kwargs):
-        if isinstance(piece, Completion):
-            out = piece
-        elif piece:
-            call.sink(piece)
+    pieces = provider.stream(messages, **kwargs)
+    try:
+        async for piece in pieces:
+            if isinstance(piece, Completion):
+                out = piece
+            elif piece:
+                call.sink(piece)
+    finally:  # closed at once if the step gives up: the provider's slot is freed
+        close = getattr(pieces, "aclose", None)
+        if close is not None:
+            await close()
     if out is None:
         raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
     return out
