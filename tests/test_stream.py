@@ -272,3 +272,15 @@ def test_a_step_timeout_mid_stream_marks_the_attempt_and_the_retry_supersedes_it
     assert cut and "".join(slow["chunks"]).startswith(cut) and cut != "".join(slow["chunks"])
     assert [e.kind for e in events if e.attempt == 2][-1] == "end"
     engine.close()
+
+
+def test_fault_injection_applies_to_a_streamed_call(db_path) -> None:
+    from fsm_engine.llm import FaultInjector
+    inner = Scripted.from_replies([{"chunks": ['{"a": ', '1}'], "completion_tokens": 2}])
+    engine = Engine(db_path, llm=FaultInjector(inner, {"fenced": 1.0}, seed=1), seed=1)
+    iid, done = run(engine, machine())
+    fenced = done.context["answer"]
+    assert fenced != '{"a": 1}' and '{"a": 1}' in fenced  # the fault's distortion
+    assert done.context["seen"] == [fenced]  # a provider that cannot stream: one piece
+    assert "".join(r.text for r in engine.store.stream_read(iid) if r.kind == "chunk") == fenced
+    engine.close()
