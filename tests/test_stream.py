@@ -284,3 +284,21 @@ def test_fault_injection_applies_to_a_streamed_call(db_path) -> None:
     assert done.context["seen"] == [fenced]  # a provider that cannot stream: one piece
     assert "".join(r.text for r in engine.store.stream_read(iid) if r.kind == "chunk") == fenced
     engine.close()
+
+
+def test_an_injected_http500_cuts_a_streamed_reply_and_the_retry_supersedes_it(db_path) -> None:
+    from fsm_engine.llm import FaultInjector
+    inner = Scripted.from_replies([{"chunks": CHUNKS, "completion_tokens": 5}])
+    faults = FaultInjector(inner, {"http500": 0.5}, seed=3)
+    engine = Engine(db_path, llm=faults, seed=1)
+    iid, done = run(engine, machine(retry=RetryPolicy(max_attempts=6, initial_interval=0.0)))
+    assert done.status == "completed" and faults.faults["http500"] >= 1
+    events = collect(engine, iid)
+    cut = [e for e in events if e.kind == "error"]
+    assert [e.info["error"] for e in cut] == ["ServerError"] * faults.faults["http500"]
+    for e in cut:  # each cut attempt streamed the pieces, then was superseded, never ended
+        mine = [x for x in events if (x.seq, x.attempt) == (e.seq, e.attempt)]
+        assert "".join(x.text for x in mine if x.kind == "chunk") == "".join(CHUNKS)
+        assert "end" not in [x.kind for x in mine] and "superseded" in [x.kind for x in mine]
+    assert done.tokens_used == faults.total_tokens  # usage billed through the errors too
+    engine.close()
