@@ -3,12 +3,12 @@
 ``ReplyStream`` is what ``step.llm.stream(...)`` returns: an async iterator of the reply's
 text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
 call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
-a ``ChunkWriter`` appends the pieces to the store's stream log (``store.streams``) in small
-batches, off the event loop (a thread): the first write gathers for ``FLUSH_S`` seconds and
-opens the attempt with what came (a short reply is one transaction: open, text, end), and
-each later one starts ``FLUSH_S`` after the one before began (at once past ``FLUSH_CHARS``
-waiting), so a reader sees a piece within about ``FLUSH_S`` plus one write while a fast
-model costs at most one write per ``FLUSH_S``.  These writes are appends, not steps (``ledger.py``
+a ``ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
+engine's ``Batcher`` writes the rows of every attempt streaming in the process together:
+the first batch ``FLUSH_S`` seconds after a row waits (a short reply is one op: open, text,
+end), then at most one per ``FLUSH_S`` (sooner past ``FLUSH_CHARS`` waiting), so a reader
+sees a piece within about ``FLUSH_S`` plus one write and a fast model costs at most one
+transaction per ``FLUSH_S`` however many instances stream.  These writes are appends, not steps (``ledger.py``
 stays the only writer of steps); the attempt's ``end`` row is written before the call
 returns, so before the step can commit.
 """
@@ -116,27 +116,29 @@ class Batcher:
         writers, self._dirty = list(self._dirty), {}
         ops = [w.take() for w in writers]
         if not self.offload:
-            self._done(writers, ops, self._apply, ops)
+            self._done(writers, ops, self._apply(ops))
             return
         self._writing = True
         self._loop.create_task(self._offloaded(writers, ops))
 
     async def _offloaded(self, writers: list[ChunkWriter], ops: list[StreamOp]) -> None:
         try:
-            self._done(writers, ops, lambda o: o, await _thread(self._apply, ops))
+            self._done(writers, ops, await _thread(self._apply, ops))
         finally:
             self._writing = False
             if self._dirty:
                 self.wake(next(iter(self._dirty)), soon=True)
 
     def _apply(self, ops: list[StreamOp]) -> list[int] | BaseException:
+        """Write ``ops`` in one transaction: what each gave, or the error."""
         try:
             return list(self.store.stream_write(ops))
         except Exception as exc:  # noqa: BLE001 - streaming must not fail the call
             return exc
 
-    def _done(self, writers: list[ChunkWriter], ops: list[StreamOp], fn: Any, arg: Any) -> None:
-        out = fn(arg)
+    def _done(self, writers: list[ChunkWriter], ops: list[StreamOp],
+              out: list[int] | BaseException) -> None:
+        """Tell each writer what its op gave; start the next batch when rows wait."""
         self.batches += 1
         for n, writer in enumerate(writers):
             writer.settled(out if isinstance(out, BaseException) else out[n], ops[n].open)
