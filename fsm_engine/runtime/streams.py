@@ -8,9 +8,9 @@ engine's ``Batcher`` writes the rows of every attempt streaming in the process t
 the first batch ``FLUSH_S`` seconds after a row waits (a short reply is one op: open, text,
 end), then at most one per ``FLUSH_S`` (sooner past ``FLUSH_CHARS`` waiting), so a reader
 sees a piece within about ``FLUSH_S`` plus one write and a fast model costs at most one
-transaction per ``FLUSH_S`` however many instances stream.  These writes are appends, not steps (``ledger.py``
-stays the only writer of steps); the attempt's ``end`` row is written before the call
-returns, so before the step can commit.
+transaction per ``FLUSH_S`` however many instances stream.  These writes are appends, not
+steps (``ledger.py`` stays the only writer of steps); the attempt's ``end`` row is written
+before the call returns, so before the step can commit.
 """
 
 from __future__ import annotations
