@@ -157,9 +157,15 @@ class _Merge:
             seen = rows[-1].pos + 1
 
 
+#: Longest reply (characters) whose partial object is parsed at each chunk (each parse
+#: reads the reply so far: past this, chunks carry no partial object).
+PARTIAL_CHARS = 65_536
+
+
 def _partial(text: str | None) -> Any:
-    """The JSON value ``text`` starts (``pydantic_core``'s partial parsing), or None."""
-    if not text:
+    """The JSON value ``text`` starts (``pydantic_core``'s partial parsing), or None (none
+    yet, not JSON, or longer than ``PARTIAL_CHARS``)."""
+    if not text or len(text) > PARTIAL_CHARS:
         return None
     from pydantic_core import from_json
     try:
