@@ -302,3 +302,26 @@ def test_an_injected_http500_cuts_a_streamed_reply_and_the_retry_supersedes_it(d
         assert "end" not in [x.kind for x in mine] and "superseded" in [x.kind for x in mine]
     assert done.tokens_used == faults.total_tokens  # usage billed through the errors too
     engine.close()
+
+
+def test_a_subscription_in_the_engines_own_process_follows_the_run_live(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS, "chunk_delay_s": 0.03}]),
+                    seed=1)
+    iid = engine.start(machine(), {"topic": "live"})
+    states: list[int] = []
+
+    async def go() -> list[Any]:
+        async def watch() -> list[Any]:
+            seen = []
+            async for ev in engine.stream(iid):
+                if ev.kind == "chunk":
+                    states.append(engine.store.get(iid).seq)  # committed steps at that moment
+                seen.append(ev)
+            return seen
+        seen, _ = await asyncio.gather(watch(), engine.run(iid))
+        return seen
+    seen = asyncio.run(go())
+    assert states[0] == 0  # text arrived while the step was still running
+    assert "".join(e.text for e in seen if e.kind == "chunk") == "".join(CHUNKS)
+    assert [e.kind for e in seen][-2:] == ["step", "final"]
+    engine.close()
