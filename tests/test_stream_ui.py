@@ -117,7 +117,8 @@ def test_chromium_shows_the_live_text_before_the_commit(procs: Any) -> None:
 
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    p = procs([{"chunks": WORDS, "chunk_delay_s": 0.05, "completion_tokens": 24}])
+    words = [f"word{i:02d} " for i in range(60)]  # six seconds of writing
+    p = procs([{"chunks": words, "chunk_delay_s": 0.1, "completion_tokens": 60}])
     gate = p.tmp / "gate"
     p.worker(GATE=str(gate))
     base = p.viewer(TOKEN)
@@ -137,7 +138,7 @@ def test_chromium_shows_the_live_text_before_the_commit(procs: Any) -> None:
             return str(driver.execute_script(
                 "var t = document.getElementById('live-text'); return t ? t.textContent : ''"))
         chars = []
-        wait_until(lambda: chars.append(len(live_text())) or live_text() == "".join(WORDS), 60,
+        wait_until(lambda: chars.append(len(live_text())) or live_text() == "".join(words), 60,
                    "the whole reply on the page", interval=0.02)
         assert len(set(chars)) > 2  # it grew while the model wrote, not at once
         store = open_store(p.db)
