@@ -118,9 +118,7 @@ class Driver:
         #: created unowned, for any worker to claim); the engine sets it for the families
         #: its ``run`` continues.
         self.host: Callable[[InstanceRecord], str | None] = lambda rec: None
-        #: Seconds a committed step's stream rows are kept (``runtime.streams``).
-        self.stream_retention_s = streams.RETENTION_S
-        self.stream_rows = streams.Batcher(store)  # every streamed call's rows, batched
+        self.streams = streams.Streams(store)  # where streamed calls write (``.retention_s``)
         #: Whether this worker's lease is still current (``Ownership.lease_current``): no
         #: action or delivery starts under a lease that ran out.
         self.lease_current: Callable[[str | None], bool] = lambda owner: True
@@ -276,8 +274,7 @@ class Driver:
             recorded=RecordedReplies(self.store, rec.forked_from)
             if rec.forked_from is not None and rec.fork_options.get("reuse_llm")
             and not state.side_effect else None,
-            tracer=tracer, trace_parent=parent,
-            stream_to=streams.target(self.store, rec, self.stream_retention_s, self.stream_rows))
+            tracer=tracer, trace_parent=parent, stream_to=self.streams.target(rec))
 
     def _limits(self, rec: InstanceRecord, state: State, in_visit: int) -> tuple[Limit, ...]:
         """The token budgets a step of ``rec`` in ``state`` runs under (instance: the family's

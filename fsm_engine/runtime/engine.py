@@ -304,7 +304,7 @@ class Engine:
         then the final status) from ``from_offset`` (a log offset or an event's ``cursor``)
         until the instance is final; see ``runtime.stream_read``.  Raises
         ``InstanceNotFound`` / ``InvalidInput`` at the first ``__anext__``.  Rows of a
-        committed step are kept ``driver.stream_retention_s`` seconds (default 1 h)."""
+        committed step are kept ``driver.streams.retention_s`` seconds (default 1 h)."""
         from .stream_read import events
         return events(self.store, instance_id, from_offset)
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..store.base import Store
     from ..store.records import InstanceRecord
 
-__all__ = ["StreamTarget", "Batcher", "ChunkWriter", "ReplyStream", "target", "FLUSH_S",
+__all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "ReplyStream", "FLUSH_S",
            "FLUSH_CHARS", "RETENTION_S"]
 
 log = logging.getLogger("fsm_engine")
@@ -62,14 +62,22 @@ class StreamTarget(NamedTuple):
     batcher: Batcher | None = None
 
 
-def target(store: Store, rec: InstanceRecord, retention_s: float = RETENTION_S,
-           batcher: Batcher | None = None) -> StreamTarget:
-    """The stream target of the next step of ``rec``.  A takeover writes a ``recovery``
-    history row, so a step rerun after a crash has a later ``seq`` than the attempt it
-    replaces: ``since`` reaches back over the recoveries since the last committed step."""
-    seq = rec.seq + 1
-    back = rec.recoveries if rec.recoveries and rec.recovered_seq == rec.seq else 0
-    return StreamTarget(store, rec.id, seq, seq - back, retention_s, batcher)
+class Streams:
+    """Where one driver's steps stream: its ``store``, one ``Batcher`` for all of them, and
+    ``retention_s``, the seconds a committed step's rows are kept (default 1 h)."""
+
+    def __init__(self, store: Store, retention_s: float = RETENTION_S) -> None:
+        self.store, self.retention_s = store, retention_s
+        self.batcher = Batcher(store)
+
+    def target(self, rec: InstanceRecord) -> StreamTarget:
+        """The stream target of the next step of ``rec``.  A takeover writes a ``recovery``
+        history row, so a step rerun after a crash has a later ``seq`` than the attempt it
+        replaces: ``since`` reaches back over the recoveries since the last committed
+        step."""
+        seq = rec.seq + 1
+        back = rec.recoveries if rec.recoveries and rec.recovered_seq == rec.seq else 0
+        return StreamTarget(self.store, rec.id, seq, seq - back, self.retention_s, self.batcher)
 
 
 class Batcher:
