@@ -120,10 +120,12 @@ def latency(url: str, pieces: int, every: float) -> list[float]:
     return lags
 
 
-def cpu_per_step(url: str, action: Any, replies: list[dict[str, Any]], n: int) -> float:
-    """Process CPU seconds per step of ``n`` one-call instances (two steps' worth: the
-    call's and the end's are one step here, the machine has one transition)."""
-    engine = Engine(url, llm=Scripted.from_replies(replies), seed=1)
+def cpu_per_step(url: str, action: Any, replies: list[dict[str, Any]], n: int,
+                 llm: Any = None) -> float:
+    """Process CPU seconds per step of ``n`` one-call instances (the machine has one
+    transition: one step each), answered by ``llm`` (default: ``replies``, scripted)."""
+    engine = Engine(url, llm=llm or Scripted.from_replies(replies), seed=1,
+                    breaker=None)
     m = machine(action, f"m{id(action)}")
     ids = [engine.start(m, {"n": i}) for i in range(n)]
     start = time.process_time()
@@ -171,37 +173,129 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=0.02)
     ap.add_argument("--instances", type=int, default=300)
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each unwatched variant")
+    ap.add_argument("--parts", default="latency,unwatched,http,growth")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="fsm-stream-bench-"))
-    urls = {"sqlite": str(tmp / "lat.db")}
     cluster = None
-    if not args.no_postgres:
+    if not args.no_postgres and parts & {"latency", "growth"}:
         from fsm_engine.testing.postgres import PostgresCluster
         cluster = PostgresCluster().start()
-        urls["postgres"] = cluster.database()
     try:
-        for name, url in urls.items():
-            lags = [1000 * x for x in latency(url, args.pieces, args.every)]
-            print(f"latency {name}: p50 {statistics.median(lags):.1f} ms, "
-                  f"p99 {pct(lags, 0.99):.1f} ms, max {max(lags):.1f} ms "
-                  f"({len(lags)} pieces, one per {1000 * args.every:g} ms)")
-        one = [{"text": "x" * 120, "prompt_tokens": 5, "completion_tokens": 30}]
-        many = [{"chunks": ["xxxx"] * 30, "prompt_tokens": 5, "completion_tokens": 30}]
-        for label, replies in (("1 piece", one), ("30 pieces", many)):
-            base = str(tmp / f"plain-{len(replies[0])}.db")
-            a = cpu_per_step(f"sqlite:///{base}", plain, replies, args.instances)
-            b = cpu_per_step(f"sqlite:///{tmp}/stream-{len(replies[0])}.db", streamed,
-                             replies, args.instances)
-            print(f"unwatched, {label}: complete {1e6 * a:.0f} µs CPU/step, stream "
-                  f"{1e6 * b:.0f} µs CPU/step: ratio {b / a:.3f}")
-        print(f"store growth sqlite: {growth(str(tmp / 'grow.db'), 1000, 0.002):.0f} B per "
-              "1,000 tokens (4-character pieces, one per 2 ms)")
-        if cluster is not None:
-            print(f"store growth postgres: "
-                  f"{growth(cluster.database(), 1000, 0.002, cluster):.0f} B per 1,000 tokens")
+        if "latency" in parts:
+            _latencies(tmp, cluster, args.pieces, args.every)
+        if "unwatched" in parts:
+            _unwatched(tmp, args.instances, args.repeat)
+        if "http" in parts:
+            _http_unwatched(tmp, args.instances, args.repeat)
+        if "growth" in parts:
+            print(f"store growth sqlite: {growth(str(tmp / 'grow.db'), 1000, 0.002):.0f} B per "
+                  "1,000 tokens (4-character pieces, one per 2 ms)")
+            if cluster is not None:
+                print(f"store growth postgres: "
+                      f"{growth(cluster.database(), 1000, 0.002, cluster):.0f} B per 1,000 tokens")
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def _latencies(tmp: Path, cluster: Any, pieces: int, every: float) -> None:
+    urls = {"sqlite": str(tmp / "lat.db")}
+    if cluster is not None:
+        urls["postgres"] = cluster.database()
+    for name, url in urls.items():
+        lags = [1000 * x for x in latency(url, pieces, every)]
+        print(f"latency {name}: p50 {statistics.median(lags):.1f} ms, "
+              f"p99 {pct(lags, 0.99):.1f} ms, max {max(lags):.1f} ms "
+              f"({len(lags)} pieces, one per {1000 * every:g} ms)")
+
+
+SERVER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+PIECES = ["xxxx"] * 30
+
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        usage = {"prompt_tokens": 5, "completion_tokens": 30, "total_tokens": 35}
+        if not body.get("stream"):
+            data = json.dumps({"id": "c", "object": "chat.completion", "created": 0,
+                               "model": "m", "usage": usage, "choices": [{"index": 0,
+                               "finish_reason": "stop", "message": {"role": "assistant",
+                               "content": "".join(PIECES)}}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        def ev(choices, extra=None):
+            d = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": choices, **(extra or {})}
+            return b"data: " + json.dumps(d).encode() + b"\n\n"
+        out = [ev([{"index": 0, "delta": {"content": p}, "finish_reason": None}])
+               for p in PIECES]
+        out.append(ev([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+        out.append(ev([], {"usage": usage}))
+        out.append(b"data: [DONE]\n\n")
+        data = b"".join(out)
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def _http_unwatched(tmp: Path, instances: int, repeat: int) -> None:
+    """The same over HTTP: an OpenAI-compatible server in another process (its CPU not
+    counted) answering 30 tokens, whole or as 30 Server-Sent Events."""
+    from fsm_engine.llm.openai_compat import OpenAICompatible
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        base = f"http://127.0.0.1:{server.stdout.readline().strip()}/v1"
+        runs: dict[str, list[float]] = {"plain": [], "stream": []}
+        for r in range(repeat):
+            for name, action in (("plain", plain), ("stream", streamed)):
+                llm = OpenAICompatible(base_url=base, model="m", api_key="sk-bench",
+                                       concurrency=8)
+                url = f"sqlite:///{tmp}/http-{name}-{r}.db"
+                runs[name].append(cpu_per_step(url, action, [], instances, llm))
+        a, b = statistics.median(runs["plain"]), statistics.median(runs["stream"])
+        print(f"unwatched, OpenAI-compatible HTTP, 30 tokens: complete {1e6 * a:.0f} µs "
+              f"CPU/step, stream {1e6 * b:.0f} µs CPU/step (medians of {repeat}): "
+              f"ratio {b / a:.3f}")
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _unwatched(tmp: Path, instances: int, repeat: int) -> None:
+    one = [{"text": "x" * 120, "prompt_tokens": 5, "completion_tokens": 30}]
+    many = [{"chunks": ["xxxx"] * 30, "prompt_tokens": 5, "completion_tokens": 30}]
+    for label, replies in (("1 piece", one), ("30 pieces", many)):
+        runs: dict[str, list[float]] = {"plain": [], "stream": []}
+        for r in range(repeat):  # interleaved: the machine's load hits both alike
+            for name, action in (("plain", plain), ("stream", streamed)):
+                url = f"sqlite:///{tmp}/{name}-{len(replies[0])}-{r}.db"
+                runs[name].append(cpu_per_step(url, action, replies, instances))
+        a, b = statistics.median(runs["plain"]), statistics.median(runs["stream"])
+        print(f"unwatched, {label}: complete {1e6 * a:.0f} µs CPU/step, stream "
+              f"{1e6 * b:.0f} µs CPU/step (medians of {repeat}): ratio {b / a:.3f}")
 
 
 if __name__ == "__main__":

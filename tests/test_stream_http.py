@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from http_peers import Peer
 
-from fsm_engine.errors import ProviderTimeout, ResponseTooLarge
+from fsm_engine.errors import ProviderTimeout, ResponseTooLarge, ServerError
 from fsm_engine.llm.base import Completion
 from fsm_engine.llm.openai_compat import OpenAICompatible
 
@@ -102,3 +102,28 @@ def test_the_deadline_holds_for_the_whole_stream(monkeypatch: pytest.MonkeyPatch
     finally:
         peer.close()
     assert peer.sent < 60 * 400  # cut after about half a second of events
+
+
+def test_an_event_line_that_never_ends_is_refused() -> None:
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, HEAD + b"data: {\"choices\": [{\"delta\": {\"content\": \"")
+        while peer.sent < 4 * 1024 * 1024:
+            peer.send(conn, b"x" * 65536)
+    peer = Peer(behaviour)
+    try:
+        with pytest.raises(ServerError, match="an event over"):
+            pieces(peer)
+    finally:
+        peer.close()
+
+
+def test_an_error_event_mid_stream_is_a_server_error() -> None:
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, HEAD + event({"content": "half"}))
+        peer.send(conn, b'data: {"error": {"message": "overloaded"}}\n\n')
+    peer = Peer(behaviour)
+    try:
+        with pytest.raises(ServerError, match="failed mid-stream: .*overloaded"):
+            pieces(peer)
+    finally:
+        peer.close()

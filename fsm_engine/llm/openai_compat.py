@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import inspect
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -91,6 +92,8 @@ NO_KEY = "sk-no-key"
 DEFAULT_TIMEOUT = 600.0  # seconds, the openai SDK's own default
 REMOTE_CONCURRENCY = 16
 JSON_MODES = ("auto", "json_schema", "json_object", "off")
+#: Longest line of a streamed reply's events (characters).
+MAX_EVENT_CHARS = 1 << 20
 
 
 def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
@@ -271,12 +274,11 @@ class OpenAICompatible(Provider):
             kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
                                          left)
             kwargs.update(stream=True, stream_options={"include_usage": True})
-            events = await self._create(kwargs, json_schema)
-            seen = _Events()
-            try:
-                async for event in events:
-                    piece = seen.take(event)
-                    if piece:
+            opened = await self._create(kwargs, json_schema, self._open_stream)
+            seen = _Events(f"{self.name} model {self.model!r} at {self.shown_url}")
+            try:  # parsed here: the SDK's event objects cost several times the bytes
+                async for pieces in seen.read(opened.iter_text()):
+                    for piece in pieces:
                         yield piece
             except ProviderError:
                 raise
@@ -284,8 +286,14 @@ class OpenAICompatible(Provider):
                 raise self._map_error(exc, left) from None
             finally:  # the connection goes back (or away) even when the caller gave up
                 with contextlib.suppress(Exception):
-                    await events.close()
+                    await opened.close()
         yield await self._streamed(seen, messages)
+
+    async def _open_stream(self, **kwargs: Any) -> Any:
+        """Send a streamed request; its raw response (the status checked: an error status
+        raises the SDK's exception, mapped by ``_create``)."""
+        return await self._client.chat.completions.with_streaming_response.create(
+            **kwargs).__aenter__()
 
     async def _request(self, messages: list[Message], max_tokens: int, temperature: float,
                        json_schema: JsonSchema | None, stop: list[str] | None,
@@ -314,10 +322,13 @@ class OpenAICompatible(Provider):
                           finish_reason=seen.finish or "stop",
                           model=seen.model or self.model or "?", usage_missing=missing)
 
-    async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None) -> Any:
-        """Send the request; auto mode resends once in llama.cpp form if json_schema is refused."""
+    async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None,
+                      send: Any = None) -> Any:
+        """Send the request (``send``: the SDK's ``create``, or ``_open_stream``); auto mode
+        resends once in llama.cpp form if json_schema is refused."""
+        send = send or self._client.chat.completions.create
         try:
-            return await self._client.chat.completions.create(**kwargs)
+            return await send(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every SDK failure is mapped below
             if not self._refused_json_schema(exc, kwargs):
                 raise self._map_error(exc, kwargs["timeout"]) from None
@@ -326,7 +337,7 @@ class OpenAICompatible(Provider):
                  self.name, self.shown_url)
         kwargs["response_format"] = _response_format(schema or {}, self.json_mode)
         try:
-            return await self._client.chat.completions.create(**kwargs)
+            return await send(**kwargs)
         except Exception as exc:  # noqa: BLE001
             raise self._map_error(exc, kwargs["timeout"]) from None
 
@@ -389,28 +400,70 @@ class OpenAICompatible(Provider):
 
 
 class _Events:
-    """What the events of one streamed reply said: its pieces, usage, finish reason, model."""
+    """What the Server-Sent Events of one streamed reply said: its pieces, usage, finish
+    reason and model.  Each ``data:`` line is strict JSON read here (hostile: shapes are
+    checked); ``data: [DONE]`` ends it (``done``); an event holding ``error`` raises
+    ``ServerError`` naming ``where``."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str) -> None:
+        self.where = where
         self.parts: list[str] = []
         self.prompt: int | None = None
         self.completion: int | None = None
         self.finish: str | None = None
         self.model: str | None = None
+        self.done = False
 
-    def take(self, event: Any) -> str:
-        """Note one event; the text it adds (``""``: none)."""
-        usage = getattr(event, "usage", None)
-        prompt, completion = (getattr(usage, "prompt_tokens", None),
-                              getattr(usage, "completion_tokens", None))
-        if isinstance(prompt, int) and isinstance(completion, int):
-            self.prompt, self.completion = prompt, completion
-        self.model = getattr(event, "model", None) or self.model
-        choices = getattr(event, "choices", None)
-        if not choices:
+    async def read(self, texts: AsyncIterator[str]) -> AsyncIterator[list[str]]:
+        """The pieces each received stretch of the body adds, until ``[DONE]`` or its end."""
+        tail = ""
+        async for text in texts:
+            *lines, tail = (tail + text).split("\n")
+            if len(tail) > MAX_EVENT_CHARS:  # (a line that never ends: refused, not grown)
+                raise ServerError(f"{self.where} sent an event over {MAX_EVENT_CHARS:,} "
+                                  "characters")
+            yield [p for p in map(self.line, lines) if p]
+            if self.done:
+                return
+        yield [p for p in [self.line(tail)] if p]
+
+    def line(self, line: str) -> str:
+        """Note one line of the stream; the text it adds (``""``: none)."""
+        line = line.rstrip("\r")
+        if not line.startswith("data:"):
+            return ""  # a comment, an ``event:``/``id:`` field, the blank between events
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
             return ""
-        self.finish = getattr(choices[0], "finish_reason", None) or self.finish
-        piece = str(getattr(getattr(choices[0], "delta", None), "content", None) or "")
-        if piece:
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise ServerError(f"{self.where} sent an event that is not JSON") from None
+        if not isinstance(event, dict):
+            return ""
+        if event.get("error") is not None:
+            raise ServerError(f"{self.where} failed mid-stream: "
+                              f"{redact(str(event['error']))[:300]}")
+        return self.take(event)
+
+    def take(self, event: dict[str, Any]) -> str:
+        """Note one event; the text it adds (``""``: none)."""
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if type(prompt) is int and type(completion) is int:
+                self.prompt, self.completion = prompt, completion
+        if isinstance(event.get("model"), str):
+            self.model = event["model"]
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return ""
+        if isinstance(choices[0].get("finish_reason"), str):
+            self.finish = choices[0]["finish_reason"]
+        delta = choices[0].get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(piece, str) and piece:
             self.parts.append(piece)
-        return piece
+            return piece
+        return ""
