@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["StreamRow", "StreamOp", "KINDS", "TABLE", "open_attempt", "append", "write",
@@ -99,11 +99,21 @@ def write(execute: Execute, ops: Sequence[StreamOp]) -> list[int]:
             if op.open else append(execute, op.instance_id, op.rows) for op in ops]
 
 
+#: Rows one INSERT statement carries at most (9 parameters each: within SQLite's and
+#: PostgreSQL's limits).
+INSERT_ROWS = 500
+
+
 def _insert(execute: Execute, rows: Sequence[StreamRow], start: int) -> int:
-    """Insert ``rows`` at positions ``start``, ``start + 1`` …; the next free position."""
-    for n, row in enumerate(rows):
-        execute(INSERT, [row.instance_id, start + n, row.seq, row.attempt, row.kind, row.offset,
-                         row.text, json.dumps(row.info, allow_nan=False), row.at])
+    """Insert ``rows`` at positions ``start``, ``start + 1`` … (one statement per
+    ``INSERT_ROWS``); the next free position."""
+    for first in range(0, len(rows), INSERT_ROWS):
+        part = rows[first:first + INSERT_ROWS]
+        args: list[Any] = []
+        for n, row in enumerate(part, start + first):
+            args += [row.instance_id, n, row.seq, row.attempt, row.kind, row.offset, row.text,
+                     json.dumps(row.info, allow_nan=False) if row.info else "{}", row.at]
+        execute(INSERT + ", (?, ?, ?, ?, ?, ?, ?, ?, ?)" * (len(part) - 1), args)
     return start + len(rows)
 
 
@@ -122,7 +132,8 @@ def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info:
     rows = [StreamRow(instance_id, s, a, "superseded", info=by, at=now)
             for (s, a), done in sorted(opened.items()) if not done]
     rows.append(StreamRow(instance_id, seq, attempt, "open", info=info, at=now))
-    rows += [replace(r, attempt=attempt) for r in first]
+    rows += [StreamRow(r.instance_id, r.seq, attempt, r.kind, r.text, r.offset, r.info, r.at)
+             for r in first]
     _insert(execute, rows, int(execute(NEXT_POS, [instance_id])[0][0]))
     return attempt
 
