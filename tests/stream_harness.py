@@ -66,8 +66,8 @@ WORDS = [f"w{i:02d} " for i in range(24)]
 class Procs:
     """A worker and a subscriber on one SQLite database in ``tmp``."""
 
-    def __init__(self, tmp: Path, replies: list[dict[str, Any]]) -> None:
-        self.tmp, self.db = tmp, str(tmp / "fsm.db")
+    def __init__(self, tmp: Path, replies: list[dict[str, Any]], db: str | None = None) -> None:
+        self.tmp, self.db = tmp, db or str(tmp / "fsm.db")
         (tmp / "worker.py").write_text(WORKER)
         (tmp / "writer.py").write_text(MACHINE)
         (tmp / "cfg.json").write_text(json.dumps({
@@ -125,8 +125,8 @@ class Procs:
 def procs_fixture(tmp_path: Path) -> Iterator[Any]:
     made: list[Procs] = []
 
-    def make(replies: list[dict[str, Any]]) -> Procs:
-        made.append(Procs(tmp_path, replies))
+    def make(replies: list[dict[str, Any]], db: str | None = None) -> Procs:
+        made.append(Procs(tmp_path, replies, db))
         return made[-1]
     yield make
     for p in made:

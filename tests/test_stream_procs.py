@@ -18,8 +18,11 @@ from fsm_engine.store import open_store
 pytestmark = pytest.mark.slow
 
 
-def test_a_chunk_reaches_another_process_before_the_step_commits(procs: Any) -> None:
-    p = procs([{"chunks": WORDS, "chunk_delay_s": 0.02, "completion_tokens": 24}])
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_chunk_reaches_another_process_before_the_step_commits(
+        procs: Any, backend: str, request: pytest.FixtureRequest) -> None:
+    db = request.getfixturevalue("pg_cluster").database() if backend == "postgres" else None
+    p = procs([{"chunks": WORDS, "chunk_delay_s": 0.02, "completion_tokens": 24}], db)
     gate = p.tmp / "gate"
     worker = p.worker(GATE=str(gate))
     sub = p.subscriber()
@@ -41,9 +44,11 @@ def test_a_chunk_reaches_another_process_before_the_step_commits(procs: Any) -> 
     assert (p.lines[-2]["trigger"], p.lines[-2]["dest"]) == ("ok", "done")
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_sigkill_mid_stream_supersedes_the_attempt_and_the_new_owner_finishes(
-        procs: Any) -> None:
-    p = procs([{"chunks": WORDS, "chunk_delay_s": 0.1, "completion_tokens": 24}])
+        procs: Any, backend: str, request: pytest.FixtureRequest) -> None:
+    db = request.getfixturevalue("pg_cluster").database() if backend == "postgres" else None
+    p = procs([{"chunks": WORDS, "chunk_delay_s": 0.1, "completion_tokens": 24}], db)
     first = p.worker()
     sub = p.subscriber()
     wait_until(lambda: len(p.chunks()) >= 3, 60, "three chunks", interval=0.005)
