@@ -61,8 +61,11 @@ class Events:
         self.conn.close()
 
 
-def test_sse_reaches_a_plain_client_before_the_commit_and_resumes_exactly(procs: Any) -> None:
-    p = procs(SLOW)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_sse_reaches_a_plain_client_before_the_commit_and_resumes_exactly(
+        procs: Any, backend: str, request: pytest.FixtureRequest) -> None:
+    db = request.getfixturevalue("pg_cluster").database() if backend == "postgres" else None
+    p = procs(SLOW, db)
     gate = p.tmp / "gate"
     p.worker(GATE=str(gate))
     base = p.viewer(TOKEN)
