@@ -30,6 +30,10 @@ from ..store.base import Store
 from ..store.records import StepCommit
 from . import fanout
 
+#: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
+#: ``pytest --fsm-coverage`` collects history rows so); empty: one check per batch.
+OBSERVERS: list[Callable[[Sequence[StepCommit], Sequence[bool]], None]] = []
+
 
 class Ledger:
     """Writes ``StepCommit``s to ``store`` with their family effects (``settle``).
@@ -53,7 +57,11 @@ class Ledger:
         """Commit ``steps`` (already settled: the group commit settles each as it is
         queued) in one transaction; per step, True when it applied, False when stale.
         Raises what ``Store.commit`` raises (``StepRejected`` for one step's values)."""
-        return self.store.commit(steps)
+        done = self.store.commit(steps)
+        if OBSERVERS:
+            for observe in OBSERVERS:
+                observe(steps, done)
+        return done
 
     def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
         """``settle`` each step, then ``write`` them together."""

@@ -180,14 +180,7 @@ async def events(store: Any, instance_id: str, from_offset: int | str = 0
     log rows and committed steps in order, then one ``final`` event.  Raises
     ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset, before
     any event."""
-    pos, after = parse_cursor(from_offset)
-    merge = _Merge(store, instance_id, pos, 0)
-    await merge.call(store.get, instance_id)  # InstanceNotFound
-    if after is None and pos > 0:
-        before = await merge.call(store.stream_read, instance_id, pos - 1, 1)
-        after = before[0].seq - 1 if before else 0
-    merge.last_seq = after or 0
-    await merge.resume()
+    merge = await _start(store, instance_id, from_offset)
     while True:
         rows = await merge.call(store.stream_read, instance_id, merge.pos, BATCH)
         for row in rows:
@@ -198,13 +191,24 @@ async def events(store: Any, instance_id: str, from_offset: int | str = 0
         if rows:
             continue
         rec = await merge.call(store.get, instance_id)
-        if rec.seq > merge.last_seq:
-            for ev in await merge.steps():
-                yield ev
-        if rec.status in FINAL_STATUSES:
-            if not await merge.call(store.stream_read, instance_id, merge.pos, 1):
-                yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(),
-                                  status=rec.status)
-                return
-            continue
-        await merge.wait()
+        for ev in await merge.steps() if rec.seq > merge.last_seq else ():
+            yield ev
+        if rec.status not in FINAL_STATUSES:
+            await merge.wait()
+        elif not await merge.call(store.stream_read, instance_id, merge.pos, 1):
+            yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(), status=rec.status)
+            return
+
+
+async def _start(store: Any, instance_id: str, from_offset: int | str) -> _Merge:
+    """A subscription at ``from_offset``: the instance checked, the attempts before it
+    learnt; with a bare offset, the commits from the step of the row before it on."""
+    pos, after = parse_cursor(from_offset)
+    merge = _Merge(store, instance_id, pos, 0)
+    await merge.call(store.get, instance_id)  # InstanceNotFound
+    if after is None and pos > 0:
+        before = await merge.call(store.stream_read, instance_id, pos - 1, 1)
+        after = before[0].seq - 1 if before else 0
+    merge.last_seq = after or 0
+    await merge.resume()
+    return merge

@@ -124,6 +124,14 @@ def _status(exc: Exception) -> int:
     return 400 if isinstance(exc, InvalidInput) else 503
 
 
+def _headers(data: dict[str, Any]) -> dict[str, str]:
+    """A page's headers: ``SECURITY_HEADERS``, with ``LIVE_CSP`` on a running instance's
+    page (it runs the live-text script)."""
+    if data.get("live"):
+        return SECURITY_HEADERS | {"Content-Security-Policy": LIVE_CSP}
+    return SECURITY_HEADERS
+
+
 def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
     """``/instances/{id}/json``: ``Viewer.whole`` as JSON (nothing cut)."""
     async def endpoint(request: Request) -> Response:
@@ -148,9 +156,7 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
             data = data | {"svg": Whole(data["svg"])}
         data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines()}
         response = templates.TemplateResponse(request, name, data, status_code=status)
-        response.headers.update(SECURITY_HEADERS)
-        if data.get("live"):  # a running instance's page runs the live-text script
-            response.headers["Content-Security-Policy"] = LIVE_CSP
+        response.headers.update(_headers(data))
         return response
 
     def guarded(fn: Callable[[Request], dict[str, Any]], name: str

@@ -5,13 +5,17 @@ Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from .cli import DB, _fail, _find, _open, app
-from .cli_trust import MACHINES, trusting
-from .runtime import Engine
-from .store.records import InstanceFilter
-from .terminal import shown
+from ..store.records import InstanceFilter
+from ..terminal import shown
+from .common import DB, _fail, _find, _new_engine, _open, app
+from .trust import MACHINES, trusting
+
+if TYPE_CHECKING:
+    from ..runtime import Engine
 
 
 @app.command()
@@ -40,7 +44,7 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
          machines: list[str] = MACHINES) -> None:
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
     new id.  Side effects the original delivered are not repeated unless --redeliver."""
-    engine = trusting(Engine(_open(db)), machines)
+    engine = trusting(_new_engine(_open(db)), machines)
     try:
         if instance_id is None:
             if status is None:
@@ -87,7 +91,7 @@ def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)
           db: str | None = DB, machines: list[str] = MACHINES) -> None:
     """Force a state to run again (after its prompt or parameters changed): from just before
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`)."""
-    engine = trusting(Engine(_open(db)), machines)
+    engine = trusting(_new_engine(_open(db)), machines)
     try:
         orig = _find(engine.store, instance_id)
         new = engine.rerun(orig.id, state, in_place=in_place)
@@ -109,9 +113,9 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     """Replay a stored instance through the current (or given) definition, in memory: no
     writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
     it diverges."""
-    from .runtime.compiled import compile_machine
-    from .runtime.loader import Trust, load_machine
-    from .runtime.replay import replay as run_replay
+    from ..runtime.compiled import compile_machine
+    from ..runtime.loader import Trust, load_machine
+    from ..runtime.replay import replay as run_replay
     store = _open(db)
     try:
         rec = _find(store, instance_id)
@@ -123,7 +127,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     machine, _ = load_machine(module or rec.module)
     report = run_replay(compile_machine(machine), rec, history, attempts)
     if as_json:
-        from .cli import _print_json
+        from .common import _print_json
         _print_json(report.as_json())
     else:
         _print_replay(report)
@@ -131,7 +135,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
 
 
 def _print_replay(report: object) -> None:
-    from .runtime.replay import Replay
+    from ..runtime.replay import Replay
     assert isinstance(report, Replay)
     if report.identical:
         typer.echo(shown(f"{report.instance_id}: {report.steps} steps replay identically"))

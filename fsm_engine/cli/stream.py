@@ -1,9 +1,8 @@
 """``fsm stream``: watch an instance live — its model replies as they are written, attempts
 superseded, steps committed — until it is final.
 
-``cli`` registers it on its app (``register``), handing over the ``--db`` option and its
-store helpers, so this module imports nothing of ``cli`` (no import circle); the stream
-reader is imported when the command runs.
+Registered on ``common.app`` when the ``cli`` package is imported; the stream reader is
+imported when the command runs.
 """
 
 from __future__ import annotations
@@ -11,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import typer
 
-from .terminal import json_text, shown
+from ..terminal import json_text, shown
+from .common import DB, _find, _open, app
 
 
 class _Text:
@@ -52,36 +51,30 @@ class _Text:
             self.line(f"[{ev.status}]")
 
 
-def register(app: typer.Typer, db_option: Any, open_store: Callable[[str | None], Any],
-             find: Callable[[Any, str], Any]) -> None:
-    """Add ``fsm stream`` to ``app``: ``db_option`` is the ``--db`` option, ``open_store``
-    opens the store it names and ``find`` resolves an id or unambiguous prefix."""
-
-    @app.command()
-    def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous "
-                                                             "prefix)."),
-               db: str = db_option,
-               from_offset: str = typer.Option("0", "--from", metavar="N",
-                                               help="Start at this stream offset (or an "
-                                                    "event's cursor N:S, to resume exactly)."),
-               as_json: bool = typer.Option(False, "--json",
-                                            help="One JSON object per event and line.")) -> None:
-        """Watch an instance live: model replies as they are generated, attempts superseded,
-        steps committed (trigger and destination); exits when the instance is final."""
-        from .runtime.stream_read import parse_cursor
-        parse_cursor(from_offset)  # a bad offset: one error line, before anything is read
-        store = open_store(db)
-        try:
-            watch(store, find(store, instance_id).id, from_offset, as_json)
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-        finally:
-            store.close()
+@app.command()
+def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+           db: str = DB,
+           from_offset: str = typer.Option("0", "--from", metavar="N",
+                                           help="Start at this stream offset (or an event's "
+                                                "cursor N:S, to resume exactly)."),
+           as_json: bool = typer.Option(False, "--json",
+                                        help="One JSON object per event and line.")) -> None:
+    """Watch an instance live: model replies as they are generated, attempts superseded,
+    steps committed (trigger and destination); exits when the instance is final."""
+    from ..runtime.stream_read import parse_cursor
+    parse_cursor(from_offset)  # a bad offset: one error line, before anything is read
+    store = _open(db)
+    try:
+        watch(store, _find(store, instance_id).id, from_offset, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    finally:
+        store.close()
 
 
 def watch(store: Any, instance_id: str, from_offset: str, as_json: bool) -> None:
     """Print the instance's events from ``from_offset`` until it is final."""
-    from .runtime.stream_read import events
+    from ..runtime.stream_read import events
     human = _Text()
 
     async def go() -> None:
