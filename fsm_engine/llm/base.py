@@ -1,4 +1,5 @@
-"""The provider interface: one async call that turns chat messages into a :class:`Completion`.
+"""The provider interface: one async call that turns chat messages into a :class:`Completion`,
+and the same call as it is generated (``Provider.stream``: text pieces, then the completion).
 
 A provider raises only :class:`fsm_engine.errors.ProviderError` subclasses for
 call failures (``ProviderUnavailable``, ``ProviderTimeout``, ``RateLimited``,
