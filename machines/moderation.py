@@ -7,7 +7,8 @@ init → collect → preprocess → infer → validate → output → notify →
   what a small model needs for a verdict (``FSM_MAX_INPUT_CHARS``, default 1,600
   characters ≈ 400 tokens at ~4 characters per token for English: on the 17 license
   files the same 17 decisions as at 2,400, in 98 s instead of 159 s, ``bench/RESULTS.md``).
-- infer asks the model for ``{decision, categories, summary}`` JSON; provider
+- infer asks the model for ``{decision, categories, summary}`` JSON (streamed: watch it
+  with ``fsm stream ID``); provider
   errors retry with backoff, and when retries are exhausted, the timeout
   fires, the breaker is open or the budget is spent it falls back to
   degraded-infer.
@@ -137,8 +138,10 @@ def _messages(ctx: Moderation) -> list[dict[str, str]]:
 
 
 async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
-    """Ask the model for a verdict (raw text; validate parses it)."""
-    out = await step.llm.complete(_messages(ctx), max_tokens=VERDICT_TOKENS, temperature=0.0)
+    """Ask the model for a verdict (raw text; validate parses it), streamed: ``fsm stream``,
+    ``engine.stream`` and the viewer show it, and the fields it decides, as it is written."""
+    out = await step.llm.stream(_messages(ctx), max_tokens=VERDICT_TOKENS, temperature=0.0,
+                                json_reply=True).text()
     return {"raw": out.text, "finish_reason": out.finish_reason,
             "infer_attempts": ctx.infer_attempts + 1}
 

@@ -111,13 +111,13 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("11",)]
+        [(str(FORMAT_VERSION),)] == [("12",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
             "idx_instances_machine_status", "idx_outbox_instance_id",
             "idx_instances_parent_id", "idx_instances_queue", "idx_instances_partition_key",
-            "rate_calls", "definitions"} <= names
+            "rate_calls", "definitions", "stream_rows"} <= names
     # format 8: an old instance is in the default queue, in no partition
     assert (a.queue, a.partition_key) == ("default", None)
     # format 5: families (an old instance is top-level: no parent, no branch)
@@ -208,8 +208,8 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
 
 
 #: Undo format 9 on PostgreSQL (large context values beside the row): a format 8 database
-#: (and format 11's definitions, which a format 10 database has not).
-_DROP_V9 = ("DROP TABLE {schema}.definitions; "
+#: (and format 11's definitions and 12's stream rows, which a format 10 database has not).
+_DROP_V9 = ("DROP TABLE {schema}.definitions; DROP TABLE {schema}.stream_rows; "
             "ALTER TABLE {schema}.instances DROP COLUMN context_refs")
 #: Undo format 8 on PostgreSQL (queues, partitions, rate limits): a format 7 database.
 _DROP_V8 = ("ALTER TABLE {schema}.instances DROP COLUMN queue; "
@@ -276,6 +276,7 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
     assert pg_cluster.sql(options) == [([f"fillfactor={FILLFACTOR}"],)]  # a new database
     pg_cluster.sql(f"ALTER TABLE {schema}.instances RESET (fillfactor)")  # as format 9 left it
     pg_cluster.sql(f"DROP TABLE {schema}.definitions")
+    pg_cluster.sql(f"DROP TABLE {schema}.stream_rows")
     pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value = '9' WHERE key = 'schema_version'")
     store = open_store(url)
     try:

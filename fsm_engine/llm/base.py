@@ -1,4 +1,5 @@
-"""The provider interface: one async call that turns chat messages into a :class:`Completion`.
+"""The provider interface: one async call that turns chat messages into a :class:`Completion`,
+and the same call as it is generated (``Provider.stream``: text pieces, then the completion).
 
 A provider raises only :class:`fsm_engine.errors.ProviderError` subclasses for
 call failures (``ProviderUnavailable``, ``ProviderTimeout``, ``RateLimited``,
@@ -11,12 +12,13 @@ from __future__ import annotations
 import contextvars
 import inspect
 import math
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Completion", "Provider", "Message", "JsonSchema", "CALLER_INPUT", "estimate_tokens",
-           "accepts_timeout", "estimate_prompt_tokens", "BYTES_PER_TOKEN", "MESSAGE_OVERHEAD"]
+           "accepts_timeout", "estimate_prompt_tokens", "BYTES_PER_TOKEN", "MESSAGE_OVERHEAD",
+           "Piece"]
 
 CALLER_INPUT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "fsm_caller_input", default=None)
@@ -121,6 +123,17 @@ class Provider(Protocol):
         """
         ...
 
+    def stream(self, messages: list[Message], *, max_tokens: int = 256,
+               temperature: float = 0.0, json_schema: JsonSchema | None = None,
+               stop: list[str] | None = None) -> AsyncIterator[Piece]:
+        """``complete`` as it is generated: an async iterator of the reply's text pieces
+        (``str``, in order, joined they are the reply) ending with its ``Completion``
+        (whole text, usage), the last item.  Same keywords and errors as ``complete``; an
+        error may come after some pieces (the reply was cut).  The default yields the
+        whole reply of ``complete`` as one piece (a provider that cannot stream)."""
+        return _whole(self, messages, {"max_tokens": max_tokens, "temperature": temperature,
+                                       "json_schema": json_schema, "stop": stop})
+
     def count_tokens(self, messages: list[Message]) -> int | Awaitable[int]:
         """Tokens ``messages`` take as a prompt, counted before a call to check the token
         budget.  The default is the conservative :func:`estimate_prompt_tokens`; a
@@ -131,3 +144,16 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Release connections, threads or model memory; a no-op by default."""
         return None
+
+
+Piece = str | Completion
+"""What ``Provider.stream`` yields: text pieces (``str``), then the ``Completion``."""
+
+
+async def _whole(provider: Provider, messages: list[Message],
+                 kwargs: dict[str, Any]) -> AsyncIterator[Piece]:
+    """``provider.complete`` as a stream of one piece and its completion."""
+    out = await provider.complete(messages, **kwargs)
+    if out.text:
+        yield out.text
+    yield out

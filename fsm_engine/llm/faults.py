@@ -31,15 +31,25 @@ import json
 import random
 import threading
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fsm_engine.errors import InvalidInput, ProviderError, ProviderTimeout, RateLimited, ServerError
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, accepts_timeout
+from fsm_engine.llm.base import (
+    Completion,
+    JsonSchema,
+    Message,
+    Piece,
+    Provider,
+    accepts_timeout,
+)
 
 __all__ = ["FaultInjector", "parse_fault_spec", "FAULT_KINDS", "mangle_json"]
 
 FAULT_KINDS = ("timeout", "hang", "http429", "http500", "malformed", "fenced",
                "truncated", "huge")
+#: The faults that change the reply's text (a streamed call then answers whole).
+_DISTORTIONS = frozenset({"malformed", "fenced", "truncated", "huge"})
 
 
 def parse_fault_spec(spec: str | None) -> dict[str, float]:
@@ -168,6 +178,25 @@ class FaultInjector(Provider):
         passes on whatever ProviderError ``inner`` raises.
         """
         kind, retry = self._draw()
+        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature,
+                                  "json_schema": json_schema, "stop": stop}
+        return await self._answer(kind, retry, messages, kwargs, timeout)
+
+    async def _answer(self, kind: str | None, retry: float, messages: list[Message],
+                      kwargs: dict[str, Any], timeout: float | None) -> Completion:
+        """``complete`` once its fault is drawn."""
+        await self._before(kind, retry)
+        try:
+            done = await self.inner.complete(messages, **kwargs, **self._timed(timeout))
+        except ProviderError as exc:
+            self._bill(exc.prompt_tokens, exc.completion_tokens)
+            raise
+        self._bill(done.prompt_tokens, done.completion_tokens)
+        self._after(kind, done)
+        return self._distort(kind, done)
+
+    async def _before(self, kind: str | None, retry: float) -> None:
+        """The faults that strike before ``inner`` is called (timeout, http429, hang)."""
         if kind == "timeout":
             await asyncio.sleep(self.timeout_s)
             raise ProviderTimeout(f"injected timeout after {self.timeout_s:g}s")
@@ -175,21 +204,53 @@ class FaultInjector(Provider):
             raise RateLimited("injected HTTP 429", status=429, retry_after=retry)
         if kind == "hang":
             await asyncio.sleep(self.hang_s)
-        try:
-            timed = timeout is not None and accepts_timeout(self.inner)
-            extra = {"timeout": timeout} if timed else {}
-            done = await self.inner.complete(messages, max_tokens=max_tokens,
-                                             temperature=temperature,
-                                             json_schema=json_schema, stop=stop, **extra)
-        except ProviderError as exc:
-            self._bill(exc.prompt_tokens, exc.completion_tokens)
-            raise
-        self._bill(done.prompt_tokens, done.completion_tokens)
+
+    @staticmethod
+    def _after(kind: str | None, done: Completion) -> None:
+        """The fault that strikes after the model ran (http500: its usage billed)."""
         if kind == "http500":
             raise ServerError("injected HTTP 500 after the model ran", status=500,
                               prompt_tokens=done.prompt_tokens,
                               completion_tokens=done.completion_tokens)
-        return self._distort(kind, done)
+
+    def _timed(self, timeout: float | None) -> dict[str, Any]:
+        """``timeout=`` for ``inner`` when it takes one."""
+        return {"timeout": timeout} if timeout is not None and accepts_timeout(self.inner) else {}
+
+    async def stream(self, messages: list[Message], *, max_tokens: int = 256,
+                     temperature: float = 0.0, json_schema: JsonSchema | None = None,
+                     stop: list[str] | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[Piece]:
+        """``inner.stream`` under the faults of ``complete``: timeout, http429 and hang
+        strike before the call, http500 after the pieces (the error comes instead of the
+        completion: a reply cut at its end); a distortion (malformed, fenced, truncated,
+        huge) answers whole, as ``complete``, in one piece (its text is not the model's
+        pieces), as does an ``inner`` that cannot stream."""
+        kind, retry = self._draw()
+        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature,
+                                  "json_schema": json_schema, "stop": stop}
+        if kind in _DISTORTIONS or type(self.inner).stream is Provider.stream:
+            whole = await self._answer(kind, retry, messages, kwargs, timeout)
+            if whole.text:
+                yield whole.text
+            yield whole
+            return
+        await self._before(kind, retry)
+        done: Completion | None = None
+        try:
+            async for piece in self.inner.stream(messages, **kwargs, **self._timed(timeout)):
+                if isinstance(piece, Completion):
+                    done = piece
+                else:
+                    yield piece
+        except ProviderError as exc:
+            self._bill(exc.prompt_tokens, exc.completion_tokens)
+            raise
+        if done is None:
+            raise ServerError(f"the stream of model {self.model!r} ended without its reply")
+        self._bill(done.prompt_tokens, done.completion_tokens)
+        self._after(kind, done)
+        yield done
 
     def _distort(self, kind: str | None, done: Completion) -> Completion:
         text = done.text

@@ -18,11 +18,12 @@ import contextlib
 import importlib.util
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from fsm_engine.errors import ClientError, ProviderError, ServerError
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Piece, Provider
 from fsm_engine.llm.child import ModelServer
 from fsm_engine.llm.models import DEFAULT_MODEL, MODELS, canonical, model_path
 
@@ -203,6 +204,29 @@ class LocalLlama(Provider):
             except ProviderError as exc:
                 assert self.server is not None
                 # shielded: when the step gives up meanwhile, killing a frozen child still happens
+                raise await asyncio.shield(self.server.explain(exc)) from None
+
+    async def stream(self, messages: list[Message], *, max_tokens: int = 256,
+                     temperature: float = 0.0, json_schema: JsonSchema | None = None,
+                     stop: list[str] | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[Piece]:
+        """``complete`` as llama.cpp generates it: the child's Server-Sent Events (one piece
+        per token or so), then the ``Completion`` (usage counted: the child's server sends
+        none while streaming).  Bounds and errors as ``complete``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        client = await self._connect()
+        assert self._gate is not None
+        async with self._gate:
+            left = None if deadline is None else max(0.001, deadline - loop.time() - 0.05)
+            try:
+                async for piece in client.stream(messages, max_tokens=max_tokens,
+                                                 temperature=temperature,
+                                                 json_schema=json_schema, stop=stop,
+                                                 timeout=left):
+                    yield piece
+            except ProviderError as exc:
+                assert self.server is not None
                 raise await asyncio.shield(self.server.explain(exc)) from None
 
     async def count_tokens(self, messages: list[Message]) -> int:

@@ -52,6 +52,7 @@ the key in a header).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import ipaddress
 import json
@@ -59,6 +60,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -71,7 +73,14 @@ from fsm_engine.errors import (
     RateLimited,
     ServerError,
 )
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider, estimate_tokens
+from fsm_engine.llm.base import (
+    Completion,
+    JsonSchema,
+    Message,
+    Piece,
+    Provider,
+    estimate_tokens,
+)
 from fsm_engine.llm.http import Caps, bound, env_number
 from fsm_engine.policies import parse_retry_after
 from fsm_engine.redaction import redact
@@ -83,6 +92,8 @@ NO_KEY = "sk-no-key"
 DEFAULT_TIMEOUT = 600.0  # seconds, the openai SDK's own default
 REMOTE_CONCURRENCY = 16
 JSON_MODES = ("auto", "json_schema", "json_object", "off")
+#: Longest line of a streamed reply's events (characters).
+MAX_EVENT_CHARS = 1 << 20
 
 
 def _tool_calls_text(message: Any) -> str | None:
@@ -262,13 +273,8 @@ class OpenAICompatible(Provider):
             if left <= 0:
                 raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
                                       f"(concurrency {self.concurrency})")
-            kwargs: dict[str, Any] = {"model": await self.resolve_model(), "messages": messages,
-                                      "max_tokens": max_tokens, "temperature": temperature,
-                                      "timeout": left}
-            if stop:
-                kwargs["stop"] = stop
-            if json_schema is not None and self.json_mode != "off":
-                kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+            kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
+                                         left)
             if tools:
                 kwargs["tools"] = tools
                 if tool_choice:
@@ -276,10 +282,82 @@ class OpenAICompatible(Provider):
             response = await self._create(kwargs, json_schema)
         return await self._completion(response, messages)
 
-    async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None) -> Any:
-        """Send the request; auto mode resends once in llama.cpp form if json_schema is refused."""
+    async def stream(self, messages: list[Message], *, max_tokens: int = 256,
+                     temperature: float = 0.0, json_schema: JsonSchema | None = None,
+                     stop: list[str] | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[Piece]:
+        """``complete`` over Server-Sent Events (``stream: true``): the reply's text pieces
+        as the server sends them, then its ``Completion``.  The size cap and the deadline
+        of ``llm.http`` bound the whole stream.  Usage is the server's last event when it
+        sends one (``stream_options.include_usage``), else counted like a reply without
+        ``usage``: the prompt by :meth:`count_tokens`, the reply one token per piece or
+        the estimate, whichever is more (``usage_missing``).  Errors as ``complete``,
+        possibly after some pieces."""
+        limit = self.timeout if timeout is None else max(0.001, float(timeout))
+        started = time.monotonic()
+        async with self._semaphore():
+            left = limit - (time.monotonic() - started)
+            if left <= 0:
+                raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
+                                      f"(concurrency {self.concurrency})")
+            kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
+                                         left)
+            kwargs.update(stream=True, stream_options={"include_usage": True})
+            opened = await self._create(kwargs, json_schema, self._open_stream)
+            seen = _Events(f"{self.name} model {self.model!r} at {self.shown_url}")
+            try:  # parsed here: the SDK's event objects cost several times the bytes
+                async for pieces in seen.read(opened.iter_text()):
+                    for piece in pieces:
+                        yield piece
+            except ProviderError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped like a completion's failure
+                raise self._map_error(exc, left) from None
+            finally:  # the connection goes back (or away) even when the caller gave up
+                with contextlib.suppress(Exception):
+                    await opened.close()
+        yield await self._streamed(seen, messages)
+
+    async def _open_stream(self, **kwargs: Any) -> Any:
+        """Send a streamed request; its raw response (the status checked: an error status
+        raises the SDK's exception, mapped by ``_create``)."""
+        return await self._client.chat.completions.with_streaming_response.create(
+            **kwargs).__aenter__()
+
+    async def _request(self, messages: list[Message], max_tokens: int, temperature: float,
+                       json_schema: JsonSchema | None, stop: list[str] | None,
+                       left: float) -> dict[str, Any]:
+        """The SDK's keyword arguments for one chat completion."""
+        kwargs: dict[str, Any] = {"model": await self.resolve_model(), "messages": messages,
+                                  "max_tokens": max_tokens, "temperature": temperature,
+                                  "timeout": left}
+        if stop:
+            kwargs["stop"] = stop
+        if json_schema is not None and self.json_mode != "off":
+            kwargs["response_format"] = _response_format(json_schema, self.json_mode)
+        return kwargs
+
+    async def _streamed(self, seen: _Events, messages: list[Message]) -> Completion:
+        """The ``Completion`` of a streamed reply from what its events said."""
+        text = "".join(seen.parts)
+        prompt, completion = seen.prompt, seen.completion
+        missing = prompt is None or completion is None
+        if missing:
+            counted = self.count_tokens(messages)
+            prompt = await counted if inspect.isawaitable(counted) else counted
+            completion = max(len(seen.parts), estimate_tokens(text))
+        return Completion(text=text, prompt_tokens=int(prompt or 0),
+                          completion_tokens=int(completion or 0),
+                          finish_reason=seen.finish or "stop",
+                          model=seen.model or self.model or "?", usage_missing=missing)
+
+    async def _create(self, kwargs: dict[str, Any], schema: JsonSchema | None,
+                      send: Any = None) -> Any:
+        """Send the request (``send``: the SDK's ``create``, or ``_open_stream``); auto mode
+        resends once in llama.cpp form if json_schema is refused."""
+        send = send or self._client.chat.completions.create
         try:
-            return await self._client.chat.completions.create(**kwargs)
+            return await send(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every SDK failure is mapped below
             if not self._refused_json_schema(exc, kwargs):
                 raise self._map_error(exc, kwargs["timeout"]) from None
@@ -288,7 +366,7 @@ class OpenAICompatible(Provider):
                  self.name, self.shown_url)
         kwargs["response_format"] = _response_format(schema or {}, self.json_mode)
         try:
-            return await self._client.chat.completions.create(**kwargs)
+            return await send(**kwargs)
         except Exception as exc:  # noqa: BLE001
             raise self._map_error(exc, kwargs["timeout"]) from None
 
@@ -348,3 +426,74 @@ class OpenAICompatible(Provider):
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
         await self._client.close()
+
+
+
+class _Events:
+    """What the Server-Sent Events of one streamed reply said: its pieces, usage, finish
+    reason and model.  Each ``data:`` line is strict JSON read here (hostile: shapes are
+    checked); ``data: [DONE]`` ends it (``done``); an event holding ``error`` raises
+    ``ServerError`` naming ``where``."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.parts: list[str] = []
+        self.prompt: int | None = None
+        self.completion: int | None = None
+        self.finish: str | None = None
+        self.model: str | None = None
+        self.done = False
+
+    async def read(self, texts: AsyncIterator[str]) -> AsyncIterator[list[str]]:
+        """The pieces each received stretch of the body adds, until ``[DONE]`` or its end."""
+        tail = ""
+        async for text in texts:
+            *lines, tail = (tail + text).split("\n")
+            if len(tail) > MAX_EVENT_CHARS:  # (a line that never ends: refused, not grown)
+                raise ServerError(f"{self.where} sent an event over {MAX_EVENT_CHARS:,} "
+                                  "characters")
+            yield [p for p in map(self.line, lines) if p]
+            if self.done:
+                return
+        yield [p for p in [self.line(tail)] if p]
+
+    def line(self, line: str) -> str:
+        """Note one line of the stream; the text it adds (``""``: none)."""
+        line = line.rstrip("\r")
+        if not line.startswith("data:"):
+            return ""  # a comment, an ``event:``/``id:`` field, the blank between events
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return ""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise ServerError(f"{self.where} sent an event that is not JSON") from None
+        if not isinstance(event, dict):
+            return ""
+        if event.get("error") is not None:
+            raise ServerError(f"{self.where} failed mid-stream: "
+                              f"{redact(str(event['error']))[:300]}")
+        return self.take(event)
+
+    def take(self, event: dict[str, Any]) -> str:
+        """Note one event; the text it adds (``""``: none)."""
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if type(prompt) is int and type(completion) is int:
+                self.prompt, self.completion = prompt, completion
+        if isinstance(event.get("model"), str):
+            self.model = event["model"]
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return ""
+        if isinstance(choices[0].get("finish_reason"), str):
+            self.finish = choices[0]["finish_reason"]
+        delta = choices[0].get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(piece, str) and piece:
+            self.parts.append(piece)
+            return piece
+        return ""

@@ -20,6 +20,12 @@ Tool calls (an agent state's turn, ``fsm_engine.definition.agent``)::
 ``tool_calls`` (a list of ``{"name": str, "arguments": object}``) is served as the text
 ``{"tool_calls": [...]}``, the agent protocol's form of several calls in one turn.
 
+Streamed replies (``Provider.stream``): ``chunks`` (a list of strings; ``text`` may be left
+out, else it must equal their concatenation) are yielded one by one, ``chunk_delay_s``
+seconds apart (after ``delay_s``); a line without ``chunks`` streams its ``text`` as one
+piece.  A line with both ``chunks`` and ``error`` yields its chunks, then raises: a reply
+cut mid-stream.
+
 Keyed replies, so that concurrent instances each get theirs::
 
     {"match": "GNU GENERAL PUBLIC", "text": "{\"decision\": \"review\"}"}
@@ -41,6 +47,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +61,7 @@ from fsm_engine.errors import (
     RateLimited,
     ServerError,
 )
-from fsm_engine.llm.base import Completion, JsonSchema, Message, Provider
+from fsm_engine.llm.base import Completion, JsonSchema, Message, Piece, Provider
 
 __all__ = ["Scripted", "Reply", "ERROR_KINDS", "LOG_ENV"]
 
@@ -71,7 +78,7 @@ ERROR_KINDS: dict[str, tuple[type[ProviderError], int | None]] = {
 """Script ``error`` values → (exception class, HTTP status)."""
 
 _KEYS = {"text", "prompt_tokens", "completion_tokens", "finish_reason", "delay_s",
-         "error", "retry_after", "match", "input", "tool_calls"}
+         "error", "retry_after", "match", "input", "tool_calls", "chunks", "chunk_delay_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,8 @@ class Reply:
     retry_after: float | None = None
     match: str | None = None
     input: Any = None
+    chunks: tuple[str, ...] | None = None
+    chunk_delay_s: float = 0.0
 
     @property
     def keyed(self) -> bool:
@@ -125,8 +134,9 @@ def _check(obj: Any) -> Reply:
             raise ValueError("'tool_calls' and 'text' exclude each other")
         obj = {k: v for k, v in obj.items() if k != "tool_calls"} | {
             "text": _tool_calls_text(obj["tool_calls"])}
-    if "text" not in obj and "error" not in obj:
-        raise ValueError("needs 'text' (or 'error' or 'tool_calls')")
+    if "text" not in obj and "error" not in obj and "chunks" not in obj:
+        raise ValueError("needs 'text' (or 'chunks', 'error' or 'tool_calls')")
+    obj = _with_chunks(dict(obj))
     reply = Reply(**obj)
     _check_numbers(reply)
     _check_matching(reply)
@@ -143,6 +153,21 @@ def _tool_calls_text(calls: Any) -> str:
     return json.dumps({"tool_calls": calls}, ensure_ascii=False)
 
 
+def _with_chunks(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with ``chunks`` as a tuple and ``text`` their concatenation; ValueError when
+    they are not a list of strings or disagree with ``text``."""
+    chunks = obj.get("chunks")
+    if chunks is None:
+        return obj
+    if not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+        raise ValueError("'chunks' must be a list of strings")
+    joined = "".join(chunks)
+    if obj.setdefault("text", joined) != joined:
+        raise ValueError("'text' must equal the concatenation of 'chunks' (or be left out)")
+    obj["chunks"] = tuple(chunks)
+    return obj
+
+
 def _check_numbers(reply: Reply) -> None:
     """Text and finish reason are strings, token counts ints >= 0, delays seconds >= 0."""
     if not isinstance(reply.text, str) or not isinstance(reply.finish_reason, str):
@@ -151,7 +176,7 @@ def _check_numbers(reply: Reply) -> None:
         value = getattr(reply, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{key!r} must be an integer >= 0, got {value!r}")
-    for key in ("delay_s", "retry_after"):
+    for key in ("delay_s", "retry_after", "chunk_delay_s"):
         value = getattr(reply, key)
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"{key!r} must be a number of seconds >= 0, got {value!r}")
@@ -266,6 +291,27 @@ class Scripted(Provider):
             raise reply.exception(self.model)
         return Completion(reply.text, reply.prompt_tokens, reply.completion_tokens,
                           reply.finish_reason, self.model)
+
+    async def stream(self, messages: list[Message], *, max_tokens: int = 256,
+                     temperature: float = 0.0, json_schema: JsonSchema | None = None,
+                     stop: list[str] | None = None) -> AsyncIterator[Piece]:
+        """The next scripted reply as pieces: its ``chunks`` (``chunk_delay_s`` apart, after
+        ``delay_s``; else its ``text`` as one piece), then its ``Completion``; a line with
+        an ``error`` raises it after its chunks."""
+        reply = self._next(messages)
+        start = time.time()
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        for n, piece in enumerate(reply.chunks if reply.chunks is not None else (reply.text,)):
+            if n and reply.chunk_delay_s:
+                await asyncio.sleep(reply.chunk_delay_s)
+            if piece and not (reply.error and reply.chunks is None):
+                yield piece
+        self._log(start, reply)
+        if reply.error:
+            raise reply.exception(self.model)
+        yield Completion(reply.text, reply.prompt_tokens, reply.completion_tokens,
+                         reply.finish_reason, self.model)
 
     def _log(self, start: float, reply: Reply) -> None:
         """One JSON line per call in ``$FSM_SCRIPTED_LOG`` when set (tests of shared limits

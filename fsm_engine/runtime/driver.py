@@ -32,7 +32,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import agent, fanout, fork, invoke, migration, outcome, reviews, values
+from . import agent, fanout, fork, invoke, migration, outcome, reviews, streams, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -118,6 +118,7 @@ class Driver:
         #: created unowned, for any worker to claim); the engine sets it for the families
         #: its ``run`` continues.
         self.host: Callable[[InstanceRecord], str | None] = lambda rec: None
+        self.streams = streams.Streams(store)  # where streamed calls write (``.retention_s``)
         #: Whether this worker's lease is still current (``Ownership.lease_current``): no
         #: action or delivery starts under a lease that ran out.
         self.lease_current: Callable[[str | None], bool] = lambda owner: True
@@ -274,7 +275,7 @@ class Driver:
             recorded=RecordedReplies(self.store, rec.forked_from)
             if rec.forked_from is not None and rec.fork_options.get("reuse_llm")
             and not state.side_effect else None,
-            tracer=tracer, trace_parent=parent)
+            tracer=tracer, trace_parent=parent, stream_to=self.streams.target(rec))
 
     def _limits(self, rec: InstanceRecord, state: State, in_visit: int) -> tuple[Limit, ...]:
         """The token budgets a step of ``rec`` in ``state`` runs under (instance: the family's

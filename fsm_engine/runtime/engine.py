@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -36,6 +36,9 @@ from .ownership import Ownership
 from .registry import Registry
 from .runner import OnStep, Runner
 from .threads import ActionThreads
+
+if TYPE_CHECKING:
+    from .stream_read import StreamEvent
 
 _BREAKER = BreakerPolicy()  # the default breaker thresholds
 
@@ -294,6 +297,16 @@ class Engine:
         final), ``StaleWrite`` when the instance changed meanwhile.
         """
         return self.client.rerun(instance_id, state, in_place=in_place)
+
+    def stream(self, instance_id: str, from_offset: int | str = 0) -> AsyncIterator[StreamEvent]:
+        """Watch an instance: an async iterator of ``StreamEvent``s (model reply chunks as
+        they are written, attempts superseded, steps committed with trigger and destination,
+        then the final status) from ``from_offset`` (a log offset or an event's ``cursor``)
+        until the instance is final; see ``runtime.stream_read``.  Raises
+        ``InstanceNotFound`` / ``InvalidInput`` at the first ``__anext__``.  Rows of a
+        committed step are kept ``driver.streams.retention_s`` seconds (default 1 h)."""
+        from .stream_read import events
+        return events(self.store, instance_id, from_offset)
 
     def forks(self, instance_id: str) -> list[InstanceRecord]:
         """The instances forked from ``instance_id``, oldest first."""

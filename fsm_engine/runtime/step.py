@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..definition.spec import RunInfo
 from ..errors import FsmError, RateLimitWait, StructuredOutputError
-from .calls import Call, CallSettings, Meter, compose, count_prompt
+from .calls import Call, CallSettings, Meter, compose, count_prompt, current_call
 from .calls.meter import end_call
 from .reply_cache import reply_key
+from .streams import ChunkWriter, ReplyStream
 
 if TYPE_CHECKING:
     from ..definition.spec import State
@@ -93,6 +95,38 @@ class MeteredLLM:
         finally:
             end_call(token)
 
+    def stream(self, messages: list[dict[str, str]], *, json_reply: bool = False,
+               **kwargs: Any) -> ReplyStream:
+        """Call the model and get its reply as it is generated (``complete``'s arguments)::
+
+            reply = step.llm.stream(messages, max_tokens=200)
+            async for piece in reply:   # text pieces, in order
+                ...
+            reply.completion            # the whole Completion, as complete() returns it
+
+        The call goes down the same layers as ``complete`` (budgets, breaker, rate limit,
+        reply cache, a fork's recorded replies, billing), and its pieces are appended to the
+        store's stream log for ``engine.stream`` / ``fsm stream`` / the viewer, as attempt
+        ``(seq, n)`` of this step (``runtime.streams``).  Raises as ``complete``, possibly
+        after some pieces.  ``json_reply`` (implied by ``json_schema``): the reply is JSON,
+        so subscribers also get the partial object parsed from it so far."""
+        return self._streaming(self._stack or self._main(), self.provider, messages, kwargs,
+                               json=json_reply or kwargs.get("json_schema") is not None)
+
+    def _streaming(self, stack: Provider | None, provider: Provider | None,
+                   messages: list[dict[str, str]], kwargs: dict[str, Any], *,
+                   json: bool) -> ReplyStream:
+        """A ``ReplyStream`` of one call down ``stack`` (``json``: its reply is JSON)."""
+        async def send(sink: Callable[[str], None]) -> tuple[Completion, bool]:
+            top, token = self._begin(stack, provider, messages, kwargs, sink)
+            call = current_call()
+            try:
+                return await top.complete(messages, **kwargs), call.streamed
+            finally:
+                end_call(token)
+        to = self.settings.stream_to
+        return ReplyStream(send, lambda: None if to is None else ChunkWriter(to, json=json))
+
     async def _send(self, stack: Provider | None, provider: Provider | None,
                     messages: list[dict[str, str]], kwargs: dict[str, Any]) -> Completion:
         """``complete`` down ``stack`` (the repair model's, for a re-ask)."""
@@ -103,13 +137,13 @@ class MeteredLLM:
             end_call(token)
 
     def _begin(self, stack: Provider | None, provider: Provider | None,
-               messages: list[dict[str, str]], kwargs: dict[str, Any]
-               ) -> tuple[Provider, Token[Call | None]]:
+               messages: list[dict[str, str]], kwargs: dict[str, Any],
+               sink: Callable[[str], None] | None = None) -> tuple[Provider, Token[Call | None]]:
         """Start a call down ``stack``: its reply key (of the call as the action made it, before
         any layer changes ``kwargs``) in context; ``FsmError`` when there is no provider."""
         if stack is None or provider is None:
             raise FsmError("this engine has no LLM provider configured")
-        return stack, self.meter.calling(reply_key(provider, messages, kwargs))
+        return stack, self.meter.calling(reply_key(provider, messages, kwargs), sink)
 
     def _main(self) -> Provider | None:
         """The stack over this step's provider (None: no provider), composed once."""
@@ -138,13 +172,16 @@ class MeteredLLM:
         return fut.result()
 
     async def structured(self, messages: list[dict[str, str]], target: Any, *,
-                         max_reasks: int = 1, **kwargs: Any) -> Any:
+                         max_reasks: int = 1, stream: bool = False, **kwargs: Any) -> Any:
         """Call the model and parse its text into ``target`` (a pydantic model or JSON Schema).
 
         Output that fails parsing or validation is re-asked with the error up
         to ``max_reasks`` times (output cut at ``max_tokens`` is never repaired:
         it is re-asked with twice the ``max_tokens``); each re-ask counts against the token budget
         and the loop cap (``reasks`` is added to the instance's ``loop_count``).
+        With ``stream`` each answer is streamed (``stream``): a subscriber sees the reply,
+        and the partial object it parses to, as they are written; a re-ask's answer
+        supersedes the invalid one.
         Returns ``fsm_engine.structured.Parsed``; raises ``StructuredOutputError``
         when the last answer is still invalid, or ``BudgetExhausted``.
         """
@@ -152,7 +189,8 @@ class MeteredLLM:
         history = list(messages)
         while True:
             stack, provider = self._reasker()
-            out = await self._send(stack, provider, history, dict(kwargs))
+            out = (await self._streaming(stack, provider, history, dict(kwargs), json=True).text()
+                   if stream else await self._send(stack, provider, history, dict(kwargs)))
             try:
                 parsed = parse_structured(out.text, target, finish_reason=out.finish_reason)
             except StructuredOutputError as exc:

@@ -16,13 +16,14 @@ from .facets import (
     ReplyStore,
     ReviewStore,
     StoreConnection,
+    StreamStore,
 )
 
 
 class Store(StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore, ReviewStore,
-            LeaseStore, LimitStore, DefinitionStore, ReadStore, Protocol):
+            LeaseStore, LimitStore, DefinitionStore, StreamStore, ReadStore, Protocol):
     """Durable storage for instances, their history, attempts, outbox, replies, reviews,
-    workers, breakers, rate windows, limits and definitions: every facet of
+    workers, breakers, rate windows, limits, definitions and streams: every facet of
     ``store.facets`` (a caller needing one concern may ask for that facet alone).
 
     Every method is synchronous and owns its own transaction.  ``commit`` is

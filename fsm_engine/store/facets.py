@@ -39,6 +39,7 @@ from .records import (
     StepRow,
     WorkerRow,
 )
+from .streams import StreamOp, StreamRow
 
 
 class StoreConnection(Protocol):
@@ -314,6 +315,44 @@ class DefinitionStore(Protocol):
         Status: none changes."""
 
 
+class StreamStore(Protocol):
+    """Streamed model replies: an append-only log per instance (``store.streams``, format
+    12), written by a step while its model call streams, read from any position by any
+    process.  These writes are not steps and never touch an instance: ``runtime/ledger.py``
+    remains the only writer of steps (the history row keeps the whole reply)."""
+
+    def stream_write(self, ops: Sequence[StreamOp]) -> builtins.list[int]:
+        """Apply ``ops`` in one transaction, in order (``streams.StreamOp``): an op that
+        opens begins a new attempt of its step — ``superseded`` rows (``by`` it) for every
+        attempt of a step in ``[since, seq]`` not superseded yet, its ``open`` row, then its
+        rows, stamped with its number (1 + the highest of that step) — and any op appends
+        its rows at consecutive positions of its instance's log.  Returns, per op, the
+        attempt it opened, else the position of its first row.  The instances need not
+        exist (nothing is checked).  PostgreSQL notifies ``streams.CHANNEL`` with each
+        instance id.
+
+        Status: none changes."""
+
+    def stream_read(self, instance_id: str, from_pos: int = 0,
+                    limit: int = 500) -> builtins.list[StreamRow]:
+        """At most ``limit`` rows of the instance's log from position ``from_pos`` on, in
+        order (``[]``: none yet, or an unknown instance).
+
+        Status: none changes."""
+
+    def stream_wait(self, instance_id: str, timeout: float) -> None:
+        """Return when the instance's log may have grown (PostgreSQL: a NOTIFY; SQLite:
+        another connection committed), or after ``timeout`` seconds.
+
+        Status: none changes."""
+
+    def stream_prune(self, before: float) -> int:
+        """Delete rows written before ``before`` (epoch seconds) whose step has committed
+        (``seq`` <= the instance's) or whose instance is gone; returns how many.
+
+        Status: none changes."""
+
+
 class ReadStore(Protocol):
     """The read side — the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
     backend, so 100,000 instances stay fast) — and maintenance (``fsm prune``/``fsm check``)."""
@@ -357,8 +396,9 @@ class ReadStore(Protocol):
 
 #: Every facet, in the order ``Store`` lists them.
 FACETS: tuple[type, ...] = (StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore,
-                            ReviewStore, LeaseStore, LimitStore, DefinitionStore, ReadStore)
+                            ReviewStore, LeaseStore, LimitStore, DefinitionStore, StreamStore,
+                            ReadStore)
 
 __all__ = ["FACETS", "StoreConnection", "InstanceStore", "HistoryStore", "OutboxStore",
            "ReplyStore", "ReviewStore", "LeaseStore", "LimitStore", "DefinitionStore",
-           "ReadStore"]
+           "StreamStore", "ReadStore"]

@@ -160,6 +160,7 @@ def delete(conn: Any, instance_ids: Sequence[str]) -> int:
         cur.execute("DELETE FROM attempts WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM outbox WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM review_items WHERE instance_id = ANY(%s)", (ids,))
+        cur.execute("DELETE FROM stream_rows WHERE instance_id = ANY(%s)", (ids,))
         cur.execute("DELETE FROM instances WHERE id = ANY(%s)", (ids,))
         return int(cur.rowcount)
 

@@ -136,8 +136,14 @@ def _v11(cur: Any) -> None:
     cur.execute(TABLE.format(real="DOUBLE PRECISION"))
 
 
+def _v12(cur: Any) -> None:
+    """Format 12: streamed model replies (the same table as SQLite's, ``store.streams``)."""
+    from .streams import TABLE
+    cur.execute(TABLE.format(real="DOUBLE PRECISION"))
+
+
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
-    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11}
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -37,7 +37,7 @@ TOOL = "tool"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 11
+FORMAT_VERSION = 12
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"

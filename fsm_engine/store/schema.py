@@ -204,7 +204,14 @@ def _v11(db: sqlite_utils.Database) -> None:
     db.execute(TABLE.format(real="REAL"))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11]
+def _v12(db: sqlite_utils.Database) -> None:
+    """Format 12: streamed model replies, an append-only log per instance
+    (``store.streams``)."""
+    from .streams import TABLE
+    db.execute(TABLE.format(real="REAL"))
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

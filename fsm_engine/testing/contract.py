@@ -147,11 +147,12 @@ from .contract_definitions import DefinitionContract  # noqa: E402
 from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
 from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
+from .contract_streams import StreamContract  # noqa: E402
 
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,
                     QueueContract, LargeValueContract, LeaseContract, BatchContract,
-                    DefinitionContract):
+                    DefinitionContract, StreamContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a

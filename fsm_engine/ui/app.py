@@ -2,9 +2,12 @@
 
 Pages: ``/`` (instances: filters, sort, pages), ``/instances/{id}``,
 ``/machines/{name}``; ``/static/…`` serves the stylesheet shipped in the
-package (no CDN, no JavaScript).  Every response carries a Content Security
-Policy without scripts, so even a value that slipped through escaping could
-not run.  With a token, every request needs ``Authorization: Bearer TOKEN``,
+package (no CDN); ``/instances/{id}/stream`` is that instance's stream as Server-Sent
+Events (``ui.stream``).  Every response carries a Content Security Policy without
+scripts, so even a value that slipped through escaping could not run — except a
+running instance's page, whose policy allows the one same-origin script of the package
+(``static/stream.js``, the live text; ``headers.LIVE_CSP``).
+With a token, every request needs ``Authorization: Bearer TOKEN``,
 ``?token=TOKEN`` (which also sets an HttpOnly, SameSite=Strict cookie so the
 page's links work) or that cookie; anything else gets 401.  With a ``HostRule``
 (``fsm ui`` always gives one) a request whose ``Host`` it does not serve gets 421
@@ -36,8 +39,9 @@ from ..errors import InstanceNotFound, InvalidInput, StoreError
 from ..redaction import redact
 from ..store.base import Store
 from .data import ListQuery, Viewer
-from .headers import SECURITY_HEADERS
+from .headers import LIVE_CSP, SECURITY_HEADERS
 from .hosts import HostGate, HostRule
+from .stream import stream_endpoint
 
 HERE = Path(__file__).resolve().parent
 COOKIE = "fsm_ui_token"
@@ -120,6 +124,14 @@ def _status(exc: Exception) -> int:
     return 400 if isinstance(exc, InvalidInput) else 503
 
 
+def _headers(data: dict[str, Any]) -> dict[str, str]:
+    """A page's headers: ``SECURITY_HEADERS``, with ``LIVE_CSP`` on a running instance's
+    page (it runs the live-text script)."""
+    if data.get("live"):
+        return SECURITY_HEADERS | {"Content-Security-Policy": LIVE_CSP}
+    return SECURITY_HEADERS
+
+
 def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
     """``/instances/{id}/json``: ``Viewer.whole`` as JSON (nothing cut)."""
     async def endpoint(request: Request) -> Response:
@@ -144,7 +156,7 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
             data = data | {"svg": Whole(data["svg"])}
         data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines()}
         response = templates.TemplateResponse(request, name, data, status_code=status)
-        response.headers.update(SECURITY_HEADERS)
+        response.headers.update(_headers(data))
         return response
 
     def guarded(fn: Callable[[Request], dict[str, Any]], name: str
@@ -161,7 +173,8 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
         return viewer.instances(ListQuery.parse(request.query_params))
 
     def instance(request: Request) -> dict[str, Any]:
-        return viewer.instance(request.path_params["instance_id"])
+        data = viewer.instance(request.path_params["instance_id"])
+        return data | {"live": data.get("refresh", False)}
 
     def machine(request: Request) -> dict[str, Any]:
         return viewer.machine(request.path_params["name"],
@@ -172,6 +185,7 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
 
     routes = [Route("/", guarded(instances, "instances.html")),
               Route("/instances/{instance_id}/json", _whole(viewer)),
+              Route("/instances/{instance_id}/stream", stream_endpoint(store)),
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]

@@ -20,6 +20,12 @@ Each layer takes ``inner: Provider`` and its own settings, and its ``complete`` 
 carries besides the provider's arguments (its reply key, counted prompt, ``llm_calls``
 entry) is ``meter.current_call()``; what the step's calls add up to is its ``Meter``.
 
+A streamed call (``step.llm.stream``) is the same ``complete`` down the same layers, with
+a ``sink`` on its ``Call``: ``BillLayer`` then reads the provider's ``stream`` and hands
+each text piece to the sink, so budgets, breaker, rate limit, cache, replay and tracing
+apply to it exactly as to a plain call (a reply answered from the cache or a fork's record
+never reaches the provider: ``MeteredLLM.stream`` then replays it as one piece).
+
 Adding a policy is a field, a check and a layer:
 
 1. a field on ``CallSettings`` (a frozen value; the driver fills it from the state);

@@ -4,12 +4,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ProviderError
+from ...errors import ProviderError, ServerError
 from ...llm.base import CALLER_INPUT, Completion, Message, Provider
 from .layer import Layer
-from .meter import Meter, current_call
+from .meter import Call, Meter, current_call
 
 __all__ = ["BillLayer"]
+
+
+async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str, Any],
+                   call: Call) -> Completion:
+    """``provider.stream``'s pieces handed to ``call.sink``; its ``Completion``.  A provider
+    that does not stream (no ``stream`` of its own) is called with ``complete`` and its
+    whole reply handed over as one piece.  ``ServerError`` for a stream that ends without
+    its completion."""
+    assert call.sink is not None
+    call.streamed = True
+    if getattr(type(provider), "stream", Provider.stream) is Provider.stream:
+        whole = await provider.complete(messages, **kwargs)
+        if whole.text:
+            call.sink(whole.text)
+        return whole
+    out: Completion | None = None
+    pieces = provider.stream(messages, **kwargs)
+    try:
+        async for piece in pieces:
+            if isinstance(piece, Completion):
+                out = piece
+            elif piece:
+                call.sink(piece)
+    finally:  # closed at once if the step gives up: the provider's slot is freed
+        close = getattr(pieces, "aclose", None)
+        if close is not None:
+            await close()
+    if out is None:
+        raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
+    return out
 
 
 class BillLayer(Layer):
@@ -18,7 +48,9 @@ class BillLayer(Layer):
     Around the call ``llm.base.CALLER_INPUT`` holds ``caller_input``.  A reply is billed
     its prompt + completion tokens and recorded with the call's reply key and text (and
     ``usage_missing``); a ``ProviderError`` is billed the tokens it carries and re-raised.
-    The entry is left on ``current_call().entry`` for the layers above.
+    The entry is left on ``current_call().entry`` for the layers above.  A streamed call
+    (``Call.sink`` set) reads the provider's ``stream`` instead (``streamed``): every layer
+    above applies to it unchanged.
     """
 
     def __init__(self, inner: Provider, meter: Meter, caller_input: dict[str, Any] | None) -> None:
@@ -29,7 +61,10 @@ class BillLayer(Layer):
         """``inner.complete`` (its signature), billed."""
         call, token = current_call(), CALLER_INPUT.set(self.caller_input)
         try:
-            out = await self.inner.complete(messages, **kwargs)
+            if call.sink is None:
+                out = await self.inner.complete(messages, **kwargs)
+            else:
+                out = await streamed(self.inner, messages, kwargs, call)
         except ProviderError as exc:
             call.entry = self.meter.bill(exc.prompt_tokens + exc.completion_tokens, None,
                                          repr(exc), self.inner)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..breaker import Breaker
     from ..rates import RateLimiter
     from ..reply_cache import RecordedReplies, ReplyCache
+    from ..streams import StreamTarget
 
 __all__ = ["CallSettings", "compose", "ORDER"]
 
@@ -38,7 +39,9 @@ class CallSettings(NamedTuple):
     providers as ``llm.base.CALLER_INPUT``; ``rates``: ``provider -> RateLimiter | None``
     (None: no rate limits); ``cache``: the state's reply cache; ``recorded``: a fork's
     original's replies (``--reuse-llm``); ``tracer``/``trace_parent``: OpenTelemetry
-    tracer and parent context (None: no tracing).
+    tracer and parent context (None: no tracing); ``stream_to``: where ``step.llm.stream``
+    writes its pieces (``runtime.streams.StreamTarget``; None: nowhere, only the action
+    sees them).
     """
 
     limits: tuple[Limit, ...] = ()
@@ -51,6 +54,7 @@ class CallSettings(NamedTuple):
     recorded: RecordedReplies | None = None
     tracer: Any = None
     trace_parent: Any = None
+    stream_to: StreamTarget | None = None
 
 
 def compose(provider: Provider, breaker: Breaker | None, settings: CallSettings,

@@ -33,12 +33,17 @@ class Call:
 
     ``key``: the reply key (``runtime.reply_cache.reply_key`` of the call as the action
     made it); ``prompt``: its prompt tokens once a layer counted them (None: not yet);
-    ``entry``: its ``detail.llm_calls`` entry once billed (None: not yet).
+    ``entry``: its ``detail.llm_calls`` entry once billed (None: not yet);
+    ``sink``: set for a streamed call (``MeteredLLM.stream``): ``BillLayer`` then reads the
+    provider's ``stream`` and hands each text piece to it, and sets ``streamed`` (a call
+    answered above the provider, from a cache or a fork's record, never reaches it).
     """
 
     key: str
     prompt: int | None = None
     entry: dict[str, Any] | None = None
+    sink: Callable[[str], None] | None = None
+    streamed: bool = False
 
 
 _CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("fsm_call", default=None)
@@ -75,9 +80,11 @@ class Meter:
         self.calls.append(entry)
         return entry
 
-    def calling(self, key: str) -> contextvars.Token[Call | None]:
-        """Start a call with reply ``key`` (``_CALL.reset(token)`` ends it)."""
-        return _CALL.set(Call(key))
+    def calling(self, key: str, sink: Callable[[str], None] | None = None
+                ) -> contextvars.Token[Call | None]:
+        """Start a call with reply ``key`` (``_CALL.reset(token)`` ends it); ``sink``: see
+        ``Call``."""
+        return _CALL.set(Call(key, sink=sink))
 
 
 def end_call(token: contextvars.Token[Call | None]) -> None:

@@ -77,9 +77,10 @@ from .connect import (
     OUTBOX,
 )
 from .steps import PostgresSteps
+from .streams import PostgresStreams
 
 
-class PostgresStore(PostgresSteps):
+class PostgresStore(PostgresSteps, PostgresStreams):
     """A ``Store`` on a PostgreSQL database.
 
     Args:

@@ -75,9 +75,10 @@ from ..records import (
 )
 from .connect import _decode, _decode_worker
 from .steps import SqliteSteps
+from .streams import SqliteStreams
 
 
-class SqliteStore(SqliteSteps):
+class SqliteStore(SqliteSteps, SqliteStreams):
     """The default store.
 
     Args:
@@ -290,6 +291,7 @@ class SqliteStore(SqliteSteps):
                 conn.execute(f"DELETE FROM attempts WHERE instance_id IN ({marks})", chunk)
                 conn.execute(f"DELETE FROM outbox WHERE instance_id IN ({marks})", chunk)
                 conn.execute(f"DELETE FROM review_items WHERE instance_id IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM stream_rows WHERE instance_id IN ({marks})", chunk)
                 deleted += conn.execute(f"DELETE FROM instances WHERE id IN ({marks})",
                                         chunk).rowcount
         return deleted

@@ -1,0 +1,214 @@
+"""The read side of streaming: one subscription to an instance's progress (``engine.stream``).
+
+``events`` merges the instance's stream log (``store.streams``: attempts, chunks, ends,
+errors, supersessions) with its committed history (steps, then the final status) into one
+ordered sequence of ``StreamEvent``s.  Steps of one instance run one after another and a
+step's log rows are written before it commits, so the merge is deterministic: a log row of
+step ``s`` comes after the committed steps before ``s`` and before step ``s`` itself.
+
+Positions: each log row has its ``offset`` (0, 1, 2 …, no gaps); every event carries a
+``cursor`` ``"P:S"`` — the next log position and the last committed step delivered — from
+which a reader resumes exactly (``from_offset``).  A bare offset ``P`` resumes the log at
+``P`` and repeats the commit of the step the log row ``P - 1`` belongs to (at least once).
+
+Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
+(``BATCH``), so a subscriber that stops reading holds nothing up.  Waiting for new rows is
+``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on SQLite a look every
+``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no thread is held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import InvalidInput
+from ..store.records import FINAL_STATUSES, HistoryRow
+from ..store.streams import StreamRow
+
+__all__ = ["StreamEvent", "events", "parse_cursor", "BATCH"]
+
+#: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
+#: of text, so a subscription holds at most about 512 KiB of rows).
+BATCH = 64
+#: Seconds between two looks at a local store (SQLite) for new rows, and the longest wait
+#: for a NOTIFY (PostgreSQL) before its history is looked at again.
+POLL_LOCAL_S, WAIT_REMOTE_S = 0.01, 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event of an instance's stream.
+
+    ``kind``: a log row's (``open``, ``chunk``, ``end``, ``error``, ``superseded``), or
+    ``step`` (a committed history row: ``source``, ``trigger``, ``dest``, ``step_kind``) or
+    ``final`` (``status``).  ``seq``/``attempt``: the step and attempt (``step``: its seq;
+    ``final``: the last seq).  ``offset``: a log row's position (others: the next one).
+    ``text``/``char_offset``: a chunk's text and where it starts in the attempt's reply;
+    ``partial``: for a chunk of a JSON reply, the object parsed from the reply so far
+    (``None`` until one parses); ``by``: for ``superseded``, the ``(seq, attempt)``
+    replacing it; ``info``: the row's other facts (``finish``, ``error``, ``json``).
+    ``cursor``: resume here to get the events after this one.
+    """
+
+    kind: str
+    seq: int
+    attempt: int
+    offset: int
+    cursor: str
+    text: str = ""
+    char_offset: int = 0
+    partial: Any = None
+    by: tuple[int, int] | None = None
+    source: str | None = None
+    trigger: str | None = None
+    dest: str | None = None
+    step_kind: str | None = None
+    status: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """The event as a JSON object (fields that do not apply to its kind left out)."""
+        return {k: v for k, v in asdict(self).items()
+                if v not in (None, "", {}) or k in ("kind", "seq", "offset")}
+
+
+def parse_cursor(value: int | str) -> tuple[int, int | None]:
+    """``(position, last step delivered or None)`` from an offset or a ``"P:S"`` cursor;
+    ``InvalidInput`` for anything else."""
+    text = str(value).strip()
+    pos, _, seq = text.partition(":")
+    if not pos.isdigit() or (seq and not seq.isdigit()):
+        raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N or N:S (integers >= 0)")
+    return int(pos), int(seq) if seq else None
+
+
+class _Merge:
+    """The state of one subscription: where it is and what it has seen."""
+
+    def __init__(self, store: Any, instance_id: str, pos: int, last_seq: int) -> None:
+        self.store, self.instance_id = store, instance_id
+        self.remote = bool(getattr(store, "remote", False))
+        self.pos, self.last_seq = pos, last_seq
+        self.json: set[tuple[int, int]] = set()
+        self.texts: dict[tuple[int, int], str] = {}
+
+    async def call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``: in a thread for a remote store, inline for a local file (a short
+        indexed read: the thread hand-off would cost more, and threads are few)."""
+        if self.remote:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    async def wait(self) -> None:
+        """Until the log may have grown: a NOTIFY (remote store, in a thread, at most
+        ``WAIT_REMOTE_S``), else ``POLL_LOCAL_S`` on the event loop."""
+        if self.remote:
+            await asyncio.to_thread(self.store.stream_wait, self.instance_id, WAIT_REMOTE_S)
+        else:
+            await asyncio.sleep(POLL_LOCAL_S)
+
+    def cursor(self) -> str:
+        return f"{self.pos}:{self.last_seq}"
+
+    def note(self, row: StreamRow) -> None:
+        """Remember what a row says about its attempt (JSON or not, text so far)."""
+        key = (row.seq, row.attempt)
+        if row.kind == "open" and row.info.get("json"):
+            self.json.add(key)
+        elif row.kind == "chunk" and key in self.json:
+            self.texts[key] = self.texts.get(key, "") + row.text
+
+    def event(self, row: StreamRow) -> StreamEvent:
+        self.note(row)
+        self.pos = row.pos + 1
+        key = (row.seq, row.attempt)
+        by = row.info.get("by")
+        return StreamEvent(row.kind, row.seq, row.attempt, row.pos, self.cursor(), row.text,
+                           row.offset, _partial(self.texts.get(key)) if row.kind == "chunk"
+                           and key in self.json else None,
+                           (int(by[0]), int(by[1])) if isinstance(by, list) and len(by) == 2
+                           else None, info={k: v for k, v in row.info.items() if k != "by"})
+
+    def step(self, h: HistoryRow) -> StreamEvent:
+        self.last_seq = h.seq
+        return StreamEvent("step", h.seq, 0, self.pos, self.cursor(), source=h.source,
+                           trigger=h.trigger, dest=h.dest, step_kind=h.kind,
+                           info={"reason": h.reason} if h.reason else {})
+
+    async def steps(self, through: int | None = None) -> list[StreamEvent]:
+        """Events of the committed steps after ``last_seq`` (up to ``through``)."""
+        rows = await self.call(self.store.history, self.instance_id)
+        return [self.step(h) for h in rows
+                if h.seq > self.last_seq and (through is None or h.seq <= through)]
+
+    async def resume(self) -> None:
+        """Learn the attempts begun before ``pos`` (JSON or not, text so far)."""
+        seen = 0
+        while seen < self.pos:
+            rows = await self.call(self.store.stream_read, self.instance_id, seen,
+                                   min(BATCH, self.pos - seen))
+            if not rows:
+                return
+            for row in rows:
+                self.note(row)
+            seen = rows[-1].pos + 1
+
+
+#: Longest reply (characters) whose partial object is parsed at each chunk (each parse
+#: reads the reply so far: past this, chunks carry no partial object).
+PARTIAL_CHARS = 65_536
+
+
+def _partial(text: str | None) -> Any:
+    """The JSON value ``text`` starts (``pydantic_core``'s partial parsing), or None (none
+    yet, not JSON, or longer than ``PARTIAL_CHARS``)."""
+    if not text or len(text) > PARTIAL_CHARS:
+        return None
+    from pydantic_core import from_json
+    try:
+        return from_json(text, allow_inf_nan=False, allow_partial=True)
+    except ValueError:
+        return None
+
+
+async def events(store: Any, instance_id: str, from_offset: int | str = 0
+                 ) -> AsyncIterator[StreamEvent]:
+    """The instance's events from ``from_offset`` (an offset or a cursor) until it is final:
+    log rows and committed steps in order, then one ``final`` event.  Raises
+    ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset, before
+    any event."""
+    merge = await _start(store, instance_id, from_offset)
+    while True:
+        rows = await merge.call(store.stream_read, instance_id, merge.pos, BATCH)
+        for row in rows:
+            if row.seq - 1 > merge.last_seq:
+                for ev in await merge.steps(row.seq - 1):
+                    yield ev
+            yield merge.event(row)
+        if rows:
+            continue
+        rec = await merge.call(store.get, instance_id)
+        for ev in await merge.steps() if rec.seq > merge.last_seq else ():
+            yield ev
+        if rec.status not in FINAL_STATUSES:
+            await merge.wait()
+        elif not await merge.call(store.stream_read, instance_id, merge.pos, 1):
+            yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(), status=rec.status)
+            return
+
+
+async def _start(store: Any, instance_id: str, from_offset: int | str) -> _Merge:
+    """A subscription at ``from_offset``: the instance checked, the attempts before it
+    learnt; with a bare offset, the commits from the step of the row before it on."""
+    pos, after = parse_cursor(from_offset)
+    merge = _Merge(store, instance_id, pos, 0)
+    await merge.call(store.get, instance_id)  # InstanceNotFound
+    if after is None and pos > 0:
+        before = await merge.call(store.stream_read, instance_id, pos - 1, 1)
+        after = before[0].seq - 1 if before else 0
+    merge.last_seq = after or 0
+    await merge.resume()
+    return merge

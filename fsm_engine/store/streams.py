@@ -1,0 +1,160 @@
+"""Streamed model replies in the store (format 12): the rows and the SQL every backend shares.
+
+A step's streamed model call writes its text as it is generated to ``stream_rows``, an
+append-only log per instance addressed ``(instance, pos)``: ``pos`` runs 0, 1, 2 … with no
+gaps, so a reader in any process resumes exactly from a position.  Each row belongs to one
+*attempt* of one step, ``(seq, attempt)``: ``seq`` is the history row the step will write,
+``attempt`` counts the streamed calls of that step (1, 2 …: a retry, a re-ask after invalid
+output, a new owner after a crash).  Kinds:
+
+- ``open``        an attempt begins (``info.json``: the call asked for a JSON schema);
+- ``chunk``       text; ``offset`` is its first character's index in the attempt's reply;
+- ``end``         the attempt's reply is complete (``info.finish``, ``info.chars``);
+- ``error``       the call failed after this text (``info.error``: the error class);
+- ``superseded``  the attempt ``(seq, attempt)`` was replaced by ``info.by`` = ``[seq, attempt]``.
+
+An attempt without an ``end`` row is not complete, whatever its text looks like (a crash
+mid-stream leaves no ``end``).  These rows are not steps: ``runtime/ledger.py`` remains the
+only writer of steps, and the history row keeps the whole reply; rows are pruned once their
+step committed and the retention window passed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["StreamRow", "StreamOp", "KINDS", "TABLE", "open_attempt", "append", "write",
+           "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
+
+KINDS = ("open", "chunk", "end", "error", "superseded")
+#: The PostgreSQL channel a stream write notifies (payload: the instance id).
+CHANNEL = "fsm_stream"
+
+#: The table (``{real}``: the backend's floating-point type).
+TABLE = ("CREATE TABLE stream_rows (instance_id TEXT NOT NULL, pos BIGINT NOT NULL, "
+         "seq BIGINT NOT NULL, attempt INTEGER NOT NULL, kind TEXT NOT NULL, "
+         "char_offset BIGINT NOT NULL DEFAULT 0, text TEXT NOT NULL DEFAULT '', "
+         "info TEXT NOT NULL DEFAULT '{{}}', at {real} NOT NULL, "
+         "PRIMARY KEY (instance_id, pos))")
+#: Statements (``?`` placeholders) both backends run.
+NEXT_POS = "SELECT COALESCE(MAX(pos), -1) + 1 FROM stream_rows WHERE instance_id = ?"
+OPENED = ("SELECT seq, attempt, kind FROM stream_rows WHERE instance_id = ? "
+          "AND kind IN ('open', 'superseded') AND seq >= ? AND seq <= ?")
+INSERT = ("INSERT INTO stream_rows (instance_id, pos, seq, attempt, kind, char_offset, text, "
+          "info, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+READ = ("SELECT instance_id, pos, seq, attempt, kind, char_offset, text, info, at "
+        "FROM stream_rows WHERE instance_id = ? AND pos >= ? ORDER BY pos LIMIT ?")
+#: Rows written before ``?`` (epoch s) whose step committed (or whose instance is gone).
+PRUNE = ("DELETE FROM stream_rows WHERE at < ? AND seq <= COALESCE((SELECT i.seq FROM "
+         "instances i WHERE i.id = stream_rows.instance_id), seq)")
+DELETE = "DELETE FROM stream_rows WHERE instance_id IN ({marks})"
+
+Execute = Callable[[str, Sequence[Any]], Sequence[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRow:
+    """One row of an instance's stream log (see the module docstring for ``kind``).
+
+    ``pos``: its position in the instance's log (0-based; -1 before it is written);
+    ``seq``/``attempt``: the step and attempt it belongs to; ``offset``: for a chunk, the
+    index (characters) of its first character in the attempt's reply; ``at``: when it was
+    written (epoch seconds).
+    """
+
+    instance_id: str
+    seq: int
+    attempt: int
+    kind: str
+    text: str = ""
+    offset: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    at: float = 0.0
+    pos: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOp:
+    """One instance's part of a stream write (``Store.stream_write``): when ``open``, a new
+    attempt of step ``seq`` begins first (superseding the open attempts of steps
+    ``since``..``seq``; its ``open`` row carries ``info``, written at ``at``) and ``rows``
+    get its number; then ``rows`` are appended to the instance's log."""
+
+    instance_id: str
+    rows: tuple[StreamRow, ...] = ()
+    open: bool = False
+    seq: int = 0
+    since: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    at: float = 0.0
+
+
+def write(execute: Execute, ops: Sequence[StreamOp]) -> list[int]:
+    """In the caller's (serialised) transaction, each op in order: the attempt it opened
+    (``open``), else the position of its first row."""
+    return [open_attempt(execute, op.instance_id, op.seq, op.since, op.info, op.at, op.rows)
+            if op.open else append(execute, op.instance_id, op.rows) for op in ops]
+
+
+#: Rows one INSERT statement carries at most (9 parameters each: within SQLite's and
+#: PostgreSQL's limits).
+INSERT_ROWS = 500
+
+
+def _insert(execute: Execute, rows: Sequence[StreamRow], start: int) -> int:
+    """Insert ``rows`` at positions ``start``, ``start + 1`` … (one statement per
+    ``INSERT_ROWS``); the next free position."""
+    for first in range(0, len(rows), INSERT_ROWS):
+        part = rows[first:first + INSERT_ROWS]
+        args: list[Any] = []
+        for n, row in enumerate(part, start + first):
+            args += [row.instance_id, n, row.seq, row.attempt, row.kind, row.offset, row.text,
+                     json.dumps(row.info, allow_nan=False) if row.info else "{}", row.at]
+        execute(INSERT + ", (?, ?, ?, ?, ?, ?, ?, ?, ?)" * (len(part) - 1), args)
+    return start + len(rows)
+
+
+def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info: dict[str, Any],
+                 now: float, first: Sequence[StreamRow] = ()) -> int:
+    """In the caller's (serialised) transaction: the new attempt's number (1 + the highest
+    of step ``seq``), after a ``superseded`` row for each attempt of a step in
+    ``[since, seq]`` not superseded yet, then the attempt's ``open`` row, then ``first``
+    (rows of the attempt, given its number here)."""
+    opened: dict[tuple[int, int], bool] = {}
+    for row_seq, attempt, kind in execute(OPENED, [instance_id, since, seq]):
+        key = (int(row_seq), int(attempt))
+        opened[key] = opened.get(key, False) or kind == "superseded"
+    attempt = 1 + max((a for s, a in opened if s == seq), default=0)
+    by = {"by": [seq, attempt]}
+    rows = [StreamRow(instance_id, s, a, "superseded", info=by, at=now)
+            for (s, a), done in sorted(opened.items()) if not done]
+    rows.append(StreamRow(instance_id, seq, attempt, "open", info=info, at=now))
+    rows += [StreamRow(r.instance_id, r.seq, attempt, r.kind, r.text, r.offset, r.info, r.at)
+             for r in first]
+    _insert(execute, rows, int(execute(NEXT_POS, [instance_id])[0][0]))
+    return attempt
+
+
+def append(execute: Execute, instance_id: str, rows: Sequence[StreamRow]) -> int:
+    """In the caller's (serialised) transaction: ``rows`` (all of ``instance_id``) at the
+    end of its log; the position of the first (the next free one when ``rows`` is empty)."""
+    start = int(execute(NEXT_POS, [instance_id])[0][0])
+    _insert(execute, rows, start)
+    return start
+
+
+def decode(rows: Sequence[Sequence[Any]]) -> list[StreamRow]:
+    """``READ``'s rows as ``StreamRow``s (an ``info`` that is not a JSON object reads ``{}``)."""
+    out = []
+    for instance_id, pos, seq, attempt, kind, offset, text, info, at in rows:
+        try:
+            parsed = json.loads(info)
+        except (TypeError, ValueError):
+            parsed = {}
+        out.append(StreamRow(str(instance_id), int(seq), int(attempt), str(kind), str(text),
+                             int(offset), parsed if isinstance(parsed, dict) else {},
+                             float(at), int(pos)))
+    return out

@@ -1,0 +1,71 @@
+"""``GET /instances/{id}/stream``: an instance's stream as Server-Sent Events.
+
+Each event is one ``runtime.stream_read.StreamEvent`` as JSON in ``data:`` (its ``kind``
+inside: chunk, open, end, error, superseded, step, final), with ``id:`` its cursor, so a
+client that reconnects (``EventSource`` sends ``Last-Event-ID``; a plain client may give
+``?from=N`` or ``?from=N:S``) resumes with no gap and no repeat.  The response ends after
+the ``final`` event.  Events are made as the client takes them: the response awaits each
+send, so a client that stops reading holds at most one batch of rows and the server's
+socket buffer, and slows nothing else.  A GET that changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import InstanceNotFound, InvalidInput, StoreError
+from ..redaction import redact
+from ..runtime.stream_read import events, parse_cursor
+from .headers import SECURITY_HEADERS
+
+__all__ = ["stream_endpoint", "RETRY_MS"]
+
+#: How long an ``EventSource`` waits before reconnecting (milliseconds).
+RETRY_MS = 1000
+#: Most streams one viewer serves at once; more get 503 (each holds a connection and, on
+#: PostgreSQL, a thread while it waits for a NOTIFY).
+MAX_STREAMS = 32
+
+
+async def _sse(store: Any, instance_id: str, start: str, open_: list[int]) -> AsyncIterator[str]:
+    open_[0] += 1  # counted once running: a response never started holds nothing
+    try:
+        yield f"retry: {RETRY_MS}\n\n"
+        async for ev in events(store, instance_id, start):
+            # ensure_ascii: no raw line break (nor anything else) can end a data line early
+            yield f"id: {ev.cursor}\ndata: {json.dumps(ev.as_json(), ensure_ascii=True)}\n\n"
+    except StoreError as exc:  # the database went away: say so, end the response
+        yield f"event: fsm-error\ndata: {json.dumps({'error': redact(exc)})}\n\n"
+    finally:
+        open_[0] -= 1
+
+
+def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint over ``store``: 404 for an unknown instance, 400 for a bad offset, 503
+    past ``MAX_STREAMS`` at once."""
+    open_ = [0]  # streams being served
+
+    async def endpoint(request: Request) -> Response:
+        instance_id = request.path_params["instance_id"]
+        start = (request.headers.get("last-event-id")
+                 or request.query_params.get("from") or "0")
+        try:
+            parse_cursor(start)
+            await run_in_threadpool(store.get, instance_id)
+        except (InstanceNotFound, InvalidInput, StoreError) as exc:
+            code = 404 if isinstance(exc, InstanceNotFound) else (
+                400 if isinstance(exc, InvalidInput) else 503)
+            return JSONResponse({"error": redact(exc)}, code, headers=SECURITY_HEADERS)
+        if open_[0] >= MAX_STREAMS:
+            return JSONResponse({"error": f"this viewer serves {MAX_STREAMS} streams at once"},
+                                503, headers=SECURITY_HEADERS | {"Retry-After": "5"})
+        return StreamingResponse(_sse(store, instance_id, start, open_),
+                                 media_type="text/event-stream",
+                                 headers=SECURITY_HEADERS | {"X-Accel-Buffering": "no"})
+    return endpoint

@@ -1,0 +1,327 @@
+"""Streaming a model's reply (issue 22), in one process: the scripted provider's chunks, the
+call layers applied to a streamed call, the durable log's attempts and supersessions, and
+``engine.stream``'s merged events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from fsm_engine import CachePolicy, Engine, Machine, State, Step, Transition
+from fsm_engine.errors import InstanceNotFound, InvalidInput, ProviderTimeout
+from fsm_engine.llm.scripted import Scripted
+from fsm_engine.policies import RetryPolicy
+
+CHUNKS = ["Wri", "ting ", "as ", "it ", "goes."]
+
+
+class Ctx(BaseModel):
+    topic: str
+    answer: str = ""
+    seen: list[str] = []
+
+
+async def ask(ctx: Ctx, step: Step) -> dict[str, Any]:
+    reply = step.llm.stream([{"role": "user", "content": f"About {ctx.topic}"}], max_tokens=32)
+    seen = [piece async for piece in reply]
+    assert reply.completion is not None
+    return {"answer": reply.completion.text, "seen": seen}
+
+
+def machine(**state: Any) -> Machine:
+    return Machine(name="streamed", context=Ctx, initial="ask", states=[
+        State("ask", action=ask, **state), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+
+
+def rows(engine: Engine, iid: str) -> list[tuple[Any, ...]]:
+    return [(r.pos, r.seq, r.attempt, r.kind, r.text, r.offset) for r in
+            engine.store.stream_read(iid)]
+
+
+def run(engine: Engine, m: Machine, topic: str = "cats") -> tuple[str, Any]:
+    iid = engine.start(m, {"topic": topic})
+    return iid, asyncio.run(engine.run(iid))
+
+
+def collect(engine: Engine, iid: str, from_offset: int | str = 0) -> list[Any]:
+    async def go() -> list[Any]:
+        return [ev async for ev in engine.stream(iid, from_offset)]
+    return asyncio.run(go())
+
+
+def test_scripted_chunks_stream_in_order_then_the_completion() -> None:
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "completion_tokens": 5}])
+
+    async def go() -> list[Any]:
+        return [p async for p in llm.stream([{"role": "user", "content": "x"}])]
+    *pieces, done = asyncio.run(go())
+    assert pieces == CHUNKS and done.text == "".join(CHUNKS) and done.completion_tokens == 5
+    with pytest.raises(InvalidInput, match="concatenation"):
+        Scripted.from_replies([{"chunks": ["a", "b"], "text": "abc"}])
+    with pytest.raises(InvalidInput, match="list of strings"):
+        Scripted.from_replies([{"chunks": "ab"}])
+
+
+def test_a_streamed_step_writes_its_chunks_and_the_history_keeps_the_reply(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}]), seed=1)
+    iid, done = run(engine, machine())
+    assert done.context["seen"] == CHUNKS and done.context["answer"] == "".join(CHUNKS)
+    log = rows(engine, iid)
+    assert [r[3] for r in log][0] == "open" and log[-1][3] == "end"
+    assert [r[0] for r in log] == list(range(len(log)))  # positions without gaps
+    chunks = [r for r in log if r[3] == "chunk"]
+    assert "".join(r[4] for r in chunks) == "".join(CHUNKS)
+    assert [r[5] for r in chunks] == [sum(len(c[4]) for c in chunks[:i]) for i in range(len(chunks))]
+    assert {(r[1], r[2]) for r in log} == {(1, 1)}
+    [row] = engine.store.history(iid)
+    assert row.detail["llm_calls"][0]["reply"] == "".join(CHUNKS) and row.tokens == 12
+    engine.close()
+
+
+def test_engine_stream_merges_chunks_steps_and_the_final_status(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, _ = run(engine, machine())
+    events = collect(engine, iid)
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "open" and kinds[-3:] == ["end", "step", "final"]
+    step = events[-2]
+    assert (step.seq, step.source, step.trigger, step.dest) == (1, "ask", "ok", "done")
+    assert events[-1].status == "completed"
+    text = "".join(e.text for e in events if e.kind == "chunk")
+    assert text == "".join(CHUNKS)
+    # resuming from any event's cursor gives exactly the events after it
+    for n, ev in enumerate(events[:-1]):
+        assert collect(engine, iid, ev.cursor) == events[n + 1:]
+    # a bare offset resumes the log there (the step's commit comes again: at least once)
+    assert collect(engine, iid, 2) == events[2:]
+    with pytest.raises(InstanceNotFound):
+        collect(engine, "nope")
+    with pytest.raises(InvalidInput, match="bad stream offset"):
+        collect(engine, iid, "x:1")
+    engine.close()
+
+
+def test_a_cached_reply_is_replayed_as_one_chunk(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": CHUNKS, "prompt_tokens": 3, "completion_tokens": 5}]), seed=1)
+    m = machine(cache=CachePolicy(ttl_s=60))
+    run(engine, m)
+    iid, done = run(engine, m)
+    assert done.tokens_used == 0 and done.context["seen"] == ["".join(CHUNKS)]
+    assert [r[3:5] for r in rows(engine, iid)] == [
+        ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
+    assert engine.store.history(iid)[0].detail["llm_calls"][0]["cached"] is True
+    engine.close()
+
+
+def test_a_failed_attempt_is_superseded_by_the_retry(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": ["half ", "a rep"], "error": "timeout"}, {"chunks": CHUNKS}]), seed=1)
+    iid, done = run(engine, machine(retry=RetryPolicy(max_attempts=2, initial_interval=0.0)))
+    assert done.status == "completed" and done.context["answer"] == "".join(CHUNKS)
+    log = rows(engine, iid)
+    first = [r for r in log if r[2] == 1]
+    kinds = [r[3] for r in first]  # (pieces batch as the writes allow)
+    assert kinds[0] == "open" and kinds[-2:] == ["error", "superseded"]
+    assert set(kinds[1:-2]) == {"chunk"}
+    assert "".join(r[4] for r in first if r[3] == "chunk") == "half a rep"
+    events = collect(engine, iid)
+    [gone] = [e for e in events if e.kind == "superseded"]
+    assert (gone.seq, gone.attempt, gone.by) == (1, 1, (1, 2))
+    assert [e.info.get("error") for e in events if e.kind == "error"] == [ProviderTimeout.__name__]
+    second = "".join(e.text for e in events if e.kind == "chunk" and e.attempt == 2)
+    assert second == engine.store.history(iid)[0].detail["llm_calls"][-1]["reply"]
+    engine.close()
+
+
+class Verdict(BaseModel):
+    decision: str
+    reasons: list[str]
+
+
+class VCtx(BaseModel):
+    verdict: dict[str, Any] = {}
+
+
+async def judge(ctx: VCtx, step: Step) -> dict[str, Any]:
+    parsed = await step.llm.structured([{"role": "user", "content": "judge"}], Verdict,
+                                       stream=True, max_tokens=64)
+    return {"verdict": parsed.value.model_dump()}
+
+
+def test_a_reask_after_invalid_json_supersedes_the_first_answer(db_path) -> None:
+    good = '{"decision": "approve", "reasons": ["clear", "kind"]}'
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": ['{"decision": ', '"appr']},  # cut: invalid JSON
+        {"chunks": [good[:12], good[12:30], good[30:]], "chunk_delay_s": 0.03}]), seed=1)
+    m = Machine(name="judged", context=VCtx, initial="judge", states=[
+        State("judge", action=judge), State("done", final=True)],
+        transitions=[Transition("ok", "judge", "done")])
+    iid = engine.start(m, {})
+    done = asyncio.run(engine.run(iid))
+    assert done.context["verdict"] == json.loads(good)
+    events = collect(engine, iid)
+    [gone] = [e for e in events if e.kind == "superseded"]
+    assert (gone.attempt, gone.by) == (1, (1, 2))
+    ends = [e.attempt for e in events if e.kind == "end"]
+    assert ends == [1, 2]  # the first ended (its text was whole) and was still replaced
+    partials = [e.partial for e in events if e.kind == "chunk" and e.attempt == 2]
+    assert partials[-1] == json.loads(good)
+    final = json.loads(good)
+    for p in partials:  # each the object decided so far: whole fields, lists growing
+        assert isinstance(p, dict)
+        for k, v in p.items():
+            assert v == (final[k][:len(v)] if isinstance(v, list) else final[k])
+    assert [e.info for e in events if e.kind == "open"] == [{"json": True}] * 2
+    engine.close()
+
+
+def test_a_budget_refuses_a_streamed_call_before_anything_is_sent(db_path) -> None:
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}])
+    engine = Engine(db_path, llm=llm, seed=1)
+    iid = engine.start(machine(), {"topic": "cats" * 50}, token_budget=5)
+    done = asyncio.run(engine.run(iid))
+    assert (done.status, done.reason, done.tokens_used, llm.calls) == ("failed", "token_budget",
+                                                                       0, 0)
+    log = engine.store.stream_read(iid)
+    assert [(r.kind, r.info.get("error")) for r in log] == [
+        ("open", None), ("error", "BudgetExhausted")]  # an attempt that never wrote a word
+    engine.close()
+
+
+def test_a_fork_reusing_the_model_replays_the_recorded_reply_as_its_stream(db_path) -> None:
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}])
+    engine = Engine(db_path, llm=llm, seed=1)
+    iid, _ = run(engine, machine())
+    fork = engine.fork(iid, from_seq=0, reuse_llm=True)
+    done = asyncio.run(engine.run(fork))
+    assert (done.tokens_used, llm.calls) == (0, 1)  # nothing sent for the fork
+    assert done.context["seen"] == ["".join(CHUNKS)]
+    assert [(r.kind, r.text) for r in engine.store.stream_read(fork)] == [
+        ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
+    assert engine.store.history(fork)[-1].detail["llm_calls"][0]["replayed"] is True
+    engine.close()
+
+
+def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, capsys) -> None:
+    from test_cli import run_main
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, _ = run(engine, machine())
+    engine.close()
+    code, out, err = run_main(["stream", iid[:6], "--db", db_path], capsys)
+    assert code == 0, err
+    assert "".join(CHUNKS) in out and out.rstrip().endswith("[completed]")
+    assert "[step 1: ask --ok--> done]" in out
+    code, out, _ = run_main(["stream", iid, "--db", db_path, "--json", "--from", "1:0"], capsys)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and lines[0]["offset"] == 1 and lines[-1]["kind"] == "final"
+    for argv, needle in ((["stream", "nope", "--db", db_path], "nope"),
+                         (["stream", iid, "--db", db_path, "--from", "-3"], "bad stream offset")):
+        code, out, err = run_main(argv, capsys)
+        lines = err.strip().splitlines()
+        assert (code, out) == (2, "") and len(lines) == 1, err
+        assert lines[0].startswith("fsm: error: ") and needle in lines[0], err
+
+
+def test_on_postgres_a_read_only_subscriber_is_woken_by_notify(pg_cluster) -> None:
+    from fsm_engine.runtime.stream_read import events
+    from fsm_engine.store import open_store
+    url = pg_cluster.database()
+    engine = Engine(url, llm=Scripted.from_replies([{"chunks": CHUNKS, "chunk_delay_s": 0.03}]),
+                    seed=1)
+    iid = engine.start(machine(), {"topic": "pg"})
+    viewer = open_store(url, readonly=True)
+
+    async def go() -> list[Any]:
+        async def watch() -> list[Any]:
+            return [ev async for ev in events(viewer, iid)]
+        seen, _ = await asyncio.gather(watch(), engine.run(iid))
+        return seen
+    try:
+        seen = asyncio.run(go())
+        assert [e.kind for e in seen][-3:] == ["end", "step", "final"]
+        assert "".join(e.text for e in seen if e.kind == "chunk") == "".join(CHUNKS)
+        assert [e.offset for e in seen if e.kind not in ("step", "final")] == list(
+            range(len(seen) - 2))
+        assert seen == collect(engine, iid)  # the same events read again afterwards
+    finally:
+        viewer.close()
+        engine.close()
+
+
+def test_a_step_timeout_mid_stream_marks_the_attempt_and_the_retry_supersedes_it(
+        db_path) -> None:
+    slow = {"chunks": [f"p{i} " for i in range(40)], "chunk_delay_s": 0.05}
+    engine = Engine(db_path, llm=Scripted.from_replies([slow, {"chunks": CHUNKS}]), seed=1)
+    m = machine(timeout=0.3, retry=RetryPolicy(max_attempts=2, initial_interval=0.0))
+    iid, done = run(engine, m)
+    assert done.status == "completed" and done.context["answer"] == "".join(CHUNKS)
+    events = collect(engine, iid)
+    first = [e for e in events if (e.seq, e.attempt) == (1, 1)]
+    kinds = [e.kind for e in first]
+    assert kinds[0] == "open" and "end" not in kinds  # cut by the timeout: never complete
+    assert ("error", "cancelled") in [(e.kind, e.info.get("error")) for e in first]
+    assert [e.by for e in first if e.kind == "superseded"] == [(1, 2)]
+    cut = "".join(e.text for e in first if e.kind == "chunk")
+    assert cut and "".join(slow["chunks"]).startswith(cut) and cut != "".join(slow["chunks"])
+    assert [e.kind for e in events if e.attempt == 2][-1] == "end"
+    engine.close()
+
+
+def test_fault_injection_applies_to_a_streamed_call(db_path) -> None:
+    from fsm_engine.llm import FaultInjector
+    inner = Scripted.from_replies([{"chunks": ['{"a": ', '1}'], "completion_tokens": 2}])
+    engine = Engine(db_path, llm=FaultInjector(inner, {"fenced": 1.0}, seed=1), seed=1)
+    iid, done = run(engine, machine())
+    fenced = done.context["answer"]
+    assert fenced != '{"a": 1}' and '{"a": 1}' in fenced  # the fault's distortion
+    assert done.context["seen"] == [fenced]  # a provider that cannot stream: one piece
+    assert "".join(r.text for r in engine.store.stream_read(iid) if r.kind == "chunk") == fenced
+    engine.close()
+
+
+def test_an_injected_http500_cuts_a_streamed_reply_and_the_retry_supersedes_it(db_path) -> None:
+    from fsm_engine.llm import FaultInjector
+    inner = Scripted.from_replies([{"chunks": CHUNKS, "completion_tokens": 5}])
+    faults = FaultInjector(inner, {"http500": 0.5}, seed=3)
+    engine = Engine(db_path, llm=faults, seed=1)
+    iid, done = run(engine, machine(retry=RetryPolicy(max_attempts=6, initial_interval=0.0)))
+    assert done.status == "completed" and faults.faults["http500"] >= 1
+    events = collect(engine, iid)
+    cut = [e for e in events if e.kind == "error"]
+    assert [e.info["error"] for e in cut] == ["ServerError"] * faults.faults["http500"]
+    for e in cut:  # each cut attempt streamed the pieces, then was superseded, never ended
+        mine = [x for x in events if (x.seq, x.attempt) == (e.seq, e.attempt)]
+        assert "".join(x.text for x in mine if x.kind == "chunk") == "".join(CHUNKS)
+        assert "end" not in [x.kind for x in mine] and "superseded" in [x.kind for x in mine]
+    assert done.tokens_used == faults.total_tokens  # usage billed through the errors too
+    engine.close()
+
+
+def test_a_subscription_in_the_engines_own_process_follows_the_run_live(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS, "chunk_delay_s": 0.03}]),
+                    seed=1)
+    iid = engine.start(machine(), {"topic": "live"})
+    states: list[int] = []
+
+    async def go() -> list[Any]:
+        async def watch() -> list[Any]:
+            seen = []
+            async for ev in engine.stream(iid):
+                if ev.kind == "chunk":
+                    states.append(engine.store.get(iid).seq)  # committed steps at that moment
+                seen.append(ev)
+            return seen
+        seen, _ = await asyncio.gather(watch(), engine.run(iid))
+        return seen
+    seen = asyncio.run(go())
+    assert states[0] == 0  # text arrived while the step was still running
+    assert "".join(e.text for e in seen if e.kind == "chunk") == "".join(CHUNKS)
+    assert [e.kind for e in seen][-2:] == ["step", "final"]
+    engine.close()

@@ -1,0 +1,129 @@
+"""An OpenAI-compatible server's Server-Sent Events (issue 22): ``OpenAICompatible.stream``
+yields the pieces as they arrive, reads the usage of the last event, and the bounds of
+``llm.http`` (size cap, deadline) hold for the whole stream.  Peers are raw sockets on
+loopback (``http_peers``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from typing import Any
+
+import pytest
+from http_peers import Peer
+
+from fsm_engine.errors import ProviderTimeout, ResponseTooLarge, ServerError
+from fsm_engine.llm.base import Completion
+from fsm_engine.llm.openai_compat import OpenAICompatible
+
+MSG = [{"role": "user", "content": "hi"}]
+HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+        b"Connection: close\r\n\r\n")
+
+
+def event(delta: dict[str, Any] | None, finish: str | None = None,
+          usage: dict[str, int] | None = None) -> bytes:
+    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 0,
+                            "model": "served", "choices": []}
+    if delta is not None:
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def stream_of(words: list[str], usage: bool = True, gap: float = 0.0) -> Any:
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, HEAD + event({"role": "assistant", "content": ""}))
+        for word in words:
+            time.sleep(gap)
+            peer.send(conn, event({"content": word}))
+        peer.send(conn, event({}, "stop"))
+        if usage:
+            peer.send(conn, event(None, usage={"prompt_tokens": 9, "completion_tokens": 4,
+                                               "total_tokens": 13}))
+        peer.send(conn, b"data: [DONE]\n\n")
+    return behaviour
+
+
+def pieces(peer: Peer, **kwargs: Any) -> list[Any]:
+    async def go() -> list[Any]:
+        llm = OpenAICompatible(base_url=f"{peer.url}/v1", model="m", api_key="sk-test-streams",
+                               timeout=5)
+        try:
+            return [p async for p in llm.stream(MSG, **kwargs)]
+        finally:
+            await llm.aclose()
+    return asyncio.run(go())
+
+
+def test_sse_pieces_then_the_completion_with_the_servers_usage() -> None:
+    peer = Peer(stream_of(["Hel", "lo ", "wor", "ld"]))
+    try:
+        *got, done = pieces(peer, max_tokens=9)
+    finally:
+        peer.close()
+    assert got == ["Hel", "lo ", "wor", "ld"] and isinstance(done, Completion)
+    assert (done.text, done.prompt_tokens, done.completion_tokens, done.finish_reason,
+            done.model, done.usage_missing) == ("Hello world", 9, 4, "stop", "served", False)
+    body = json.loads(peer.requests[0].partition(b"\r\n\r\n")[2])
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 9
+
+
+def test_a_stream_without_usage_is_counted_and_flagged() -> None:
+    peer = Peer(stream_of(["a", "b", "c", "d", "e", "f"], usage=False))
+    try:
+        *_, done = pieces(peer)
+    finally:
+        peer.close()
+    assert done.usage_missing and done.completion_tokens == 6 and done.prompt_tokens > 0
+
+
+def test_the_size_cap_holds_for_the_whole_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FSM_HTTP_MAX_BYTES", str(64 * 1024))
+    peer = Peer(stream_of(["x" * 1000] * 500))  # ~0.5 MB of events
+    try:
+        with pytest.raises(ResponseTooLarge):
+            pieces(peer)
+    finally:
+        peer.close()
+    assert peer.sent < 4 * 1024 * 1024
+
+
+def test_the_deadline_holds_for_the_whole_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FSM_HTTP_DEADLINE", "0.5")
+    peer = Peer(stream_of(["tick "] * 100, gap=0.05))  # 5 s of a live, trickling stream
+    try:
+        with pytest.raises(ProviderTimeout):
+            pieces(peer)
+    finally:
+        peer.close()
+    assert peer.sent < 60 * 400  # cut after about half a second of events
+
+
+def test_an_event_line_that_never_ends_is_refused() -> None:
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, HEAD + b"data: {\"choices\": [{\"delta\": {\"content\": \"")
+        while peer.sent < 4 * 1024 * 1024:
+            peer.send(conn, b"x" * 65536)
+    peer = Peer(behaviour)
+    try:
+        with pytest.raises(ServerError, match="an event over"):
+            pieces(peer)
+    finally:
+        peer.close()
+
+
+def test_an_error_event_mid_stream_is_a_server_error() -> None:
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, HEAD + event({"content": "half"}))
+        peer.send(conn, b'data: {"error": {"message": "overloaded"}}\n\n')
+    peer = Peer(behaviour)
+    try:
+        with pytest.raises(ServerError, match="failed mid-stream: .*overloaded"):
+            pieces(peer)
+    finally:
+        peer.close()

@@ -1,0 +1,67 @@
+"""Streaming on the real embedded model (issue 22): llama.cpp's tokens reach the step and
+the stream log as it generates them, through the model's child server (Server-Sent
+Events)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from conftest import MACHINES, license_files
+from llm_fixtures import qwen_path  # noqa: F401  (fixture)
+
+from fsm_engine import Engine
+from fsm_engine.llm.base import Piece, Provider
+from fsm_engine.llm.local import LocalLlama
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+class Counting(Provider):
+    """``inner``, counting the pieces of each streamed call (``pieces``)."""
+
+    def __init__(self, inner: LocalLlama) -> None:
+        self.inner, self.name = inner, inner.name
+        self.pieces: list[int] = []
+
+    @property
+    def model(self) -> str:  # type: ignore[override]
+        return self.inner.model
+
+    async def complete(self, messages: Any, **kwargs: Any) -> Any:
+        return await self.inner.complete(messages, **kwargs)
+
+    async def stream(self, messages: Any, **kwargs: Any) -> AsyncIterator[Piece]:  # type: ignore[override]
+        self.pieces.append(0)
+        async for piece in self.inner.stream(messages, **kwargs):
+            self.pieces[-1] += isinstance(piece, str)
+            yield piece
+
+    async def count_tokens(self, messages: Any) -> int:  # type: ignore[override]
+        return await self.inner.count_tokens(messages)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_the_embedded_model_streams_a_moderation_answer_in_pieces(qwen_path: str,  # noqa: F811
+                                                                   db_path: str) -> None:
+    llm = Counting(LocalLlama(qwen_path))
+    engine = Engine(db_path, llm=llm, seed=7)
+    try:
+        iid = engine.start(str(MACHINES / "moderation.py"), {"path": license_files()[0]})
+        rec = asyncio.run(engine.run(iid))
+        assert rec.final
+        assert llm.pieces and llm.pieces[0] >= 5, llm.pieces  # token by token, not at the end
+        infer = next(h for h in engine.store.history(iid) if h.source == "infer")
+        reply = infer.detail["llm_calls"][0]["reply"]
+        first = [r for r in engine.store.stream_read(iid) if (r.seq, r.attempt) == (infer.seq, 1)]
+        chunks = [r for r in first if r.kind == "chunk"]
+        assert "".join(r.text for r in chunks) == reply  # the log holds what the history keeps
+        assert first[0].info == {"json": True} and first[-1].kind == "end"
+        assert len(chunks) >= 2  # written while generated (batched every 20 ms), not at once
+    finally:
+        engine.close()
+        asyncio.run(llm.aclose())
