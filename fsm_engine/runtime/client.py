@@ -1,4 +1,4 @@
-"""The client: writes that run nothing (start, cancel, fork, rerun, reviews, decide).
+"""The client: writes that run nothing (start, cancel, pause, fork, rerun, reviews, decide).
 
 Like a DBOS ``DBOSClient`` or a Temporal client, it manages instances without stepping
 them: every change is one ledger commit (``runtime.ledger``) or one ``Store.create``; a
@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 from ..definition import Machine
 from ..errors import InstanceFinished, InvalidInput, StaleWrite
 from ..store import PENDING, Store
-from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem
-from . import outcome, values
+from ..store.records import PAUSE, PAUSED, REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit
+from . import outcome, pausing, values
 from . import reviews as review_queue
 from .compiled import CompiledMachine
 from .driver import Driver
@@ -113,7 +113,8 @@ class Client:
             queue=cm.states[spec.initial].queue, partition_key=partition)
 
     # -- from outside ------------------------------------------------------------
-    def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
+    def cancel(self, instance_id: str, reason: str = "cancelled",
+               operator: str | None = None) -> InstanceRecord:
         """See ``Engine.cancel``."""
         self.known.pop(instance_id, None)
         while True:
@@ -121,9 +122,67 @@ class Client:
             if rec.final:
                 raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                        instance_id=rec.id)
-            step = outcome.cancelled(rec, self.clock(), reason)
+            step = outcome.cancelled(rec, self.clock(), reason, operator)
             if self.ledger.apply_one(step):  # its running children are cancelled with it
                 self.stop_local(instance_id)
+                return step.record
+
+    def _held_live(self, rec: InstanceRecord) -> bool:
+        """True when ``rec``'s owner may be in the middle of a step (this process, or a
+        worker whose lease holds and whose process is not known gone)."""
+        if rec.owner is None:
+            return False
+        if rec.owner == self.ownership.id:
+            return True
+        now = self.clock()
+        _, live = self.ownership.view(now)
+        return rec.owner in live and rec.owner not in self.ownership.dead(now)
+
+    def pause(self, instance_id: str, *, by: str | None, reason: str = "paused"
+              ) -> InstanceRecord:
+        """See ``Engine.pause``."""
+        reason = reason[:pausing.MAX_TEXT]
+        while True:
+            rec = self.store.get(instance_id)
+            if rec.final:
+                raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
+                                       instance_id=rec.id)
+            if rec.status == PAUSED:
+                return rec  # already: nothing written
+            if self._held_live(rec):
+                if self._request_pause(rec, by, reason):
+                    return self.store.get(rec.id)
+                continue
+            step = outcome.paused(rec, self.clock(), by=by, reason=reason)
+            if self.ledger.apply_one(step):
+                self.store.put_meta(pausing.key(rec.id), None)
+                self.known.pop(rec.id, None)
+                return step.record
+
+    def _request_pause(self, rec: InstanceRecord, by: str | None, reason: str) -> bool:
+        """Store a pause request for ``rec`` and touch it (``runtime.pausing``); False when
+        ``rec`` moved first (the caller reads it again)."""
+        req = pausing.PauseRequest(by, reason, self.clock(), rec.version + 1)
+        self.store.put_meta(pausing.key(rec.id), pausing.encode(req))
+        touch = outcome.clone(rec)
+        touch.updated_at = req.at
+        return self.ledger.apply_one(StepCommit(touch, rec.version, before=rec))
+
+    def unpause(self, instance_id: str, *, by: str | None) -> InstanceRecord:
+        """See ``Engine.unpause``."""
+        while True:
+            rec = self.store.get(instance_id)
+            if rec.status != PAUSED:
+                if self.store.get_meta(pausing.key(rec.id)) is not None:  # not applied yet
+                    self.store.put_meta(pausing.key(rec.id), None)
+                    return rec
+                raise InvalidInput(f"instance {rec.id} is {rec.status}, not paused")
+            pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE),
+                         None)
+            if pause is None:
+                raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
+            step = outcome.unpaused(rec, pause, self.clock(), by=by)
+            if self.ledger.apply_one(step):
                 return step.record
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
@@ -210,13 +269,19 @@ class Client:
         self.known.pop(rec.id, None)
         return commit.record
 
-    async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
+    async def send(self, instance_id: str, trigger: str, update: dict[str, Any] | None = None,
+                   *, operator: str | None = None) -> InstanceRecord:
         """Fire ``trigger`` on a ``waiting`` instance with context ``update`` (one commit);
-        return the record after it.  ``InvalidInput`` when it is not waiting."""
+        return the record after it (``operator``: who sent it, ``detail.operator``).
+        ``InvalidInput`` when it is not waiting, the trigger is not declared from its
+        state or the update does not fit the context model."""
         rec = self.store.get(instance_id)
         if rec.status != "waiting":
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
         cm = self.registry.runnable(rec)
         rec = self.registry.upcast(cm, rec)
-        return await self.driver.commit(rec, self.driver.advance(
-            cm, rec, cm.states[rec.state], None, trigger, update, 0.0))
+        commit = self.driver.advance(cm, rec, cm.states[rec.state], None, trigger,
+                                     update or {}, 0.0)
+        if operator is not None and commit.history:
+            commit.history[0].detail["operator"] = operator
+        return await self.driver.commit(rec, commit)

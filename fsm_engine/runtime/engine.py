@@ -252,18 +252,45 @@ class Engine:
         return self.runner.parking(rec, exc)  # kept for callers of the old private name
 
     # -- from outside (``runtime.client``) -------------------------------------------------
-    def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
+    def cancel(self, instance_id: str, reason: str = "cancelled", *,
+               operator: str | None = None) -> InstanceRecord:
         """End the instance in status ``cancelled`` (works across processes).
 
         Its owner notices within ``lease_seconds / 3`` and stops the running action.
         Raises ``InstanceNotFound``, or ``InstanceFinished`` when already final.
         """
-        return self.client.cancel(instance_id, reason)
+        return self.client.cancel(instance_id, reason, operator)
 
     async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
         """Fire ``trigger`` on a ``waiting`` instance with context ``update``; then run it."""
-        rec = await self.client.send(instance_id, trigger, **update)
+        rec = await self.client.send(instance_id, trigger, update)
         return rec if rec.final else await self.run(rec.id)
+
+    async def signal(self, instance_id: str, trigger: str, update: dict[str, Any] | None = None,
+                     *, operator: str | None = None) -> InstanceRecord:
+        """``send`` without running the instance here (``fsm send``, the console): fire
+        ``trigger`` on a ``waiting`` instance with context ``update``, validated by the
+        context model, in one commit whose history row names ``operator``; a worker or
+        ``resume`` then continues it.  ``InvalidInput`` when it is not waiting, the
+        trigger is not declared from its state or the update does not fit."""
+        return await self.client.send(instance_id, trigger, update, operator=operator)
+
+    def pause(self, instance_id: str, *, by: str | None = None, reason: str = "paused"
+              ) -> InstanceRecord:
+        """Pause an instance between steps: status ``paused``, claimed by no worker or
+        resume, its timers (retry backoff, review SLA, rate wait, deadline) stopped with
+        the time they had left; one ``kind: pause`` history row naming ``by``
+        (``detail.operator``).  One a live worker holds finishes its running step first:
+        the pause is then a request the ledger applies at that step's commit (the record
+        returned is still ``running``).  Idempotent; ``InstanceFinished`` when final."""
+        return self.client.pause(instance_id, by=by, reason=reason)
+
+    def unpause(self, instance_id: str, *, by: str | None = None) -> InstanceRecord:
+        """End a pause: the status and reason the instance had come back, its timers run
+        on with the time they had left (one paused by ``on_retries_exhausted`` gets a fresh
+        set of attempts); a request not yet applied is withdrawn.  ``InvalidInput`` when it
+        is neither paused nor asked to pause."""
+        return self.client.unpause(instance_id, by=by)
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,

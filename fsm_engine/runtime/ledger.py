@@ -12,6 +12,8 @@ implies for others and writes it:
   ``expected_version`` (and every fenced instance at its version); ``write``
   returns one ``bool`` per step (``apply_one``: for one), and the caller raises its
   own refusal (``StaleWrite``, ``ReviewRefused``) on False;
+- **pause requests** (``runtime.pausing``): a step gone stale only because an operator
+  asked to pause its instance mid-step is written anyway, the pause after it;
 - **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
   its own transaction (the store writes it with the step, or neither).
 
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from ..store.base import Store
 from ..store.records import StepCommit
-from . import fanout
+from . import fanout, pausing
 
 
 class Ledger:
@@ -53,7 +55,25 @@ class Ledger:
         """Commit ``steps`` (already settled: the group commit settles each as it is
         queued) in one transaction; per step, True when it applied, False when stale.
         Raises what ``Store.commit`` raises (``StepRejected`` for one step's values)."""
-        return self.store.commit(steps)
+        done = self.store.commit(steps)
+        if all(done):
+            return done
+        return [ok or self._paused_meanwhile(s) for s, ok in zip(steps, done, strict=True)]
+
+    def _paused_meanwhile(self, step: StepCommit) -> bool:
+        """Write a stale ``step`` over a pause request's touch, paused after it (True), or
+        leave it stale (False).  Read only when a step is stale: no cost on the hot path."""
+        iid = step.record.id
+        req = pausing.decode(self.store.get_meta(pausing.key(iid)))
+        if req is None:
+            return False
+        stored = self.store.get(iid).version
+        if not pausing.applies(req, step, stored):
+            return False
+        ok = self.store.commit([pausing.rebase(step, req, stored, self.clock())])[0]
+        if ok:
+            self.store.put_meta(pausing.key(iid), None)
+        return ok
 
     def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
         """``settle`` each step, then ``write`` them together."""

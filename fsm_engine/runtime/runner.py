@@ -20,12 +20,14 @@ from ..errors import (
     FsmError,
     InstanceFinished,
     InstanceNotFound,
+    InvalidInput,
     NeedsMigration,
     StaleWrite,
 )
 from ..store import Store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
+    PAUSED,
     RATE_LIMITED,
     InstanceRecord,
     StepCommit,
@@ -195,6 +197,9 @@ class Runner:
         if rec.final:
             raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                    instance_id=rec.id, state=rec.state)
+        if rec.status == PAUSED:
+            raise InvalidInput(f"instance {rec.id} is paused ({rec.reason}): "
+                               "`fsm unpause` it first", instance_id=rec.id, state=rec.state)
         cm = self.registry.runnable(rec)
         self.ensure_worker()
         if rec.owner == self.worker.id:  # started (or already claimed) here
@@ -304,6 +309,8 @@ class Runner:
     async def _turn(self, run: _Run, cm: CompiledMachine, rec: InstanceRecord
                     ) -> tuple[CompiledMachine, InstanceRecord, bool]:
         """One turn of ``run``'s loop: a step, a wait, or the end (False)."""
+        if rec.status == PAUSED:  # paused at the step's commit (``runtime.pausing``)
+            return cm, rec, False
         if rec.status == "waiting" and rec.reason == RATE_LIMITED:  # given back
             if not run.family:
                 return cm, rec, False  # claimed again, by any worker, once it is due

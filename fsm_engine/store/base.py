@@ -11,6 +11,7 @@ from .facets import (
     InstanceStore,
     LeaseStore,
     LimitStore,
+    MetaStore,
     OutboxStore,
     ReadStore,
     ReplyStore,
@@ -20,7 +21,7 @@ from .facets import (
 
 
 class Store(StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore, ReviewStore,
-            LeaseStore, LimitStore, DefinitionStore, ReadStore, Protocol):
+            LeaseStore, LimitStore, DefinitionStore, MetaStore, ReadStore, Protocol):
     """Durable storage for instances, their history, attempts, outbox, replies, reviews,
     workers, breakers, rate windows, limits and definitions: every facet of
     ``store.facets`` (a caller needing one concern may ask for that facet alone).
