@@ -384,18 +384,6 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
 
 
 @app.command()
-def cancel(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
-           db: str = DB) -> None:
-    """Cancel an instance, also one running in another process."""
-    engine = Engine(_open(db))
-    try:
-        rec = engine.cancel(_find(engine.store, instance_id).id)
-    finally:
-        engine.close()
-    out.print(f"{rec.id}: cancelled in state {rec.state}")
-
-
-@app.command()
 def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file.py or dotted name."),
             output: str | None = typer.Option(None, "-o", "--output",
                                                  help="File: .svg, .png or .dot (Mermaid text with --mermaid)"),
@@ -448,7 +436,7 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
     out.print(f"wrote {output}")
 
 
-from . import cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
+from . import cli_console, cli_fork, cli_inspect, cli_limits, cli_migrate, cli_observe, cli_review, cli_scale  # noqa: E402,F401 - limits; worker, start, wait, workers  # noqa: E402,F401  (register list, history, outbox,
 
 #                                         stats, ui, prune, check)
 

@@ -127,7 +127,7 @@ class Client:
                 self.stop_local(instance_id)
                 return step.record
 
-    def _held_live(self, rec: InstanceRecord) -> bool:
+    def held_live(self, rec: InstanceRecord) -> bool:
         """True when ``rec``'s owner may be in the middle of a step (this process, or a
         worker whose lease holds and whose process is not known gone)."""
         if rec.owner is None:
@@ -149,7 +149,7 @@ class Client:
                                        instance_id=rec.id)
             if rec.status == PAUSED:
                 return rec  # already: nothing written
-            if self._held_live(rec):
+            if self.held_live(rec):
                 if self._request_pause(rec, by, reason):
                     return self.store.get(rec.id)
                 continue

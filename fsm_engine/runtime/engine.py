@@ -23,8 +23,15 @@ from ..definition import Machine
 from ..errors import FsmError
 from ..policies import BreakerPolicy, RateLimit
 from ..store import Store, open_store
-from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
-from . import fleet
+from ..store.records import (
+    REVIEW_OPEN,
+    InstanceFilter,
+    InstanceRecord,
+    ReviewItem,
+    StepCommit,
+    WorkerRow,
+)
+from . import bulk, fleet
 from .client import Client
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
@@ -291,6 +298,20 @@ class Engine:
         set of attempts); a request not yet applied is withdrawn.  ``InvalidInput`` when it
         is neither paused nor asked to pause."""
         return self.client.unpause(instance_id, by=by)
+
+    def bulk_plan(self, action: str, where: InstanceFilter) -> bulk.Plan:
+        """What ``bulk`` would touch: the ids matching ``where`` (creation order) and a
+        sample; ``InvalidInput`` for an action not in ``bulk.ACTIONS``."""
+        return bulk.plan(self.store, action, where)
+
+    def bulk(self, plan: bulk.Plan, *, by: str | None = None, reason: str | None = None,
+             batch: int = bulk.BATCH, on_batch: Callable[[bulk.Done], None] | None = None
+             ) -> bulk.Done:
+        """Apply ``plan`` (cancel, pause or unpause) in batches of ``batch`` instances, one
+        transaction each, compare-and-set per instance (``runtime.bulk``): interruptible,
+        and idempotent when repeated."""
+        return bulk.Bulk(self.client, self.clock, by, reason).apply(plan, batch=batch,
+                                                                    on_batch=on_batch)
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,

@@ -1,0 +1,168 @@
+"""``fsm cancel``, ``fsm pause``, ``fsm unpause`` (one id, several, or every instance a
+query matches) and ``fsm send``: the operator's writes from the terminal (issue 25).
+
+A query takes ``fsm list``'s filters (``--machine --status --state --reason --text
+--since --until``) and is a dry run printing the count and a sample unless ``--yes``;
+applied in batches, one transaction each (``runtime.bulk``).  Every history row written
+names the operator (``--as``, default ``$USER``) in ``detail.operator``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import typer
+
+from .cli import DB, _fail, _find, _open, app, out
+from .cli_trust import MACHINES, trusting
+from .runtime import Engine
+from .terminal import shown
+
+AS = typer.Option(None, "--as", metavar="NAME", help="Who does it (default: $USER); "
+                  "kept in the history row (detail.operator).")
+YES = typer.Option(False, "--yes", help="With a query: apply it (default: a dry run).")
+BATCH = typer.Option(500, "--batch", min=1, metavar="N",
+                     help="With a query: instances per transaction.")
+STATUS = typer.Option(None, "--status", metavar="STATUS", help="Query: this status (repeatable).")
+MACHINE = typer.Option(None, "--machine", "-m", metavar="NAME", help="Query: this machine.")
+STATE = typer.Option(None, "--state", metavar="STATE", help="Query: this state (repeatable).")
+REASON = typer.Option(None, "--reason", metavar="REASON", help="Query: this reason (repeatable).")
+TEXT = typer.Option(None, "--text", "-t", metavar="TEXT",
+                    help="Query: id, context or last error contains this.")
+SINCE = typer.Option(None, "--since", metavar="WHEN", help="Query: created at or after (ISO, 2h).")
+UNTIL = typer.Option(None, "--until", metavar="WHEN", help="Query: created before (ISO, 2h).")
+IDS = typer.Argument(None, help="Instance ids (or unambiguous prefixes); none with a query.")
+
+
+def operator(name: str | None) -> str:
+    """The operator a row names: ``--as``, else ``$USER``, else ``operator``."""
+    who = name or os.environ.get("USER") or "operator"
+    return who[:200]
+
+
+def _where(machine: str | None, status: list[str] | None, state: list[str] | None,
+           reason: list[str] | None, text: str | None, since: str | None,
+           until: str | None) -> Any:
+    """``fsm list``'s filters as an ``InstanceFilter`` (None: no filter given)."""
+    from .cli_inspect import _when_arg
+    from .store.records import STATUSES, InstanceFilter
+    for s in status or ():
+        if s not in STATUSES:
+            _fail(f"unknown status {s!r}; one of: {', '.join(STATUSES)}")
+    if not any((machine, status, state, reason, text, since, until)):
+        return None
+    return InstanceFilter(machine=machine, statuses=tuple(status) if status else None,
+                          states=tuple(state) if state else None,
+                          reasons=tuple(reason) if reason else None, text=text,
+                          created_after=_when_arg(since), created_before=_when_arg(until),
+                          top_level=True)
+
+
+def _act(action: str, ids: list[str] | None, where: Any, *, yes: bool, batch: int,
+         by: str | None, reason: str | None, db: str | None) -> None:
+    """``action`` on each of ``ids``, or on every instance ``where`` matches."""
+    if bool(ids) == (where is not None):
+        _fail(f"give instance ids or a query (--machine/--status/…) to {action}, not "
+              f"{'both' if ids else 'neither'}")
+    engine = Engine(_open(db), llm=None)
+    try:
+        if ids:
+            for iid in ids:
+                _single(engine, action, _find(engine.store, iid).id, by, reason)
+        else:
+            _query(engine, action, where, yes=yes, batch=batch, by=by, reason=reason)
+    finally:
+        engine.close()
+
+
+def _single(engine: Engine, action: str, iid: str, by: str | None, reason: str | None) -> None:
+    who = operator(by)
+    if action == "cancel":
+        rec = engine.cancel(iid, reason or "cancelled", operator=who)
+        out.print(shown(f"{rec.id}: cancelled in state {rec.state}"))
+    elif action == "pause":
+        rec = engine.pause(iid, by=who, reason=reason or "paused")
+        how = ("paused" if rec.status == "paused"
+               else "pause requested: applies when its running step commits")
+        out.print(shown(f"{rec.id}: {how} (state {rec.state})"))
+    else:
+        rec = engine.unpause(iid, by=who)
+        out.print(shown(f"{rec.id}: {rec.status} in state {rec.state}"))
+
+
+def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
+           by: str | None, reason: str | None) -> None:
+    plan = engine.bulk_plan(action, where)
+    if not yes:
+        for rec in plan.sample:
+            typer.echo(shown(f"would {action} {rec.id} ({rec.machine}, {rec.status}, "
+                             f"{rec.state})"))
+        more = f" (first {len(plan.sample)} shown)" if plan.count > len(plan.sample) else ""
+        typer.echo(f"{plan.count} instance(s) match{more}; --yes to {action} them")
+        return
+    done = engine.bulk(plan, by=operator(by), reason=reason, batch=batch)
+    typer.echo(f"{action}: {done.changed} changed, {done.skipped} skipped (already done or "
+               f"no longer applies), {done.requested} requested, in {done.batches} "
+               "transaction(s)")
+    for line in done.errors:
+        typer.echo(shown(line), err=True)
+
+
+@app.command()
+def cancel(ids: list[str] | None = IDS, db: str | None = DB,
+           machine: str | None = MACHINE, status: list[str] | None = STATUS,
+           state: list[str] | None = STATE, reason: list[str] | None = REASON,
+           text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
+           yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
+    """Cancel instances, also ones running in another process."""
+    _act("cancel", ids, _where(machine, status, state, reason, text, since, until),
+         yes=yes, batch=batch, by=by, reason=None, db=db)
+
+
+@app.command()
+def pause(ids: list[str] | None = IDS, db: str | None = DB,
+          machine: str | None = MACHINE, status: list[str] | None = STATUS,
+          state: list[str] | None = STATE, reason: list[str] | None = REASON,
+          text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
+          why: str | None = typer.Option(None, "--why", metavar="TEXT",
+                                         help="The pause's reason (default: paused)."),
+          yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
+    """Pause instances between steps (a running step finishes and commits first): no
+    worker or resume takes them, their timers stop, until `fsm unpause`."""
+    _act("pause", ids, _where(machine, status, state, reason, text, since, until),
+         yes=yes, batch=batch, by=by, reason=why, db=db)
+
+
+@app.command()
+def unpause(ids: list[str] | None = IDS, db: str | None = DB,
+            machine: str | None = MACHINE, status: list[str] | None = STATUS,
+            state: list[str] | None = STATE, reason: list[str] | None = REASON,
+            text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
+            yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
+    """End pauses: each instance gets back the status it had, its timers the time left."""
+    _act("unpause", ids, _where(machine, status, state, reason, text, since, until),
+         yes=yes, batch=batch, by=by, reason=None, db=db)
+
+
+@app.command()
+def send(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+         trigger: str = typer.Argument(..., help="A trigger declared from its waiting state."),
+         sets: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE",
+                                        help="Context update (JSON or text; repeatable)."),
+         json_file: str | None = typer.Option(None, "--json-file", metavar="FILE",
+                                              help="Context update: a JSON object file."),
+         by: str | None = AS, db: str | None = DB, machines: list[str] = MACHINES) -> None:
+    """Fire a trigger on a waiting instance with a context update, validated by the
+    machine's context model, in one transaction; a worker (or `fsm resume`) continues it."""
+    import asyncio
+
+    from .cli_review import _update
+    update = _update(sets, json_file)
+    engine = trusting(Engine(_open(db), llm=None), machines)
+    try:
+        iid = _find(engine.store, instance_id).id
+        rec = asyncio.run(engine.signal(iid, trigger, update, operator=operator(by)))
+    finally:
+        engine.close()
+    out.print(shown(f"{rec.id}: {trigger} sent; now {rec.status} in state {rec.state}"))
