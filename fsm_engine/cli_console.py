@@ -166,3 +166,46 @@ def send(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     finally:
         engine.close()
     out.print(shown(f"{rec.id}: {trigger} sent; now {rec.status} in state {rec.state}"))
+
+
+def _review_app() -> Any:
+    from .cli_review import review_app
+    return review_app
+
+
+@_review_app().command("link")
+def review_link(item: str = typer.Argument(..., help="Review item id (an unambiguous prefix)."),
+                ttl: str = typer.Option("24h", "--ttl", metavar="AGE",
+                                        help="How long the link works (30m, 24h, 7d)."),
+                by: str | None = AS,
+                base: str = typer.Option("http://127.0.0.1:8765", "--base", metavar="URL",
+                                         help="Where `fsm ui --write` serves the console."),
+                db: str | None = DB) -> None:
+    """Print a signed link to the console page deciding this item: valid once, until it
+    expires, for this reviewer only; opening it needs no other credential."""
+    import time
+
+    from .cli_observe import parse_age
+    from .runtime import review_links
+    from .runtime.reviews import find
+    store = _open(db)
+    try:
+        found = find(store, item)
+        if found.status != "open":
+            _fail(f"review {found.id} is already {found.status}")
+        link = review_links.sign(store, found.id, operator(by), parse_age(ttl), time.time())
+    finally:
+        store.close()
+    typer.echo(review_links.url(base, link))
+
+
+@_review_app().command("rotate-key")
+def review_rotate_key(db: str | None = DB) -> None:
+    """Replace the key that signs review links: every link given out before stops working."""
+    from .runtime import review_links
+    store = _open(db)
+    try:
+        review_links.rotate_key(store)
+    finally:
+        store.close()
+    typer.echo("review link key rotated: links signed before no longer work")

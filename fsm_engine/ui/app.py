@@ -73,9 +73,12 @@ def _templates() -> Jinja2Templates:
 class TokenGate:
     """ASGI middleware: 401 unless the request carries the token (see the module doc)."""
 
-    def __init__(self, app: Any, token: str | None) -> None:
+    def __init__(self, app: Any, token: str | None, open_prefix: str | None = None) -> None:
         self.app = app
         self.token = token
+        #: Paths under it need no token: the console's signed review links, which the
+        #: route itself verifies (``ui.actions``); ``None``: every path needs it.
+        self.open_prefix = open_prefix
 
     def _ok(self, request: Request) -> tuple[bool, bool]:
         """(allowed, came in the query string)."""
@@ -90,7 +93,8 @@ class TokenGate:
         return bool(value) and hmac.compare_digest(value.encode(), str(self.token).encode())
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.token is None:
+        if scope["type"] != "http" or self.token is None or (
+                self.open_prefix and scope.get("path", "").startswith(self.open_prefix)):
             await self.app(scope, receive, send)
             return
         allowed, from_query = self._ok(Request(scope))
@@ -132,17 +136,20 @@ def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
 
 
 def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
-               hosts: HostRule | None = None) -> Any:
+               hosts: HostRule | None = None, console: Any = None) -> Any:
     """The viewer over ``store`` (open it read-only); ``token`` None: no token needed
     (for loopback only — ``fsm ui`` enforces that); running pages reload every
-    ``refresh_s`` seconds; ``hosts`` None: any ``Host`` (``fsm ui`` gives a rule)."""
+    ``refresh_s`` seconds; ``hosts`` None: any ``Host`` (``fsm ui`` gives a rule).
+    ``console``: a ``ui.actions.Console`` adding the write routes (``fsm ui --write``,
+    which requires ``token``); None: no route accepts a POST."""
     viewer = Viewer(store)
     templates = _templates()
 
     def page(name: str, request: Request, data: dict[str, Any], status: int = 200) -> Response:
         if isinstance(data.get("svg"), str):
             data = data | {"svg": Whole(data["svg"])}
-        data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines()}
+        data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines(),
+                       "write": console is not None}
         response = templates.TemplateResponse(request, name, data, status_code=status)
         response.headers.update(SECURITY_HEADERS)
         return response
@@ -175,8 +182,10 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
+    if console is not None:
+        routes[-1:-1] = console.routes(page)
     app = Starlette(routes=routes, exception_handlers={404: not_found})
-    gated = TokenGate(app, token)
+    gated = TokenGate(app, token, "/review/" if console is not None else None)
     return gated if hosts is None else HostGate(gated, hosts)
 
 
