@@ -211,3 +211,49 @@ def test_an_expired_or_rotated_link_is_refused(s: Setup) -> None:
     review_links.rotate_key(s.engine.store)
     assert s.anon.get(path).status_code == 400
     assert s.engine.reviews(status="open")[0].id == item  # still undecided
+
+
+def test_a_new_review_item_is_posted_to_the_webhook_with_a_working_link(
+        tmp_path: Path, now: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[tuple[str, dict[str, Any]]] = []
+    arrived = threading.Event()
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            got.append((self.headers.get("Idempotency-Key", ""), json.loads(body)))
+            self.send_response(204)
+            self.end_headers()
+            arrived.set()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("FSM_REVIEW_WEBHOOK", f"http://127.0.0.1:{server.server_address[1]}/h")
+    monkeypatch.setenv("FSM_REVIEW_LINK_BASE", "http://console.example:8765")
+    monkeypatch.setenv("FSM_REVIEW_REVIEWER", "oncall")
+    s = Setup(tmp_path, now)
+    try:
+        iid, item = _review(s)
+        assert arrived.wait(30), "the webhook got nothing"
+        [(key, body)] = got
+        assert key == item and body["item"] == item and body["instance_id"] == iid
+        assert body["prompt"] == "Is this label right?" and body["choices"] == ["approve", "reject"]
+        link = urllib.parse.urlsplit(body["link"])
+        assert link.netloc == "console.example:8765" and link.path == f"/review/{item}"
+        path = f"{link.path}?{link.query}"
+        page = s.anon.get(path)
+        assert page.status_code == 200 and "oncall" in page.text
+        done = s.anon.post(path, data={"csrf": csrf(page.text), "choice": "reject"})
+        assert done.status_code == 200, done.text
+        [row] = [h for h in s.engine.store.history(iid) if h.kind == "review"]
+        assert row.detail["operator"] == "oncall" and row.detail["review"]["by"] == "oncall"
+    finally:
+        s.close()
+        server.shutdown()
+        server.server_close()

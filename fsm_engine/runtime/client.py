@@ -262,6 +262,8 @@ class Client:
         commit = review_queue.decision(cm, rec, found, choice, by=by, now=self.clock(),
                                        advance=self.driver.advance, update=update, note=note,
                                        claimer=by)
+        for row in commit.history[:1]:
+            row.detail["operator"] = by  # who did it, as every operator action names
         if not self.ledger.apply_one(self.driver.attach(commit)):  # ends a child: wakes its parent
             raise review_queue.ReviewRefused(
                 f"review {found.id}: the item or its instance changed meanwhile (decided, "

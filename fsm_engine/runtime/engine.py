@@ -31,7 +31,7 @@ from ..store.records import (
     StepCommit,
     WorkerRow,
 )
-from . import bulk, fleet
+from . import bulk, fleet, review_hook
 from .client import Client
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
@@ -95,6 +95,7 @@ class Engine:
         self.models = Models(llm, self.store, breaker, clock, rate_limits)
         #: The one writer (``runtime.ledger``): every commit of this engine goes through it.
         self.ledger = Ledger(self.store, clock)
+        self.ledger.on_review = review_hook.from_env(self.store)  # FSM_REVIEW_WEBHOOK
         self.committer = GroupCommitter(self.ledger, solo=lambda: self.runner.solo())
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)

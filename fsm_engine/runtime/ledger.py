@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..store.base import Store
-from ..store.records import StepCommit
+from ..store.records import ReviewItem, StepCommit
 from . import fanout, pausing
 
 
@@ -42,6 +42,9 @@ class Ledger:
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
+        #: Called with each review item a committed step opened (``runtime.review_hook``:
+        #: ``FSM_REVIEW_WEBHOOK``); None: nobody is told.
+        self.on_review: Callable[[ReviewItem], None] | None = None
 
     def settle(self, step: StepCommit) -> StepCommit:
         """``step`` with what it implies for its family: a child that ends wakes its
@@ -56,9 +59,13 @@ class Ledger:
         queued) in one transaction; per step, True when it applied, False when stale.
         Raises what ``Store.commit`` raises (``StepRejected`` for one step's values)."""
         done = self.store.commit(steps)
-        if all(done):
-            return done
-        return [ok or self._paused_meanwhile(s) for s, ok in zip(steps, done, strict=True)]
+        if not all(done):
+            done = [ok or self._paused_meanwhile(s) for s, ok in zip(steps, done, strict=True)]
+        if self.on_review is not None:
+            for step, ok in zip(steps, done, strict=True):
+                if ok and step.review_open is not None:
+                    self.on_review(step.review_open)
+        return done
 
     def _paused_meanwhile(self, step: StepCommit) -> bool:
         """Write a stale ``step`` over a pause request's touch, paused after it (True), or
