@@ -93,7 +93,7 @@ def _single(engine: Engine, action: str, iid: str, by: str | None, reason: str |
 
 def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
            by: str | None, reason: str | None) -> None:
-    plan = engine.bulk_plan(action, where)
+    plan = engine.bulk_plan(action, where, preview=not yes)
     if not yes:
         for rec in plan.sample:
             typer.echo(shown(f"would {action} {rec.id} ({rec.machine}, {rec.status}, "

@@ -30,16 +30,13 @@ BATCH = 500
 
 @dataclass(slots=True)
 class Plan:
-    """What a bulk action would touch: every matching id (creation order) and how many."""
+    """What a bulk action would touch: how many match, a sample, and (for ``apply``) every
+    matching id in creation order (empty for a preview)."""
 
     action: str
-    ids: list[str]
+    count: int
     sample: list[InstanceRecord]
-
-    @property
-    def count(self) -> int:
-        """How many instances match."""
-        return len(self.ids)
+    ids: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -54,12 +51,17 @@ class Done:
     errors: list[str] = field(default_factory=list)
 
 
-def plan(store: Store, action: str, where: InstanceFilter, sample: int = 10) -> Plan:
-    """The matching instances (``InvalidInput`` for an unknown action)."""
+def plan(store: Store, action: str, where: InstanceFilter, sample: int = 10, *,
+         preview: bool = False) -> Plan:
+    """The matching instances (``InvalidInput`` for an unknown action); ``preview``:
+    only their count and a sample (a dry run, a confirmation page: two cheap reads)."""
     if action not in ACTIONS:
         raise InvalidInput(f"unknown bulk action {action!r}; one of: {', '.join(ACTIONS)}")
+    if preview:
+        first = store.query(where, order="created", descending=False, limit=sample)
+        return Plan(action, store.count(where).get(None, 0), first)
     records = store.query(where, order="created", descending=False, limit=None)
-    return Plan(action, [r.id for r in records], records[:sample])
+    return Plan(action, len(records), records[:sample], [r.id for r in records])
 
 
 def _chunks(ids: Sequence[str], size: int) -> Iterator[Sequence[str]]:

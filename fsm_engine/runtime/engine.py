@@ -300,10 +300,12 @@ class Engine:
         is neither paused nor asked to pause."""
         return self.client.unpause(instance_id, by=by)
 
-    def bulk_plan(self, action: str, where: InstanceFilter) -> bulk.Plan:
-        """What ``bulk`` would touch: the ids matching ``where`` (creation order) and a
-        sample; ``InvalidInput`` for an action not in ``bulk.ACTIONS``."""
-        return bulk.plan(self.store, action, where)
+    def bulk_plan(self, action: str, where: InstanceFilter, *, preview: bool = False
+                  ) -> bulk.Plan:
+        """What ``bulk`` would touch: the ids matching ``where`` (creation order), their
+        count and a sample (``preview``: the count and sample only, for a dry run);
+        ``InvalidInput`` for an action not in ``bulk.ACTIONS``."""
+        return bulk.plan(self.store, action, where, preview=preview)
 
     def bulk(self, plan: bulk.Plan, *, by: str | None = None, reason: str | None = None,
              batch: int = bulk.BATCH, on_batch: Callable[[bulk.Done], None] | None = None

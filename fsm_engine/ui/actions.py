@@ -210,8 +210,8 @@ class Console:
     # -- many --------------------------------------------------------------------------
     async def _show_bulk(self, request: Request) -> dict[str, Any]:
         action = request.path_params["action"]
-        plan = await run_in_threadpool(self.engine.bulk_plan, action,
-                                       _where(request.query_params))
+        plan = await run_in_threadpool(lambda: self.engine.bulk_plan(
+            action, _where(request.query_params), preview=True))
         return {"kind": "bulk", "action": action, "count": plan.count, "sample": plan.sample,
                 "change": CHANGES.get(action, "")}
 
