@@ -204,3 +204,43 @@ def test_a_bad_pause_policy_is_a_definition_error() -> None:
     from fsm_engine.definition.check import check
     with pytest.raises(DefinitionError, match="on_retries_exhausted"):
         check(retrying(machine_policy="sleep"))
+
+
+def test_a_request_left_by_a_holder_that_gave_the_instance_back_applies_at_the_next_claim(
+        engine_factory: Any) -> None:
+    holder, operator_ = engine_factory(), engine_factory()
+
+    async def go() -> None:
+        iid = holder.start(machine())  # held by ``holder``, a live worker, not yet stepped
+        operator_.register(machine())
+        asked = operator_.pause(iid, by="ann", reason="hold on")
+        assert asked.status == "pending" and asked.reason == "pause_requested"
+        assert operator_.pause(iid, by="ann").version == asked.version  # asked once
+        holder.ownership.release([iid])  # given back before any step
+        ran = await operator_.run(iid)  # the claim pauses it before any step
+        assert ran.status == "paused"
+        rec = operator_.store.get(iid)
+        assert (rec.status, rec.reason, rec.owner) == ("paused", "hold on", None)
+        assert CALLS == []
+        [row] = operator_.store.history(iid)
+        assert row.kind == "pause" and row.detail["operator"] == "ann"
+        assert row.detail["reason"] is None and row.detail["status"] == "running"  # claimed
+        assert operator_.store.get_meta(f"pause:{iid}") is None
+    asyncio.run(go())
+
+
+def test_unpausing_a_request_not_yet_applied_withdraws_it(engine_factory: Any) -> None:
+    holder, operator_ = engine_factory(), engine_factory()
+
+    async def go() -> None:
+        GATE.update(started=asyncio.Event(), release=asyncio.Event())
+        GATE["release"].set()
+        iid = holder.start(machine())
+        operator_.pause(iid, by="ann")
+        operator_.unpause(iid, by="ann")  # before it applied: withdrawn
+        rec = await holder.run(iid)  # the holder's steps still commit
+        assert rec.status == "completed" and rec.reason is None
+        assert [h.kind for h in holder.store.history(iid)] == ["transition", "transition"]
+        assert holder.store.get(iid).reason is None
+        assert operator_.store.get_meta(f"pause:{iid}") is None
+    asyncio.run(go())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..errors import InstanceFinished, InstanceNotFound, InvalidInput
 from ..store.base import Store
 from ..store.records import PAUSE, PAUSED, InstanceFilter, InstanceRecord, StepCommit
-from . import outcome
+from . import outcome, pausing
 from .client import Client
 
 #: The actions ``apply`` knows.
@@ -116,6 +116,10 @@ class Bulk:
         if action == "pause" and not rec.final and rec.status != PAUSED \
                 and self.client.held_live(rec):
             self._request(rec, done)  # its running step commits first
+            return None
+        if action == "unpause" and rec.reason == pausing.REQUESTED:
+            self.client.unpause(rec.id, by=self.by)  # asked, not applied: withdrawn
+            done.changed += 1
             return None
         step = self._build(action, rec)
         if step is None:

@@ -149,23 +149,43 @@ class Client:
                                        instance_id=rec.id)
             if rec.status == PAUSED:
                 return rec  # already: nothing written
-            if self.held_live(rec):
+            live = self.held_live(rec)
+            if live and rec.reason == pausing.REQUESTED:  # asked before: its step applies it
+                self._renew_request(rec, by, reason)
+                return rec
+            if live:
                 if self._request_pause(rec, by, reason):
                     return self.store.get(rec.id)
                 continue
-            step = outcome.paused(rec, self.clock(), by=by, reason=reason)
+            step = self._paused(rec, by, reason)
             if self.ledger.apply_one(step):
                 self.store.put_meta(pausing.key(rec.id), None)
                 self.known.pop(rec.id, None)
                 return step.record
 
+    def _paused(self, rec: InstanceRecord, by: str | None, reason: str) -> StepCommit:
+        """The commit pausing ``rec`` now (one still carrying an earlier request: as that
+        request asked, its prior reason given back)."""
+        if rec.reason == pausing.REQUESTED:
+            req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+            return pausing.on_claim(rec, req or pausing.PauseRequest(by, reason, 0.0, -1),
+                                    self.clock())
+        return outcome.paused(rec, self.clock(), by=by, reason=reason)
+
+    def _renew_request(self, rec: InstanceRecord, by: str | None, reason: str) -> None:
+        """Ask again for a pause whose request was withdrawn (the touch still holds)."""
+        req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+        if req is not None and req.withdrawn:
+            self.store.put_meta(pausing.key(rec.id), pausing.encode(pausing.PauseRequest(
+                by, reason, self.clock(), req.version, req.prior_reason)))
+
     def _request_pause(self, rec: InstanceRecord, by: str | None, reason: str) -> bool:
         """Store a pause request for ``rec`` and touch it (``runtime.pausing``); False when
         ``rec`` moved first (the caller reads it again)."""
-        req = pausing.PauseRequest(by, reason, self.clock(), rec.version + 1)
+        req = pausing.PauseRequest(by, reason, self.clock(), rec.version + 1, rec.reason)
         self.store.put_meta(pausing.key(rec.id), pausing.encode(req))
         touch = outcome.clone(rec)
-        touch.updated_at = req.at
+        touch.updated_at, touch.reason = req.at, pausing.REQUESTED
         return self.ledger.apply_one(StepCommit(touch, rec.version, before=rec))
 
     def unpause(self, instance_id: str, *, by: str | None) -> InstanceRecord:
@@ -173,9 +193,8 @@ class Client:
         while True:
             rec = self.store.get(instance_id)
             if rec.status != PAUSED:
-                if self.store.get_meta(pausing.key(rec.id)) is not None:  # not applied yet
-                    self.store.put_meta(pausing.key(rec.id), None)
-                    return rec
+                if rec.reason == pausing.REQUESTED:  # asked, not applied yet: withdrawn
+                    return self._withdraw(rec)
                 raise InvalidInput(f"instance {rec.id} is {rec.status}, not paused")
             pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE),
                          None)
@@ -184,6 +203,16 @@ class Client:
             step = outcome.unpaused(rec, pause, self.clock(), by=by)
             if self.ledger.apply_one(step):
                 return step.record
+
+    def _withdraw(self, rec: InstanceRecord) -> InstanceRecord:
+        """Withdraw a pause request not applied yet: marked so in ``fsm_meta`` (the
+        instance is left alone: its holder's next commit, or the next claim, gives its
+        reason back; writing it here would fail that holder's running step)."""
+        req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+        if req is not None and not req.withdrawn:
+            self.store.put_meta(pausing.key(rec.id), pausing.encode(pausing.PauseRequest(
+                req.by, req.reason, req.at, req.version, req.prior_reason, withdrawn=True)))
+        return rec
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,

@@ -68,8 +68,9 @@ class Ledger:
         return done
 
     def _paused_meanwhile(self, step: StepCommit) -> bool:
-        """Write a stale ``step`` over a pause request's touch, paused after it (True), or
-        leave it stale (False).  Read only when a step is stale: no cost on the hot path."""
+        """Write a stale ``step`` over a pause request's touch, paused after it unless the
+        request was withdrawn (True), or leave it stale (False).  Read only when a step is
+        stale: no cost on the hot path."""
         iid = step.record.id
         req = pausing.decode(self.store.get_meta(pausing.key(iid)))
         if req is None:
