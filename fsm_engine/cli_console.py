@@ -15,24 +15,22 @@ from typing import Any
 import typer
 
 from .cli import DB, _fail, _find, _open, app, out
+from .cli_query import (  # the options ``fsm fork`` and ``fsm rerun`` share
+    AS,
+    BATCH,
+    IDS,
+    MACHINE,
+    REASON,
+    SINCE,
+    STATE,
+    STATUS,
+    TEXT,
+    UNTIL,
+    YES,
+)
 from .cli_trust import MACHINES, trusting
 from .runtime import Engine
 from .terminal import shown
-
-AS = typer.Option(None, "--as", metavar="NAME", help="Who does it (default: $USER); "
-                  "kept in the history row (detail.operator).")
-YES = typer.Option(False, "--yes", help="With a query: apply it (default: a dry run).")
-BATCH = typer.Option(500, "--batch", min=1, metavar="N",
-                     help="With a query: instances per transaction.")
-STATUS = typer.Option(None, "--status", metavar="STATUS", help="Query: this status (repeatable).")
-MACHINE = typer.Option(None, "--machine", "-m", metavar="NAME", help="Query: this machine.")
-STATE = typer.Option(None, "--state", metavar="STATE", help="Query: this state (repeatable).")
-REASON = typer.Option(None, "--reason", metavar="REASON", help="Query: this reason (repeatable).")
-TEXT = typer.Option(None, "--text", "-t", metavar="TEXT",
-                    help="Query: id, context or last error contains this.")
-SINCE = typer.Option(None, "--since", metavar="WHEN", help="Query: created at or after (ISO, 2h).")
-UNTIL = typer.Option(None, "--until", metavar="WHEN", help="Query: created before (ISO, 2h).")
-IDS = typer.Argument(None, help="Instance ids (or unambiguous prefixes); none with a query.")
 
 
 def operator(name: str | None) -> str:
@@ -91,17 +89,24 @@ def _single(engine: Engine, action: str, iid: str, by: str | None, reason: str |
         out.print(shown(f"{rec.id}: {rec.status} in state {rec.state}"))
 
 
+#: What the dry run says ``--yes`` does.
+_VERBS = {"cancel": "cancels", "pause": "pauses", "unpause": "unpauses", "fork": "forks",
+          "rerun": "reruns"}
+
+
 def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
-           by: str | None, reason: str | None) -> None:
+           by: str | None, reason: str | None, **options: Any) -> None:
+    """``action`` on every instance ``where`` matches: a dry run (count and sample) unless
+    ``yes``; ``options`` go to ``Engine.bulk`` (``state``, ``reuse_llm``, ``redeliver``)."""
     plan = engine.bulk_plan(action, where, preview=not yes)
     if not yes:
         for rec in plan.sample:
             typer.echo(shown(f"would {action} {rec.id} ({rec.machine}, {rec.status}, "
-                             f"{rec.state})"))
+                             f"{rec.state}, {rec.reason or '-'})"))
         more = f" (first {len(plan.sample)} shown)" if plan.count > len(plan.sample) else ""
-        typer.echo(f"{plan.count} instance(s) match{more}; --yes to {action} them")
+        typer.echo(f"{plan.count} instance(s) match{more}; --yes {_VERBS[action]} them")
         return
-    done = engine.bulk(plan, by=operator(by), reason=reason, batch=batch)
+    done = engine.bulk(plan, by=operator(by), reason=reason, batch=batch, **options)
     typer.echo(f"{action}: {done.changed} changed, {done.skipped} skipped (already done or "
                f"no longer applies), {done.requested} requested, in {done.batches} "
                "transaction(s)")

@@ -1,4 +1,5 @@
-"""Operator actions over every instance a query matches: cancel, pause, unpause.
+"""Operator actions over every instance a query matches: cancel, pause, unpause, and
+fork / rerun (new instances from each match's history).
 
 ``plan`` reads the matching ids (creation order) and a sample: a dry run prints them.
 ``apply`` then works in batches of ``batch``: it reads the batch's records, builds one
@@ -8,7 +9,10 @@ leaves each instance wholly done or untouched; a repeat skips those already done
 action no longer applies: cancelled, already paused, not paused), so none is done
 twice; an instance that moved between the read and the commit is read again and
 retried alone.  An instance a live worker holds is paused through its request
-(``Client.pause``): its running step commits first.
+(``Client.pause``): its running step commits first.  A fork (just before the last
+failure, or before the latest visit of ``state``; a rerun is a fork from ``state``) gets
+an id derived from its original and fork point, so a batch's forks are created in one
+transaction and a repeat finds them there and makes none twice.
 """
 
 from __future__ import annotations
@@ -18,12 +22,19 @@ from dataclasses import dataclass, field
 
 from ..errors import InstanceFinished, InstanceNotFound, InvalidInput
 from ..store.base import Store
-from ..store.records import PAUSE, PAUSED, InstanceFilter, InstanceRecord, StepCommit
+from ..store.records import (
+    PAUSE,
+    PAUSED,
+    HistoryRow,
+    InstanceFilter,
+    InstanceRecord,
+    StepCommit,
+)
 from . import outcome, pausing
 from .client import Client
 
 #: The actions ``apply`` knows.
-ACTIONS = ("cancel", "pause", "unpause")
+ACTIONS = ("cancel", "pause", "unpause", "fork", "rerun")
 #: Instances per transaction by default.
 BATCH = 500
 
@@ -76,9 +87,11 @@ class Bulk:
     after each batch's transaction (progress, or a test's SIGKILL point)."""
 
     def __init__(self, client: Client, clock: Callable[[], float], by: str | None,
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, state: str | None = None, *,
+                 reuse_llm: bool = False, redeliver: bool = False) -> None:
         self.client, self.store, self.ledger = client, client.store, client.ledger
-        self.clock, self.by, self.reason = clock, by, reason
+        self.clock, self.by, self.reason, self.state = clock, by, reason, state
+        self.fork_options = {"reuse_llm": reuse_llm, "redeliver": redeliver}
 
     def apply(self, p: Plan, *, batch: int = BATCH,
               on_batch: Callable[[Done], None] | None = None) -> Done:
@@ -92,6 +105,9 @@ class Bulk:
         return done
 
     def _batch(self, action: str, ids: Sequence[str], done: Done) -> None:
+        if action in ("fork", "rerun"):
+            self._forks(ids, done)
+            return
         commits: list[StepCommit] = []
         for iid in ids:
             step = self._commit(action, iid, done)
@@ -105,6 +121,27 @@ class Bulk:
                 done.changed += 1
             else:
                 self._one(action, step.record.id, done)  # it moved: read again, alone
+
+    def _forks(self, ids: Sequence[str], done: Done) -> None:
+        """The batch's forks, created in one transaction (those made before skipped)."""
+        made: list[tuple[InstanceRecord, list[HistoryRow]]] = []
+        for iid in ids:
+            try:
+                fork = self.client.fork_record(self.store.get(iid), from_state=self.state,
+                                               from_failure=self.state is None, stable_id=True,
+                                               **self.fork_options)
+            except (InvalidInput, InstanceNotFound):
+                done.skipped += 1  # no such point (never failed, never in that state)
+                continue
+            try:
+                self.store.get(fork[0].id)
+                done.skipped += 1  # made by an earlier run of this action
+            except InstanceNotFound:
+                made.append(fork)
+        if made:
+            self.store.create(*[r for r, _ in made], history=[h for _, rows in made
+                                                                 for h in rows])
+            done.changed += len(made)
 
     def _commit(self, action: str, iid: str, done: Done) -> StepCommit | None:
         """The commit doing ``action`` to ``iid`` now, or None (skipped, requested)."""

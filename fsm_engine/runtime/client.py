@@ -16,7 +16,15 @@ from pydantic import BaseModel, ValidationError
 from ..definition import Machine
 from ..errors import InstanceFinished, InvalidInput, StaleWrite
 from ..store import PENDING, Store
-from ..store.records import PAUSE, PAUSED, REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit
+from ..store.records import (
+    PAUSE,
+    PAUSED,
+    REVIEW_OPEN,
+    HistoryRow,
+    InstanceRecord,
+    ReviewItem,
+    StepCommit,
+)
 from . import outcome, pausing, values
 from . import reviews as review_queue
 from .compiled import CompiledMachine
@@ -218,15 +226,29 @@ class Client:
              from_state: str | None = None, from_failure: bool = False,
              reuse_llm: bool = False, redeliver: bool = False) -> str:
         """See ``Engine.fork``."""
+        rec, rows = self.fork_record(self.store.get(instance_id), from_seq=from_seq,
+                                     from_state=from_state, from_failure=from_failure,
+                                     reuse_llm=reuse_llm, redeliver=redeliver)
+        self.store.create(rec, history=rows)
+        return rec.id
+
+    def fork_record(self, orig: InstanceRecord, *, from_seq: int | None = None,
+                    from_state: str | None = None, from_failure: bool = False,
+                    reuse_llm: bool = False, redeliver: bool = False,
+                    stable_id: bool = False) -> tuple[InstanceRecord, list[HistoryRow]]:
+        """The fork ``fork`` would create, and its copied rows, not yet stored; with
+        ``stable_id`` its id is SHA-256 of (original, fork point) (a bulk fork made twice
+        makes it once).  ``InvalidInput`` when there is no such fork point."""
         from .fork import fork_point, forked
-        orig = self.store.get(instance_id)
         cm = self.registry.runnable(orig)
         history = self.store.history(orig.id)
         n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
-        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
-                           reuse_llm=reuse_llm, redeliver=redeliver)
-        self.store.create(rec, history=rows)
-        return rec.id
+        new_id = None
+        if stable_id:
+            import hashlib
+            new_id = hashlib.sha256(f"{orig.id}>{n}".encode()).hexdigest()[:12]
+        return forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
+                      new_id, reuse_llm=reuse_llm, redeliver=redeliver)
 
     def rerun(self, instance_id: str, state: str, *, in_place: bool = False) -> str:
         """See ``Engine.rerun``."""

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..definition import Machine
-from ..errors import FsmError
+from ..errors import FsmError, InvalidInput
 from ..policies import BreakerPolicy, RateLimit
 from ..store import Store, open_store
 from ..store.records import (
@@ -308,13 +308,17 @@ class Engine:
         return bulk.plan(self.store, action, where, preview=preview)
 
     def bulk(self, plan: bulk.Plan, *, by: str | None = None, reason: str | None = None,
-             batch: int = bulk.BATCH, on_batch: Callable[[bulk.Done], None] | None = None
-             ) -> bulk.Done:
-        """Apply ``plan`` (cancel, pause or unpause) in batches of ``batch`` instances, one
+             state: str | None = None, batch: int = bulk.BATCH,
+             on_batch: Callable[[bulk.Done], None] | None = None,
+             reuse_llm: bool = False, redeliver: bool = False) -> bulk.Done:
+        """Apply ``plan`` (cancel, pause, unpause; fork or rerun from ``state``, a fork
+        without one from each last failure) in batches of ``batch`` instances, one
         transaction each, compare-and-set per instance (``runtime.bulk``): interruptible,
-        and idempotent when repeated."""
-        return bulk.Bulk(self.client, self.clock, by, reason).apply(plan, batch=batch,
-                                                                    on_batch=on_batch)
+        and idempotent when repeated; ``reuse_llm`` / ``redeliver``: as for ``fork``."""
+        if plan.action == "rerun" and not state:
+            raise InvalidInput("a bulk rerun needs the state to run again")
+        return bulk.Bulk(self.client, self.clock, by, reason, state, reuse_llm=reuse_llm,
+                         redeliver=redeliver).apply(plan, batch=batch, on_batch=on_batch)
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,

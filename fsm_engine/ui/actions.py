@@ -5,8 +5,9 @@ change (for a bulk action, how many instances and a sample) with a form; ``POST`
 that form does it.  Routes:
 
 - ``/console/instances/{id}/{action}``: pause, unpause, cancel, send, rerun, fork;
-- ``/console/bulk/{action}?machine=&status=&state=&reason=&text=``: cancel, pause,
-  unpause over every instance matching the viewer's filters (``runtime.bulk``);
+- ``/console/bulk/{action}?machine=&status=&state=&reason=&q=``: cancel, pause,
+  unpause, fork, rerun over every instance matching the viewer's filters
+  (``runtime.bulk``);
 - ``/console/reviews/{item}``: decide a review item;
 - ``/review/{item}?by=&exp=&sig=``: the same, from a signed link
   (``runtime.review_links``), the one path the token does not guard.
@@ -219,7 +220,8 @@ class Console:
         action, who = request.path_params["action"], _name(form)
         plan = await run_in_threadpool(self.engine.bulk_plan, action,
                                        _where(request.query_params))
-        done = await run_in_threadpool(lambda: self.engine.bulk(plan, by=who))
+        state = form.get("state") or None
+        done = await run_in_threadpool(lambda: self.engine.bulk(plan, by=who, state=state))
         return {"message": f"{action}: {done.changed} changed, {done.skipped} skipped, "
                            f"{done.requested} requested ({plan.count} matched)"}
 
