@@ -58,12 +58,13 @@ def _where(machine: str | None, status: list[str] | None, state: list[str] | Non
 
 
 def _act(action: str, ids: list[str] | None, where: Any, *, yes: bool, batch: int,
-         by: str | None, reason: str | None, db: str | None) -> None:
+         by: str | None, reason: str | None, db: str | None,
+         machines: list[str] | None = None) -> None:
     """``action`` on each of ``ids``, or on every instance ``where`` matches."""
     if bool(ids) == (where is not None):
         _fail(f"give instance ids or a query (--machine/--status/…) to {action}, not "
               f"{'both' if ids else 'neither'}")
-    engine = Engine(_open(db), llm=None)
+    engine = trusting(Engine(_open(db), llm=None), machines or [])
     try:
         if ids:
             for iid in ids:
@@ -79,6 +80,9 @@ def _single(engine: Engine, action: str, iid: str, by: str | None, reason: str |
     if action == "cancel":
         rec = engine.cancel(iid, reason or "cancelled", operator=who)
         out.print(shown(f"{rec.id}: cancelled in state {rec.state}"))
+    elif action == "resume":
+        rec = engine.restart(iid, by=who)
+        out.print(shown(f"{rec.id}: restarted, {rec.status} in state {rec.state}"))
     elif action == "pause":
         rec = engine.pause(iid, by=who, reason=reason or "paused")
         how = ("paused" if rec.status == "paused"
@@ -91,7 +95,7 @@ def _single(engine: Engine, action: str, iid: str, by: str | None, reason: str |
 
 #: What the dry run says ``--yes`` does.
 _VERBS = {"cancel": "cancels", "pause": "pauses", "unpause": "unpauses", "fork": "forks",
-          "rerun": "reruns"}
+          "rerun": "reruns", "resume": "restarts"}
 
 
 def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
@@ -148,6 +152,20 @@ def unpause(ids: list[str] | None = IDS, db: str | None = DB,
     """End pauses: each instance gets back the status it had, its timers the time left."""
     _act("unpause", ids, _where(machine, status, state, reason, text, since, until),
          yes=yes, batch=batch, by=by, reason=None, db=db)
+
+
+@app.command()
+def restart(ids: list[str] | None = IDS, db: str | None = DB,
+            machine: str | None = MACHINE, status: list[str] | None = STATUS,
+            state: list[str] | None = STATE, reason: list[str] | None = REASON,
+            text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
+            yes: bool = YES, batch: int = BATCH, by: str | None = AS,
+            machines: list[str] = MACHINES) -> None:
+    """Resume cancelled or failed instances where they stopped (a cancelled one in its
+    state, a failed one just before its last failure): runnable again for a worker or
+    `fsm resume` (which itself only continues instances whose worker died)."""
+    _act("resume", ids, _where(machine, status, state, reason, text, since, until),
+         yes=yes, batch=batch, by=by, reason=None, db=db, machines=machines)
 
 
 @app.command()

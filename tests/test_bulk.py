@@ -84,3 +84,30 @@ def test_fork_and_rerun_by_query_make_each_fork_once(engine_factory: Any) -> Non
     assert {r.state for r in forks} == {"hold"}
     none = eng.bulk(eng.bulk_plan("fork", where))  # from the last failure: there is none
     assert (none.changed, none.skipped) == (0, 4)
+
+
+def test_resume_by_query_restarts_cancelled_and_failed_ones_where_they_stopped(
+        engine_factory: Any) -> None:
+    from test_pause import FAULTY, retrying
+    eng = engine_factory(llm=None)
+
+    async def go() -> None:
+        cancelled = eng.start_many(_machine(CONSOLE + ":inbox"), [{"note": "c"}], enqueue=True)[0]
+        await eng.run(cancelled)  # waiting in hold
+        eng.cancel(cancelled, operator="ops")
+        failed = eng.start(retrying(machine_policy=None, name="bulkfail"))
+        assert (await eng.run(failed)).status == "failed"
+        plan = eng.bulk_plan("resume", InstanceFilter(statuses=("cancelled", "failed")))
+        assert plan.count == 2
+        done = eng.bulk(plan, by="ops")
+        again = eng.bulk(eng.bulk_plan("resume", InstanceFilter(statuses=("cancelled",
+                                                                          "failed"))))
+        assert (done.changed, again.changed) == (2, 0)  # the plan matches none any more
+        back = eng.store.get(cancelled)
+        assert (back.status, back.state) == ("waiting", "hold")
+        row = eng.store.history(cancelled)[-1]
+        assert row.kind == "rerun" and row.detail["operator"] == "ops"
+        FAULTY["on"] = False
+        rec = await eng.run(failed)
+        assert rec.status == "completed"
+    asyncio.run(go())

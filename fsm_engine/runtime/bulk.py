@@ -1,5 +1,6 @@
-"""Operator actions over every instance a query matches: cancel, pause, unpause, and
-fork / rerun (new instances from each match's history).
+"""Operator actions over every instance a query matches: cancel, pause, unpause, resume
+(a cancelled or failed one where it stopped: ``Client.restarted``), and fork / rerun
+(new instances from each match's history).
 
 ``plan`` reads the matching ids (creation order) and a sample: a dry run prints them.
 ``apply`` then works in batches of ``batch``: it reads the batch's records, builds one
@@ -34,7 +35,7 @@ from . import outcome, pausing
 from .client import Client
 
 #: The actions ``apply`` knows.
-ACTIONS = ("cancel", "pause", "unpause", "fork", "rerun")
+ACTIONS = ("cancel", "pause", "unpause", "resume", "fork", "rerun")
 #: Instances per transaction by default.
 BATCH = 500
 
@@ -166,6 +167,8 @@ class Bulk:
     def _build(self, action: str, rec: InstanceRecord) -> StepCommit | None:
         """The commit doing ``action`` to ``rec`` (None: it no longer applies)."""
         now = self.clock()
+        if action == "resume":
+            return self.client.restarted(rec, by=self.by)
         if rec.final:
             return None
         if action == "cancel":

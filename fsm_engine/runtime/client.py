@@ -273,6 +273,42 @@ class Client:
         self.known.pop(rec.id, None)
         return rec.id
 
+    def restarted(self, rec: InstanceRecord, *, by: str | None) -> StepCommit | None:
+        """The commit resuming a cancelled or failed ``rec`` where it stopped (None: it is
+        neither): a cancelled one in its state with its context, a failed one just before
+        its last failure; one ``rerun`` row (``detail.operator``, ``detail.restarted``)
+        appended, nothing rewritten (``outcome.reset``)."""
+        from .fork import fork_point
+        if rec.status not in ("cancelled", "failed"):
+            return None
+        cm = self.registry.runnable(rec)
+        history = self.store.history(rec.id)
+        if rec.status == "cancelled":
+            n, state, context = rec.seq, rec.state, dict(rec.context)
+        else:
+            n = fork_point(history, failure=True)
+            context = dict(rec.input)
+            for row in history[:n]:
+                context.update(row.delta)
+            state = history[n - 1].dest if n else cm.spec.initial
+        rec = self.registry.upcast(cm, rec)
+        step = outcome.reset(cm, rec, state, context, n, self.clock())
+        step.history[0].detail.update(operator=by, restarted=rec.status)
+        return self.driver.attach(step)
+
+    def restart(self, instance_id: str, *, by: str | None) -> InstanceRecord:
+        """See ``Engine.restart``."""
+        rec = self.store.get(instance_id)
+        step = self.restarted(rec, by=by)
+        if step is None:
+            raise InvalidInput(f"instance {rec.id} is {rec.status}: only a cancelled or failed "
+                               "instance is restarted")
+        if not self.ledger.apply_one(step):
+            raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
+                             instance_id=rec.id)
+        self.known.pop(rec.id, None)
+        return step.record
+
     def forks(self, instance_id: str) -> list[InstanceRecord]:
         """The instances forked from ``instance_id``, oldest first."""
         return [r for r in self.store.list(machine=self.store.get(instance_id).machine)

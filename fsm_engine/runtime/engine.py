@@ -300,6 +300,13 @@ class Engine:
         is neither paused nor asked to pause."""
         return self.client.unpause(instance_id, by=by)
 
+    def restart(self, instance_id: str, *, by: str | None = None) -> InstanceRecord:
+        """Resume a cancelled or failed instance where it stopped (DBOS's resume): a
+        cancelled one in its state with its context, a failed one just before its last
+        failure; one appended ``rerun`` row names ``by``; it is then runnable (a worker or
+        ``resume`` continues it).  ``InvalidInput`` for any other status."""
+        return self.client.restart(instance_id, by=by)
+
     def bulk_plan(self, action: str, where: InstanceFilter, *, preview: bool = False
                   ) -> bulk.Plan:
         """What ``bulk`` would touch: the ids matching ``where`` (creation order), their
@@ -311,7 +318,7 @@ class Engine:
              state: str | None = None, batch: int = bulk.BATCH,
              on_batch: Callable[[bulk.Done], None] | None = None,
              reuse_llm: bool = False, redeliver: bool = False) -> bulk.Done:
-        """Apply ``plan`` (cancel, pause, unpause; fork or rerun from ``state``, a fork
+        """Apply ``plan`` (cancel, pause, unpause, resume; fork or rerun from ``state``, a fork
         without one from each last failure) in batches of ``batch`` instances, one
         transaction each, compare-and-set per instance (``runtime.bulk``): interruptible,
         and idempotent when repeated; ``reuse_llm`` / ``redeliver``: as for ``fork``."""

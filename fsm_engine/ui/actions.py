@@ -44,13 +44,15 @@ from ..store.records import InstanceFilter
 #: Largest form body accepted (bytes).
 MAX_FORM = 64 * 1024
 #: The per-instance actions.
-INSTANCE_ACTIONS = ("pause", "unpause", "cancel", "send", "rerun", "fork")
+INSTANCE_ACTIONS = ("pause", "unpause", "cancel", "resume", "send", "rerun", "fork")
 #: What each action changes, for the confirmation page.
 CHANGES = {
     "pause": "status → paused: no worker takes it and its timers stop (a running step "
              "finishes and commits first)",
     "unpause": "status paused → the status it had; its timers run on with the time left",
     "cancel": "status → cancelled (final); a running step is stopped",
+    "resume": "a cancelled or failed instance runs again where it stopped (a failed one "
+              "from just before its last failure)",
     "send": "fires the trigger on the waiting instance with the context update",
     "rerun": "a new instance (a fork) that runs the chosen state again",
     "fork": "a new instance from this one's history (just before its last failure, "
@@ -197,6 +199,8 @@ class Console:
             rec = eng.unpause(iid, by=who)
         elif action == "cancel":
             rec = eng.cancel(iid, operator=who)
+        elif action == "resume":
+            rec = eng.restart(iid, by=who)
         elif action in ("rerun", "fork"):
             state = form.get("state") or None
             if action == "rerun" and state is None:
