@@ -257,3 +257,12 @@ def test_a_new_review_item_is_posted_to_the_webhook_with_a_working_link(
         s.close()
         server.shutdown()
         server.server_close()
+
+
+def test_a_signed_link_page_shows_its_item_and_nothing_of_the_fleet(s: Setup) -> None:
+    _, item = _review(s)
+    s.queued(3)
+    page = s.anon.get(_link_path(review_links.sign(s.engine.store, item, "rita", 60, s.now[0])))
+    assert page.status_code == 200
+    assert "machine-link" not in page.text and "/machines/" not in page.text
+    assert "machine-link" in s.client.get("/").text
