@@ -228,6 +228,7 @@ def test_signed_links_decide_once_and_open_nothing_else(
                           text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     url = made.stdout.strip()
+    load(d, f"{server}/")  # on the console's origin, whose cookies are then dropped:
     d.delete_all_cookies()  # the reviewer has nothing but the link
     load(d, url)
     assert read(d, "#signed-by") == ["rita"]

@@ -106,6 +106,8 @@ def test_a_pause_mid_step_lands_the_step_and_starts_no_next_one(engine_factory: 
         kinds = [k for k, _, _ in _rows(eng, iid)]
         assert kinds == ["transition", "pause", "unpause", "transition"]
         assert eng.store.history(iid)[2].detail["operator"] == "bob"
+        from fsm_engine.runtime import invariants
+        assert eng.store.check() == [] and invariants.check(eng.store) == []  # fsm check
     asyncio.run(go())
 
 
@@ -184,6 +186,8 @@ def test_retries_exhausted_pause_then_unpause_after_the_fix_completes(
         assert CALLS == ["flaky"] * 4
         assert [a.attempt for a in eng.store.attempts(iid)] == [1, 2]  # the retried ones
         assert [h.kind for h in eng.store.history(iid)] == ["pause", "unpause", "transition"]
+        from fsm_engine.runtime import invariants
+        assert eng.store.check() == [] and invariants.check(eng.store) == []  # fsm check
     asyncio.run(go())
 
 
