@@ -248,3 +248,16 @@ def test_unpausing_a_request_not_yet_applied_withdraws_it(engine_factory: Any) -
         assert holder.store.get(iid).reason is None
         assert operator_.store.get_meta(f"pause:{iid}") is None
     asyncio.run(go())
+
+
+def test_two_operators_asking_at_once_make_one_request_not_a_pause_mid_step(
+        engine_factory: Any) -> None:
+    holder, ann, bob = engine_factory(), engine_factory(), engine_factory()
+    iid = holder.start(machine())
+    seen_by_bob = bob.store.get(iid)  # bob reads, then ann's request lands first
+    ann.pause(iid, by="ann")
+    assert bob.client._request_pause(seen_by_bob, "bob", "paused") is False
+    rec = bob.store.get(iid)
+    assert (rec.status, rec.reason, rec.owner) == ("pending", "pause_requested",
+                                                    holder.worker.id)
+    assert bob.store.history(iid) == []  # nothing paused under the holder's feet

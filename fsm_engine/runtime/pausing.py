@@ -78,8 +78,10 @@ def decode(text: str | None) -> PauseRequest | None:
 
 
 def applies(req: PauseRequest | None, step: StepCommit, stored_version: int) -> bool:
-    """True when ``step`` went stale only because of ``req``'s touch."""
-    return (req is not None and req.version == step.expected_version + 1
+    """True when ``step`` went stale only because of ``req``'s touch (and is no touch
+    itself: two operators asking at once make one request, not a pause mid-step)."""
+    touch = step.record.reason == REQUESTED and not step.history
+    return (req is not None and not touch and req.version == step.expected_version + 1
             and stored_version == req.version)
 
 
