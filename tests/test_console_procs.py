@@ -70,13 +70,15 @@ def test_pause_mid_step_in_a_worker_survives_sigkill_and_restart(tmp_path: Path)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         worker = _worker(env, tmp_path, 1)
-        canary = _fsm("start", MODULE, "--input", str(tmp_path / "in.json"),
+        (tmp_path / "canary.json").write_text(json.dumps({"n": 100}))
+        canary = _fsm("start", MODULE, "--input", str(tmp_path / "canary.json"),
                       env=env).stdout.strip()
         wait_until(lambda: store.get(canary).status == "completed", 60,
                    "the restarted worker to finish other work")
         rec = store.get(iid)
         assert (rec.status, rec.owner, rec.state) == ("paused", None, "quick")
-        assert _log(tmp_path).count("quick 1") == 0  # its next step never started
+        assert "quick 101" in _log(tmp_path)  # the canary ran
+        assert "quick 1" not in _log(tmp_path)  # the paused one's next step never started
         listed = _fsm("list", "--status", "paused", "--json", env=env).stdout
         assert [r["id"] for r in json.loads(listed)] == [iid]
 
