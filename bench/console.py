@@ -67,8 +67,8 @@ def pages(n: int) -> list[tuple[str, float]]:
     from fsm_engine.ui.actions import Console
     db = os.path.join(tempfile.mkdtemp(prefix="fsm-console-"), "viewer.db")
     build(db, n)
-    store = open_store(db, readonly=True)
     eng = Engine(db, llm=None)
+    store = eng.store  # as `fsm ui --write` serves: the engine's one connection
     token = "bench-console-token"
     client = TestClient(create_app(store, token=token, console=Console(eng)),
                         headers={"Authorization": f"Bearer {token}"})
@@ -88,7 +88,6 @@ def pages(n: int) -> list[tuple[str, float]]:
     try:
         return [(name, timed(fn, 5)) for name, fn in cases]
     finally:
-        store.close()
         eng.close()
 
 

@@ -39,7 +39,8 @@ class World:
         eng = Engine(self.db, llm=None)
         try:
             console, _ = load_machine(str(ROOT / "tests/console_machine.py"))
-            inbox, _ = load_machine(str(ROOT / "tests/console_machine.py") + ":inbox")
+            inbox = "tests/console_machine.py:inbox"  # stored as this reference: the console
+            # (another process) loads it from there
             reviewed, _ = load_machine(str(ROOT / "tests/review_machine.py"))
             self.queued = eng.start_many(console, [{"n": i} for i in range(12)], enqueue=True)
             self.inbox = eng.start(inbox, {})
@@ -240,8 +241,10 @@ def test_signed_links_decide_once_and_open_nothing_else(
     from selenium.webdriver.support.ui import Select
     Select(d.find_element("id", "f-choice")).select_by_value("approve")
     navigate(d, "#confirm", "/review/")
-    assert "approve by rita" in " ".join(read(d, "#done-message"))
-    assert [r for r in _rows(world.db, target) if r[0] == "review"] == [("review", "rita")]
+    said = " ".join(read(d, "#done-message"))
+    assert "approve by rita" in said
+    rows = _rows(world.db, target)
+    assert [r for r in rows if r[0] == "review"] == [("review", "rita")], (rows, said, target)
     load(d, url)
     assert "already used" in " ".join(read(d, "#error-message"))
 

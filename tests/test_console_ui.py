@@ -20,7 +20,6 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from fsm_engine import Engine, load_machine  # noqa: E402
 from fsm_engine.runtime import review_links  # noqa: E402
-from fsm_engine.store import SqliteStore  # noqa: E402
 from fsm_engine.ui import create_app  # noqa: E402
 from fsm_engine.ui.actions import Console  # noqa: E402
 
@@ -35,7 +34,7 @@ class Setup:
         self.console, _ = load_machine(str(ROOT / "tests/console_machine.py"))
         self.inbox, _ = load_machine(str(ROOT / "tests/console_machine.py") + ":inbox")
         self.reviewed, _ = load_machine(str(ROOT / "tests/review_machine.py"))
-        self.store = SqliteStore(self.db, readonly=True)
+        self.store = self.engine.store  # as `fsm ui --write` serves: one connection
         self.now = now
         app = create_app(self.store, token=TOKEN,
                          console=Console(self.engine, clock=lambda: self.now[0]))
@@ -51,7 +50,6 @@ class Setup:
         return iid
 
     def close(self) -> None:
-        self.store.close()
         self.engine.close()
 
 
@@ -266,3 +264,16 @@ def test_a_signed_link_page_shows_its_item_and_nothing_of_the_fleet(s: Setup) ->
     assert page.status_code == 200
     assert "machine-link" not in page.text and "/machines/" not in page.text
     assert "machine-link" in s.client.get("/").text
+
+
+def test_the_browsers_fetch_metadata_decides_over_a_null_origin(s: Setup) -> None:
+    [iid] = s.queued()
+    path = f"/console/instances/{iid}/pause"
+    token = csrf(s.client.get(path).text)
+    for headers in ({"Sec-Fetch-Site": "cross-site", "Origin": "null"},
+                    {"Sec-Fetch-Site": "same-site"}, {"Origin": "null"}):
+        refused = s.client.post(path, data={"as": "x", "csrf": token}, headers=headers)
+        assert refused.status_code == 403, headers
+    ok = s.client.post(path, data={"as": "x", "csrf": token},
+                       headers={"Sec-Fetch-Site": "same-origin", "Origin": "null"})
+    assert ok.status_code == 200 and s.engine.store.get(iid).status == "paused"

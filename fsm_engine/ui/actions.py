@@ -80,13 +80,17 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _same_site(request: Request) -> bool:
-    """False for a request a browser marks cross-site (``Sec-Fetch-Site``) or whose
-    ``Origin`` is another host than the one it was sent to."""
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-        return False
+    """False for a request a browser marks cross-site: by ``Sec-Fetch-Site`` (which page
+    content cannot set) when the browser sends it, else by an ``Origin`` naming another
+    host than the one the request was sent to (the pages' ``no-referrer`` policy makes a
+    browser send ``Origin: null`` even from the console's own form, so ``Sec-Fetch-Site``
+    decides where it is present)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site in ("same-origin", "none")
     origin = request.headers.get("origin")
     if origin is None:
-        return True
+        return True  # not a browser's form: the token and the CSRF token still hold
     return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "")
 
 

@@ -114,11 +114,14 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     """
     import uvicorn
     HeaderTimeoutProtocol.header_timeout_s = _header_timeout()
-    store = open_store(store_url(db), readonly=True)
+    # with the console the pages read through the engine's own connection: a second,
+    # read-only SQLite connection in this process to the same file loses the engine's
+    # writes once another process opens and closes the database (its WAL is reset)
+    store = engine.store if engine is not None else open_store(store_url(db), readonly=True)
     try:
         sock = _listen(host, port)
     except InvalidInput:
-        store.close()
+        (engine or store).close()
         raise
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
@@ -140,8 +143,6 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     except KeyboardInterrupt:
         pass
     finally:
-        store.close()
+        (engine or store).close()
         sock.close()
-        if engine is not None:
-            engine.close()
     sys.stdout.flush()
