@@ -135,31 +135,10 @@ def render(p: Params, steps: dict, big: dict[str, orchestrate.Outcome],
     from bench.method import METHOD
     parts = [header(p, load_before, elapsed), "", "## Targets (issue 9)", "",
              report.targets_table(steps, big, w3, w4, p)]  # type: ignore[arg-type]
-    for sync in ("FULL", "NORMAL"):
-        if "W1" in p.only:
-            parts += ["", f"## W1 durable step overhead, synchronous={sync} (WAL), "
-                      f"{p.n1} instances one after another", "",
-                      report.w1_table(steps, sync, p, fsyncs)]
     if "W1" in p.only:
-        parts += ["", "## W1 at three context sizes, synchronous=NORMAL, "
-                  f"{max(20, p.n1 // 2)} instances one after another", "",
-                  "The context holds `n` and a `doc` string no action changes; CPU µs per "
-                  "transition of the peer's process (÷ the floor's at the same size), then "
-                  "wall µs.", "", report.w1_sized_table(steps, p)]
+        parts += _w1_parts(p, steps, fsyncs)
     if "W2" in p.only:
-        parts += ["", f"## W2 concurrency, {p.n2} instances in flight, synchronous=FULL", "",
-                  f"Ideal = {p.sleep} s (one sleeping state on the critical path). "
-                  "Wall time covers creating the instances and running them to the end; "
-                  "the floor group-commits.", "",
-                  report.w2_table(steps, p, fsyncs), "",
-                  report.w2_split_table(f"fsm_engine, {p.n2} instances", steps.get(
-                      ("W2", "FULL", "fsm_engine")), p)]
-        if p.n2_big and big:
-            parts += ["", f"## W2 with {p.n2_big:,} instances in flight, each alone, "
-                      "synchronous=FULL", "", report.big_table(big, p)]
-        for name in big if p.n2_big else ():
-            parts += ["", report.w2_split_table(f"{name} alone, {p.n2_big} instances",
-                                                big[name], p)]
+        parts += _w2_parts(p, steps, big, fsyncs)
     if "W3" in p.only:
         parts += ["", f"## W3 recovery after SIGKILL, {p.n3} instances", "",
                   report.w3_table(w3)]
@@ -173,6 +152,39 @@ def render(p: Params, steps: dict, big: dict[str, orchestrate.Outcome],
                   report.profile_section(prof)]  # type: ignore[arg-type]
     parts += ["", METHOD]
     return "\n".join(parts) + "\n"
+
+
+def _w1_parts(p: Params, steps: dict, fsyncs: dict | None) -> list[str]:
+    """The W1 sections of the report: both synchronous modes, then three context sizes."""
+    parts: list[str] = []
+    for sync in ("FULL", "NORMAL"):
+        parts += ["", f"## W1 durable step overhead, synchronous={sync} (WAL), "
+                  f"{p.n1} instances one after another", "",
+                  report.w1_table(steps, sync, p, fsyncs)]
+    return parts + ["", "## W1 at three context sizes, synchronous=NORMAL, "
+                    f"{max(20, p.n1 // 2)} instances one after another", "",
+                    "The context holds `n` and a `doc` string no action changes; CPU µs per "
+                    "transition of the peer's process (÷ the floor's at the same size), then "
+                    "wall µs.", "", report.w1_sized_table(steps, p)]
+
+
+def _w2_parts(p: Params, steps: dict, big: dict[str, orchestrate.Outcome],
+              fsyncs: dict | None) -> list[str]:
+    """The W2 sections of the report (and the big runs, when there were any)."""
+    parts = ["", f"## W2 concurrency, {p.n2} instances in flight, synchronous=FULL", "",
+             f"Ideal = {p.sleep} s (one sleeping state on the critical path). "
+             "Wall time covers creating the instances and running them to the end; "
+             "the floor group-commits.", "",
+             report.w2_table(steps, p, fsyncs), "",
+             report.w2_split_table(f"fsm_engine, {p.n2} instances", steps.get(
+                 ("W2", "FULL", "fsm_engine")), p)]
+    if p.n2_big and big:
+        parts += ["", f"## W2 with {p.n2_big:,} instances in flight, each alone, "
+                  "synchronous=FULL", "", report.big_table(big, p)]
+    for name in big if p.n2_big else ():
+        parts += ["", report.w2_split_table(f"{name} alone, {p.n2_big} instances",
+                                            big[name], p)]
+    return parts
 
 
 def main(argv: list[str]) -> int:

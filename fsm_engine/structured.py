@@ -309,19 +309,27 @@ def _scan(text: str, start: int, limit: int | None = None) -> _Span:
             continue
         if prev == "word":
             features.update(_word_defects(word, is_key=kind == "colon"))
-        if kind == "open":
-            stack.append(tok.group())
-        elif kind == "close":
-            features.update(_close(stack, tok.group(), after_comma=prev == "comma"))
-            if not stack:
-                return _Span(start, tok.end(), "", frozenset(features))
-        elif kind == "sstr":
-            features.add("single quotes")
+        if _track(kind, tok.group(), stack, features, prev) and not stack:
+            return _Span(start, tok.end(), "", frozenset(features))
         prev, word = kind, tok.group()
     if prev == "word":
         features.update(_word_defects(word, is_key=False))
     left = f"{len(stack)} unclosed bracket" + ("s" if len(stack) > 1 else "")
     return _Span(start, end, left, frozenset(features), end == len(text))
+
+
+def _track(kind: str, text: str, stack: list[str], features: set[str], prev: str) -> bool:
+    """One bracket or string token of ``_scan``: ``stack`` and ``features`` updated; True
+    when it was a closing bracket."""
+    if kind == "open":
+        stack.append(text)
+        return False
+    if kind == "close":
+        features.update(_close(stack, text, after_comma=prev == "comma"))
+        return True
+    if kind == "sstr":
+        features.add("single quotes")
+    return False
 
 
 def _close(stack: list[str], closer: str, *, after_comma: bool) -> set[str]:

@@ -129,3 +129,17 @@ machine = Machine(
         Transition("branch_failed", "summarise", "failed"),
         Transition("ok", "compose", "done"),
     ])
+
+_DOC = "/usr/share/common-licenses/BSD"
+
+#: Example cases (``fsm test machines/digest.py``): every edge of the parent — the sections
+#: noted by the model, and every section failing (a refused call: no fallback) so the join
+#: takes ``branch_failed``.
+CASES = [
+    {"name": "every section noted", "input": {"path": _DOC},
+     "replies": [{"text": '{"title": "Terms", "gist": "What may be done."}'}],
+     "path": ["split", "summarise", "compose", "done"]},
+    {"name": "every section refused", "input": {"path": _DOC},
+     "replies": [{"error": "http400"}],
+     "path": ["split", "summarise", "failed"], "status": "failed"},
+]

@@ -136,3 +136,26 @@ machine = Machine(
         Transition("published", "publish", "done"),
     ],
 )
+
+_DOC = "/usr/share/common-licenses/BSD"
+_FIGURES, _SUMMARY, _CONCLUSION = "List the key figures", "Summarise in two", 'ONLY {"conclusion"'
+
+#: Example cases (``fsm test machines/report.py``): every edge — the model's answers, its
+#: garbage (skips, then the rule-based conclusion) and a provider that stays down.
+CASES = [
+    {"name": "the model answers", "input": {"path": _DOC},
+     "replies": [{"match": _FIGURES, "text": '{"figures": ["BSD", "Regents"]}'},
+                 {"match": _SUMMARY, "text": '{"summary": "A permissive license."}'},
+                 {"match": _CONCLUSION, "text": '{"conclusion": "Permissive."}'}],
+     "path": ["load", "extract", "summarise", "tabulate", "conclude", "publish", "done"],
+     "output": {"figures": ["BSD", "Regents"], "conclusion": "Permissive."}},
+    {"name": "garbage: skips and the rule", "input": {"path": _DOC},
+     "replies": [{"text": "I cannot do that."}],
+     "path": ["load", "extract", "summarise", "tabulate", "conclude", "rule-conclude",
+              "publish", "done"],
+     "output": {"summary": "(no summary: the model failed)",
+                "conclusion": "0 key figures extracted; see the summary."}},
+    {"name": "the model is down", "input": {"path": _DOC},
+     "replies": [{"error": "http500"}],
+     "final": "done", "output": {"figures": []}},
+]

@@ -65,3 +65,35 @@ machine = Machine(
         Transition("accept", "review", "done"),
     ],
 )
+
+_DRAFT, _REVIEW = "Write ", "Review this draft"
+
+#: Example cases (``fsm test machines/router.py``): every edge, the loop cap, and each
+#: state's retries and timeout exhausted; ``delay_s`` and the backoffs are virtual time.
+CASES = [
+    {"name": "finished at once", "input": {},
+     "replies": [{"match": _DRAFT, "text": "Haiku.\nfinish"}],
+     "path": ["draft", "done"], "status": "completed"},
+    {"name": "reviewed and accepted", "input": {},
+     "replies": [{"match": _DRAFT, "text": "Haiku.\nto_review"},
+                 {"match": _REVIEW, "text": "accept"}],
+     "path": ["draft", "review", "done"], "output": {"route": ["to_review", "accept"]}},
+    {"name": "revised forever: the loop cap", "input": {},
+     "replies": [{"match": _DRAFT, "text": "Haiku.\nto_review"},
+                 {"match": _REVIEW, "text": "revise"}],
+     "final": "failed", "status": "failed", "output": {"rounds": 6}},
+    {"name": "draft model down: retries exhausted", "input": {},
+     "replies": [{"match": _DRAFT, "error": "unavailable"}],
+     "path": ["draft", "failed"], "status": "failed"},
+    {"name": "draft model too slow: timeouts", "input": {},
+     "replies": [{"match": _DRAFT, "text": "finish", "delay_s": 61}],
+     "path": ["draft", "failed"], "status": "failed"},
+    {"name": "review model down", "input": {},
+     "replies": [{"match": _DRAFT, "text": "Haiku.\nto_review"},
+                 {"match": _REVIEW, "error": "http500"}],
+     "path": ["draft", "review", "failed"], "status": "failed"},
+    {"name": "review model too slow", "input": {},
+     "replies": [{"match": _DRAFT, "text": "Haiku.\nto_review"},
+                 {"match": _REVIEW, "text": "accept", "delay_s": 61}],
+     "path": ["draft", "review", "failed"], "status": "failed"},
+]

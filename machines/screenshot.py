@@ -100,3 +100,24 @@ machine = dag("screenshot", Screen, [
          fallback=rule_suggest),
 ], max_transitions=10, token_budget=3000,
     description="Two independent analyses in parallel, then a dependent suggestion step.")
+
+_SCREEN = "[header Shop] [button BUY NOW!!!] [text Cheapest prices, guaranteed]"
+
+#: Example cases (``fsm test machines/screenshot.py``): every edge — the model answering
+#: each node, its garbage (rules, a skip and the fallback node), and a refused call that
+#: fails the UI branch so the join takes ``branch_failed``.
+CASES = [
+    {"name": "the model answers", "input": {"screen": _SCREEN},
+     "replies": [{"match": "Describe the layout", "text": '{"layout": "header, button"}'},
+                 {"match": "Judge the tone", "text": '{"tone": "pushy", "issues": ["caps"]}'},
+                 {"match": "Suggest up to three", "text": '{"suggestions": ["calmer copy"]}'}],
+     "path": ["analyze_ui & analyze_copy", "suggest", "done"],
+     "output": {"suggestions": ["calmer copy"], "suggestions_source": "model"}},
+    {"name": "garbage: rules, a skip, the fallback", "input": {"screen": _SCREEN},
+     "replies": [{"text": "I am not sure."}],
+     "path": ["analyze_ui & analyze_copy", "suggest", "suggest (fallback)", "done"],
+     "output": {"suggestions_source": "rules"}},
+    {"name": "a refused call fails the UI branch", "input": {"screen": _SCREEN},
+     "replies": [{"error": "http400"}],
+     "path": ["analyze_ui & analyze_copy", "failed"], "status": "failed"},
+]

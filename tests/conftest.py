@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -60,9 +59,6 @@ def license_files(n: int | None = None) -> list[str]:
     """Real input: the license texts every Debian machine has (sorted, regular files)."""
     files = sorted(str(p) for p in LICENSES.iterdir() if p.is_file()) if LICENSES.exists() else []
     return files[:n] if n else files
-
-
-os.environ.setdefault("FSM_MAX_INPUT_CHARS", "2400")
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,6 @@ MAX_LINES = 500
 
 #: Circles that exist today, each removed by a later redesign step (issue 20).
 KNOWN_CIRCLES = {
-    # step 6 (rooms): cli/ becomes a package whose commands import a common module downward
-    # (cli_console, issue 25, registers the way every cli_* module does: the same circle)
-    frozenset({"fsm_engine.cli", "fsm_engine.cli_console", "fsm_engine.cli_fork",
-               "fsm_engine.cli_inspect",
-               "fsm_engine.cli_limits", "fsm_engine.cli_migrate", "fsm_engine.cli_observe",
-               "fsm_engine.cli_review", "fsm_engine.cli_scale"}),
     # step 6: branch machines (plans) and the fan-out checks move above spec
     frozenset({"fsm_engine.definition.check", "fsm_engine.definition.export",
                "fsm_engine.definition.fanout", "fsm_engine.definition.spec"}),

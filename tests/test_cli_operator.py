@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from fsm_engine import Engine, SqliteStore, load_machine
 from fsm_engine.cli import app
-from fsm_engine.cli_observe import _fsm_command
-from fsm_engine.cli_tables import COLUMNS
+from fsm_engine.cli.observe import _fsm_command
+from fsm_engine.cli.tables import COLUMNS
 from fsm_engine.store import InstanceFilter
 
 ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]

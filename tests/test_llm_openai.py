@@ -58,26 +58,27 @@ class Handler(BaseHTTPRequestHandler):
                                                   "input: 'json_schema'"}})
         elif model in ("ok", "llamacpp"):
             self.reply(200, completion_body("served-model", '{"a": 1}'))
-        elif model == "rate-seconds":
-            self.reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "7"})
-        elif model == "rate-date":
-            when = formatdate(time.time() + 30, usegmt=True)
-            self.reply(429, {"error": {"message": "slow down"}}, {"Retry-After": when})
-        elif model == "rate-none":
-            self.reply(429, {"error": {"message": "slow down"}})
-        elif model == "server":
-            self.reply(500, echo)
-        elif model == "gateway":
-            self.reply(503, {"error": {"message": "overloaded"}})
-        elif model == "bad":
-            self.reply(400, echo)
-        elif model == "auth":
-            self.reply(401, echo)
+        elif model.startswith("rate-"):
+            self.rate_limited(model)
+        elif model in ERRORS:
+            status, body = ERRORS[model]
+            self.reply(status, echo if body is None else body)
         elif model == "slow":
             time.sleep(1.5)
             self.reply(200, completion_body(model, "late"))
         else:
             self.reply(404, {"error": {"message": f"no model {model}"}})
+
+    def rate_limited(self, model):
+        """429, with a Retry-After in seconds, as an HTTP date, or none."""
+        headers = {"rate-seconds": {"Retry-After": "7"},
+                   "rate-date": {"Retry-After": formatdate(time.time() + 30, usegmt=True)}}
+        self.reply(429, {"error": {"message": "slow down"}}, headers.get(model, {}))
+
+
+#: model -> (status, body; None: the echo of the Authorization header)
+ERRORS = {"server": (500, None), "gateway": (503, {"error": {"message": "overloaded"}}),
+          "bad": (400, None), "auth": (401, None)}
 
 
 @pytest.fixture(scope="module")

@@ -45,16 +45,12 @@ REPEATS = int(os.environ.get("FSM_MATRIX_REPEATS", "1"))
 FAULTS = ("kill", "stop", "pg_restart")
 
 #: (kind, fault, before/after) -> why the cell fails today (issue 19's findings 1-3 and the
-#: matrix's own M1, a stalled worker starting a step after its lease, are fixed; a cell
-#: found failing goes here with its reason until its fix lands).
-M3 = ("matrix finding M3 (open): a worker SIGSTOPped just before the group commit of a "
-      "family's child steps, whose children another worker then took over and stepped on, "
-      "runs those children's `work` once more after SIGCONT ('work ran 1 time(s) after its "
-      "last commit', both backends); these cells passed with the M1 fix before the engine "
-      "split (runtime/runner.py, families.py) landed and fail after it")
-KNOWN: dict[tuple[str, str, str], str] = {("child", "stop", "before"): M3}
+#: matrix's own M1, a stalled worker starting a step after its lease, and M3, a stalled worker
+#: starting an action it had dispatched before the stall, are fixed: tests/test_matrix_findings.py;
+#: a cell found failing goes here with its reason until its fix lands).
+KNOWN: dict[tuple[str, str, str], str] = {}
 #: Known failures that depend on timing (``strict=False``: the cell may pass).
-RACY: tuple[str, ...] = (M3,)
+RACY: tuple[str, ...] = ()
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:

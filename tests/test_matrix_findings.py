@@ -104,3 +104,45 @@ def test_a_stalled_worker_does_not_start_a_step_after_its_lease(engine_factory: 
         other.stop()
     seconds = [r for r in RAN if r[1] == "second"]
     assert len(seconds) == 1, f"'second' ran {len(seconds)} times: {RAN}"
+
+
+# -- M3: an action dispatched before a stall starts after it, on a lost lease ---------------
+def slow_note(ctx: Ctx, step: Any) -> dict[str, Any]:  # a thread's action (not inline)
+    RAN.append((step.instance_id, step.state, threading.current_thread().name))
+    return {"n": ctx.n + 1}
+
+
+async def async_note(ctx: Ctx, step: Any) -> dict[str, Any]:  # a task's (it has a timeout)
+    RAN.append((step.instance_id, step.state, "task"))
+    return {"n": ctx.n + 1}
+
+
+threaded = Machine(name="threaded", context=Ctx, initial="first",
+                   states=[State("first", action=slow_note), State("done", final=True)],
+                   transitions=[Transition("ok", "first", "done")])
+tasked = Machine(name="tasked", context=Ctx, initial="first",
+                 states=[State("first", action=async_note, timeout=30.0),
+                         State("done", final=True)],
+                 transitions=[Transition("ok", "first", "done")])
+
+
+@pytest.mark.parametrize("spec", [threaded, tasked], ids=["thread", "task"])
+def test_an_action_dispatched_before_a_stall_does_not_start_after_it(
+        engine_factory: Any, spec: Machine) -> None:
+    """Matrix finding M3. A sync action goes to a thread, an ``async def`` under a timeout to
+    a task: both start on a later turn of the event loop than the lease check before them.
+    A worker stopped in between (SIGSTOP while its loop made another instance's commit, the
+    matrix's ``child-stop`` cells) and taken over meanwhile must not start the action when
+    it goes on: the lease is checked again where the action starts, and the step ends in
+    ``StaleWrite`` with nothing run and nothing committed."""
+    engine = engine_factory(lease_seconds=1.0)
+    RAN.clear()
+    iid = engine.start(spec, {})
+    answers = iter([True])  # current at the step's check; lost by the time the action starts
+    engine.driver.lease_current = lambda owner: next(answers, False)
+    from fsm_engine.errors import StaleWrite
+    with pytest.raises(StaleWrite, match="lease"):
+        asyncio.run(engine.step(iid))
+    assert RAN == []
+    rec = engine.store.get(iid)
+    assert (rec.state, rec.context, len(engine.store.history(iid))) == ("first", {"n": 0}, 0)

@@ -47,12 +47,14 @@ def default_model_path() -> str:
 
 def default_threads(environ: dict[str, str] | None = None) -> int:
     """CPU threads for prompt processing and generation: ``$FSM_LLM_THREADS`` when set (a
-    positive integer), else the CPUs this process may run on (``os.sched_getaffinity``)
-    less those other work keeps busy (the 1-minute load average, rounded), at least 1.
+    positive integer), else every CPU this process may run on (``os.sched_getaffinity``).
 
-    llama.cpp's threads spin while they wait for each other, so a thread that shares its
-    CPU slows every step: measured on 2 cores at load 6, 1 thread evaluated prompts at
-    22 tokens/s and 2 threads at 15.  Raises ClientError for a malformed ``FSM_LLM_THREADS``.
+    Measured on this project's 2-core machine, quiet, the README's main job (17 files,
+    Qwen2.5-Coder-0.5B Q4_K_M, ``bench/RESULTS.md``): 2 threads 158.7 s, 1 thread 190.1 s,
+    so every usable CPU is the default.  llama.cpp's threads spin while they wait for each
+    other, so on a machine other work keeps busy fewer can be faster (at load 6 the same
+    build evaluated prompts at 22 tokens/s on 1 thread and 15 on 2): set
+    ``FSM_LLM_THREADS`` there.  Raises ClientError for a malformed ``FSM_LLM_THREADS``.
     """
     value = (os.environ if environ is None else environ).get("FSM_LLM_THREADS", "").strip()
     if value:
@@ -60,8 +62,7 @@ def default_threads(environ: dict[str, str] | None = None) -> int:
             raise ClientError(f"FSM_LLM_THREADS={value!r} is not a positive integer")
         return int(value)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cpus = max(1, cpus or 1)
-    return max(1, min(cpus, cpus - round(os.getloadavg()[0])))
+    return max(1, cpus or 1)
 
 
 def _require_llama_cpp() -> None:

@@ -32,7 +32,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import fanout, fork, migration, outcome, pausing, reviews, values
+from . import fanout, fork, invoke, migration, outcome, pausing, reviews, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -40,7 +40,7 @@ from .models import Models
 from .replay import visit_tokens
 from .reply_cache import RecordedReplies, ReplyCache
 from .step import MeteredLLM, Step, run_info
-from .threads import ActionThreads, in_own_thread
+from .threads import ActionThreads
 from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 
 _REASONS = {StepTimeout: "timeout", CircuitOpen: "circuit_open", BudgetExhausted: "token_budget",
@@ -303,20 +303,13 @@ class Driver:
         later than ``now``); return the commit recording what happened."""
         if rec.next_attempt_at is not None and rec.next_attempt_at > now:
             await asyncio.sleep(rec.next_attempt_at - now)
-        if not self.lease_current(rec.owner):
-            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
-                             "began (another worker may own it now)", instance_id=rec.id)
+        self._check_lease(rec)
         entry = cm.actions.get(state.name)
-        # only actions that take ``step`` (and side effects, for their key) need a Step
-        step = (self._make_step(cm, rec, state)
-                if state.side_effect or (entry is not None and entry[1] == 2) else None)
+        step = self._step_for(cm, rec, state, entry)
         if step is not None and state.side_effect:
-            replayed = self._delivered_by_original(cm, rec, state, step)
+            replayed = await self._begin_delivery(cm, rec, state, step)
             if replayed is not None:
                 return replayed
-            row = await self.begins(OutboxBegin(step.idempotency_key, rec.id, state.name,
-                                                step.visit, self.clock()))
-            step.outbox_attempt = row.attempts
         started = time.perf_counter()
         error: BaseException | None = None
         result: Any = None
@@ -327,9 +320,44 @@ class Driver:
                 pending, result = self._call(entry, ran_on.ctx, rec, state, step)
                 if pending is not None:
                     result = await pending
+        except StaleWrite:
+            raise  # the lease was lost before the action started (``_fenced``)
         except (TimeoutError, Exception) as exc:
             error = exc
         ms = (time.perf_counter() - started) * 1000.0
+        return self._recorded(cm, rec, state, step, result, error, ran_on, ms)
+
+    def _check_lease(self, rec: InstanceRecord) -> None:
+        """``StaleWrite`` when this worker's lease on ``rec`` ran out (``lease_current``)."""
+        if not self.lease_current(rec.owner):
+            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
+                             "began (another worker may own it now)", instance_id=rec.id)
+
+    def _step_for(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                  entry: tuple[Callable[..., Any], int, bool] | None) -> Step | None:
+        """The ``Step`` the action gets; only actions that take ``step`` (and side effects,
+        for their key) need one (None otherwise)."""
+        if state.side_effect or (entry is not None and entry[1] == 2):
+            return self._make_step(cm, rec, state)
+        return None
+
+    async def _begin_delivery(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                              step: Step) -> StepCommit | None:
+        """Before a side effect runs: the fork's original outcome when the original already
+        delivered it (nothing runs), else None once its outbox row counts this attempt."""
+        replayed = self._delivered_by_original(cm, rec, state, step)
+        if replayed is not None:
+            return replayed
+        row = await self.begins(OutboxBegin(step.idempotency_key, rec.id, state.name,
+                                            step.visit, self.clock()))
+        step.outbox_attempt = row.attempts
+        return None
+
+    def _recorded(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                 step: Step | None, result: Any, error: BaseException | None,
+                 ran_on: values.Watched | None, ms: float) -> StepCommit:
+        """The commit for an action that returned ``result`` or raised ``error``: a rate
+        limit's wait, the advance, or the error's retry / fallback / failure."""
         if step is not None and step.llm.rate_wait is not None:  # waits, whatever the action did
             wait, now = step.llm.rate_wait, self.clock()
             return outcome.rate_limited(rec, error=str(wait), tokens=_spent(step),
@@ -370,55 +398,9 @@ class Driver:
     def _call(self, entry: tuple[Callable[..., Any], int, bool], ctx: Any,
               rec: InstanceRecord, state: State, step: Step | None
               ) -> tuple[Awaitable[Any] | None, Any]:
-        """Start the action on ``ctx``: ``(None, result)`` when it ran here (inline), else
-        ``(awaitable, None)``: an ``async def`` without a timeout is its own coroutine,
-        awaited by the caller (no task, no wrapper coroutine per step); the rest go through
-        ``_cut``."""
-        fn, arity, is_async = entry
-        args = (ctx, step) if arity == 2 else (ctx,)
-        timeout = state.timeout
-        if rec.deadline is not None:
-            left = max(0.001, rec.deadline - self.clock())
-            timeout = left if timeout is None else min(timeout, left)
-        if is_async and timeout is None:
-            return fn(*args), None  # no task needed when nothing may cut it short
-        if state.inline and not is_async:  # declared quick: on the loop, no thread hop
-            return None, self._inline(fn, args, step)
-        return self._cut(fn, args, is_async, timeout, rec, state, step), None
-
-    async def _cut(self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool,
-                   timeout: float | None, rec: InstanceRecord, state: State,
-                   step: Step | None) -> Any:
-        """An action in a thread and/or under a timeout (``StepTimeout`` when it fires)."""
-        loop = asyncio.get_running_loop()
-        if step is not None and timeout is not None:  # the model call's HTTP timeout follows
-            step.llm.deadline = loop.time() + timeout
-        if is_async:
-            fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
-        elif timeout is None:
-            fut = self.threads.submit(fn, *args)
-        else:  # its own thread: a hung one is abandoned without starving the pool
-            fut = in_own_thread(loop, fn, args)
-        if timeout is None:
-            return await fut
-        done, _ = await asyncio.wait({fut}, timeout=timeout)
-        if not done:
-            fut.cancel()  # a thread cannot be stopped: its late result is dropped
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-            raise StepTimeout(timeout, instance_id=rec.id, state=state.name)
-        return fut.result()
-
-    @staticmethod
-    def _inline(fn: Callable[..., Any], args: tuple[Any, ...], step: Step | None) -> Any:
-        """Call a sync action declared ``inline`` on the loop; its ``complete_sync`` raises
-        instead of deadlocking the loop it would wait on."""
-        if step is None:
-            return fn(*args)
-        step.llm.on_loop = True
-        try:
-            return fn(*args)
-        finally:
-            step.llm.on_loop = False
+        """Start the action on ``ctx`` (``invoke.start``)."""
+        return invoke.start(entry, ctx, rec, state, step, threads=self.threads,
+                            clock=self.clock, lease_current=self.lease_current)
 
     def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                 step: Step | None, trigger: str | None, update: Mapping[str, Any],
@@ -450,7 +432,7 @@ class Driver:
         detail = _detail(rec, step)
         if choice is None:
             return outcome.failed(
-                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms,
+                cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms, guards=evaluated,
                 error=f"no transition from {state.name!r} passed its guards", detail=detail)
         done = (step.idempotency_key, {"visit": step.visit}) if step and state.side_effect else None
         commit = outcome.transition(

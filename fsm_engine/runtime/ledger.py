@@ -32,6 +32,10 @@ from ..store.base import Store
 from ..store.records import ReviewItem, StepCommit
 from . import fanout, pausing
 
+#: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
+#: ``pytest --fsm-coverage`` collects history rows so); empty: one check per batch.
+OBSERVERS: list[Callable[[Sequence[StepCommit], Sequence[bool]], None]] = []
+
 
 class Ledger:
     """Writes ``StepCommit``s to ``store`` with their family effects (``settle``).
@@ -65,6 +69,9 @@ class Ledger:
             for step, ok in zip(steps, done, strict=True):
                 if ok and step.review_open is not None:
                     self.on_review(step.review_open)
+        if OBSERVERS:
+            for observe in OBSERVERS:
+                observe(steps, done)
         return done
 
     def _paused_meanwhile(self, step: StepCommit) -> bool:

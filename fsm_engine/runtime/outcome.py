@@ -209,12 +209,15 @@ def transition(cm: CompiledMachine, rec: InstanceRecord, *, trigger: str, dest: 
 
 def failed(cm: CompiledMachine, rec: InstanceRecord, reason: str, now: float, *,
            error: str | None = None, tokens: int = 0, duration_ms: float = 0.0,
-           detail: dict[str, Any] | None = None, kind: str = "fail") -> StepCommit:
-    """Record a runtime-forced failure (no declared transition could be taken)."""
+           detail: dict[str, Any] | None = None, kind: str = "fail",
+           guards: list[list[Any]] | None = None) -> StepCommit:
+    """Record a runtime-forced failure (no declared transition could be taken; ``guards``:
+    the ``[name, result]`` of each guard that refused, for the history row)."""
     new = clone(rec)
     new.tokens_used += tokens
     row = force_fail(cm, new, reason, now, error=error, kind=kind)
     row.tokens, row.duration_ms, row.detail = tokens, duration_ms, detail or {}
+    row.guards = guards or []
     return StepCommit(new, rec.version, [row], before=rec)
 
 

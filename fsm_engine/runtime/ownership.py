@@ -191,16 +191,23 @@ class Ownership:
         loop = asyncio.get_running_loop()
         self._abandon = lambda: self._drop_all(loop, on_lost, running)
         self._tick = time.monotonic()
-        self._heartbeat = loop.create_task(self._ticks())
+        self._heartbeat = loop.create_task(self._ticks(loop, on_lost, running))
         self._stop = threading.Event()
         thread = threading.Thread(target=self._renewals, name="fsm-heartbeat", daemon=True,
                                   args=(loop, self._stop, on_lost, running))
         thread.start()
 
-    async def _ticks(self) -> None:
+    #: Renew from the loop's own ticks too (a virtual clock, ``testing.VirtualClock``:
+    #: the renewal thread waits real seconds while the engine's time skips ahead).
+    renew_on_loop = False
+
+    async def _ticks(self, loop: asyncio.AbstractEventLoop, on_lost: OnLost,
+                     running: Callable[[], Iterable[str]]) -> None:
         while True:
             self._tick = time.monotonic()
             await asyncio.sleep(self.lease_seconds / 3)
+            if self.renew_on_loop:
+                self._beat(loop, on_lost, running)
 
     def _renewals(self, loop: asyncio.AbstractEventLoop, stop: threading.Event,
                   on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
@@ -210,18 +217,26 @@ class Ownership:
             if time.monotonic() - self._tick > self.lease_seconds:
                 log.warning("worker %s: event loop unresponsive, not renewing its lease", self.id)
                 continue
-            try:
-                lost = self.check(list(running()))
-            except StoreError as exc:
-                log.warning("heartbeat of %s failed (retrying): %s", self.id, exc)
-                continue
-            except Exception:  # noqa: BLE001 - the store is gone (closed): stop beating
+            if not self._beat(loop, on_lost, running):
                 return
-            for iid, status in lost:
-                try:
-                    loop.call_soon_threadsafe(on_lost, iid, status)
-                except RuntimeError:  # the loop has closed
-                    return
+
+    def _beat(self, loop: asyncio.AbstractEventLoop, on_lost: OnLost,
+              running: Callable[[], Iterable[str]]) -> bool:
+        """One renewal: the instances found lost go to ``on_lost`` on ``loop``; False when
+        beating should stop (the store is closed, the loop is gone)."""
+        try:
+            lost = self.check(list(running()))
+        except StoreError as exc:
+            log.warning("heartbeat of %s failed (retrying): %s", self.id, exc)
+            return True
+        except Exception:  # noqa: BLE001 - the store is gone (closed): stop beating
+            return False
+        for iid, status in lost:
+            try:
+                loop.call_soon_threadsafe(on_lost, iid, status)
+            except RuntimeError:  # the loop has closed
+                return False
+        return True
 
     @staticmethod
     def _drop_all(loop: asyncio.AbstractEventLoop, on_lost: OnLost,

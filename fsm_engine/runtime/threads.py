@@ -33,6 +33,12 @@ _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., An
 _Result = tuple["asyncio.Future[Any]", Any, "BaseException | None"]
 
 
+#: ``hold(future)``: told of each call handed to a thread while a virtual clock runs
+#: (``fsm_engine.testing.VirtualClock``: time follows real time until it is done); None
+#: otherwise, so the real clock's path pays one global read.
+HOLD: Callable[[asyncio.Future[Any]], None] | None = None
+
+
 class ActionThreads:
     """A pool of daemon threads running sync calls for asyncio code.
 
@@ -69,6 +75,8 @@ class ActionThreads:
             self._scheduled = loop
             loop.call_soon(self._dispatch)
         self._outgoing.append((loop, fut, fn, args))
+        if HOLD is not None:
+            HOLD(fut)
         return fut
 
     def _dispatch(self) -> None:
@@ -172,4 +180,6 @@ def in_own_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
         except RuntimeError:  # the loop closed while this thread hung: nobody waits
             pass
     _thread.start_new_thread(work, ())  # never joined: like a daemon thread
+    if HOLD is not None:
+        HOLD(fut)
     return fut

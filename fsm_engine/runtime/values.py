@@ -90,16 +90,27 @@ def _scan(value: Any, path: str, plain: bool, depth: int = 1) -> None:
             raise _refuse(path, f"{value!r} has no JSON form (NaN and ±Infinity are refused)")
         return
     if cls is dict or (isinstance(value, Mapping) and not plain):
-        for key, item in value.items():
-            if plain and type(key) is not str:
-                raise _refuse(path, f"key {key!r} is a {_what(key)}: in an untyped field "
-                              "only string keys come back as they went in")
-            _scan(item, _join(path, key), plain, _deeper(path, depth))
-        return
-    if cls is list or (isinstance(value, (list, tuple, set, frozenset)) and not plain):
+        _scan_mapping(value, path, plain, depth)
+    elif cls is list or (isinstance(value, (list, tuple, set, frozenset)) and not plain):
         for i, item in enumerate(value):
             _scan(item, _join(path, i), plain, _deeper(path, depth))
-        return
+    else:
+        _scan_object(value, path, plain, depth)
+
+
+def _scan_mapping(value: Mapping[Any, Any], path: str, plain: bool, depth: int) -> None:
+    """``_scan`` of a mapping's keys (``plain``: strings only) and values."""
+    for key, item in value.items():
+        if plain and type(key) is not str:
+            raise _refuse(path, f"key {key!r} is a {_what(key)}: in an untyped field "
+                          "only string keys come back as they went in")
+        _scan(item, _join(path, key), plain, _deeper(path, depth))
+
+
+def _scan_object(value: Any, path: str, plain: bool, depth: int) -> None:
+    """``_scan`` of what is neither a JSON scalar nor a container: bytes, opaque objects
+    and callables are refused, as is anything but a model in a ``plain`` field; a
+    model's fields are scanned."""
     if isinstance(value, _BYTES):
         raise _refuse(path, f"{_what(value)} is not stored: encode it (e.g. base64) into a str")
     if isinstance(value, _OPAQUE) or callable(value) and not isinstance(value, (type, BaseModel)):

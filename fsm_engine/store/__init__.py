@@ -4,11 +4,8 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
-from . import backends
-from .backends import sqlite_path as sqlite_path  # the old home of this name
-from .base import Store
-from .claims import ClaimRequest
 from .records import (
     CANCELLED,
     COMPLETED,
@@ -32,7 +29,30 @@ from .records import (
     StepRow,
     WorkerRow,
 )
-from .sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from .backends import sqlite_path as sqlite_path  # the old home of this name
+    from .base import Store
+    from .claims import ClaimRequest
+    from .sqlite import SqliteStore
+
+#: Names imported on first use (PEP 562), so that ``store.records`` and ``store_url`` come
+#: without the backends: ``fsm --help`` imports no SQLite store.
+_LAZY = {"Store": ".base", "ClaimRequest": ".claims", "SqliteStore": ".sqlite",
+         "sqlite_path": ".backends", "backends": "."}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    if where == ".":
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
 
 #: The environment variable naming the store when no URL is given.
 ENV = "FSM_DB"
@@ -46,6 +66,7 @@ def store_url(url: str | None = None) -> str:
 
 def is_postgres(url: str) -> bool:
     """True for a ``postgresql://`` (or ``postgres://``) URL."""
+    from . import backends
     return backends.opener_for(url) is backends.open_postgres
 
 
@@ -69,6 +90,7 @@ def open_store(url: str | None = None, *, create: bool = True,
     ``FSM_CRASH_AT`` set (fault-injection tests) the store is armed to stop its own
     process at one write (``fsm_engine.testing.crash``).
     """
+    from . import backends
     url = store_url(url)
     store = backends.opener_for(url)(url, create=create, synchronous=synchronous,
                                      readonly=readonly)

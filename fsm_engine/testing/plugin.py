@@ -6,7 +6,8 @@
   ``tmp_path``, or a new schema on the session's PostgreSQL cluster);
 - ``engine_factory``: ``make(**engine_kwargs)`` -> an ``Engine`` on ``store_url``,
   closed at the end of the test;
-- ``pg_cluster``: the session's throwaway ``PostgresCluster``.
+- ``pg_cluster``: the session's throwaway ``PostgresCluster``;
+- ``--fsm-coverage MODULE`` (``coverage_plugin``): the session's coverage of a machine.
 
 Without PostgreSQL server binaries the PostgreSQL cases are skipped with the
 reason, except under CI (``CI=true``), where they fail: a CI run that skipped
@@ -22,6 +23,13 @@ from typing import Any
 
 import pytest
 
+from .coverage_plugin import (  # noqa: F401 - hooks of this plugin
+    pytest_addoption,
+    pytest_configure,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_unconfigure,
+)
 from .postgres import PostgresCluster, bin_dir
 
 BACKENDS = ("sqlite", "postgres")

@@ -135,6 +135,11 @@ def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
+def _gate(app: Any, token: str | None, write: bool) -> TokenGate:
+    """The token gate; with the console, its signed review links pass to their route."""
+    return TokenGate(app, token, "/review/" if write else None)
+
+
 def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
                hosts: HostRule | None = None, console: Any = None) -> Any:
     """The viewer over ``store`` (open it read-only); ``token`` None: no token needed
@@ -144,12 +149,13 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
     which requires ``token``); None: no route accepts a POST."""
     viewer = Viewer(store)
     templates = _templates()
+    write = console is not None
 
     def page(name: str, request: Request, data: dict[str, Any], status: int = 200) -> Response:
         if isinstance(data.get("svg"), str):
             data = data | {"svg": Whole(data["svg"])}
         data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines(),
-                       "write": console is not None}
+                       "write": write}
         response = templates.TemplateResponse(request, name, data, status_code=status)
         response.headers.update(SECURITY_HEADERS)
         return response
@@ -182,10 +188,9 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
-    if console is not None:
-        routes[-1:-1] = console.routes(page)
+    routes[-1:-1] = console.routes(page) if write else []
     app = Starlette(routes=routes, exception_handlers={404: not_found})
-    gated = TokenGate(app, token, "/review/" if console is not None else None)
+    gated = _gate(app, token, write)
     return gated if hosts is None else HostGate(gated, hosts)
 
 

@@ -10,12 +10,13 @@ names the operator (``--as``, default ``$USER``) in ``detail.operator``.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .cli import DB, _fail, _find, _open, app, out
-from .cli_query import (  # the options ``fsm fork`` and ``fsm rerun`` share
+from ..terminal import shown
+from .common import DB, _fail, _find, _new_engine, _open, app, out
+from .query import (  # the options ``fsm fork`` and ``fsm rerun`` share
     AS,
     BATCH,
     IDS,
@@ -28,9 +29,10 @@ from .cli_query import (  # the options ``fsm fork`` and ``fsm rerun`` share
     UNTIL,
     YES,
 )
-from .cli_trust import MACHINES, trusting
-from .runtime import Engine
-from .terminal import shown
+from .trust import MACHINES, trusting
+
+if TYPE_CHECKING:
+    from ..runtime import Engine
 
 
 def operator(name: str | None) -> str:
@@ -43,8 +45,8 @@ def _where(machine: str | None, status: list[str] | None, state: list[str] | Non
            reason: list[str] | None, text: str | None, since: str | None,
            until: str | None) -> Any:
     """``fsm list``'s filters as an ``InstanceFilter`` (None: no filter given)."""
-    from .cli_inspect import _when_arg
-    from .store.records import STATUSES, InstanceFilter
+    from ..store.records import STATUSES, InstanceFilter
+    from .inspect import _when_arg
     for s in status or ():
         if s not in STATUSES:
             _fail(f"unknown status {s!r}; one of: {', '.join(STATUSES)}")
@@ -64,7 +66,7 @@ def _act(action: str, ids: list[str] | None, where: Any, *, yes: bool, batch: in
     if bool(ids) == (where is not None):
         _fail(f"give instance ids or a query (--machine/--status/…) to {action}, not "
               f"{'both' if ids else 'neither'}")
-    engine = trusting(Engine(_open(db), llm=None), machines or [])
+    engine = trusting(_new_engine(_open(db), llm=None), machines or [])
     try:
         if ids:
             for iid in ids:
@@ -180,9 +182,9 @@ def send(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     machine's context model, in one transaction; a worker (or `fsm resume`) continues it."""
     import asyncio
 
-    from .cli_review import _update
+    from .review import _update
     update = _update(sets, json_file)
-    engine = trusting(Engine(_open(db), llm=None), machines)
+    engine = trusting(_new_engine(_open(db), llm=None), machines)
     try:
         iid = _find(engine.store, instance_id).id
         rec = asyncio.run(engine.signal(iid, trigger, update, operator=operator(by)))
@@ -192,7 +194,7 @@ def send(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
 
 
 def _review_app() -> Any:
-    from .cli_review import review_app
+    from .review import review_app
     return review_app
 
 
@@ -208,9 +210,9 @@ def review_link(item: str = typer.Argument(..., help="Review item id (an unambig
     expires, for this reviewer only; opening it needs no other credential."""
     import time
 
-    from .cli_observe import parse_age
-    from .runtime import review_links
-    from .runtime.reviews import find
+    from ..runtime import review_links
+    from ..runtime.reviews import find
+    from .observe import parse_age
     store = _open(db)
     try:
         found = find(store, item)
@@ -225,7 +227,7 @@ def review_link(item: str = typer.Argument(..., help="Review item id (an unambig
 @_review_app().command("rotate-key")
 def review_rotate_key(db: str | None = DB) -> None:
     """Replace the key that signs review links: every link given out before stops working."""
-    from .runtime import review_links
+    from ..runtime import review_links
     store = _open(db)
     try:
         review_links.rotate_key(store)

@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from .cli import DB, _open, _print_json, app, out
-from .cli_trust import MACHINES, trusting
-from .errors import InvalidInput
-from .runtime import Engine
-from .terminal import shown
-from .views import when
+from ..errors import InvalidInput
+from ..terminal import shown
+from ..views import when
+from .common import DB, _new_engine, _open, _print_json, app, out
+from .trust import MACHINES, trusting
+
+if TYPE_CHECKING:
+    from ..runtime import Engine
 
 review_app = typer.Typer(no_args_is_help=True, help="The human review queue.")
 app.add_typer(review_app, name="review")
 
 
 def _engine(db: str | None, machines: list[str] | None = None) -> Engine:
-    return trusting(Engine(_open(db), llm=None), machines or [])
+    return trusting(_new_engine(_open(db), llm=None), machines or [])
 
 
 def _value(text: str) -> Any:

@@ -16,10 +16,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from .cli import DB, _fail, _open, _print_json, app, out
-from .cli_trust import MACHINES, trusting
-from .store.records import FINAL_STATUSES, STATUSES, InstanceFilter
-from .terminal import shown, text
+from ..store.records import FINAL_STATUSES, STATUSES, InstanceFilter
+from ..terminal import shown, text
+from .common import DB, _fail, _open, _print_json, app, out
+from .trust import MACHINES, trusting
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -27,7 +27,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def parse_age(text: str) -> float:
     """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` as seconds; ``InvalidInput`` otherwise."""
-    from .errors import InvalidInput
+    from ..errors import InvalidInput
     match = _DURATION.match(text)
     if match is None:
         raise InvalidInput(f"cannot read duration {text!r}: use a number and one of s, m, h, "
@@ -100,7 +100,7 @@ def stats(db: str = DB,
           as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON.")) -> None:
     """Counts by status, state and reason; tokens and time per state (p50/p95/max);
     fallback and re-ask rates; the values of context fields named *_source."""
-    from .stats import machine_stats
+    from ..stats import machine_stats
     for s in status or ():
         if s not in STATUSES:
             _fail(f"unknown status {s!r}; one of: {', '.join(STATUSES)}")
@@ -155,12 +155,12 @@ def ui(db: str = DB,
     if token is not None and len(token) < 8:
         _fail("--token must be at least 8 characters")
     try:
-        from .ui.server import serve
+        from ..ui.server import serve
     except ImportError as exc:
         _fail(f"the viewer needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
     engine = None
     if write:
-        from .runtime import Engine
+        from ..runtime import Engine
         engine = trusting(Engine(_open(db), llm=None), machines)
     serve(db, host=host, port=port, token=token, refresh_s=refresh,
           allowed_hosts=tuple(allowed_host or ()), engine=engine)
@@ -217,7 +217,7 @@ def check(db: str = DB,
     started twice, no parent waiting on children all final, no outbox key delivered
     twice, every history replaying to its row (``runtime.invariants``).  Exit 1 when a
     problem is found."""
-    from .runtime.invariants import check as runtime_checks
+    from ..runtime.invariants import check as runtime_checks
     store = _open(db)
     problems = store.check() + runtime_checks(store)
     if as_json:
@@ -238,8 +238,8 @@ def viewer_hint(db: str | None) -> str:
     ``~/.pgpass``)."""
     import shlex
 
-    from .redaction import redact
-    from .store import is_postgres, store_url
+    from ..redaction import redact
+    from ..store import is_postgres, store_url
     url = store_url(db)
     if is_postgres(url):
         url = redact(url)

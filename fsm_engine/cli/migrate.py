@@ -7,15 +7,16 @@ Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .cli import DB, _open, _print_json, app
-from .cli_trust import MACHINES, trusting
-from .runtime import Engine
-from .runtime.migrate_batch import CURRENT, MIGRATE, NEEDS, Entry, apply, survey
-from .terminal import shown as safe_text
+from ..terminal import shown as safe_text
+from .common import DB, _new_engine, _open, _print_json, app
+from .trust import MACHINES, trusting
+
+if TYPE_CHECKING:
+    from ..runtime.migrate_batch import Entry
 
 
 def _diff_text(diff: dict[str, Any]) -> str:
@@ -30,6 +31,7 @@ def _diff_text(diff: dict[str, Any]) -> str:
 
 
 def _line(e: Entry, yes: bool) -> str:
+    from ..runtime.migrate_batch import MIGRATE
     head = f"{e.id} {e.machine} v{e.from_version} -> v{e.to_version}"
     if e.outcome == MIGRATE:
         verb = ("migrated" if e.applied else "changed meanwhile, left") if yes else "would migrate"
@@ -52,7 +54,8 @@ def migrate(db: str | None = DB,
     stay; --yes marks them reason needs_migration).  Exit 1 when any cannot be migrated;
     exit 2, nothing imported or written, when one names a machine module neither under the
     machines root nor given with --machines."""
-    engine = trusting(Engine(_open(db)), machines)
+    from ..runtime.migrate_batch import CURRENT, MIGRATE, NEEDS, apply, survey
+    engine = trusting(_new_engine(_open(db)), machines)
     try:
         entries = survey(engine, machine)
         if not dry_run:

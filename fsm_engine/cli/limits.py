@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from .cli import DB, _fail, _open, _print_json, app, out
+from .common import DB, _fail, _open, _print_json, app, out
 
 
 @app.command()
@@ -28,7 +28,7 @@ def limits(db: str | None = DB,
            clear: bool = typer.Option(False, "--clear", help="Remove every stored limit."),
            as_json: bool = typer.Option(False, "--json", help="Print the limits as JSON.")) -> None:
     """Show the fleet's limits; with options, change them (every worker obeys within ~2 s)."""
-    from .runtime import fleet
+    from ..runtime import fleet
     queues = fleet.parse_queue_limits(queue_limit)
     rates = fleet.parse_rate_limits(rate_limit)
     partition = fleet.parse_partition_limit(partition_limit)
@@ -51,8 +51,8 @@ def limits(db: str | None = DB,
 
 def _stored(store: Any) -> Any:
     """The stored limits; an unusable value is one error line that names the way out."""
-    from .errors import StoreError
-    from .runtime import fleet
+    from ..errors import StoreError
+    from ..runtime import fleet
     try:
         return fleet.FleetLimits.from_json(store.get_limits())
     except StoreError as exc:

@@ -1,5 +1,5 @@
 """The options of a query over instances (``fsm list``'s filters) and of the operator's
-bulk actions, shared by ``cli_console`` and ``cli_fork``: plain typer options, importing
+bulk actions, shared by ``cli.console`` and ``cli.fork``: plain typer options, importing
 nothing of the package (so either module may use them without an import circle).
 """
 

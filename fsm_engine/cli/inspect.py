@@ -1,23 +1,25 @@
 """``fsm list``, ``fsm history`` and ``fsm outbox``: reading instances from the terminal.
 
 Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.  Tables keep
-every column (``cli_tables``); times are local with their age.
+every column (``cli.tables``); times are local with their age.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from .cli import DB, _fail, _find, _live, _open, _print_json, app, out
-from .errors import InvalidInput
-from .store import Store
-from .store.records import STATUSES
-from .terminal import json_text, text
-from .views import history_json, instance_json, outbox_json
+from ..errors import InvalidInput
+from ..store.records import STATUSES
+from ..terminal import json_text, text
+from ..views import history_json, instance_json, outbox_json
+from .common import DB, _fail, _find, _live, _open, _print_json, app, out
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 def _when_arg(text: str | None) -> float | None:
@@ -28,7 +30,7 @@ def _when_arg(text: str | None) -> float | None:
     import datetime as _dt
     import time as _time
 
-    from .cli_observe import parse_age
+    from .observe import parse_age
     try:
         return _dt.datetime.fromisoformat(text).astimezone().timestamp()
     except ValueError:
@@ -72,8 +74,8 @@ def list_(db: str = DB,
                                         help="Also fan-out children (default: top-level only)."),
           as_json: bool = typer.Option(False, "--json", help="Print the records as JSON.")) -> None:
     """List instances (oldest first), with filters and paging."""
-    from .store.records import ORDERS, InstanceFilter
-    from .views import ORPHANED, shown_status
+    from ..store.records import ORDERS, InstanceFilter
+    from ..views import ORPHANED, shown_status
     wanted = list(status or ())
     for s in wanted:
         if s not in STATUSES and s != ORPHANED:
@@ -103,7 +105,7 @@ def list_(db: str = DB,
     if as_json:
         _print_json([instance_json(r) | {"shown_status": shown_status(r, live)} for r in records])
     else:
-        from .cli_tables import print_records
+        from .tables import print_records
         print_records(out, records, live=live, wide=wide)
     if len(records) < total:
         typer.echo(f"showing {offset + 1}–{offset + len(records)} of {total}; "
@@ -122,7 +124,7 @@ def children_table(kids: list[Any]) -> Table:
 
 
 def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
-    from .views import guard_reading, local_time, recovery_note
+    from ..views import guard_reading, local_time, recovery_note
     table = Table(title=text(f"history of {rec.id}") if title else None, title_justify="left")
     for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
         fixed = col in ("seq", "at", "ms", "tokens")
@@ -204,7 +206,7 @@ def outbox(db: str = DB,
     if as_json:
         _print_json(rows)
         return
-    from .views import when
+    from ..views import when
     table = Table(title="outbox", title_justify="left")
     for col in ("instance", "state", "idempotency key", "status", "attempts", "updated"):
         table.add_column(col, overflow="fold")

@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .errors import FsmError
-from .terminal import console as safe_console
-from .terminal import shown
-from .views import shown_status, when
+from ..errors import FsmError
+from ..terminal import console as safe_console
+from ..terminal import shown
+from ..views import shown_status, when
 
 #: (header, min width, right-aligned) of the instance table.
 COLUMNS = (("instance", 12, False), ("machine", 7, False), ("state", 5, False),

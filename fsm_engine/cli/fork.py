@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import typer
 
-from .cli import DB, _fail, _find, _open, app
-from .cli_query import BATCH, MACHINE, REASON, SINCE, STATUS, TEXT, UNTIL, YES
-from .cli_trust import MACHINES, trusting
-from .runtime import Engine
-from .terminal import shown
+from ..terminal import shown
+from .common import DB, _fail, _find, _new_engine, _open, app
+from .query import BATCH, MACHINE, REASON, SINCE, STATUS, TEXT, UNTIL, YES
+from .trust import MACHINES, trusting
 
 
 @app.command()
@@ -45,10 +44,10 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
          machines: list[str] = MACHINES) -> None:
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
     new id.  Side effects the original delivered are not repeated unless --redeliver."""
-    engine = trusting(Engine(_open(db)), machines)
+    engine = trusting(_new_engine(_open(db)), machines)
     try:
         if instance_id is None:
-            from .cli_console import _query, _where
+            from .console import _query, _where
             where = _where(machine, status, in_state, [reason] if reason else None, text,
                            since, until)
             if where is None:
@@ -82,10 +81,10 @@ def rerun(instance_id: str | None = typer.Argument(None, help="Instance id (or a
     """Force a state to run again (after its prompt or parameters changed): from just before
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`).
     With a query instead of an id: as forks of every match, a dry run unless --yes."""
-    engine = trusting(Engine(_open(db)), machines)
+    engine = trusting(_new_engine(_open(db)), machines)
     try:
         if instance_id is None:
-            from .cli_console import _query, _where
+            from .console import _query, _where
             where = _where(machine, status, None, reason, text, since, until)
             if where is None or in_place:
                 _fail("give an instance id, or a query (--machine/--status/…) to rerun many "
@@ -113,9 +112,9 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     """Replay a stored instance through the current (or given) definition, in memory: no
     writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
     it diverges."""
-    from .runtime.compiled import compile_machine
-    from .runtime.loader import Trust, load_machine
-    from .runtime.replay import replay as run_replay
+    from ..runtime.compiled import compile_machine
+    from ..runtime.loader import Trust, load_machine
+    from ..runtime.replay import replay as run_replay
     store = _open(db)
     try:
         rec = _find(store, instance_id)
@@ -127,7 +126,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     machine, _ = load_machine(module or rec.module)
     report = run_replay(compile_machine(machine), rec, history, attempts)
     if as_json:
-        from .cli import _print_json
+        from .common import _print_json
         _print_json(report.as_json())
     else:
         _print_replay(report)
@@ -135,7 +134,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
 
 
 def _print_replay(report: object) -> None:
-    from .runtime.replay import Replay
+    from ..runtime.replay import Replay
     assert isinstance(report, Replay)
     if report.identical:
         typer.echo(shown(f"{report.instance_id}: {report.steps} steps replay identically"))

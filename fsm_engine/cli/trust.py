@@ -4,11 +4,13 @@ may import besides those under the machines root (``runtime.loader.Trust``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .runtime import Engine
+if TYPE_CHECKING:
+    from ..runtime import Engine
+
 
 #: ``--machines``: the modules a command may import for stored instances besides those
 #: under the machines root (``runtime.loader.Trust``).

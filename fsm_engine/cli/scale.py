@@ -8,23 +8,24 @@ instance completed, 1 when one failed or was cancelled, 3 when one is not final
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cli import DB, _fail, _find, _input_for, _open, app, out
-from .store import Store
-from .store.records import WAITING
-from .terminal import console, safe_logging, shown
-from .views import instance_json
+from ..store.records import WAITING
+from ..terminal import console, safe_logging, shown
+from ..views import instance_json
+from .common import DB, _fail, _find, _input_for, _open, app, out
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 #: ``fsm wait`` exit status when its timeout passed before every instance was final.
 EXIT_TIMEOUT = 3
@@ -66,11 +67,11 @@ def follow(store: Store, ids: list[str], *, timeout: float | None, quiet: bool,
 
 def _exit_for(records: list[Any], settled: bool, as_json: bool,
               hint: str | None = None) -> None:
-    from .cli import _print_json, exit_code
+    from .common import _print_json, exit_code
     if as_json:
         _print_json([instance_json(r) for r in records])
     else:
-        from .cli_tables import print_records
+        from .tables import print_records
         print_records(out, records)
         if hint:
             out.print(hint, highlight=False, soft_wrap=True, markup=False)
@@ -85,7 +86,7 @@ def _exit_for(records: list[Any], settled: bool, as_json: bool,
 
 
 def _live_workers(store: Store) -> int:
-    from .runtime.workers import live_ids
+    from ..runtime.workers import live_ids
     return len(live_ids(store.workers(), time.time(), 10.0))
 
 
@@ -93,7 +94,7 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
                      budget: int | None, deadline: float | None, as_json: bool,
                      quiet: bool) -> None:
     """``fsm run`` on a shared store: enqueue for the workers, then follow to the end."""
-    from .runtime import Engine
+    from ..runtime import Engine
     engine = Engine(_open(db, create=True))
     try:
         engine.register(machine, ref)
@@ -105,7 +106,7 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
         records, settled = follow(engine.store, ids, timeout=None, quiet=quiet)
     finally:
         engine.close()
-    from .cli_observe import viewer_hint
+    from .observe import viewer_hint
     _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
 
 
@@ -128,8 +129,8 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
     if not files:
         _fail("give at least one --input FILE")
     inputs = [_input_for(f) for f in files]
-    from .runtime import Engine, load_machine
-    from .runtime.compiled import compile_machine
+    from ..runtime import Engine, load_machine
+    from ..runtime.compiled import compile_machine
     machine, ref = load_machine(module)
     compile_machine(machine)  # a broken module creates nothing
     engine = Engine(_open(db, create=True))
@@ -200,12 +201,12 @@ def worker(db: str | None = DB,
            poll: float = typer.Option(1.0, "--poll", min=0.01,
                                       help="Most seconds between claims while idle.")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
-    from .runtime.worker import Worker
+    from ..runtime.worker import Worker
     safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
-    from .llm.select import providers_from_specs
-    from .runtime import Engine
+    from ..llm.select import providers_from_specs
+    from ..runtime import Engine
     plan = _plan(concurrency, queue, queue_limit, partition_limit)
-    from .runtime.rates import limits_from_specs
+    from ..runtime.rates import limits_from_specs
     limits = limits_from_specs(rate_limit)
     store = _open(db, create=True)  # first: a bad store URL is the error to report
     try:
@@ -218,6 +219,7 @@ def worker(db: str | None = DB,
     if machines:
         names = [engine.load(m).spec.name for m in machines]
     runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan)
+    import asyncio
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
@@ -235,7 +237,7 @@ def worker(db: str | None = DB,
 def _plan(concurrency: list[str], queues: list[str], limits: list[str],
           partition_limit: int | None) -> Any:
     """The worker's ``QueuePlan`` from its options (``InvalidInput`` for a bad one)."""
-    from .runtime.queues import QueuePlan, check_queue, parse_counts
+    from ..runtime.queues import QueuePlan, check_queue, parse_counts
     total, per_queue = parse_counts(concurrency, "--concurrency")
     bare, global_limits = parse_counts(limits, "--queue-limit")
     if bare is not None:
@@ -263,7 +265,7 @@ def workers(db: str | None = DB,
     finally:
         store.close()
     if as_json:
-        from .cli import _print_json
+        from .common import _print_json
         _print_json(rows)
         return
     table = Table(title="workers")

@@ -1,0 +1,36 @@
+"""``fsm show`` and ``fsm cancel``: one instance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import typer
+from rich.text import Text
+
+from ..terminal import shown
+from .common import DB, _find, _open, _print_json, app, out
+
+
+@app.command()
+def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
+         db: str = DB, as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
+    """Show one instance, with its failed attempts (errors, tokens billed, next try)."""
+    store = _open(db)
+    rec = _find(store, instance_id)
+    from ..views import instance_json, limits_json
+    data = instance_json(rec) | {"attempts": [asdict(a) for a in store.attempts(rec.id)]}
+    limits = limits_json(rec, store.history(rec.id))
+    if limits:  # rate-limit waits, breaker-open fallbacks, budget exhaustion: each apart
+        data["limits"] = limits
+    kids = store.children(rec.id)
+    if kids:
+        data["children"] = [{"id": k.id, "branch": k.branch, "machine": k.machine,
+                             "state": k.state, "status": k.status, "reason": k.reason,
+                             "tokens_used": k.tokens_used} for k in kids]
+    if as_json:
+        _print_json(data)
+        return
+    for key, value in data.items():
+        out.print(Text.assemble((key, "bold"), ": " + shown(json.dumps(value, ensure_ascii=False))),
+                  highlight=False)

@@ -1,0 +1,107 @@
+"""How an action is called: on the loop (``inline``), as its own coroutine, in a task
+or a worker thread, under its state's timeout and the instance's deadline, and fenced by
+the worker's lease where it actually starts.
+
+Used by ``runtime.driver`` (one step); nothing here writes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..definition.spec import State
+from ..errors import StaleWrite, StepTimeout
+from ..store.records import InstanceRecord
+from .step import Step
+from .threads import ActionThreads, in_own_thread
+
+__all__ = ["start"]
+
+Entry = tuple[Callable[..., Any], int, bool]  # (the action, its arity 1 or 2, async)
+
+
+def start(entry: Entry, ctx: Any, rec: InstanceRecord, state: State, step: Step | None, *,
+          threads: ActionThreads, clock: Callable[[], float],
+          lease_current: Callable[[str | None], bool]) -> tuple[Awaitable[Any] | None, Any]:
+    """Start the action on ``ctx``: ``(None, result)`` when it ran here (inline), else
+    ``(awaitable, None)``: an ``async def`` without a timeout is its own coroutine,
+    awaited by the caller (no task, no wrapper coroutine per step); the rest go through
+    ``_cut``.  ``clock`` is epoch seconds (the deadline's); ``lease_current(owner)`` says
+    whether this worker still holds ``rec`` (``Ownership.lease_current``)."""
+    fn, arity, is_async = entry
+    args = (ctx, step) if arity == 2 else (ctx,)
+    timeout = state.timeout
+    if rec.deadline is not None:
+        left = max(0.001, rec.deadline - clock())
+        timeout = left if timeout is None else min(timeout, left)
+    if is_async and timeout is None:
+        return fn(*args), None  # no task needed when nothing may cut it short
+    if state.inline and not is_async:  # declared quick: on the loop, no thread hop
+        return None, _inline(fn, args, step)
+    if rec.owner is not None:
+        fn = _fenced(fn, is_async, rec, lease_current)
+    return _cut(fn, args, is_async, timeout, rec, state, step, threads), None
+
+
+async def _cut(fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool,
+               timeout: float | None, rec: InstanceRecord, state: State,
+               step: Step | None, threads: ActionThreads) -> Any:
+    """An action in a thread and/or under a timeout (``StepTimeout`` when it fires)."""
+    loop = asyncio.get_running_loop()
+    if step is not None and timeout is not None:  # the model call's HTTP timeout follows
+        step.llm.deadline = loop.time() + timeout
+    if is_async:
+        fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
+    elif timeout is None:
+        fut = threads.submit(fn, *args)
+    else:  # its own thread: a hung one is abandoned without starving the pool
+        fut = in_own_thread(loop, fn, args)
+    if timeout is None:
+        return await fut
+    done, _ = await asyncio.wait({fut}, timeout=timeout)
+    if not done:
+        fut.cancel()  # a thread cannot be stopped: its late result is dropped
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise StepTimeout(timeout, instance_id=rec.id, state=state.name)
+    return fut.result()
+
+
+def _fenced(fn: Callable[..., Any], is_async: bool, rec: InstanceRecord,
+            lease_current: Callable[[str | None], bool]) -> Callable[..., Any]:
+    """``fn`` checking the lease again where it starts. A thread or a task starts on a
+    later turn of the loop than the step's own check (``Driver._attempt``): a worker
+    stopped in between (SIGSTOP while its loop made another commit) may have been taken
+    over, and then the action must not start at all (``StaleWrite``), not merely lose its
+    commit (matrix finding M3)."""
+    owner = rec.owner
+
+    def refused() -> StaleWrite:
+        return StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
+                          "action started (another worker may own it now)",
+                          instance_id=rec.id)
+    if is_async:
+        async def started(*args: Any) -> Any:
+            if not lease_current(owner):
+                raise refused()
+            return await fn(*args)
+        return started
+
+    def began(*args: Any) -> Any:
+        if not lease_current(owner):
+            raise refused()
+        return fn(*args)
+    return began
+
+
+def _inline(fn: Callable[..., Any], args: tuple[Any, ...], step: Step | None) -> Any:
+    """Call a sync action declared ``inline`` on the loop; its ``complete_sync`` raises
+    instead of deadlocking the loop it would wait on."""
+    if step is None:
+        return fn(*args)
+    step.llm.on_loop = True
+    try:
+        return fn(*args)
+    finally:
+        step.llm.on_loop = False

@@ -1,0 +1,315 @@
+"""Example cases of a machine, run on the virtual clock (``fsm test``, exported tests).
+
+A case is a plain-JSON object:
+
+* ``name`` (str), ``input`` (the start input, an object);
+* ``replies``: the scripted model replies, in order (``fsm_engine.llm.scripted`` lines:
+  ``text``, ``error``, ``delay_s`` …; ``delay_s`` is virtual); without it a model call
+  fails (``ClientError``), so a case that calls the model must script it;
+* ``decisions``: review decisions, in order, each ``{"choice", "by", "update", "note"}``
+  or ``"timeout"`` (let the review's SLA timer decide);
+* ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them;
+* ``results``: recorded action results, ``{state: [update, …]}`` in visit order, and
+  ``stub``: the states whose action is replaced by them (default: with ``results``, the
+  machine's side-effect states, so a replay never delivers again); a stubbed action
+  called more often than recorded fails its step;
+* what to expect, each optional: ``path`` (the states entered, initial first), ``moves``
+  (``[source, trigger, dest]`` per transition), ``final`` (the last state), ``status``
+  and ``output`` (context fields and their values).
+
+A module gives its cases as ``CASES`` (a list), else a file ``<module>_cases.jsonl``
+beside it holds one case per line.  Each case runs in one store shared by the module's
+cases (so their coverage is computed from it), on a fresh engine and a fresh
+``VirtualClock``; a run that waits on a review with no decision left, and no timer, ends.
+While cases run, the built-in sink (``FSM_NOTIFY_URL`` / ``FSM_NOTIFY_FILE``) writes into
+their temporary folder: a case's side effects never reach a configured receiver.  Cases
+run without a circuit breaker (its state lives in the shared store, so one case's errors
+would open it for the next): a ``circuit_open`` exit is not reachable from a case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidInput
+from .clock import VirtualClock
+
+__all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
+           "first_divergence"]
+
+_KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
+         "moves", "final", "status", "output", "results", "stub"}
+#: A script no call fits: a case without ``replies`` fails any model call it makes.
+_NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
+
+
+@dataclass
+class CaseResult:
+    """One case's run: the path taken and what differed from the expectation."""
+
+    name: str
+    path: list[str]
+    moves: list[list[str]]
+    state: str
+    status: str
+    context: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the run matched every expectation of its case."""
+        return not self.problems
+
+
+def _module_of(ref: str, machine: Any) -> Any:
+    """The module ``load_machine(ref)`` imported (already loaded: no code runs again)."""
+    from ..runtime import loader
+    target, _ = loader._split(ref)
+    try:
+        if loader._is_file(target):
+            return loader._import_path(loader.resolve(target))
+        return importlib.import_module(target)
+    except Exception:  # noqa: BLE001 - fall back to the module holding the machine
+        pass
+    for module in list(sys.modules.values()):
+        if getattr(module, "machine", None) is machine:
+            return module
+    for module in list(sys.modules.values()):
+        if any(v is machine for v in list(vars(module).values())):
+            return module
+    return None
+
+
+def cases_of(ref: str, machine: Any) -> list[dict[str, Any]]:
+    """The cases of the module ``ref`` that defines ``machine`` (``CASES``, else a sibling
+    ``*_cases.jsonl``), checked.  ``InvalidInput`` (one line) when there are none or one is
+    malformed."""
+    module = _module_of(ref, machine)
+    cases = getattr(module, "CASES", None)
+    if cases is None:
+        where = Path(getattr(module, "__file__", "") or ref)
+        sibling = where.with_name(where.stem + "_cases.jsonl")
+        if not sibling.is_file():
+            raise InvalidInput(f"machine module {ref}: no CASES list and no {sibling.name} "
+                               "beside it")
+        cases = _read_jsonl(sibling)
+    if not isinstance(cases, list) or not cases:
+        raise InvalidInput(f"machine module {ref}: CASES must be a non-empty list of objects")
+    for i, case in enumerate(cases):
+        _check(case, f"case #{i}")
+    return cases
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError as exc:
+                raise InvalidInput(f"{path.name} line {n}: not JSON ({exc})") from None
+    return out
+
+
+def _check(case: Any, where: str) -> None:
+    """``InvalidInput`` naming ``where`` and the first problem of ``case``."""
+    if not isinstance(case, dict):
+        raise InvalidInput(f"{where}: a case is an object, not {type(case).__name__}")
+    unknown = sorted(set(case) - _KEYS)
+    if unknown:
+        raise InvalidInput(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+    shapes = (("input", dict, "'input' must be an object"),
+              ("replies", list, "'replies' must be a list of script lines"),
+              ("decisions", list, "'decisions' must be a list"),
+              ("results", dict, "'results' is an object of lists"),
+              ("stub", list, "'stub' is a list of states"))
+    for key, kind, why in shapes:
+        if key in case and not isinstance(case[key], kind):
+            raise InvalidInput(f"{where}: {why}")
+    _check_replies(case, where)
+    for d in case.get("decisions", []):
+        if d != "timeout" and not (isinstance(d, dict) and isinstance(d.get("choice"), str)):
+            raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
+                               "'choice'")
+    for key in ("deadline_s", "token_budget"):
+        value = case.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value <= 0):
+            raise InvalidInput(f"{where}: {key!r} must be a number > 0")
+
+
+def _check_replies(case: dict[str, Any], where: str) -> None:
+    """The case's script lines as the scripted provider checks them (before any case runs)."""
+    if case.get("replies"):
+        from ..llm.scripted import Scripted
+        try:
+            Scripted.from_replies(case["replies"])
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
+
+
+def _moves(history: Sequence[Any]) -> list[list[str]]:
+    from ..store.records import NOT_MOVES
+    return [[h.source, h.trigger, h.dest] for h in history if h.kind not in NOT_MOVES]
+
+
+def _fmt(move: Sequence[str]) -> str:
+    return f"{move[0]} --{move[1]}--> {move[2]}"
+
+
+def first_divergence(want: Sequence[Sequence[str]], got: Sequence[Sequence[str]]) -> str | None:
+    """A line naming the first transition where ``got`` leaves ``want`` (None: the same)."""
+    for i, (w, g) in enumerate(zip(want, got, strict=False), 1):
+        if list(w) != list(g):
+            return f"transition {i}: recorded {_fmt(w)}, now {_fmt(g)}"
+    if len(want) > len(got):
+        return f"transition {len(got) + 1}: recorded {_fmt(want[len(got)])}, now the run stops"
+    if len(got) > len(want):
+        return f"transition {len(want) + 1}: recorded the end, now {_fmt(got[len(want)])}"
+    return None
+
+
+def _problems(case: Mapping[str, Any], got: CaseResult) -> list[str]:
+    out = []
+    if "moves" in case:
+        diverged = first_divergence(case["moves"], got.moves)
+        if diverged:
+            out.append(diverged)
+    if "path" in case and list(case["path"]) != got.path:
+        out.append(f"path: expected {' -> '.join(case['path'])}, got {' -> '.join(got.path)}")
+    for key, have in (("final", got.state), ("status", got.status)):
+        if key in case and case[key] != have:
+            out.append(f"{key}: expected {case[key]!r}, got {have!r}")
+    for name, want in (case.get("output") or {}).items():
+        have = got.context.get(name, "(absent)")
+        if have != want:
+            out.append(f"output {name}: expected {want!r}, got {have!r}")
+    return out
+
+
+async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) -> Any:
+    rec = await engine.run(iid)
+    for _ in range(1000):  # a bound: a review loop that never ends is the case's fault
+        if rec.final or rec.status != "waiting":
+            return rec
+        items = engine.reviews(instance_id=iid)
+        if items and decisions and decisions[0] != "timeout":
+            d = decisions.pop(0)
+            rec = engine.decide(items[0], d["choice"], by=d.get("by", "case"),
+                                update=d.get("update"), note=d.get("note"))
+            if rec.final:  # the decision's own move ended it
+                return rec
+        elif rec.next_attempt_at is not None and (not items or decisions):
+            if decisions:
+                decisions.pop(0)
+            vc.advance(max(0.0, rec.next_attempt_at - vc.now()) + 0.001)  # one renewal
+        else:
+            return rec
+        rec = await engine.run(iid)
+    return rec
+
+
+def _recorded(state: Any, results: Sequence[Mapping[str, Any]]) -> Any:
+    """An action answering each visit of ``state`` with its recorded update (sync for an
+    ``inline`` state, else async: no thread either way)."""
+    left = list(results)
+
+    def answer(ctx: Any) -> dict[str, Any]:
+        if not left:
+            raise InvalidInput(f"state {state.name!r}: no recorded result left for this visit")
+        return dict(left.pop(0))
+
+    async def recorded(ctx: Any) -> dict[str, Any]:
+        return answer(ctx)
+    fn = answer if state.inline else recorded
+    fn.__name__ = f"recorded_{state.name.replace('-', '_')}"
+    return fn
+
+
+def _stubbed(machine: Any, case: Mapping[str, Any]) -> Any:
+    """``machine`` with the ``stub`` states' actions answered from ``results``."""
+    import dataclasses
+    results = case.get("results") or {}
+    stub = case.get("stub")
+    names = set(stub) if stub is not None else {s.name for s in machine.states
+                                                 if s.side_effect and s.name in results}
+    if not names:
+        return machine
+    states = [dataclasses.replace(s, action=_recorded(s, results.get(s.name, ())))
+              if s.name in names and s.action is not None else s for s in machine.states]
+    return dataclasses.replace(machine, states=states)
+
+
+def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
+    """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock."""
+    from ..llm.scripted import Scripted
+    machine = _stubbed(machine, case)
+    vc = VirtualClock()
+    engine = vc.engine(store, llm=Scripted.from_replies(list(case.get("replies") or _NO_MODEL)),
+                       breaker=None)
+    try:
+        iid = engine.start(machine, dict(case.get("input") or {}),
+                           deadline_s=case.get("deadline_s"),
+                           token_budget=case.get("token_budget"))
+        rec = vc.run(_drive(engine, iid, list(case.get("decisions") or ()), vc))
+        moves = _moves(engine.store.history(iid))
+    finally:
+        engine.close()
+    got = CaseResult(str(case.get("name", iid)), [machine.initial, *(m[2] for m in moves)],
+                     moves, rec.state, rec.status, dict(rec.context))
+    got.problems = _problems(case, got)
+    if got.problems and rec.last_error:
+        got.problems.append(f"its last error: {rec.last_error}")
+    return got
+
+
+def run_cases(machine: Any, cases: Sequence[Mapping[str, Any]]) -> tuple[list[CaseResult], Any]:
+    """Run every case in one throwaway store; return the results and their coverage."""
+    from ..coverage import from_store
+    from ..store import open_store
+    with tempfile.TemporaryDirectory(prefix="fsm-cases-") as tmp, _sink_in(tmp):
+        path = str(Path(tmp) / "cases.db")
+        results = [run_case(machine, case, path) for case in cases]
+        store = open_store(path)
+        try:
+            return results, from_store(store, machine.export())
+        finally:
+            store.close()
+
+
+@contextlib.contextmanager
+def _sink_in(folder: str) -> Iterator[None]:
+    """The built-in sink (``fsm_engine.sinks.deliver``) writing into ``folder`` while the
+    cases run: a case's side effects never reach a configured webhook or file."""
+    saved = {k: os.environ.get(k) for k in ("FSM_NOTIFY_URL", "FSM_NOTIFY_FILE")}
+    os.environ.pop("FSM_NOTIFY_URL", None)
+    os.environ["FSM_NOTIFY_FILE"] = str(Path(folder) / "notifications.jsonl")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def assert_case(module: str, case: Mapping[str, Any]) -> CaseResult:
+    """Run ``case`` through the machine of ``module`` (``load_machine``'s reference);
+    raise ``AssertionError`` listing what differs, the first divergent transition first."""
+    from ..runtime import load_machine
+    machine, _ = load_machine(module)
+    with tempfile.TemporaryDirectory(prefix="fsm-case-") as tmp, _sink_in(tmp):
+        got = run_case(machine, case, str(Path(tmp) / "case.db"))
+    if got.problems:
+        raise AssertionError(f"case {got.name} of {module}:\n  " + "\n  ".join(got.problems))
+    return got
