@@ -168,3 +168,17 @@ def test_send_from_the_command_line_validates_and_records_the_operator(tmp_path:
         assert row.trigger == "release" and row.detail["operator"] == "cal"
     finally:
         store.close()
+
+
+def test_the_console_needs_a_token_even_on_loopback(tmp_path: Path) -> None:
+    db = str(tmp_path / "fsm.db")
+    env = _env(tmp_path, db)
+    env.pop("FSM_UI_TOKEN", None)
+    open_store(db).close()
+    refused = _fsm("ui", "--write", "--port", "0", env=env, check=False)
+    assert refused.returncode == 2
+    assert refused.stderr == "fsm: error: --write needs --token (or FSM_UI_TOKEN), also on loopback\n"
+    dry = _fsm("pause", "--machine", "none", env=env)
+    assert "0 instance(s) match; --yes pauses them" in dry.stdout
+    both = _fsm("pause", "abc", "--machine", "x", env=env, check=False)
+    assert both.returncode == 2 and both.stderr.startswith("fsm: error: give instance ids")
