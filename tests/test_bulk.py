@@ -90,6 +90,7 @@ def test_resume_by_query_restarts_cancelled_and_failed_ones_where_they_stopped(
         engine_factory: Any) -> None:
     from test_pause import FAULTY, retrying
     eng = engine_factory(llm=None)
+    FAULTY["on"] = True  # a module global: each backend's run starts faulty
 
     async def go() -> None:
         cancelled = eng.start_many(_machine(CONSOLE + ":inbox"), [{"note": "c"}], enqueue=True)[0]
