@@ -19,6 +19,7 @@ from .common import DB, _fail, _find, _new_engine, _open, app, out
 from .query import (  # the options ``fsm fork`` and ``fsm rerun`` share
     AS,
     BATCH,
+    CHILDREN,
     IDS,
     MACHINE,
     REASON,
@@ -43,8 +44,9 @@ def operator(name: str | None) -> str:
 
 def _where(machine: str | None, status: list[str] | None, state: list[str] | None,
            reason: list[str] | None, text: str | None, since: str | None,
-           until: str | None) -> Any:
-    """``fsm list``'s filters as an ``InstanceFilter`` (None: no filter given)."""
+           until: str | None, children: bool = False) -> Any:
+    """``fsm list``'s filters as an ``InstanceFilter`` (None: no filter given); like
+    ``fsm list``, top-level instances only unless ``children``."""
     from ..store.records import STATUSES, InstanceFilter
     from .inspect import _when_arg
     for s in status or ():
@@ -56,7 +58,7 @@ def _where(machine: str | None, status: list[str] | None, state: list[str] | Non
                           states=tuple(state) if state else None,
                           reasons=tuple(reason) if reason else None, text=text,
                           created_after=_when_arg(since), created_before=_when_arg(until),
-                          top_level=True)
+                          top_level=not children)
 
 
 def _act(action: str, ids: list[str] | None, where: Any, *, yes: bool, batch: int,
@@ -125,9 +127,9 @@ def cancel(ids: list[str] | None = IDS, db: str | None = DB,
            machine: str | None = MACHINE, status: list[str] | None = STATUS,
            state: list[str] | None = STATE, reason: list[str] | None = REASON,
            text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
-           yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
+           children: bool = CHILDREN, yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
     """Cancel instances, also ones running in another process."""
-    _act("cancel", ids, _where(machine, status, state, reason, text, since, until),
+    _act("cancel", ids, _where(machine, status, state, reason, text, since, until, children),
          yes=yes, batch=batch, by=by, reason=None, db=db)
 
 
@@ -136,12 +138,12 @@ def pause(ids: list[str] | None = IDS, db: str | None = DB,
           machine: str | None = MACHINE, status: list[str] | None = STATUS,
           state: list[str] | None = STATE, reason: list[str] | None = REASON,
           text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
-          why: str | None = typer.Option(None, "--why", metavar="TEXT",
+          children: bool = CHILDREN, why: str | None = typer.Option(None, "--why", metavar="TEXT",
                                          help="The pause's reason (default: paused)."),
           yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
     """Pause instances between steps (a running step finishes and commits first): no
     worker or resume takes them, their timers stop, until `fsm unpause`."""
-    _act("pause", ids, _where(machine, status, state, reason, text, since, until),
+    _act("pause", ids, _where(machine, status, state, reason, text, since, until, children),
          yes=yes, batch=batch, by=by, reason=why, db=db)
 
 
@@ -150,9 +152,9 @@ def unpause(ids: list[str] | None = IDS, db: str | None = DB,
             machine: str | None = MACHINE, status: list[str] | None = STATUS,
             state: list[str] | None = STATE, reason: list[str] | None = REASON,
             text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
-            yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
+            children: bool = CHILDREN, yes: bool = YES, batch: int = BATCH, by: str | None = AS) -> None:
     """End pauses: each instance gets back the status it had, its timers the time left."""
-    _act("unpause", ids, _where(machine, status, state, reason, text, since, until),
+    _act("unpause", ids, _where(machine, status, state, reason, text, since, until, children),
          yes=yes, batch=batch, by=by, reason=None, db=db)
 
 
@@ -161,12 +163,12 @@ def restart(ids: list[str] | None = IDS, db: str | None = DB,
             machine: str | None = MACHINE, status: list[str] | None = STATUS,
             state: list[str] | None = STATE, reason: list[str] | None = REASON,
             text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
-            yes: bool = YES, batch: int = BATCH, by: str | None = AS,
+            children: bool = CHILDREN, yes: bool = YES, batch: int = BATCH, by: str | None = AS,
             machines: list[str] = MACHINES) -> None:
     """Resume cancelled or failed instances where they stopped (a cancelled one in its
     state, a failed one just before its last failure): runnable again for a worker or
     `fsm resume` (which itself only continues instances whose worker died)."""
-    _act("resume", ids, _where(machine, status, state, reason, text, since, until),
+    _act("resume", ids, _where(machine, status, state, reason, text, since, until, children),
          yes=yes, batch=batch, by=by, reason=None, db=db, machines=machines)
 
 

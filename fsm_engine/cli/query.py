@@ -21,3 +21,5 @@ TEXT = typer.Option(None, "--text", "-t", metavar="TEXT",
 SINCE = typer.Option(None, "--since", metavar="WHEN", help="Query: created at or after (ISO, 2h).")
 UNTIL = typer.Option(None, "--until", metavar="WHEN", help="Query: created before (ISO, 2h).")
 IDS = typer.Argument(None, help="Instance ids (or unambiguous prefixes); none with a query.")
+CHILDREN = typer.Option(False, "--children",
+                        help="Query: also fan-out children (default: top-level only).")
