@@ -5,17 +5,12 @@ Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import typer
 
-from ..store.records import InstanceFilter
 from ..terminal import shown
 from .common import DB, _fail, _find, _new_engine, _open, app
+from .query import BATCH, MACHINE, REASON, SINCE, STATUS, TEXT, UNTIL, YES
 from .trust import MACHINES, trusting
-
-if TYPE_CHECKING:
-    from ..runtime import Engine
 
 
 @app.command()
@@ -29,11 +24,16 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
                                                        "is left."),
          from_failure: bool = typer.Option(False, "--from-failure",
                                            help="Just before the last failure."),
-         status: str | None = typer.Option(None, "--status", help="Bulk: instances in this "
-                                              "status (each from its last failure)."),
+         status: list[str] | None = typer.Option(None, "--status", help="Bulk: instances in "
+                                                    "this status (repeatable; each forked from "
+                                                    "its last failure, or --from-state)."),
          reason: str | None = typer.Option(None, "--reason", help="Bulk: with this reason."),
          machine: str | None = typer.Option(None, "--machine", help="Bulk: of this machine."),
+         in_state: list[str] | None = typer.Option(None, "--in-state", metavar="STATE",
+                                                   help="Bulk: standing in this state."),
+         text: str | None = TEXT, since: str | None = SINCE, until: str | None = UNTIL,
          yes: bool = typer.Option(False, "--yes", help="Bulk: fork them (default: a dry run)."),
+         batch: int = BATCH,
          reuse_llm: bool = typer.Option(False, "--reuse-llm/--fresh",
                                         help="Answer model calls whose prompt is byte-identical "
                                              "to one of the original's with its recorded reply "
@@ -47,9 +47,13 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
     engine = trusting(_new_engine(_open(db)), machines)
     try:
         if instance_id is None:
-            if status is None:
-                _fail("give an instance id, or --status (with --reason/--machine) to fork many")
-            _bulk(engine, status, reason, machine, yes, reuse_llm=reuse_llm, redeliver=redeliver)
+            from .console import _query, _where
+            where = _where(machine, status, in_state, [reason] if reason else None, text,
+                           since, until)
+            if where is None:
+                _fail("give an instance id, or a query (--status/--machine/…) to fork many")
+            _query(engine, "fork", where, yes=yes, batch=batch, by=None, reason=None,
+                   state=from_state, reuse_llm=reuse_llm, redeliver=redeliver)
             return
         if status or reason:
             _fail("--status/--reason select many instances: give no id with them")
@@ -63,36 +67,31 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
         engine.close()
 
 
-def _bulk(engine: Engine, status: str, reason: str | None, machine: str | None,
-          yes: bool, *, reuse_llm: bool, redeliver: bool) -> None:
-    if status != "failed":
-        _fail("a bulk fork takes --status failed (each is forked from its last failure)")
-    where = InstanceFilter(machine=machine, statuses=(status,),
-                           reasons=(reason,) if reason else None)
-    matches = engine.store.query(where, order="created", descending=False, limit=None)
-    if not yes:
-        for rec in matches:
-            typer.echo(shown(f"would fork {rec.id} ({rec.machine}, {rec.state}, "
-                             f"{rec.reason or '-'})"))
-        typer.echo(f"{len(matches)} instance(s) match; --yes forks them")
-        return
-    for rec in matches:
-        new = engine.fork(rec.id, from_failure=status == "failed", reuse_llm=reuse_llm,
-                          redeliver=redeliver)
-        typer.echo(f"{new}: forked from {rec.id}")
-
-
 @app.command()
-def rerun(instance_id: str = typer.Argument(..., help="Instance id (or a prefix)."),
+def rerun(instance_id: str | None = typer.Argument(None, help="Instance id (or a prefix); "
+                                                      "omit with a query to rerun many."),
           state: str = typer.Option(..., "--state", help="The state to run again."),
           in_place: bool = typer.Option(False, "--in-place",
                                         help="Reset this instance (appending to its history) "
                                              "instead of forking it."),
-          db: str | None = DB, machines: list[str] = MACHINES) -> None:
+          machine: str | None = MACHINE, status: list[str] | None = STATUS,
+          reason: list[str] | None = REASON, text: str | None = TEXT,
+          since: str | None = SINCE, until: str | None = UNTIL, yes: bool = YES,
+          batch: int = BATCH, db: str | None = DB, machines: list[str] = MACHINES) -> None:
     """Force a state to run again (after its prompt or parameters changed): from just before
-    its latest visit, as a fork by default; the instance is then runnable (`fsm resume`)."""
+    its latest visit, as a fork by default; the instance is then runnable (`fsm resume`).
+    With a query instead of an id: as forks of every match, a dry run unless --yes."""
     engine = trusting(_new_engine(_open(db)), machines)
     try:
+        if instance_id is None:
+            from .console import _query, _where
+            where = _where(machine, status, None, reason, text, since, until)
+            if where is None or in_place:
+                _fail("give an instance id, or a query (--machine/--status/…) to rerun many "
+                      "as forks (not --in-place)")
+            _query(engine, "rerun", where, yes=yes, batch=batch, by=None, reason=None,
+                   state=state)
+            return
         orig = _find(engine.store, instance_id)
         new = engine.rerun(orig.id, state, in_place=in_place)
         rec = engine.store.get(new)

@@ -34,16 +34,3 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     for key, value in data.items():
         out.print(Text.assemble((key, "bold"), ": " + shown(json.dumps(value, ensure_ascii=False))),
                   highlight=False)
-
-
-@app.command()
-def cancel(instance_id: str = typer.Argument(..., help="Instance id (or an unambiguous prefix)."),
-           db: str = DB) -> None:
-    """Cancel an instance, also one running in another process."""
-    from ..runtime import Engine
-    engine = Engine(_open(db))
-    try:
-        rec = engine.cancel(_find(engine.store, instance_id).id)
-    finally:
-        engine.close()
-    out.print(f"{rec.id}: cancelled in state {rec.state}")

@@ -19,6 +19,7 @@ from rich.table import Table
 from ..store.records import FINAL_STATUSES, STATUSES, InstanceFilter
 from ..terminal import shown, text
 from .common import DB, _fail, _open, _print_json, app, out
+from .trust import MACHINES, trusting
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -153,8 +154,15 @@ def ui(db: str = DB,
        allowed_host: list[str] | None = typer.Option(
            None, "--allowed-host", metavar="NAME[:PORT]",
            help="Also serve requests whose Host is this name (repeatable; default: only "
-                "loopback names and the bound address, with its port).")) -> None:
-    """Serve a read-only web viewer of the database (instances, diagrams, statistics)."""
+                "loopback names and the bound address, with its port)."),
+       write: bool = typer.Option(False, "--write",
+                                  help="The console: actions (pause, cancel, send, decide …) "
+                                       "behind the token, which it requires."),
+       machines: list[str] = MACHINES) -> None:
+    """Serve a read-only web viewer of the database (instances, diagrams, statistics);
+    with --write, the operator console."""
+    if write and not token:
+        _fail("--write needs --token (or FSM_UI_TOKEN), also on loopback")
     if not _loopback(host) and not token:
         _fail(f"--host {host} exposes the viewer beyond this machine: give --token too")
     if token is not None and len(token) < 8:
@@ -163,8 +171,12 @@ def ui(db: str = DB,
         from ..ui.server import serve
     except ImportError as exc:
         _fail(f"the viewer needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
+    engine = None
+    if write:
+        from ..runtime import Engine
+        engine = trusting(Engine(_open(db), llm=None), machines)
     serve(db, host=host, port=port, token=token, refresh_s=refresh,
-          allowed_hosts=tuple(allowed_host or ()))
+          allowed_hosts=tuple(allowed_host or ()), engine=engine)
 
 
 def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:

@@ -297,7 +297,15 @@ def _migration_problems(m: Machine, v: int) -> list[str]:
 
 
 def _routes(m: Machine, problems: list[str]) -> None:
-    """``on_loop_limit`` / ``on_circuit_open`` must name review states."""
+    """``on_loop_limit`` / ``on_circuit_open`` must name review states; ``on_exhausted``
+    / ``on_retries_exhausted`` are ``"pause"``, ``"fail"`` or ``None``."""
+    if m.on_retries_exhausted not in (None, "pause", "fail"):
+        problems.append(f"on_retries_exhausted must be 'pause', 'fail' or None, not "
+                        f"{m.on_retries_exhausted!r}")
+    for s in m.states:
+        if s.on_exhausted not in (None, "pause", "fail"):
+            problems.append(f"state {s.name!r}: on_exhausted must be 'pause', 'fail' or None, "
+                            f"not {s.on_exhausted!r}")
     for key in ("on_loop_limit", "on_circuit_open"):
         name = getattr(m, key)
         if name is None:

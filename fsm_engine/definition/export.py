@@ -27,7 +27,7 @@ def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
         "side_effect": s.side_effect, "skippable": s.skippable,
         "description": s.description,
     }
-    for key in ("llm", "repair_llm", "token_budget"):  # only when set: old fingerprints hold
+    for key in ("llm", "repair_llm", "token_budget", "on_exhausted"):  # only when set: old fingerprints hold
         if getattr(s, key) is not None:
             out[key] = getattr(s, key)
     if s.queue != "default":  # only when set: old fingerprints hold
@@ -79,7 +79,8 @@ def export_machine(machine: Machine) -> dict[str, Any]:
         "max_transitions": machine.max_transitions, "token_budget": machine.token_budget,
         "states": [_state_dict(machine, s) for s in machine.states], "transitions": transitions,
     }
-    for key in ("on_loop_limit", "on_circuit_open"):  # only when set: fingerprints stay
+    for key in ("on_loop_limit", "on_circuit_open",
+                "on_retries_exhausted"):  # only when set: fingerprints stay
         if getattr(machine, key) is not None:
             out[key] = getattr(machine, key)
     return out

@@ -142,6 +142,11 @@ class State:
             an action: every model turn and tool call is journaled as a history row of
             kind ``tool``; it leaves by ``done`` (the validated output) or the outcomes
             ``turns_exhausted``, ``budget_exhausted`` and ``rejected``.
+        on_exhausted: ``"pause"``: when this state's retries or a token budget run out
+            and no fallback or skip applies, the instance pauses (status ``paused``,
+            the reason kept) instead of failing, for an operator to fix the cause and
+            ``fsm unpause`` it; ``"fail"``: fail even when the machine says pause;
+            ``None``: the machine's ``on_retries_exhausted``.
     """
 
     name: str
@@ -165,6 +170,7 @@ class State:
     queue: str = "default"
     inline: bool = False
     agent: Agent | None = None
+    on_exhausted: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +233,9 @@ class Machine:
             the reviewer's decision grants another ``max_transitions`` transitions.
         on_circuit_open: a review state the instance goes to when its model's circuit
             breaker is open and the state has no fallback (``None``: fail).
+        on_retries_exhausted: ``"pause"``: an instance whose retries (or token budget)
+            run out pauses with the reason instead of failing (``State.on_exhausted``
+            overrides it per state); ``None`` or ``"fail"``: it fails.
         version: the machine's version (an int >= 1), stored with every instance and
             history row.  Bump it whenever the structure (states, transitions, the
             context model) changes: an instance stored under an older version is upcast
@@ -253,6 +262,7 @@ class Machine:
     tally: Sequence[str] = ()
     on_loop_limit: str | None = None
     on_circuit_open: str | None = None
+    on_retries_exhausted: str | None = None
     version: int = 1
     migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]] | None] = field(
         default_factory=dict, compare=False, repr=False)

@@ -1,4 +1,4 @@
-"""The client: writes that run nothing (start, cancel, fork, rerun, reviews, decide).
+"""The client: writes that run nothing (start, cancel, pause, fork, rerun, reviews, decide).
 
 Like a DBOS ``DBOSClient`` or a Temporal client, it manages instances without stepping
 them: every change is one ledger commit (``runtime.ledger``) or one ``Store.create``; a
@@ -16,8 +16,16 @@ from pydantic import BaseModel, ValidationError
 from ..definition import Machine
 from ..errors import InstanceFinished, InvalidInput, StaleWrite
 from ..store import PENDING, Store
-from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem
-from . import outcome, values
+from ..store.records import (
+    PAUSE,
+    PAUSED,
+    REVIEW_OPEN,
+    HistoryRow,
+    InstanceRecord,
+    ReviewItem,
+    StepCommit,
+)
+from . import outcome, pausing, values
 from . import reviews as review_queue
 from .compiled import CompiledMachine
 from .driver import Driver
@@ -113,7 +121,8 @@ class Client:
             queue=cm.states[spec.initial].queue, partition_key=partition)
 
     # -- from outside ------------------------------------------------------------
-    def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
+    def cancel(self, instance_id: str, reason: str = "cancelled",
+               operator: str | None = None) -> InstanceRecord:
         """See ``Engine.cancel``."""
         self.known.pop(instance_id, None)
         while True:
@@ -121,24 +130,125 @@ class Client:
             if rec.final:
                 raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                        instance_id=rec.id)
-            step = outcome.cancelled(rec, self.clock(), reason)
+            step = outcome.cancelled(rec, self.clock(), reason, operator)
             if self.ledger.apply_one(step):  # its running children are cancelled with it
                 self.stop_local(instance_id)
                 return step.record
+
+    def held_live(self, rec: InstanceRecord) -> bool:
+        """True when ``rec``'s owner may be in the middle of a step (this process, or a
+        worker whose lease holds and whose process is not known gone)."""
+        if rec.owner is None:
+            return False
+        if rec.owner == self.ownership.id:
+            return True
+        now = self.clock()
+        _, live = self.ownership.view(now)
+        return rec.owner in live and rec.owner not in self.ownership.dead(now)
+
+    def pause(self, instance_id: str, *, by: str | None, reason: str = "paused"
+              ) -> InstanceRecord:
+        """See ``Engine.pause``."""
+        reason = reason[:pausing.MAX_TEXT]
+        while True:
+            rec = self.store.get(instance_id)
+            if rec.final:
+                raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
+                                       instance_id=rec.id)
+            if rec.status == PAUSED:
+                return rec  # already: nothing written
+            live = self.held_live(rec)
+            if live and rec.reason == pausing.REQUESTED:  # asked before: its step applies it
+                self._renew_request(rec, by, reason)
+                return rec
+            if live:
+                if self._request_pause(rec, by, reason):
+                    return self.store.get(rec.id)
+                continue
+            step = self._paused(rec, by, reason)
+            if self.ledger.apply_one(step):
+                self.store.put_meta(pausing.key(rec.id), None)
+                self.known.pop(rec.id, None)
+                return step.record
+
+    def _paused(self, rec: InstanceRecord, by: str | None, reason: str) -> StepCommit:
+        """The commit pausing ``rec`` now (one still carrying an earlier request: as that
+        request asked, its prior reason given back)."""
+        if rec.reason == pausing.REQUESTED:
+            req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+            return pausing.on_claim(rec, req or pausing.PauseRequest(by, reason, 0.0, -1),
+                                    self.clock())
+        return outcome.paused(rec, self.clock(), by=by, reason=reason)
+
+    def _renew_request(self, rec: InstanceRecord, by: str | None, reason: str) -> None:
+        """Ask again for a pause whose request was withdrawn (the touch still holds)."""
+        req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+        if req is not None and req.withdrawn:
+            self.store.put_meta(pausing.key(rec.id), pausing.encode(pausing.PauseRequest(
+                by, reason, self.clock(), req.version, req.prior_reason)))
+
+    def _request_pause(self, rec: InstanceRecord, by: str | None, reason: str) -> bool:
+        """Store a pause request for ``rec`` and touch it (``runtime.pausing``); False when
+        ``rec`` moved first (the caller reads it again)."""
+        req = pausing.PauseRequest(by, reason, self.clock(), rec.version + 1, rec.reason)
+        self.store.put_meta(pausing.key(rec.id), pausing.encode(req))
+        touch = outcome.clone(rec)
+        touch.updated_at, touch.reason = req.at, pausing.REQUESTED
+        return self.ledger.apply_one(StepCommit(touch, rec.version, before=rec))
+
+    def unpause(self, instance_id: str, *, by: str | None) -> InstanceRecord:
+        """See ``Engine.unpause``."""
+        while True:
+            rec = self.store.get(instance_id)
+            if rec.status != PAUSED:
+                if rec.reason == pausing.REQUESTED:  # asked, not applied yet: withdrawn
+                    return self._withdraw(rec)
+                raise InvalidInput(f"instance {rec.id} is {rec.status}, not paused")
+            pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE),
+                         None)
+            if pause is None:
+                raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
+            step = outcome.unpaused(rec, pause, self.clock(), by=by)
+            if self.ledger.apply_one(step):
+                return step.record
+
+    def _withdraw(self, rec: InstanceRecord) -> InstanceRecord:
+        """Withdraw a pause request not applied yet: marked so in ``fsm_meta`` (the
+        instance is left alone: its holder's next commit, or the next claim, gives its
+        reason back; writing it here would fail that holder's running step)."""
+        req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+        if req is not None and not req.withdrawn:
+            self.store.put_meta(pausing.key(rec.id), pausing.encode(pausing.PauseRequest(
+                req.by, req.reason, req.at, req.version, req.prior_reason, withdrawn=True)))
+        return rec
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,
              reuse_llm: bool = False, redeliver: bool = False) -> str:
         """See ``Engine.fork``."""
+        rec, rows = self.fork_record(self.store.get(instance_id), from_seq=from_seq,
+                                     from_state=from_state, from_failure=from_failure,
+                                     reuse_llm=reuse_llm, redeliver=redeliver)
+        self.store.create(rec, history=rows)
+        return rec.id
+
+    def fork_record(self, orig: InstanceRecord, *, from_seq: int | None = None,
+                    from_state: str | None = None, from_failure: bool = False,
+                    reuse_llm: bool = False, redeliver: bool = False,
+                    stable_id: bool = False) -> tuple[InstanceRecord, list[HistoryRow]]:
+        """The fork ``fork`` would create, and its copied rows, not yet stored; with
+        ``stable_id`` its id is SHA-256 of (original, fork point) (a bulk fork made twice
+        makes it once).  ``InvalidInput`` when there is no such fork point."""
         from .fork import fork_point, forked
-        orig = self.store.get(instance_id)
         cm = self.registry.runnable(orig)
         history = self.store.history(orig.id)
         n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
-        rec, rows = forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
-                           reuse_llm=reuse_llm, redeliver=redeliver)
-        self.store.create(rec, history=rows)
-        return rec.id
+        new_id = None
+        if stable_id:
+            import hashlib
+            new_id = hashlib.sha256(f"{orig.id}>{n}".encode()).hexdigest()[:12]
+        return forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
+                      new_id, reuse_llm=reuse_llm, redeliver=redeliver)
 
     def rerun(self, instance_id: str, state: str, *, in_place: bool = False) -> str:
         """See ``Engine.rerun``."""
@@ -162,6 +272,42 @@ class Client:
                              instance_id=rec.id)
         self.known.pop(rec.id, None)
         return rec.id
+
+    def restarted(self, rec: InstanceRecord, *, by: str | None) -> StepCommit | None:
+        """The commit resuming a cancelled or failed ``rec`` where it stopped (None: it is
+        neither): a cancelled one in its state with its context, a failed one just before
+        its last failure; one ``rerun`` row (``detail.operator``, ``detail.restarted``)
+        appended, nothing rewritten (``outcome.reset``)."""
+        from .fork import fork_point
+        if rec.status not in ("cancelled", "failed"):
+            return None
+        cm = self.registry.runnable(rec)
+        history = self.store.history(rec.id)
+        if rec.status == "cancelled":
+            n, state, context = rec.seq, rec.state, dict(rec.context)
+        else:
+            n = fork_point(history, failure=True)
+            context = dict(rec.input)
+            for row in history[:n]:
+                context.update(row.delta)
+            state = history[n - 1].dest if n else cm.spec.initial
+        rec = self.registry.upcast(cm, rec)
+        step = outcome.reset(cm, rec, state, context, n, self.clock())
+        step.history[0].detail.update(operator=by, restarted=rec.status)
+        return self.driver.attach(step)
+
+    def restart(self, instance_id: str, *, by: str | None) -> InstanceRecord:
+        """See ``Engine.restart``."""
+        rec = self.store.get(instance_id)
+        step = self.restarted(rec, by=by)
+        if step is None:
+            raise InvalidInput(f"instance {rec.id} is {rec.status}: only a cancelled or failed "
+                               "instance is restarted")
+        if not self.ledger.apply_one(step):
+            raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
+                             instance_id=rec.id)
+        self.known.pop(rec.id, None)
+        return step.record
 
     def forks(self, instance_id: str) -> list[InstanceRecord]:
         """The instances forked from ``instance_id``, oldest first."""
@@ -203,6 +349,8 @@ class Client:
         commit = review_queue.decision(cm, rec, found, choice, by=by, now=self.clock(),
                                        advance=self.driver.advance, update=update, note=note,
                                        claimer=by)
+        for row in commit.history[:1]:
+            row.detail["operator"] = by  # who did it, as every operator action names
         if not self.ledger.apply_one(self.driver.attach(commit)):  # ends a child: wakes its parent
             raise review_queue.ReviewRefused(
                 f"review {found.id}: the item or its instance changed meanwhile (decided, "
@@ -210,13 +358,19 @@ class Client:
         self.known.pop(rec.id, None)
         return commit.record
 
-    async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
+    async def send(self, instance_id: str, trigger: str, update: dict[str, Any] | None = None,
+                   *, operator: str | None = None) -> InstanceRecord:
         """Fire ``trigger`` on a ``waiting`` instance with context ``update`` (one commit);
-        return the record after it.  ``InvalidInput`` when it is not waiting."""
+        return the record after it (``operator``: who sent it, ``detail.operator``).
+        ``InvalidInput`` when it is not waiting, the trigger is not declared from its
+        state or the update does not fit the context model."""
         rec = self.store.get(instance_id)
         if rec.status != "waiting":
             raise InvalidInput(f"instance {rec.id} is {rec.status}, not waiting")
         cm = self.registry.runnable(rec)
         rec = self.registry.upcast(cm, rec)
-        return await self.driver.commit(rec, self.driver.advance(
-            cm, rec, cm.states[rec.state], None, trigger, update, 0.0))
+        commit = self.driver.advance(cm, rec, cm.states[rec.state], None, trigger,
+                                     update or {}, 0.0)
+        if operator is not None and commit.history:
+            commit.history[0].detail["operator"] = operator
+        return await self.driver.commit(rec, commit)

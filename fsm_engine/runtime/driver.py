@@ -32,7 +32,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import agent, fanout, fork, invoke, migration, outcome, reviews, streams, values
+from . import agent, fanout, fork, invoke, migration, outcome, pausing, reviews, streams, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -472,6 +472,9 @@ class Driver:
         detail = _detail(rec, step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
+        if pausing.by_policy(cm.spec, state, exc, disposition is Disposition.RETRY, reason):
+            return outcome.paused(rec, now, by=None, reason=reason, error=_err(exc),
+                                  tokens=_spent(step), duration_ms=ms, detail=detail)
         if reason == "circuit_open" and cm.spec.on_circuit_open is not None:
             return outcome.routed(cm, rec, cm.spec.on_circuit_open, reason, now, error=_err(exc),
                                   tokens=_spent(step), duration_ms=ms, detail=detail)

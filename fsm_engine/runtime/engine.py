@@ -20,11 +20,18 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ..definition import Machine
-from ..errors import FsmError
+from ..errors import FsmError, InvalidInput
 from ..policies import BreakerPolicy, RateLimit
 from ..store import Store, open_store
-from ..store.records import REVIEW_OPEN, InstanceRecord, ReviewItem, StepCommit, WorkerRow
-from . import fleet
+from ..store.records import (
+    REVIEW_OPEN,
+    InstanceFilter,
+    InstanceRecord,
+    ReviewItem,
+    StepCommit,
+    WorkerRow,
+)
+from . import bulk, fleet, review_hook
 from .client import Client
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
@@ -91,6 +98,7 @@ class Engine:
         self.models = Models(llm, self.store, breaker, clock, rate_limits)
         #: The one writer (``runtime.ledger``): every commit of this engine goes through it.
         self.ledger = Ledger(self.store, clock)
+        self.ledger.on_review = review_hook.from_env(self.store)  # FSM_REVIEW_WEBHOOK
         self.committer = GroupCommitter(self.ledger, solo=lambda: self.runner.solo())
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
@@ -255,18 +263,72 @@ class Engine:
         return self.runner.parking(rec, exc)  # kept for callers of the old private name
 
     # -- from outside (``runtime.client``) -------------------------------------------------
-    def cancel(self, instance_id: str, reason: str = "cancelled") -> InstanceRecord:
+    def cancel(self, instance_id: str, reason: str = "cancelled", *,
+               operator: str | None = None) -> InstanceRecord:
         """End the instance in status ``cancelled`` (works across processes).
 
         Its owner notices within ``lease_seconds / 3`` and stops the running action.
         Raises ``InstanceNotFound``, or ``InstanceFinished`` when already final.
         """
-        return self.client.cancel(instance_id, reason)
+        return self.client.cancel(instance_id, reason, operator)
 
     async def send(self, instance_id: str, trigger: str, **update: Any) -> InstanceRecord:
         """Fire ``trigger`` on a ``waiting`` instance with context ``update``; then run it."""
-        rec = await self.client.send(instance_id, trigger, **update)
+        rec = await self.client.send(instance_id, trigger, update)
         return rec if rec.final else await self.run(rec.id)
+
+    async def signal(self, instance_id: str, trigger: str, update: dict[str, Any] | None = None,
+                     *, operator: str | None = None) -> InstanceRecord:
+        """``send`` without running the instance here (``fsm send``, the console): fire
+        ``trigger`` on a ``waiting`` instance with context ``update``, validated by the
+        context model, in one commit whose history row names ``operator``; a worker or
+        ``resume`` then continues it.  ``InvalidInput`` when it is not waiting, the
+        trigger is not declared from its state or the update does not fit."""
+        return await self.client.send(instance_id, trigger, update, operator=operator)
+
+    def pause(self, instance_id: str, *, by: str | None = None, reason: str = "paused"
+              ) -> InstanceRecord:
+        """Pause an instance between steps: status ``paused``, claimed by no worker or
+        resume, its timers (retry backoff, review SLA, rate wait, deadline) stopped with
+        the time they had left; one ``kind: pause`` history row naming ``by``
+        (``detail.operator``).  One a live worker holds finishes its running step first:
+        the pause is then a request the ledger applies at that step's commit (the record
+        returned is still ``running``).  Idempotent; ``InstanceFinished`` when final."""
+        return self.client.pause(instance_id, by=by, reason=reason)
+
+    def unpause(self, instance_id: str, *, by: str | None = None) -> InstanceRecord:
+        """End a pause: the status and reason the instance had come back, its timers run
+        on with the time they had left (one paused by ``on_retries_exhausted`` gets a fresh
+        set of attempts); a request not yet applied is withdrawn.  ``InvalidInput`` when it
+        is neither paused nor asked to pause."""
+        return self.client.unpause(instance_id, by=by)
+
+    def restart(self, instance_id: str, *, by: str | None = None) -> InstanceRecord:
+        """Resume a cancelled or failed instance where it stopped (DBOS's resume): a
+        cancelled one in its state with its context, a failed one just before its last
+        failure; one appended ``rerun`` row names ``by``; it is then runnable (a worker or
+        ``resume`` continues it).  ``InvalidInput`` for any other status."""
+        return self.client.restart(instance_id, by=by)
+
+    def bulk_plan(self, action: str, where: InstanceFilter, *, preview: bool = False
+                  ) -> bulk.Plan:
+        """What ``bulk`` would touch: the ids matching ``where`` (creation order), their
+        count and a sample (``preview``: the count and sample only, for a dry run);
+        ``InvalidInput`` for an action not in ``bulk.ACTIONS``."""
+        return bulk.plan(self.store, action, where, preview=preview)
+
+    def bulk(self, plan: bulk.Plan, *, by: str | None = None, reason: str | None = None,
+             state: str | None = None, batch: int = bulk.BATCH,
+             on_batch: Callable[[bulk.Done], None] | None = None,
+             reuse_llm: bool = False, redeliver: bool = False) -> bulk.Done:
+        """Apply ``plan`` (cancel, pause, unpause, resume; fork or rerun from ``state``, a fork
+        without one from each last failure) in batches of ``batch`` instances, one
+        transaction each, compare-and-set per instance (``runtime.bulk``): interruptible,
+        and idempotent when repeated; ``reuse_llm`` / ``redeliver``: as for ``fork``."""
+        if plan.action == "rerun" and not state:
+            raise InvalidInput("a bulk rerun needs the state to run again")
+        return bulk.Bulk(self.client, self.clock, by, reason, state, reuse_llm=reuse_llm,
+                         redeliver=redeliver).apply(plan, batch=batch, on_batch=on_batch)
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,

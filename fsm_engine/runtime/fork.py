@@ -19,9 +19,11 @@ from dataclasses import replace
 
 from ..errors import InvalidInput
 from ..store.records import (
+    PAUSE,
     PENDING,
     RECOVERY,
     RUNNING,
+    UNPAUSE,
     AttemptRow,
     HistoryRow,
     InstanceRecord,
@@ -44,7 +46,7 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
         return seq
     if state is not None:
         entered = [h.seq for h in history
-                   if h.dest == state and h.kind not in ("cancel", RECOVERY)]
+                   if h.dest == state and h.kind not in ("cancel", RECOVERY, PAUSE, UNPAUSE)]
         if entered:
             return entered[-1]
         if history and history[0].source == state:  # the state it started in: from the input

@@ -12,6 +12,8 @@ implies for others and writes it:
   ``expected_version`` (and every fenced instance at its version); ``write``
   returns one ``bool`` per step (``apply_one``: for one), and the caller raises its
   own refusal (``StaleWrite``, ``ReviewRefused``) on False;
+- **pause requests** (``runtime.pausing``): a step gone stale only because an operator
+  asked to pause its instance mid-step is written anyway, the pause after it;
 - **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
   its own transaction (the store writes it with the step, or neither).
 
@@ -27,8 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..store.base import Store
-from ..store.records import StepCommit
-from . import fanout
+from ..store.records import ReviewItem, StepCommit
+from . import fanout, pausing
 
 #: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
 #: ``pytest --fsm-coverage`` collects history rows so); empty: one check per batch.
@@ -44,6 +46,9 @@ class Ledger:
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
+        #: Called with each review item a committed step opened (``runtime.review_hook``:
+        #: ``FSM_REVIEW_WEBHOOK``); None: nobody is told.
+        self.on_review: Callable[[ReviewItem], None] | None = None
 
     def settle(self, step: StepCommit) -> StepCommit:
         """``step`` with what it implies for its family: a child that ends wakes its
@@ -58,10 +63,32 @@ class Ledger:
         queued) in one transaction; per step, True when it applied, False when stale.
         Raises what ``Store.commit`` raises (``StepRejected`` for one step's values)."""
         done = self.store.commit(steps)
+        if not all(done):
+            done = [ok or self._paused_meanwhile(s) for s, ok in zip(steps, done, strict=True)]
+        if self.on_review is not None:
+            for step, ok in zip(steps, done, strict=True):
+                if ok and step.review_open is not None:
+                    self.on_review(step.review_open)
         if OBSERVERS:
             for observe in OBSERVERS:
                 observe(steps, done)
         return done
+
+    def _paused_meanwhile(self, step: StepCommit) -> bool:
+        """Write a stale ``step`` over a pause request's touch, paused after it unless the
+        request was withdrawn (True), or leave it stale (False).  Read only when a step is
+        stale: no cost on the hot path."""
+        iid = step.record.id
+        req = pausing.decode(self.store.get_meta(pausing.key(iid)))
+        if req is None:
+            return False
+        stored = self.store.get(iid).version
+        if not pausing.applies(req, step, stored):
+            return False
+        ok = self.store.commit([pausing.rebase(step, req, stored, self.clock())])[0]
+        if ok:
+            self.store.put_meta(pausing.key(iid), None)
+        return ok
 
     def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
         """``settle`` each step, then ``write`` them together."""

@@ -17,13 +17,18 @@ from ..store.records import (
     CANCELLED,
     COMPLETED,
     FAILED,
+    PAUSE,
+    PAUSED,
+    PENDING,
     RATE_LIMITED,
     RUNNING,
+    UNPAUSE,
     WAITING,
     AttemptRow,
     HistoryRow,
     InstanceRecord,
     ReviewItem,
+    Status,
     StepCommit,
 )
 from .compiled import CompiledMachine
@@ -245,10 +250,13 @@ def rate_limited(rec: InstanceRecord, *, error: str, tokens: int, next_at: float
     return StepCommit(new, rec.version, before=rec)
 
 
-def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled") -> StepCommit:
-    """Record a cancellation (the instance stays in its state, status ``cancelled``)."""
+def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled",
+              operator: str | None = None) -> StepCommit:
+    """Record a cancellation (the instance stays in its state, status ``cancelled``);
+    ``operator``: who asked (``detail.operator``)."""
     new = clone(rec)
-    row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason)
+    row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason,
+               detail={} if operator is None else {"operator": operator})
     new.status, new.reason, new.updated_at = CANCELLED, reason, now
     new.next_attempt_at = None
     return StepCommit(new, rec.version, [row], before=rec)
@@ -288,3 +296,66 @@ def marked(rec: InstanceRecord, reason: str, error: str, now: float) -> StepComm
     new = clone(rec)
     new.reason, new.last_error, new.updated_at = reason, error, now
     return StepCommit(new, rec.version, before=rec)
+
+
+def _left(until: float | None, now: float) -> float | None:
+    return None if until is None else max(0.0, until - now)
+
+
+def pause_in_place(rec: InstanceRecord, now: float, *, by: str | None, reason: str,
+                   error: str | None = None) -> HistoryRow:
+    """Pause ``rec`` (in place) where it stands: status ``paused``, unowned, its timers
+    stopped; the returned row (``kind: pause``) keeps what unpausing restores in
+    ``detail``: ``status``, ``reason``, ``timer_left_s`` (retry backoff, SLA or rate
+    wait) and ``deadline_left_s`` (seconds, ``None``: no timer), with ``operator``."""
+    error = redact(error) if error else error
+    detail = {"operator": by, "status": rec.status, "reason": rec.reason,
+              "timer_left_s": _left(rec.next_attempt_at, now),
+              "deadline_left_s": _left(rec.deadline, now)}
+    row = _row(rec, rec.state, rec.state, PAUSE, now, kind=PAUSE, reason=reason, error=error,
+               detail=detail)
+    rec.status, rec.reason, rec.owner = PAUSED, reason, None
+    rec.next_attempt_at, rec.updated_at = None, now
+    rec.last_error = error or rec.last_error
+    return row
+
+
+def paused(rec: InstanceRecord, now: float, *, by: str | None, reason: str = "paused",
+           error: str | None = None, tokens: int = 0, duration_ms: float = 0.0,
+           detail: dict[str, Any] | None = None) -> StepCommit:
+    """Record a pause of ``rec`` (``pause_in_place``), by an operator ``by`` or by a
+    policy (``by`` None: retries or budget ran out, ``error`` and ``tokens`` the last
+    attempt's)."""
+    new = clone(rec)
+    new.tokens_used += tokens
+    row = pause_in_place(new, now, by=by, reason=reason, error=error)
+    row.tokens, row.duration_ms = tokens, duration_ms
+    row.detail.update(detail or {})
+    return StepCommit(new, rec.version, [row], before=rec)
+
+
+def unpaused(rec: InstanceRecord, pause: HistoryRow, now: float, *, by: str | None
+             ) -> StepCommit:
+    """Record the end of ``rec``'s pause (``pause``: its ``kind: pause`` row): the status
+    and reason it had come back, its timers restart with the time they had left, and an
+    instance paused by a policy gets a fresh set of attempts.  A parent paused while it
+    waited for its children runs its join again (a child that ended meanwhile woke no one)."""
+    new = clone(rec)
+    d = pause.detail
+    status: Status = RUNNING
+    for known in (PENDING, WAITING):
+        if d.get("status") == known:
+            status = known
+    reason = d.get("reason") if isinstance(d.get("reason"), str) else None
+    if status == WAITING and reason == "children":
+        status = RUNNING
+    new.status, new.reason, new.owner, new.updated_at = status, reason, None, now
+    left, deadline_left = d.get("timer_left_s"), d.get("deadline_left_s")
+    new.next_attempt_at = now + left if isinstance(left, (int, float)) else None
+    if isinstance(deadline_left, (int, float)):
+        new.deadline = now + deadline_left
+    if d.get("operator") is None:  # paused by a policy: its retries start over
+        new.attempt, new.next_attempt_at = 1, None
+    row = _row(new, rec.state, rec.state, UNPAUSE, now, kind=UNPAUSE,
+               detail={"operator": by, "paused_s": round(max(0.0, now - pause.at), 3)})
+    return StepCommit(new, rec.version, [row], before=rec)

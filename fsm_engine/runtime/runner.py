@@ -20,18 +20,20 @@ from ..errors import (
     FsmError,
     InstanceFinished,
     InstanceNotFound,
+    InvalidInput,
     NeedsMigration,
     StaleWrite,
 )
 from ..store import Store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
+    PAUSED,
     RATE_LIMITED,
     InstanceRecord,
     StepCommit,
     WorkerRow,
 )
-from . import fleet, migration, outcome
+from . import fleet, migration, outcome, pausing
 from . import reviews as review_queue
 from .compiled import CompiledMachine
 from .driver import Driver
@@ -195,6 +197,9 @@ class Runner:
         if rec.final:
             raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                    instance_id=rec.id, state=rec.state)
+        if rec.status == PAUSED:
+            raise InvalidInput(f"instance {rec.id} is paused ({rec.reason}): "
+                               "`fsm unpause` it first", instance_id=rec.id, state=rec.state)
         cm = self.registry.runnable(rec)
         self.ensure_worker()
         if rec.owner == self.worker.id:  # started (or already claimed) here
@@ -210,6 +215,11 @@ class Runner:
             now = self.clock()
             return await self.driver.commit(rec, outcome.failed(
                 cm, rec, "crash_loop", now, error=f"{rec.recoveries} recoveries without progress"))
+        if rec.reason == pausing.REQUESTED:  # asked while another holder had it
+            req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
+            rec = await self.driver.commit(rec, pausing.on_claim(rec, req, self.clock()))
+            self.store.put_meta(pausing.key(rec.id), None)
+            return rec
         if rec.reason in (MACHINE_UNAVAILABLE, FINGERPRINT_MISMATCH, migration.NEEDS_MIGRATION):
             return await self.driver.commit(rec, outcome.unparked(rec))
         return rec
@@ -304,6 +314,8 @@ class Runner:
     async def _turn(self, run: _Run, cm: CompiledMachine, rec: InstanceRecord
                     ) -> tuple[CompiledMachine, InstanceRecord, bool]:
         """One turn of ``run``'s loop: a step, a wait, or the end (False)."""
+        if rec.status == PAUSED:  # paused at the step's commit (``runtime.pausing``)
+            return cm, rec, False
         if rec.status == "waiting" and rec.reason == RATE_LIMITED:  # given back
             if not run.family:
                 return cm, rec, False  # claimed again, by any worker, once it is due

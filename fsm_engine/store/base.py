@@ -11,6 +11,7 @@ from .facets import (
     InstanceStore,
     LeaseStore,
     LimitStore,
+    MetaStore,
     OutboxStore,
     ReadStore,
     ReplyStore,
@@ -21,7 +22,8 @@ from .facets import (
 
 
 class Store(StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore, ReviewStore,
-            LeaseStore, LimitStore, DefinitionStore, StreamStore, ReadStore, Protocol):
+            LeaseStore, LimitStore, DefinitionStore, StreamStore, MetaStore, ReadStore,
+            Protocol):
     """Durable storage for instances, their history, attempts, outbox, replies, reviews,
     workers, breakers, rate windows, limits, definitions and streams: every facet of
     ``store.facets`` (a caller needing one concern may ask for that facet alone).

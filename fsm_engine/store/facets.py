@@ -353,6 +353,29 @@ class StreamStore(Protocol):
         Status: none changes."""
 
 
+class MetaStore(Protocol):
+    """Small named text values beside the instances (``fsm_meta``): operator requests,
+    signing keys, used one-time links.  Keys are 1..200 characters; the store's own
+    (``schema_version``, ``limits``) are refused with ``InvalidInput``."""
+
+    def get_meta(self, key: str) -> str | None:
+        """The value under ``key`` (``None``: none).  Status: none changes."""
+
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        """Every ``key: value`` whose key starts with ``prefix``.  Status: none changes."""
+
+    def put_meta(self, key: str, value: str | None) -> None:
+        """Set ``key`` to ``value`` (``None``: delete it), in one transaction.
+
+        Status: none changes."""
+
+    def add_meta(self, key: str, value: str) -> bool:
+        """Insert ``key`` unless it exists: True when this call inserted it (exactly one
+        of concurrent callers wins).
+
+        Status: none changes."""
+
+
 class ReadStore(Protocol):
     """The read side — the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
     backend, so 100,000 instances stay fast) — and maintenance (``fsm prune``/``fsm check``)."""
@@ -397,8 +420,8 @@ class ReadStore(Protocol):
 #: Every facet, in the order ``Store`` lists them.
 FACETS: tuple[type, ...] = (StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore,
                             ReviewStore, LeaseStore, LimitStore, DefinitionStore, StreamStore,
-                            ReadStore)
+                            MetaStore, ReadStore)
 
 __all__ = ["FACETS", "StoreConnection", "InstanceStore", "HistoryStore", "OutboxStore",
            "ReplyStore", "ReviewStore", "LeaseStore", "LimitStore", "DefinitionStore",
-           "StreamStore", "ReadStore"]
+           "StreamStore", "MetaStore", "ReadStore"]

@@ -12,16 +12,20 @@ from typing import Any, Final, Literal, NamedTuple
 
 #: An instance's status. ``pending``: created, never stepped; ``running``: owned by a
 #: worker or between steps; ``waiting``: needs an external trigger (or a review, a
-#: rate limit, its children); ``completed``/``failed``/``cancelled``: final.
-Status = Literal["pending", "running", "waiting", "completed", "failed", "cancelled"]
+#: rate limit, its children); ``paused``: stopped by an operator (``Engine.pause``) or by an
+#: ``on_exhausted="pause"`` policy, claimed by no worker or resume until ``Engine.unpause``
+#: (its timers stopped: the time left is in its ``pause`` history row);
+#: ``completed``/``failed``/``cancelled``: final.
+Status = Literal["pending", "running", "waiting", "paused", "completed", "failed", "cancelled"]
 PENDING: Final = "pending"
 RUNNING: Final = "running"
 WAITING: Final = "waiting"
 COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
+PAUSED: Final = "paused"
 FINAL_STATUSES: frozenset[Status] = frozenset({COMPLETED, FAILED, CANCELLED})
-STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
+STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, PAUSED, COMPLETED, FAILED, CANCELLED)
 
 #: History kind of a takeover: another worker adopted the instance from an owner that died,
 #: lost its lease or went away (``store.claims.takeover_row``).  Not a transition: it counts
@@ -33,8 +37,12 @@ MIGRATION = "migration"
 #: History kind of an agent state's journal (``runtime.agent``): one model turn, one tool
 #: call or one approval of a tool call; the instance stays in its state (source = dest).
 TOOL = "tool"
+#: History kinds of a pause and its end (``runtime.outcome.paused`` / ``unpaused``): the
+#: instance stays where it stands (source = dest); ``detail`` holds who did it
+#: (``operator``) and, for a pause, what it stopped (status, reason, timers left).
+PAUSE, UNPAUSE = "pause", "unpause"
 #: History kinds that are not moves: statistics, diagrams and the viewer skip them.
-NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL})
+NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE})
 
 #: Version of the stored record format; bumped with a migration.
 FORMAT_VERSION = 12

@@ -143,7 +143,7 @@ class ReadSideContract:
 
 from .contract_batch import BatchContract  # noqa: E402 - uses the helpers above
 from .contract_context import LargeValueContract  # noqa: E402 - uses the helpers above
-from .contract_definitions import DefinitionContract  # noqa: E402
+from .contract_definitions import DefinitionContract, MetaContract  # noqa: E402
 from .contract_leases import LeaseContract  # noqa: E402 - uses the helpers above
 from .contract_queues import QueueContract  # noqa: E402 - uses the helpers above
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract  # noqa: E402 - uses the helpers above
@@ -152,7 +152,7 @@ from .contract_streams import StreamContract  # noqa: E402
 
 class StoreContract(ReadSideContract, ReviewContract, ForkContract, ReplyContract,
                     QueueContract, LargeValueContract, LeaseContract, BatchContract,
-                    DefinitionContract, StreamContract):
+                    DefinitionContract, StreamContract, MetaContract):
     """Behaviour every ``Store`` backend must have (including :class:`ReadSideContract`).
 
     Subclass it in a test module (name the subclass ``Test…``) and provide a

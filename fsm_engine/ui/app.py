@@ -77,9 +77,12 @@ def _templates() -> Jinja2Templates:
 class TokenGate:
     """ASGI middleware: 401 unless the request carries the token (see the module doc)."""
 
-    def __init__(self, app: Any, token: str | None) -> None:
+    def __init__(self, app: Any, token: str | None, open_prefix: str | None = None) -> None:
         self.app = app
         self.token = token
+        #: Paths under it need no token: the console's signed review links, which the
+        #: route itself verifies (``ui.actions``); ``None``: every path needs it.
+        self.open_prefix = open_prefix
 
     def _ok(self, request: Request) -> tuple[bool, bool]:
         """(allowed, came in the query string)."""
@@ -94,7 +97,8 @@ class TokenGate:
         return bool(value) and hmac.compare_digest(value.encode(), str(self.token).encode())
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.token is None:
+        if scope["type"] != "http" or self.token is None or (
+                self.open_prefix and scope.get("path", "").startswith(self.open_prefix)):
             await self.app(scope, receive, send)
             return
         allowed, from_query = self._ok(Request(scope))
@@ -143,18 +147,27 @@ def _whole(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
+def _gate(app: Any, token: str | None, write: bool) -> TokenGate:
+    """The token gate; with the console, its signed review links pass to their route."""
+    return TokenGate(app, token, "/review/" if write else None)
+
+
 def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
-               hosts: HostRule | None = None) -> Any:
+               hosts: HostRule | None = None, console: Any = None) -> Any:
     """The viewer over ``store`` (open it read-only); ``token`` None: no token needed
     (for loopback only — ``fsm ui`` enforces that); running pages reload every
-    ``refresh_s`` seconds; ``hosts`` None: any ``Host`` (``fsm ui`` gives a rule)."""
+    ``refresh_s`` seconds; ``hosts`` None: any ``Host`` (``fsm ui`` gives a rule).
+    ``console``: a ``ui.actions.Console`` adding the write routes (``fsm ui --write``,
+    which requires ``token``); None: no route accepts a POST."""
     viewer = Viewer(store)
     templates = _templates()
+    write = console is not None
 
     def page(name: str, request: Request, data: dict[str, Any], status: int = 200) -> Response:
         if isinstance(data.get("svg"), str):
             data = data | {"svg": Whole(data["svg"])}
-        data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines()}
+        data = data | {"refresh_s": refresh_s, "machines_nav": viewer.machines(),
+                       "write": write}
         response = templates.TemplateResponse(request, name, data, status_code=status)
         response.headers.update(_headers(data))
         return response
@@ -189,8 +202,9 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
+    routes[-1:-1] = console.routes(page) if write else []
     app = Starlette(routes=routes, exception_handlers={404: not_found})
-    gated = TokenGate(app, token)
+    gated = _gate(app, token, write)
     return gated if hosts is None else HostGate(gated, hosts)
 
 

@@ -209,7 +209,9 @@ class Viewer:
                 "context": _pretty(rec.context), "input": _pretty(rec.input),
                 "svg": svg, "svg_error": svg_error, "diagram_note": note,
                 "refresh": not rec.final and status != "orphaned",
-                "family": self.family(rec, live, now)}
+                "family": self.family(rec, live, now),
+                "open_reviews": [i.id for i in self.store.reviews(statuses=["open"],
+                                                                  instance_id=rec.id)]}
 
     def whole(self, instance_id: str) -> dict[str, Any]:
         """One instance with nothing cut: ``instance_json`` of the record plus

@@ -100,30 +100,40 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
           token: str | None = None, refresh_s: int = 3,
-          allowed_hosts: Sequence[str] = ()) -> None:
+          allowed_hosts: Sequence[str] = (), engine: Any = None) -> None:
     """Open the store ``db`` names (a SQLite file or URL, or ``postgresql://…``; None:
     ``$FSM_DB``, else ``fsm.db``) read-only and serve the viewer until interrupted.
 
     Prints the URL to open on stdout (with ``?token=`` when a token is set,
     since a browser cannot send a bearer header by itself).  ``port`` 0 picks
     a free port.  Only requests whose ``Host`` names this server or one of
-    ``allowed_hosts`` are answered (``ui.hosts``).  Raises ``StoreError`` for a
-    missing or unreadable database, ``InvalidInput`` for a port it cannot bind.
+    ``allowed_hosts`` are answered (``ui.hosts``).  ``engine`` (``fsm ui --write``,
+    with ``token``): the console's actions write through it (``ui.actions``; closed at
+    the end); None: read-only.  Raises ``StoreError`` for a missing or unreadable
+    database, ``InvalidInput`` for a port it cannot bind.
     """
     import uvicorn
     HeaderTimeoutProtocol.header_timeout_s = _header_timeout()
-    store = open_store(store_url(db), readonly=True)
+    # with the console the pages read through the engine's own connection: a second,
+    # read-only SQLite connection in this process to the same file loses the engine's
+    # writes once another process opens and closes the database (its WAL is reset)
+    store = engine.store if engine is not None else open_store(store_url(db), readonly=True)
     try:
         sock = _listen(host, port)
     except InvalidInput:
-        store.close()
+        (engine or store).close()
         raise
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    print(f"fsm ui: serving {store.url} read-only on http://{shown}:{bound}/"
+    mode = "read-only" if engine is None else "with the console (writes enabled)"
+    print(f"fsm ui: serving {store.url} {mode} on http://{shown}:{bound}/"
           + (f"?token={token}" if token else "") + "  (Ctrl-C stops)", flush=True)
+    console = None
+    if engine is not None:
+        from .actions import Console
+        console = Console(engine)
     app: Any = create_app(store, token=token, refresh_s=refresh_s,
-                          hosts=HostRule(host, bound, tuple(allowed_hosts)))
+                          hosts=HostRule(host, bound, tuple(allowed_hosts)), console=console)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             http=HeaderTimeoutProtocol, timeout_keep_alive=KEEP_ALIVE_S,
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES)
@@ -133,6 +143,6 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     except KeyboardInterrupt:
         pass
     finally:
-        store.close()
+        (engine or store).close()
         sock.close()
     sys.stdout.flush()

@@ -30,6 +30,7 @@ from ...errors import StoreError
 from .. import claims, leases, pg_read, rates
 from .. import definitions as definitions_sql
 from .. import limits as limits_sql
+from .. import meta as meta_sql
 from ..claims import ClaimRequest, select, take
 from ..codec import (
     ATTEMPT,
@@ -279,6 +280,27 @@ class PostgresStore(PostgresSteps, PostgresStreams):
             if limits:
                 conn.execute(marks(limits_sql.PUT), (limits_sql.encode(limits),))
         self._run(go, txn=True)
+
+    # -- named values (``store.meta``) --------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        rows = self._run(lambda conn: conn.execute(marks(meta_sql.GET), (key,)).fetchall())
+        return rows[0][0] if rows else None
+
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        bounds = meta_sql.prefix_bounds(prefix)
+        return dict(self._run(lambda conn: conn.execute(marks(meta_sql.PREFIX), bounds).fetchall()))
+
+    def put_meta(self, key: str, value: str | None) -> None:
+        meta_sql.checked(key, value)
+        if value is None:
+            self._run(lambda conn: conn.execute(marks(meta_sql.DROP), (key,)), txn=True)
+        else:
+            self._run(lambda conn: conn.execute(marks(meta_sql.PUT), (key, value)), txn=True)
+
+    def add_meta(self, key: str, value: str) -> bool:
+        meta_sql.checked(key, value)
+        return bool(self._run(lambda conn: conn.execute(marks(meta_sql.ADD), (key, value)).rowcount,
+                              txn=True) == 1)
 
     # -- definitions --------------------------------------------------------------------
     def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:

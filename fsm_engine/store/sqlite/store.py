@@ -20,6 +20,7 @@ from typing import Any
 from .. import claims, leases, rates, sqlite_read
 from .. import definitions as definitions_sql
 from .. import limits as limits_sql
+from .. import meta as meta_sql
 from ..claims import ClaimRequest, select, take
 from ..codec import (
     BREAKER as _BREAKER,
@@ -245,6 +246,27 @@ class SqliteStore(SqliteSteps, SqliteStreams):
             conn.execute(limits_sql.DROP)
             if limits:
                 conn.execute(limits_sql.PUT, (limits_sql.encode(limits),))
+
+    # -- named values (``store.meta``) ------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        rows = self._read(meta_sql.GET, (key,), tuples=True)
+        return rows[0][0] if rows else None
+
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        return dict(self._read(meta_sql.PREFIX, meta_sql.prefix_bounds(prefix), tuples=True))
+
+    def put_meta(self, key: str, value: str | None) -> None:
+        meta_sql.checked(key, value)
+        with self._write() as conn:
+            if value is None:
+                conn.execute(meta_sql.DROP, (key,))
+            else:
+                conn.execute(meta_sql.PUT, (key, value))
+
+    def add_meta(self, key: str, value: str) -> bool:
+        meta_sql.checked(key, value)
+        with self._write() as conn:
+            return conn.execute(meta_sql.ADD, (key, value)).rowcount == 1
 
     # -- definitions ------------------------------------------------------------------
     def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:

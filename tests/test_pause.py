@@ -1,0 +1,263 @@
+"""Pause and unpause (issue 25): status ``paused`` entered between steps, timers stopped
+and resumed with the time left, ``on_retries_exhausted="pause"``; on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from fsm_engine import (
+    Engine,
+    InstanceFinished,
+    InvalidInput,
+    Machine,
+    RetryPolicy,
+    ServerError,
+    State,
+    Transition,
+)
+from fsm_engine.store.records import InstanceFilter
+
+GATE: dict[str, Any] = {}
+CALLS: list[str] = []
+
+
+class Ctx(BaseModel):
+    n: int = 0
+
+
+async def slow(ctx: Ctx) -> dict[str, Any]:
+    CALLS.append("slow")
+    GATE["started"].set()
+    await GATE["release"].wait()
+    return {"n": ctx.n + 1}
+
+
+async def after(ctx: Ctx) -> dict[str, Any]:
+    CALLS.append("after")
+    return {"n": ctx.n + 10}
+
+
+FAULTY = {"on": True}
+
+
+async def flaky(ctx: Ctx) -> dict[str, Any]:
+    CALLS.append("flaky")
+    if FAULTY["on"]:
+        raise ServerError("upstream 503")
+    return {"n": 1}
+
+
+def machine(**kw: Any) -> Machine:
+    return Machine(
+        name="pausing", initial="a", context=Ctx, **kw,
+        states=[State("a", action=slow), State("b", action=after), State("done", final=True)],
+        transitions=[Transition("next", "a", "b"), Transition("next", "b", "done")])
+
+
+def retrying(state_policy: str | None = None, machine_policy: str | None = "pause",
+             name: str = "retrying") -> Machine:
+    return Machine(
+        name=name, initial="a", context=Ctx, on_retries_exhausted=machine_policy,
+        states=[State("a", action=flaky, on_exhausted=state_policy,
+                      retry=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=0.0)),
+                State("done", final=True)],
+        transitions=[Transition("next", "a", "done")])
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    CALLS.clear()
+    FAULTY["on"] = True
+
+
+def _rows(eng: Engine, iid: str) -> list[tuple[str, str, str]]:
+    return [(h.kind, h.source, h.dest) for h in eng.store.history(iid)]
+
+
+def test_a_pause_mid_step_lands_the_step_and_starts_no_next_one(engine_factory: Any) -> None:
+    eng = engine_factory()
+
+    async def go() -> None:
+        GATE.update(started=asyncio.Event(), release=asyncio.Event())
+        iid = eng.start(machine())
+        task = asyncio.ensure_future(eng.run(iid))
+        await GATE["started"].wait()
+        asked = eng.pause(iid, by="ann", reason="upstream outage")
+        assert asked.status != "paused"  # a request: the running step finishes first
+        GATE["release"].set()
+        rec = await task
+        assert rec.status == "paused" and rec.state == "b" and rec.context["n"] == 1
+        assert CALLS == ["slow"]  # b's action never started
+        assert _rows(eng, iid) == [("transition", "a", "b"), ("pause", "b", "b")]
+        pause = eng.store.history(iid)[-1]
+        assert pause.detail["operator"] == "ann" and pause.reason == "upstream outage"
+        stored = eng.store.get(iid)
+        assert stored.status == "paused" and stored.owner is None
+        with pytest.raises(InvalidInput, match="paused"):
+            await eng.run(iid)
+        assert eng.store.get_meta(f"pause:{iid}") is None  # the request was used up
+        eng.unpause(iid, by="bob")
+        rec = await eng.run(iid)
+        assert rec.status == "completed" and rec.context["n"] == 11
+        kinds = [k for k, _, _ in _rows(eng, iid)]
+        assert kinds == ["transition", "pause", "unpause", "transition"]
+        assert eng.store.history(iid)[2].detail["operator"] == "bob"
+        from fsm_engine.runtime import invariants
+        assert eng.store.check() == [] and invariants.check(eng.store) == []  # fsm check
+    asyncio.run(go())
+
+
+def test_pausing_an_idle_instance_is_at_once_and_idempotent(engine_factory: Any) -> None:
+    eng = engine_factory()
+    iid = eng.start_many(machine(), [{}], enqueue=True)[0]
+    first = eng.pause(iid, by="ann")
+    again = eng.pause(iid, by="ann")
+    assert first.status == again.status == "paused"
+    assert [k for k, _, _ in _rows(eng, iid)] == ["pause"]  # once
+    assert [r.id for r in eng.store.query(InstanceFilter(statuses=("paused",)))] == [iid]
+    assert eng.resumable() == []
+    other = eng.start_many(machine(), [{}], enqueue=True)[0]
+    with pytest.raises(InvalidInput, match="not paused"):
+        eng.unpause(other, by="x")
+    assert [r.id for r in eng.resumable()] == [other]
+    rec = eng.unpause(iid, by="ann")
+    assert rec.status == "pending" and rec.owner is None
+    assert sorted(r.id for r in eng.resumable()) == sorted([iid, other])
+
+
+def test_a_final_instance_cannot_be_paused(engine_factory: Any) -> None:
+    eng = engine_factory()
+    iid = eng.start_many(machine(), [{}], enqueue=True)[0]
+    eng.cancel(iid, operator="ann")
+    assert eng.store.history(iid)[-1].detail == {"operator": "ann"}
+    with pytest.raises(InstanceFinished):
+        eng.pause(iid, by="ann")
+
+
+def test_timers_stop_while_paused_and_resume_with_the_time_left(engine_factory: Any) -> None:
+    now = [1000.0]
+    eng = engine_factory(clock=lambda: now[0])
+    iid = eng.start_many(machine(), [{}], enqueue=True, deadline_s=500.0)[0]
+    rec = eng.store.get(iid)
+    backoff = eng.client.ledger.apply_one(_with_timer(rec, 1030.0))
+    assert backoff
+    now[0] = 1010.0
+    eng.pause(iid, by="ann")
+    paused = eng.store.get(iid)
+    assert paused.next_attempt_at is None
+    detail = eng.store.history(iid)[-1].detail
+    assert detail["timer_left_s"] == pytest.approx(20.0)
+    assert detail["deadline_left_s"] == pytest.approx(490.0)
+    now[0] = 5000.0  # long after both would have fired
+    rec = eng.unpause(iid, by="ann")
+    assert rec.next_attempt_at == pytest.approx(5020.0)
+    assert rec.deadline == pytest.approx(5490.0)
+    assert eng.store.history(iid)[-1].detail["paused_s"] == pytest.approx(3990.0)
+
+
+def _with_timer(rec: Any, at: float) -> Any:
+    from fsm_engine.runtime import outcome
+    from fsm_engine.store.records import StepCommit
+    new = outcome.clone(rec)
+    new.next_attempt_at = at
+    return StepCommit(new, rec.version, before=rec)
+
+
+def test_retries_exhausted_pause_then_unpause_after_the_fix_completes(
+        engine_factory: Any) -> None:
+    eng = engine_factory()
+
+    async def go() -> None:
+        iid = eng.start(retrying())
+        rec = await eng.run(iid)
+        assert rec.status == "paused" and rec.reason == "retries_exhausted"
+        assert "upstream 503" in (rec.last_error or "")
+        pause = eng.store.history(iid)[-1]
+        assert pause.kind == "pause" and pause.detail["operator"] is None
+        assert CALLS == ["flaky"] * 3
+        FAULTY["on"] = False  # the operator fixes the cause
+        eng.unpause(iid, by="ops")
+        rec = await eng.run(iid)
+        assert rec.status == "completed"
+        assert CALLS == ["flaky"] * 4
+        assert [a.attempt for a in eng.store.attempts(iid)] == [1, 2]  # the retried ones
+        assert [h.kind for h in eng.store.history(iid)] == ["pause", "unpause", "transition"]
+        from fsm_engine.runtime import invariants
+        assert eng.store.check() == [] and invariants.check(eng.store) == []  # fsm check
+    asyncio.run(go())
+
+
+def test_state_on_exhausted_overrides_the_machine(engine_factory: Any) -> None:
+    eng = engine_factory()
+
+    async def go() -> None:
+        failed = await eng.run(eng.start(retrying(state_policy="fail", name="r1")))
+        assert failed.status == "failed"
+        paused = await eng.run(eng.start(retrying(state_policy="pause", machine_policy=None,
+                                                         name="r2")))
+        assert paused.status == "paused"
+    asyncio.run(go())
+
+
+def test_a_bad_pause_policy_is_a_definition_error() -> None:
+    from fsm_engine import DefinitionError
+    from fsm_engine.definition.check import check
+    with pytest.raises(DefinitionError, match="on_retries_exhausted"):
+        check(retrying(machine_policy="sleep"))
+
+
+def test_a_request_left_by_a_holder_that_gave_the_instance_back_applies_at_the_next_claim(
+        engine_factory: Any) -> None:
+    holder, operator_ = engine_factory(), engine_factory()
+
+    async def go() -> None:
+        iid = holder.start(machine())  # held by ``holder``, a live worker, not yet stepped
+        operator_.register(machine())
+        asked = operator_.pause(iid, by="ann", reason="hold on")
+        assert asked.status == "pending" and asked.reason == "pause_requested"
+        assert operator_.pause(iid, by="ann").version == asked.version  # asked once
+        holder.ownership.release([iid])  # given back before any step
+        ran = await operator_.run(iid)  # the claim pauses it before any step
+        assert ran.status == "paused"
+        rec = operator_.store.get(iid)
+        assert (rec.status, rec.reason, rec.owner) == ("paused", "hold on", None)
+        assert CALLS == []
+        [row] = operator_.store.history(iid)
+        assert row.kind == "pause" and row.detail["operator"] == "ann"
+        assert row.detail["reason"] is None and row.detail["status"] == "running"  # claimed
+        assert operator_.store.get_meta(f"pause:{iid}") is None
+    asyncio.run(go())
+
+
+def test_unpausing_a_request_not_yet_applied_withdraws_it(engine_factory: Any) -> None:
+    holder, operator_ = engine_factory(), engine_factory()
+
+    async def go() -> None:
+        GATE.update(started=asyncio.Event(), release=asyncio.Event())
+        GATE["release"].set()
+        iid = holder.start(machine())
+        operator_.pause(iid, by="ann")
+        operator_.unpause(iid, by="ann")  # before it applied: withdrawn
+        rec = await holder.run(iid)  # the holder's steps still commit
+        assert rec.status == "completed" and rec.reason is None
+        assert [h.kind for h in holder.store.history(iid)] == ["transition", "transition"]
+        assert holder.store.get(iid).reason is None
+        assert operator_.store.get_meta(f"pause:{iid}") is None
+    asyncio.run(go())
+
+
+def test_two_operators_asking_at_once_make_one_request_not_a_pause_mid_step(
+        engine_factory: Any) -> None:
+    holder, ann, bob = engine_factory(), engine_factory(), engine_factory()
+    iid = holder.start(machine())
+    seen_by_bob = bob.store.get(iid)  # bob reads, then ann's request lands first
+    ann.pause(iid, by="ann")
+    assert bob.client._request_pause(seen_by_bob, "bob", "paused") is False
+    rec = bob.store.get(iid)
+    assert (rec.status, rec.reason, rec.owner) == ("pending", "pause_requested",
+                                                    holder.worker.id)
+    assert bob.store.history(iid) == []  # nothing paused under the holder's feet
