@@ -7,7 +7,6 @@ imported when the command runs.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from typing import Any
@@ -83,4 +82,5 @@ def watch(store: Any, instance_id: str, from_offset: str, as_json: bool) -> None
                 typer.echo(json_text(json.dumps(ev.as_json(), ensure_ascii=False)))
             else:
                 human.event(ev)
+    import asyncio
     asyncio.run(go())
