@@ -269,10 +269,7 @@ class OpenAICompatible(Provider):
         limit = self.timeout if timeout is None else max(0.001, float(timeout))
         started = time.monotonic()
         async with self._semaphore():
-            left = limit - (time.monotonic() - started)
-            if left <= 0:
-                raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
-                                      f"(concurrency {self.concurrency})")
+            left = self._left_after_slot(limit, started)
             kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
                                          left)
             if tools:
@@ -296,10 +293,7 @@ class OpenAICompatible(Provider):
         limit = self.timeout if timeout is None else max(0.001, float(timeout))
         started = time.monotonic()
         async with self._semaphore():
-            left = limit - (time.monotonic() - started)
-            if left <= 0:
-                raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
-                                      f"(concurrency {self.concurrency})")
+            left = self._left_after_slot(limit, started)
             kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
                                          left)
             kwargs.update(stream=True, stream_options={"include_usage": True})
@@ -323,6 +317,15 @@ class OpenAICompatible(Provider):
         raises the SDK's exception, mapped by ``_create``)."""
         return await self._client.chat.completions.with_streaming_response.create(
             **kwargs).__aenter__()
+
+    def _left_after_slot(self, limit: float, started: float) -> float:
+        """Seconds of ``limit`` left after waiting for a free slot since ``started``
+        (``time.monotonic``); ProviderTimeout when none are."""
+        left = limit - (time.monotonic() - started)
+        if left <= 0:
+            raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
+                                  f"(concurrency {self.concurrency})")
+        return left
 
     async def _request(self, messages: list[Message], max_tokens: int, temperature: float,
                        json_schema: JsonSchema | None, stop: list[str] | None,
