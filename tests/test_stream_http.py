@@ -127,3 +127,21 @@ def test_an_error_event_mid_stream_is_a_server_error() -> None:
             pieces(peer)
     finally:
         peer.close()
+
+
+def test_a_peer_that_dies_mid_stream_is_a_retryable_server_error() -> None:
+    """A server killed while it streams (found by ``test_real_server``: llama_cpp.server
+    stopped mid-run) cuts a chunked body short; httpx raises ``RemoteProtocolError``, which
+    must reach the engine as a retryable ``ServerError`` (retry, breaker, fallback), not as
+    an unexpected error that fails the instance."""
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        head = HEAD.replace(b"Connection: close\r\n", b"Transfer-Encoding: chunked\r\n")
+        data = event({"role": "assistant", "content": "Hel"})
+        peer.send(conn, head + b"%x\r\n" % len(data) + data + b"\r\n")
+        conn.shutdown(socket.SHUT_RDWR)  # gone before the terminating chunk
+    peer = Peer(behaviour)
+    try:
+        with pytest.raises(ServerError, match="closed|incomplete|connection"):
+            pieces(peer)
+    finally:
+        peer.close()

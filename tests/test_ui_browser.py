@@ -128,12 +128,27 @@ def navigate(driver: object, css: str, expect: str) -> None:
     """Click the element at ``css`` and wait until the page it leads to (its URL holding
     ``expect``) replaced this one and has loaded."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
     old = driver.find_element(By.TAG_NAME, "html")  # type: ignore[attr-defined]
     driver.find_element(By.CSS_SELECTOR, css).click()  # type: ignore[attr-defined]
-    WebDriverWait(driver, 20).until(ec.staleness_of(old))
+    WebDriverWait(driver, 20).until(lambda _: gone(old))
     loaded(driver, expect)
+
+
+def gone(element: object) -> bool:
+    """True once ``element`` left the document: ``staleness_of``, also when Chromium says
+    so as an inspector error ("Node with given id does not belong to the document", seen
+    here when the page is replaced while the check runs) instead of a stale reference."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+    try:
+        element.is_enabled()  # type: ignore[attr-defined]
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 def submit(driver: object, expect: str) -> None:

@@ -82,6 +82,7 @@ from fsm_engine.llm.base import (
     estimate_tokens,
 )
 from fsm_engine.llm.http import Caps, bound, env_number
+from fsm_engine.llm.sse import SseEvents
 from fsm_engine.policies import parse_retry_after
 from fsm_engine.redaction import redact
 
@@ -92,8 +93,6 @@ NO_KEY = "sk-no-key"
 DEFAULT_TIMEOUT = 600.0  # seconds, the openai SDK's own default
 REMOTE_CONCURRENCY = 16
 JSON_MODES = ("auto", "json_schema", "json_object", "off")
-#: Longest line of a streamed reply's events (characters).
-MAX_EVENT_CHARS = 1 << 20
 
 
 def _tool_calls_text(message: Any) -> str | None:
@@ -298,7 +297,7 @@ class OpenAICompatible(Provider):
                                          left)
             kwargs.update(stream=True, stream_options={"include_usage": True})
             opened = await self._create(kwargs, json_schema, self._open_stream)
-            seen = _Events(f"{self.name} model {self.model!r} at {self.shown_url}")
+            seen = SseEvents(f"{self.name} model {self.model!r} at {self.shown_url}")
             try:  # parsed here: the SDK's event objects cost several times the bytes
                 async for pieces in seen.read(opened.iter_text()):
                     for piece in pieces:
@@ -319,10 +318,8 @@ class OpenAICompatible(Provider):
             **kwargs).__aenter__()
 
     def _left_after_slot(self, limit: float, started: float) -> float:
-        """Seconds of ``limit`` left after waiting for a free slot since ``started``
-        (``time.monotonic``); ProviderTimeout when none are."""
-        left = limit - (time.monotonic() - started)
-        if left <= 0:
+        """Seconds of ``limit`` left after the wait for a slot since ``started`` (monotonic)."""
+        if (left := limit - (time.monotonic() - started)) <= 0:
             raise ProviderTimeout(f"{self.name} call waited {limit:g}s for a free slot "
                                   f"(concurrency {self.concurrency})")
         return left
@@ -340,7 +337,7 @@ class OpenAICompatible(Provider):
             kwargs["response_format"] = _response_format(json_schema, self.json_mode)
         return kwargs
 
-    async def _streamed(self, seen: _Events, messages: list[Message]) -> Completion:
+    async def _streamed(self, seen: SseEvents, messages: list[Message]) -> Completion:
         """The ``Completion`` of a streamed reply from what its events said."""
         text = "".join(seen.parts)
         prompt, completion = seen.prompt, seen.completion
@@ -408,7 +405,7 @@ class OpenAICompatible(Provider):
         log.debug("provider call failed: %s: %s", type(exc).__name__, detail)
         if isinstance(exc, ProviderError):  # the bounded transport's: too large, late, cert
             return type(exc)(f"{where}: {detail}", status=status)
-        if isinstance(exc, openai.APITimeoutError) or status == 408:
+        if isinstance(exc, openai.APITimeoutError) or status == 408 or _transport(exc, "Timeout"):
             return ProviderTimeout(f"{where} timed out after {timeout:.3g}s", status=status)
         if isinstance(exc, openai.APIConnectionError):
             return ProviderUnavailable(f"{where} unreachable: {detail}")
@@ -422,7 +419,7 @@ class OpenAICompatible(Provider):
         if isinstance(exc, openai.APIStatusError):
             return ClientError(f"{where} rejected the request (HTTP {status}): {detail}",
                                status=status)
-        if isinstance(exc, (openai.OpenAIError, ValueError)):
+        if isinstance(exc, (openai.OpenAIError, ValueError)) or _transport(exc):
             return ServerError(f"{where} failed: {type(exc).__name__}: {detail}")
         raise exc
 
@@ -431,72 +428,9 @@ class OpenAICompatible(Provider):
         await self._client.close()
 
 
-
-class _Events:
-    """What the Server-Sent Events of one streamed reply said: its pieces, usage, finish
-    reason and model.  Each ``data:`` line is strict JSON read here (hostile: shapes are
-    checked); ``data: [DONE]`` ends it (``done``); an event holding ``error`` raises
-    ``ServerError`` naming ``where``."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.parts: list[str] = []
-        self.prompt: int | None = None
-        self.completion: int | None = None
-        self.finish: str | None = None
-        self.model: str | None = None
-        self.done = False
-
-    async def read(self, texts: AsyncIterator[str]) -> AsyncIterator[list[str]]:
-        """The pieces each received stretch of the body adds, until ``[DONE]`` or its end."""
-        tail = ""
-        async for text in texts:
-            *lines, tail = (tail + text).split("\n")
-            if len(tail) > MAX_EVENT_CHARS:  # (a line that never ends: refused, not grown)
-                raise ServerError(f"{self.where} sent an event over {MAX_EVENT_CHARS:,} "
-                                  "characters")
-            yield [p for p in map(self.line, lines) if p]
-            if self.done:
-                return
-        yield [p for p in [self.line(tail)] if p]
-
-    def line(self, line: str) -> str:
-        """Note one line of the stream; the text it adds (``""``: none)."""
-        line = line.rstrip("\r")
-        if not line.startswith("data:"):
-            return ""  # a comment, an ``event:``/``id:`` field, the blank between events
-        data = line[5:].strip()
-        if data == "[DONE]":
-            self.done = True
-            return ""
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise ServerError(f"{self.where} sent an event that is not JSON") from None
-        if not isinstance(event, dict):
-            return ""
-        if event.get("error") is not None:
-            raise ServerError(f"{self.where} failed mid-stream: "
-                              f"{redact(str(event['error']))[:300]}")
-        return self.take(event)
-
-    def take(self, event: dict[str, Any]) -> str:
-        """Note one event; the text it adds (``""``: none)."""
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if type(prompt) is int and type(completion) is int:
-                self.prompt, self.completion = prompt, completion
-        if isinstance(event.get("model"), str):
-            self.model = event["model"]
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return ""
-        if isinstance(choices[0].get("finish_reason"), str):
-            self.finish = choices[0]["finish_reason"]
-        delta = choices[0].get("delta")
-        piece = delta.get("content") if isinstance(delta, dict) else None
-        if isinstance(piece, str) and piece:
-            self.parts.append(piece)
-            return piece
-        return ""
+def _transport(exc: Exception, kind: str = "TransportError") -> bool:
+    """True for the SDK's HTTP client (httpx or httpx2) failing under a read it does not
+    wrap, a streamed body: ``kind`` ``TransportError`` (cut short: ``RemoteProtocolError``,
+    ``ReadError``) or ``Timeout`` (``TimeoutException``)."""
+    return any(c.__name__.startswith(kind) and c.__module__.startswith("httpx")
+               for c in type(exc).__mro__)
