@@ -13,7 +13,8 @@ answer. Each tool run appends ``{iid, state, visit, call, tool, pid, at}`` to
 1. each turn and each tool call is journaled once per visit (one ``tool`` row per turn
    number, per call id, per ``ask`` and per ``decision``);
 2. each journaled call ran before its row, at most once more per takeover (``recovery``
-   row) or lost commit since the row before it, and never after it;
+   row) or lost commit since the row before it, and after it only in a process taken
+   over (a tool already past its lease check when that process stalled);
 3. an agent ends as an uninterrupted run does: completed in ``answered``, its context
    holding that run's answer, its visit's journal of that run's shape (``SHAPES``).
 """
@@ -48,13 +49,16 @@ SHAPES: dict[str, list[tuple[str, str | None]]] = {
 _TOOL = "tool"
 
 
+Runs = dict[tuple[str, int, str], list[dict[str, Any]]]
+
+
 def check(records: Sequence[Any], histories: dict[str, list[Any]],
           executions: Sequence[dict[str, Any]], lost: int) -> list[str]:
     """Every violation of the three agent invariants (see the module docstring)."""
-    runs: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    runs: Runs = defaultdict(list)
     for e in executions:
         if "call" in e:
-            runs[(e["iid"], e["visit"], e["call"])].append(e["at"])
+            runs[(e["iid"], e["visit"], e["call"])].append(e)
     problems: list[str] = []
     for rec in records:
         rows = histories[rec.id]
@@ -77,31 +81,44 @@ def _journaled_once(iid: str, rows: list[Any]) -> list[str]:
             for (visit, kind, what), n in seen.items() if n > 1]
 
 
-def _calls_ran(iid: str, rows: list[Any], runs: dict[tuple[str, int, str], list[float]],
-               lost: int) -> list[str]:
-    """Match each journaled call to its tool's runs, in time."""
+def _calls_ran(iid: str, rows: list[Any], runs: Runs, lost: int) -> list[str]:
+    """Match each journaled call to its tool's runs, in time. A run after the call's row is
+    excused only in a process its instance was taken from (a ``recovery`` row's
+    ``from_pid``), within the takeover allowance: a tool that had passed its lease check
+    when its process was stopped finishes when let go on (``Ownership.lease_current``); one
+    that had not must not start (``tests/test_agent_findings.py``, finding A1)."""
     problems: list[str] = []
-    takeovers = 0
+    takeovers, stalled = 0, set()
     for row in rows:
         if row.kind == "recovery":
             takeovers += 1
+            stalled.add(row.detail["recovery"].get("from_pid"))
         if row.kind != _TOOL:
             continue
         d = row.detail
         if d.get("agent") == "call" and not d.get("invalid") \
                 and not d.get("delivered_by_original"):
-            times = runs[(iid, d["visit"], d["call"])]
-            mine = [t for t in times if t <= row.at]
-            late = len(times) - len(mine)
-            if not mine:
-                problems.append(f"{iid}: call {d['call']} ({d['tool']}) journaled without a run")
-            elif len(mine) > 1 + takeovers + lost:
-                problems.append(f"{iid}: call {d['call']} ({d['tool']}) ran {len(mine)} times "
-                                f"with {takeovers} takeover(s) before its row")
-            if late:
-                problems.append(f"{iid}: call {d['call']} ({d['tool']}) ran {late} time(s) "
-                                f"after it was journaled (seq {row.seq})")
+            problems += _call_runs(iid, row, runs[(iid, d["visit"], d["call"])],
+                                   1 + takeovers + lost, stalled)
         takeovers = 0
+    return problems
+
+
+def _call_runs(iid: str, row: Any, runs: list[dict[str, Any]], allowed: int,
+               stalled: set[Any]) -> list[str]:
+    what = f"{iid}: call {row.detail['call']} ({row.detail['tool']})"
+    mine = [e for e in runs if e["at"] <= row.at]
+    late = [e for e in runs if e["at"] > row.at]
+    excused = [e for e in late if e["pid"] in stalled]
+    problems = []
+    if not mine:
+        problems.append(f"{what} journaled without a run")
+    elif len(mine) + len(excused) > allowed:
+        problems.append(f"{what} ran {len(mine) + len(excused)} times, {allowed} allowed "
+                        "(1 + takeovers since the row before + lost commits)")
+    if len(late) > len(excused):
+        problems.append(f"{what} ran {len(late) - len(excused)} time(s) after it was "
+                        f"journaled (seq {row.seq}), not in a process taken over")
     return problems
 
 
