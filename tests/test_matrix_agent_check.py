@@ -90,3 +90,23 @@ def test_an_agent_commit_is_labelled_by_its_journal_row(loop: tuple[Lab, Engine,
                                record=SimpleNamespace(parent_id=None, status="running"))
         want = {f"agent={row.detail['agent']}"} if row.kind == "tool" else set()
         assert {x for x in labels("commit", [[step]]) if x.startswith("agent=")} == want
+
+
+def test_a_late_run_is_excused_only_in_a_process_taken_over(
+        loop: tuple[Lab, Engine, str]) -> None:
+    lab, engine, iid = loop
+    rows = engine.store.history(iid)
+    call = next(r for r in rows if r.detail.get("agent") == "call")
+    taken = replace(rows[0], kind="recovery", detail={"recovery": {"from_pid": 4242}})
+    store = Tampered(engine.store)
+    store.rows[iid] = [*rows[:call.seq - 1], taken, *rows[call.seq - 1:]]
+    runs = lab.executions()
+    late = {**runs[0], "at": call.at + 1}
+    ok = found(lab, engine, store=store, runs=[*runs, {**late, "pid": 4242}])
+    assert not any("call 1.1" in p for p in ok), ok
+    bad = found(lab, engine, store=store, runs=[*runs, {**late, "pid": 4243}])
+    assert any("after it was journaled" in p and "not in a process taken over" in p
+               for p in bad)
+    twice = found(lab, engine, store=store, runs=[*runs, {**late, "pid": 4242},
+                                                   {**late, "pid": 4242}])
+    assert any("call 1.1 (look) ran 3 times, 2 allowed" in p for p in twice)
