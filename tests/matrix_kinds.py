@@ -191,11 +191,11 @@ KINDS = {k.name: k for k in [
     Kind("migration", _enqueue("flow"), _migrate, _both("migration"), todo=_unmigrated,
          many_per_process=True),
     # an agent loop a worker steps: the side effect's result commit (default cells), then
-    # a turn's, the plain tool's, the outbox row's and (before only: after it the worker
-    # may hold nothing left to take over) the final transition's
+    # a turn's, the plain tool's and the outbox row's (the final transition is a plain
+    # step's; its 2nd "final" commit may hold no instance left to take over)
     Kind("agent-call", _enqueue("agent_loop"), _worker_op,
          [*_both("outbox"), *_both("agent=turn"), *_both("agent=call"),
-          *_both("outbox_begins", "outbox_begins"), _commit("before", "final")],
+          *_both("outbox_begins", "outbox_begins")],
          by_worker=True, many_per_process=True),
     # a person's approval of an agent's side-effect call (``fsm review decide``)
     Kind("agent-approval", lambda lab, n: _started(lab, "agent_approve", n, run=True),
