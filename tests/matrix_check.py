@@ -16,7 +16,10 @@ list: the cell holds), each one line naming the instance:
 5. the audit history replays to the stored row: ``seq`` 1..n, the state the last row's
    destination, the context the input plus the deltas, the definition choosing every
    recorded transition again (``fsm_engine.runtime.replay``), and ``Store.check()``
-   (what ``fsm check`` reports) clean.
+   (what ``fsm check`` reports) clean;
+6. agent states (``matrix_agent``): each turn and tool call journaled once, each journaled
+   call run at most once more per takeover and never after its row, a completed loop's
+   answer and journal those of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import matrix_agent
 
 from fsm_engine.runtime.replay import replay
 from fsm_engine.store import FINAL_STATUSES
@@ -51,7 +56,8 @@ def check(store: Any, executions: Sequence[dict[str, Any]],
     problems = [*_ran_once(records, histories, executions, lost_commits),
                 *_deliveries(store.outbox(), deliveries, keys_per_item),
                 *_families(records, histories),
-                *_replays(records, histories, definition)]
+                *_replays(records, histories, definition),
+                *matrix_agent.check(records, histories, executions, lost_commits)]
     problems += [f"store check: {p}" for p in store.check()]
     problems += [f"{r.id}: left {r.status} ({r.reason})" for r in records
                  if r.status not in FINAL_STATUSES and by_id[r.id].parent_id is None]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matrix_agent
 from procs import wait_until
 
 from fsm_engine import Engine
@@ -55,8 +56,8 @@ class Lab:
     def __init__(self, url: str, tmp: Path, cluster: Any = None) -> None:
         self.url, self.tmp, self.cluster = url, tmp, cluster
         self.log, self.sink = tmp / "runs.jsonl", tmp / "sink.jsonl"
-        script = tmp / "script.jsonl"
-        script.write_text(json.dumps({"text": "ok"}) + "\n")
+        self.script = script = tmp / "script.jsonl"
+        script.write_text("".join(json.dumps(line) + "\n" for line in matrix_agent.SCRIPT))
         self.env = dict(os.environ, PYTHONPATH=str(ROOT), FSM_MACHINES_ROOT=str(ROOT),
                         MATRIX_LOG=str(self.log), MATRIX_SINK=str(self.sink),
                         FSM_LLM=f"scripted:{script}", PYTHONUNBUFFERED="1")
@@ -117,8 +118,8 @@ class Lab:
                 proc.wait(10)
 
     # -- the store -----------------------------------------------------------------------
-    def engine(self) -> Engine:
-        return Engine(self.url)
+    def engine(self, llm: Any = None) -> Engine:
+        return Engine(self.url, llm=llm)
 
     def records(self) -> list[Any]:
         store = open_store(self.url)

@@ -27,7 +27,8 @@ def ref(name: str) -> Ref:
 
 
 def _started(lab: Lab, name: str, n: int, run: bool) -> list[str]:
-    engine = lab.engine()
+    from fsm_engine.llm import Scripted
+    engine = lab.engine(Scripted(lab.script) if name.startswith("agent") else None)
     try:
         data: list[dict[str, Any]]
         if name.startswith("fan"):
@@ -189,4 +190,14 @@ KINDS = {k.name: k for k in [
          todo=lambda lab: bool(_unforked(lab))),
     Kind("migration", _enqueue("flow"), _migrate, _both("migration"), todo=_unmigrated,
          many_per_process=True),
+    # an agent loop a worker steps: the side effect's result commit (default cells), then
+    # a turn's, the plain tool's and the outbox row's (the final transition is a plain
+    # step's; its 2nd "final" commit may hold no instance left to take over)
+    Kind("agent-call", _enqueue("agent_loop"), _worker_op,
+         [*_both("outbox"), *_both("agent=turn"), *_both("agent=call"),
+          *_both("outbox_begins", "outbox_begins")],
+         by_worker=True, many_per_process=True),
+    # a person's approval of an agent's side-effect call (``fsm review decide``)
+    Kind("agent-approval", lambda lab, n: _started(lab, "agent_approve", n, run=True),
+         _decide, _both("agent=decision"), todo=lambda lab: bool(_open_items(lab))),
 ]}

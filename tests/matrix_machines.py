@@ -14,7 +14,10 @@ for the migration cells.
 - ``reviewed``: work -> human-review (approve / reject) -> notify -> done (review decision);
 - ``signal``: work -> wait (``Engine.send(id, "go")``) -> notify -> done (send);
 - ``fan_review``: ``fan`` whose children are ``reviewed`` (a review decision ending a child);
-- ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay).
+- ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay);
+- ``agent_loop``: research (an agent state: ``look``, then the side effect ``report``,
+  then the answer; ``tests/matrix_agent.py``) -> answered (agent steps);
+- ``agent_approve``: ``agent_loop`` whose ``report`` waits for a person's approval.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fsm_engine import Machine, State, Step, Transition
+from fsm_engine import Agent, Machine, State, Step, ToolCall, Transition, tool
 from fsm_engine.definition import RunInfo
 from fsm_engine.definition.fanout import Map
 from fsm_engine.definition.review import Review
 
+#: ``matrix_agent.INSTRUCTIONS`` (workers load this file without ``tests/`` on the path).
+INSTRUCTIONS = "Matrix agent: look, then report."
 VERSION = int(os.environ.get("MATRIX_VERSION", "1"))
 
 
@@ -149,5 +154,51 @@ budgeted = Machine(
             State("over", final=True)],
     transitions=[Transition("worked", "work", "notify", conditions=budget_left),
                  Transition("worked", "work", "over"), Transition("sent", "notify", "done")])
+
+
+
+def _ran_tool(call: ToolCall, name: str) -> None:
+    _append("MATRIX_LOG", {"iid": call.instance_id, "state": call.state, "visit": call.visit,
+                           "call": call.call, "tool": name, "pid": os.getpid(),
+                           "at": time.time()})
+
+
+def look(q: str, call: ToolCall) -> str:
+    """Look something up."""
+    _ran_tool(call, "look")
+    return "seen"
+
+
+@tool(side_effect=True)
+def report(text: str, call: ToolCall) -> str:
+    """Report to the operator (an external effect)."""
+    _ran_tool(call, "report")
+    _append("MATRIX_SINK", {"key": call.idempotency_key, "item": call.instance_id})
+    return "sent"
+
+
+class Asked(BaseModel):
+    item: str
+    answer: str = ""
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+def _agent(name: str, approve: Sequence[str] = ()) -> Machine:
+    outcomes = ["turns_exhausted", "budget_exhausted", *(["rejected"] if approve else [])]
+    return Machine(
+        name=name, context=Asked, initial="research", max_transitions=20,
+        states=[State("research", agent=Agent(tools=[look, report], output=Answer,
+                                              max_turns=4, approve=approve,
+                                              instructions=INSTRUCTIONS)),
+                State("answered", final=True), *[State(o, final=True) for o in outcomes]],
+        transitions=[Transition("done", "research", "answered"),
+                     *[Transition(o, "research", o) for o in outcomes]])
+
+
+agent_loop = _agent("agent_loop")
+agent_approve = _agent("agent_approve", approve=["report"])
 
 machine = flow

@@ -2,9 +2,10 @@
 
 Kinds (``matrix_kinds``): a plain action, a fan-out child, a join, a review decision (of
 a lone instance, and of a fan-out child), a send, an in-place rerun, a fork, a migration,
-and a plain action whose guard reads its state's token budget. Faults, each at the
-kind's commit point (``fsm_engine.testing.crash``: the process that makes the step stops
-itself there):
+a plain action whose guard reads its state's token budget, an agent loop's step (a turn,
+a tool call, a side effect's delivery: ``agent-call``) and a person's approval of an
+agent's tool call (``agent-approval``). Faults, each at the kind's commit point
+(``fsm_engine.testing.crash``: the process that makes the step stops itself there):
 
 - ``kill``: SIGKILL just before / just after the commit; a second ``fsm worker`` takes
   the dead owner's instances over (and the operator runs a killed command again);

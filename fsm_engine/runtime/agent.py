@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from ..definition.agent import TURNS_EXHAUSTED, Agent, ToolCall
-from ..errors import ActionError, InvalidInput
+from ..errors import ActionError, InvalidInput, StaleWrite
 from ..store.records import TOOL, OutboxBegin, StepCommit
 from . import agent_journal as journal
 from . import agent_review, agent_tools, fork, outcome, reviews
@@ -182,13 +183,14 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
                              now)
     driver._check_lease(rec)  # no tool starts under a lease that ran out (a model turn took)
     if tool.side_effect:
-        await driver.begins(OutboxBegin(key, rec.id, state.name, visit, driver.clock()))
+        await _begin_delivery(driver, rec, state.name, visit, key)
         base["idempotency_key"] = key
         done = (key, {"visit": visit, "call": call["id"]})
     started = time.perf_counter()
     run = partial(agent_tools.run, tool, args,
                   ToolCall(rec.id, state.name, visit, turn, call["id"], key),
-                  limit=agent.max_result_chars, threads=driver.threads, rng=driver.rng)
+                  limit=agent.max_result_chars, threads=driver.threads, rng=driver.rng,
+                  fence=_fence(driver, rec))
     if driver.tracer is None:
         result, error, attempts = await run()
     else:
@@ -199,6 +201,32 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
               **({"error": error} if error is not None else {"result": result})}
     return journal.entry(rec, detail, driver.clock(), duration_ms=ms, error=error,
                          outbox_done=done)
+
+
+async def _begin_delivery(driver: Driver, rec: InstanceRecord, state: str, visit: int,
+                          key: str) -> None:
+    """Count this attempt on the outbox row of ``key``; ``StaleWrite`` when that row is
+    ``done`` already: the call was delivered and journaled (by the worker that took the
+    instance over while this one stalled), and must not run again (matrix finding A1)."""
+    box = await driver.begins(OutboxBegin(key, rec.id, state, visit, driver.clock()))
+    if box.status == "done":
+        raise StaleWrite(f"instance {rec.id}: the call of outbox key {key} was delivered "
+                         "and journaled already (another worker owns it now)",
+                         instance_id=rec.id)
+
+
+def _fence(driver: Driver, rec: InstanceRecord) -> Callable[[], None]:
+    """The check a tool makes where it starts (in its thread, or before its coroutine):
+    ``StaleWrite`` when this worker's lease on ``rec`` ran out since the step's own check
+    (a SIGSTOP in between, and a takeover: matrix finding A1; plain actions: M3)."""
+    owner = rec.owner
+
+    def check() -> None:
+        if not driver.lease_current(owner):
+            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
+                             "tool started (another worker may own it now)",
+                             instance_id=rec.id)
+    return check
 
 
 def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visit: int,

@@ -12,12 +12,14 @@ import asyncio
 import dataclasses
 import json
 import random
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
 
 from ..definition.agent import Tool, ToolCall
+from ..errors import StaleWrite
 from ..redaction import redact
 from .threads import ActionThreads, in_own_thread
 
@@ -42,14 +44,16 @@ def as_json(value: Any, limit: int) -> tuple[Any, str | None]:
         return clean, None
 
 
-async def _once(tool: Tool, args: dict[str, Any], call: ToolCall,
-                threads: ActionThreads) -> Any:
-    """One attempt: the tool called with its validated arguments (and the ``ToolCall``)."""
+async def _once(tool: Tool, args: dict[str, Any], call: ToolCall, threads: ActionThreads,
+                fence: Callable[[], None]) -> Any:
+    """One attempt: the tool called with its validated arguments (and the ``ToolCall``),
+    ``fence()`` first where it starts (in its thread, for a sync tool)."""
     assert tool.args is not None  # checked at load
     model = tool.args.model_validate(args)
     kwargs = {name: getattr(model, name) for name in type(model).model_fields}
     kwargs.update(dict.fromkeys(tool.call_params, call))
     if tool.is_async:
+        fence()
         coro = tool.fn(**kwargs)
         if tool.timeout is None:
             return await coro
@@ -57,7 +61,7 @@ async def _once(tool: Tool, args: dict[str, Any], call: ToolCall,
             return await asyncio.wait_for(coro, tool.timeout)
         except TimeoutError:
             raise TimeoutError(f"tool {tool.name} took longer than {tool.timeout:g} s") from None
-    fn = partial(tool.fn, **kwargs)
+    fn = partial(_fenced, fence, partial(tool.fn, **kwargs))
     if tool.timeout is None:
         return await threads.submit(fn)
     fut = in_own_thread(asyncio.get_running_loop(), fn, ())
@@ -68,14 +72,29 @@ async def _once(tool: Tool, args: dict[str, Any], call: ToolCall,
     return fut.result()
 
 
+def _fenced(fence: Callable[[], None], fn: Callable[[], Any]) -> Any:
+    fence()
+    return fn()
+
+
+def _no_fence() -> None:
+    return None
+
+
 async def run(tool: Tool, args: dict[str, Any], call: ToolCall, *, limit: int,
-              threads: ActionThreads, rng: random.Random) -> tuple[Any, str | None, int]:
+              threads: ActionThreads, rng: random.Random,
+              fence: Callable[[], None] = _no_fence) -> tuple[Any, str | None, int]:
     """``(result, error, attempts)`` of calling ``tool``: ``error`` is ``None`` when it
-    returned a JSON value (``result``), else the one-line reason."""
+    returned a JSON value (``result``), else the one-line reason. ``fence()`` is called
+    where each attempt starts; the ``StaleWrite`` it raises (this worker's lease ran out)
+    ends the call unrun, not as an error result."""
     attempt = 1
     while True:
         try:
-            value = await _once(tool, args, dataclasses.replace(call, attempt=attempt), threads)
+            value = await _once(tool, args, dataclasses.replace(call, attempt=attempt), threads,
+                                fence)
+        except StaleWrite:
+            raise
         except (TimeoutError, Exception) as exc:
             policy = tool.retry
             if policy is not None and policy.should_retry(attempt):

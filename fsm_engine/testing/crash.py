@@ -10,7 +10,9 @@ take its work over, restart the database, then SIGCONT it) at the ``N``-th call
 done with the result). A commit's labels are, per step, each history row's ``kind``
 (``transition``, ``join``, ``review``, ``rerun``, ``migration``, ``recovery`` …) and
 ``src=STATE``, plus ``create`` (it inserts a fan-out's children), ``child`` (the
-instance has a parent), ``wake``, ``outbox`` (it marks a delivery done) and ``final``;
+instance has a parent), ``wake``, ``outbox`` (it marks a delivery done), ``final`` and,
+for an agent state's journal rows (kind ``tool``), ``agent=turn``, ``agent=call``,
+``agent=ask`` or ``agent=decision``;
 a ``create``'s are ``fork`` for a forked record, else ``start``; a ``claim``'s and an
 ``outbox_begins``' are their method's name. A malformed value raises ``ValueError``
 when the store is opened.
@@ -66,6 +68,8 @@ class CrashPoint:
 
 def _step_labels(step: Any) -> set[str]:
     labels = {row.kind for row in step.history} | {f"src={row.source}" for row in step.history}
+    labels |= {f"agent={row.detail['agent']}" for row in step.history
+               if row.kind == "tool" and "agent" in row.detail}
     flags = {"create": bool(step.create), "child": bool(step.record.parent_id),
              "wake": bool(step.wake), "outbox": bool(step.outbox_done),
              "final": step.record.status in ("completed", "failed", "cancelled")}
