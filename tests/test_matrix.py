@@ -49,9 +49,14 @@ FAULTS = ("kill", "stop", "pg_restart")
 #: matrix's own M1, a stalled worker starting a step after its lease, and M3, a stalled worker
 #: starting an action it had dispatched before the stall, are fixed: tests/test_matrix_findings.py;
 #: a cell found failing goes here with its reason until its fix lands).
-KNOWN: dict[tuple[str, str, str], str] = {}
+M4 = ("matrix finding M4 (open): on PostgreSQL a worker SIGSTOPped inside a transaction keeps "
+      "its row locks, and the worker that should take its instances over blocks on them with "
+      "its event loop (no lock_timeout / idle_in_transaction_session_timeout is set), so the "
+      "takeover never comes; seen once in 9 runs of agent-call-stop-commit-before-outbox-1-"
+      "postgres (other kinds' stop cells take their locks in shorter transactions)")
+KNOWN: dict[tuple[str, str, str], str] = {("agent-call", "stop", "before"): M4}
 #: Known failures that depend on timing (``strict=False``: the cell may pass).
-RACY: tuple[str, ...] = ()
+RACY: tuple[str, ...] = (M4,)
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:
