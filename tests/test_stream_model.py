@@ -34,9 +34,10 @@ class Counting(Provider):
         return await self.inner.complete(messages, **kwargs)
 
     async def stream(self, messages: Any, **kwargs: Any) -> AsyncIterator[Piece]:  # type: ignore[override]
+        at = len(self.pieces)  # this call's counter (calls may overlap)
         self.pieces.append(0)
         async for piece in self.inner.stream(messages, **kwargs):
-            self.pieces[-1] += isinstance(piece, str)
+            self.pieces[at] += isinstance(piece, str)
             yield piece
 
     async def count_tokens(self, messages: Any) -> int:  # type: ignore[override]
@@ -62,6 +63,26 @@ def test_the_embedded_model_streams_a_moderation_answer_in_pieces(qwen_path: str
         assert "".join(r.text for r in chunks) == reply  # the log holds what the history keeps
         assert first[0].info == {"json": True} and first[-1].kind == "end"
         assert len(chunks) >= 2  # written while generated (batched every 20 ms), not at once
+    finally:
+        engine.close()
+        asyncio.run(llm.aclose())
+
+
+def test_instances_streaming_at_once_each_get_their_whole_answer(qwen_path: str,  # noqa: F811
+                                                                 db_path: str) -> None:
+    """Two instances at once on one embedded model: while one streams, the other's budget
+    check asks the child to count tokens.  llama_cpp.server interrupts a streaming
+    generation when another request arrives (``interrupt_requests``, on by default): the
+    streamed reply ended empty, and the main job's verdicts went to the re-ask and the
+    constrained decoding.  The child runs with it off: every answer is whole."""
+    llm = Counting(LocalLlama(qwen_path))
+    engine = Engine(db_path, llm=llm, seed=7, concurrency=2)
+    try:
+        ids = [engine.start(str(MACHINES / "moderation.py"), {"path": p})
+               for p in license_files()[:3]]
+        records = asyncio.run(engine.run_many(ids))
+        assert [r.context["verdict_source"] for r in records] == ["model"] * 3
+        assert len(llm.pieces) == 3 and min(llm.pieces) >= 5, llm.pieces
     finally:
         engine.close()
         asyncio.run(llm.aclose())

@@ -198,7 +198,11 @@ def _load(args: argparse.Namespace, key: str) -> tuple[Any, Any]:
                           seed=args.seed, chat_format=args.chat_format, verbose=False,
                           cache=args.cache_bytes > 0, cache_type="ram",
                           cache_size=max(args.cache_bytes, 1))
-    server = ServerSettings(host="127.0.0.1", port=args.port, api_key=key)
+    # interrupt_requests off: by default llama_cpp.server cuts a streaming generation short
+    # when any other request arrives (a budget check's token count of another instance), and
+    # the stream ends empty (tests/test_stream_model.py)
+    server = ServerSettings(host="127.0.0.1", port=args.port, api_key=key,
+                            interrupt_requests=False)
     app = server_app.create_app(server_settings=server, model_settings=[model])
     llama: Any = server_app._llama_proxy._current_model  # type: ignore[union-attr]  # the one
     _lock_down(app, llama)
