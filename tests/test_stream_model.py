@@ -5,6 +5,7 @@ Events)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,9 @@ from llm_fixtures import qwen_path  # noqa: F401  (fixture)
 from fsm_engine import Engine
 from fsm_engine.llm.base import Piece, Provider
 from fsm_engine.llm.local import LocalLlama
+
+sys.path.insert(0, str(MACHINES.parent))
+from machines.moderation import SYSTEM  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -83,6 +87,14 @@ def test_instances_streaming_at_once_each_get_their_whole_answer(qwen_path: str,
         records = asyncio.run(engine.run_many(ids))
         assert [r.context["verdict_source"] for r in records] == ["model"] * 3
         assert len(llm.pieces) == 3 and min(llm.pieces) >= 5, llm.pieces
+        for rec in records:  # billed by the model's tokenizer, not the client's estimate
+            call = next(c for h in engine.store.history(rec.id) if h.source == "infer"
+                        for c in h.detail["llm_calls"])
+            messages = [{"role": "system", "content": SYSTEM}, {
+                "role": "user", "content": f"Text to moderate:\n\n{rec.context['text']}"
+                                           "\n\nJSON verdict:"}]
+            counted = asyncio.run(llm.inner.count_tokens(messages))
+            assert call["prompt_tokens"] == counted, (call["prompt_tokens"], counted)
     finally:
         engine.close()
         asyncio.run(llm.aclose())

@@ -19,6 +19,7 @@ import importlib.util
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +212,10 @@ class LocalLlama(Provider):
                      stop: list[str] | None = None, timeout: float | None = None
                      ) -> AsyncIterator[Piece]:
         """``complete`` as llama.cpp generates it: the child's Server-Sent Events (one piece
-        per token or so), then the ``Completion`` (usage counted: the child's server sends
-        none while streaming).  Bounds and errors as ``complete``."""
+        per token or so), then the ``Completion``.  The child's server sends no usage while
+        streaming: the prompt is counted by the model's own tokenizer (``count_tokens``, not
+        the client's estimate, which overshot by half), the reply one token per piece.
+        Bounds and errors as ``complete``."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         client = await self._connect()
@@ -224,6 +227,8 @@ class LocalLlama(Provider):
                                                  temperature=temperature,
                                                  json_schema=json_schema, stop=stop,
                                                  timeout=left):
+                    if isinstance(piece, Completion) and piece.usage_missing:
+                        piece = replace(piece, prompt_tokens=await self.count_tokens(messages))
                     yield piece
             except ProviderError as exc:
                 assert self.server is not None
