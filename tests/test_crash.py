@@ -358,10 +358,14 @@ def test_side_effects_exactly_once_across_kills(tmp_path, receiver):
             time.sleep(rng.uniform(0.0, 0.01))
         with receiver.lock:
             during_delivery += receiver.inflight > 0
-        assert kill(proc)
+        if not kill(proc):  # it ended all the work left before the kill came (seen in CI)
+            assert proc.returncode == 0, proc.returncode
+            left = 0
+            break
         audit(runner.db)
-    left = sum(not r.final for r in audit(runner.db))
-    assert left, "the kills should leave work for the final resume"
+    else:  # every launch was killed: work is left for the final resume
+        left = sum(not r.final for r in audit(runner.db))
+        assert left, "the kills should leave work for the final resume"
     runner.finish()
     recs = audit(runner.db)
     assert len(recs) == n and [r.status for r in recs] == ["completed"] * n
