@@ -2,7 +2,9 @@
 this file by path.
 
 Every action appends one line to ``$MATRIX_LOG`` (JSON: instance, state, visit, attempt,
-pid, time) *before* it returns, so the checker counts executions from outside; every
+pid, and the time the engine started it: ``Step.started_at``, the clock read just before
+its last lease check, so an action already under way when its process was stopped counts
+where it began) *before* it returns, so the checker counts executions from outside; every
 side effect (``notify``) also appends ``{key, item}`` to ``$MATRIX_SINK`` — a receiver
 that keeps every delivery, repeats included, so the checker sees them all.
 ``MATRIX_VERSION=2`` gives version 2 of ``flow`` (a required ``lang`` its upcaster fills),
@@ -53,7 +55,8 @@ def _append(env: str, line: dict[str, Any]) -> None:
 def ran(step: Step) -> None:
     """Record one execution of ``step``'s action."""
     _append("MATRIX_LOG", {"iid": step.instance_id, "state": step.state, "visit": step.visit,
-                           "attempt": step.attempt, "pid": os.getpid(), "at": time.time()})
+                           "attempt": step.attempt, "pid": os.getpid(),
+                           "at": step.started_at or time.time()})
 
 
 class Ctx(BaseModel):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ from ..store.records import TOOL, OutboxBegin, StepCommit
 from . import agent_journal as journal
 from . import agent_review, agent_tools, fork, outcome, reviews
 from .compiled import CompiledMachine
+from .fence import lease_fence
 
 if TYPE_CHECKING:
     from ..definition.spec import State
@@ -190,7 +190,7 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
     run = partial(agent_tools.run, tool, args,
                   ToolCall(rec.id, state.name, visit, turn, call["id"], key),
                   limit=agent.max_result_chars, threads=driver.threads, rng=driver.rng,
-                  fence=_fence(driver, rec))
+                  fence=lease_fence(rec, driver.clock, driver.lease_current, "tool"))
     if driver.tracer is None:
         result, error, attempts = await run()
     else:
@@ -213,20 +213,6 @@ async def _begin_delivery(driver: Driver, rec: InstanceRecord, state: str, visit
         raise StaleWrite(f"instance {rec.id}: the call of outbox key {key} was delivered "
                          "and journaled already (another worker owns it now)",
                          instance_id=rec.id)
-
-
-def _fence(driver: Driver, rec: InstanceRecord) -> Callable[[], None]:
-    """The check a tool makes where it starts (in its thread, or before its coroutine):
-    ``StaleWrite`` when this worker's lease on ``rec`` ran out since the step's own check
-    (a SIGSTOP in between, and a takeover: matrix finding A1; plain actions: M3)."""
-    owner = rec.owner
-
-    def check() -> None:
-        if not driver.lease_current(owner):
-            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
-                             "tool started (another worker may own it now)",
-                             instance_id=rec.id)
-    return check
 
 
 def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visit: int,

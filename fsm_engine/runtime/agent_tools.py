@@ -45,7 +45,7 @@ def as_json(value: Any, limit: int) -> tuple[Any, str | None]:
 
 
 async def _once(tool: Tool, args: dict[str, Any], call: ToolCall, threads: ActionThreads,
-                fence: Callable[[], None]) -> Any:
+                fence: Callable[[], object]) -> Any:
     """One attempt: the tool called with its validated arguments (and the ``ToolCall``),
     ``fence()`` first where it starts (in its thread, for a sync tool)."""
     assert tool.args is not None  # checked at load
@@ -72,18 +72,18 @@ async def _once(tool: Tool, args: dict[str, Any], call: ToolCall, threads: Actio
     return fut.result()
 
 
-def _fenced(fence: Callable[[], None], fn: Callable[[], Any]) -> Any:
+def _fenced(fence: Callable[[], object], fn: Callable[[], Any]) -> Any:
     fence()
     return fn()
 
 
-def _no_fence() -> None:
-    return None
+def _no_fence() -> float:
+    return 0.0
 
 
 async def run(tool: Tool, args: dict[str, Any], call: ToolCall, *, limit: int,
               threads: ActionThreads, rng: random.Random,
-              fence: Callable[[], None] = _no_fence) -> tuple[Any, str | None, int]:
+              fence: Callable[[], object] = _no_fence) -> tuple[Any, str | None, int]:
     """``(result, error, attempts)`` of calling ``tool``: ``error`` is ``None`` when it
     returned a JSON value (``result``), else the one-line reason. ``fence()`` is called
     where each attempt starts; the ``StaleWrite`` it raises (this worker's lease ran out)

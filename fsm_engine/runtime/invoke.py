@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..definition.spec import State
-from ..errors import StaleWrite, StepTimeout
+from ..errors import StepTimeout
 from ..store.records import InstanceRecord
+from .fence import Fence, lease_fence
 from .step import Step
 from .threads import ActionThreads, in_own_thread
 
@@ -36,12 +37,16 @@ def start(entry: Entry, ctx: Any, rec: InstanceRecord, state: State, step: Step 
     if rec.deadline is not None:
         left = max(0.001, rec.deadline - clock())
         timeout = left if timeout is None else min(timeout, left)
-    if is_async and timeout is None:
-        return fn(*args), None  # no task needed when nothing may cut it short
+    if is_async and timeout is None:  # no task needed when nothing may cut it short
+        _stamp(step, clock)
+        return fn(*args), None
     if state.inline and not is_async:  # declared quick: on the loop, no thread hop
+        _stamp(step, clock)
         return None, _inline(fn, args, step)
-    if rec.owner is not None:
-        fn = _fenced(fn, is_async, rec, lease_current)
+    if rec.owner is None:
+        _stamp(step, clock)
+    else:  # starts on a later turn of the loop: fenced where it starts
+        fn = _fenced(fn, is_async, lease_fence(rec, clock, lease_current), step)
     return _cut(fn, args, is_async, timeout, rec, state, step, threads), None
 
 
@@ -68,29 +73,28 @@ async def _cut(fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool,
     return fut.result()
 
 
-def _fenced(fn: Callable[..., Any], is_async: bool, rec: InstanceRecord,
-            lease_current: Callable[[str | None], bool]) -> Callable[..., Any]:
-    """``fn`` checking the lease again where it starts. A thread or a task starts on a
-    later turn of the loop than the step's own check (``Driver._attempt``): a worker
-    stopped in between (SIGSTOP while its loop made another commit) may have been taken
-    over, and then the action must not start at all (``StaleWrite``), not merely lose its
-    commit (matrix finding M3)."""
-    owner = rec.owner
+def _stamp(step: Step | None, clock: Callable[[], float]) -> None:
+    """``step.started_at``: an action starting now, right after the step's lease check."""
+    if step is not None:
+        step.started_at = clock()
 
-    def refused() -> StaleWrite:
-        return StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
-                          "action started (another worker may own it now)",
-                          instance_id=rec.id)
+
+def _fenced(fn: Callable[..., Any], is_async: bool, fence: Fence,
+            step: Step | None) -> Callable[..., Any]:
+    """``fn`` passing ``fence`` (``runtime.fence``) where it starts, and setting
+    ``step.started_at`` to its clock reading."""
+    def check() -> None:
+        started = fence()
+        if step is not None:
+            step.started_at = started
     if is_async:
-        async def started(*args: Any) -> Any:
-            if not lease_current(owner):
-                raise refused()
+        async def began_async(*args: Any) -> Any:
+            check()
             return await fn(*args)
-        return started
+        return began_async
 
     def began(*args: Any) -> Any:
-        if not lease_current(owner):
-            raise refused()
+        check()
         return fn(*args)
     return began
 

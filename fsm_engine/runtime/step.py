@@ -232,6 +232,11 @@ class Step:
         notes: plain JSON values (dict, list, str, int, finite float, bool, None) the
             action wants in the history row's ``detail``; anything else fails the step
             with reason ``invalid_update``.
+        started_at: when this attempt's action was started (epoch seconds, this worker's
+            clock), read just before the worker checked its lease a last time: an action
+            of a claimed instance starts only if the lease was current after this instant.
+            A process stopped after that check (SIGSTOP, a long pause) runs the action
+            on when let go on, later than ``started_at``; its commit is refused.
     """
 
     instance_id: str
@@ -249,6 +254,7 @@ class Step:
     notes: dict[str, Any] = field(default_factory=dict)
     state_tokens_used: int = 0
     state_token_budget: int | None = None
+    started_at: float = 0.0
 
     @property
     def tokens_remaining(self) -> int | None:
