@@ -144,7 +144,25 @@ def _assert_holds(lab: Lab, kind: Kind, lost_commits: int = 0) -> None:
                                       lost_commits=lost_commits)
     finally:
         engine.close()
+    if problems:
+        _show_evidence(lab, problems[0].split(":")[0])
     assert not problems, "\n".join(problems)
+
+
+def _show_evidence(lab: Lab, iid: str) -> None:
+    """Print (pytest shows it with the failure) the first instance at fault's runs and
+    history rows, and the tail of each process's output."""
+    for e in lab.executions():
+        if e["iid"] == iid:
+            print("run", e)
+    engine = Engine(lab.url)
+    try:
+        for h in engine.store.history(iid):
+            print("row", h.seq, h.kind, h.source, h.dest, h.at, str(h.detail)[:300])
+    finally:
+        engine.close()
+    for f in sorted(lab.tmp.glob("proc-*.log")):
+        print("==", f.name, f.read_text(errors="replace")[-3000:])
 
 
 # -- the faults ------------------------------------------------------------------------------

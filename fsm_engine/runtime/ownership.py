@@ -267,13 +267,14 @@ class Ownership:
         """
         if not self.renew():
             return []
-        self._housekeep(running)
-        held = self.store.held(self.id)
-        cancelled = [iid for iid, status in held.items() if status == "cancelled"]
-        if cancelled:
-            self.store.release(self.id, cancelled)  # seen: drop them from the next check
-        if self.release_idle:
-            self._give_back_idle(held, set(running))
+        with self._lock:  # no claim between what is held and what is given back
+            self._housekeep(running)
+            held = self.store.held(self.id)
+            cancelled = [iid for iid, status in held.items() if status == "cancelled"]
+            if cancelled:
+                self.store.release(self.id, cancelled)  # seen: drop them from the next check
+            if self.release_idle:
+                self._give_back_idle(held, set(running))
         return [(iid, "cancelled") for iid in cancelled] + self._taken_over(running, held)
 
     def _housekeep(self, running: Sequence[str]) -> None:
@@ -374,11 +375,17 @@ class Ownership:
         """Claim up to ``limit`` runnable instances nobody live holds (see ``Store.claim``
         and ``ClaimRequest`` for the queue and partition limits)."""
         self.register()
-        now = self.clock()
-        return self.store.claim(ClaimRequest(
-            self.id, now, limit=limit, lease_seconds=self.lease_seconds, dead=self.dead(now),
-            due_by=due_by, machines=machines, queues=queues, skip_queues=skip_queues,
-            queue_limit=queue_limit, partition_limit=partition_limit))
+        with self._lock:  # a heartbeat's check (its snapshot of the tasks) is not under way
+            now = self.clock()
+            claimed = self.store.claim(ClaimRequest(
+                self.id, now, limit=limit, lease_seconds=self.lease_seconds,
+                dead=self.dead(now), due_by=due_by, machines=machines, queues=queues,
+                skip_queues=skip_queues, queue_limit=queue_limit,
+                partition_limit=partition_limit))
+            for rec in claimed:  # a new claim: what was left to give back of an old one
+                self.unreleased.discard(rec.id)  # is not to be given back now (finding A2)
+                self._idle.discard(rec.id)
+        return claimed
 
     def adoption(self, rec: InstanceRecord) -> StepCommit:
         """The compare-and-set commit making this worker the owner of ``rec`` (with its

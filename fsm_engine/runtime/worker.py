@@ -176,6 +176,9 @@ class Worker:
         # claimed again while a task here still runs it (this worker's lease lapsed, e.g.
         # a starved loop): that task's next commit is stale; this one goes on after it
         before = self._running.get(rec.id)
+        # a claim made while a run of it broke off (a fill's claim runs in a thread): the
+        # new claim is not that run's orphan to give back (matrix finding A2)
+        self._orphans.discard(rec.id)
         task = asyncio.ensure_future(self._one(rec, before))
         self._running[rec.id] = task
         self._queue[rec.id] = rec.queue
