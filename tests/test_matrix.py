@@ -46,17 +46,13 @@ REPEATS = int(os.environ.get("FSM_MATRIX_REPEATS", "1"))
 FAULTS = ("kill", "stop", "pg_restart")
 
 #: (kind, fault, before/after) -> why the cell fails today (issue 19's findings 1-3 and the
-#: matrix's own M1, a stalled worker starting a step after its lease, and M3, a stalled worker
-#: starting an action it had dispatched before the stall, are fixed: tests/test_matrix_findings.py;
-#: a cell found failing goes here with its reason until its fix lands).
-M4 = ("matrix finding M4 (open): on PostgreSQL a worker SIGSTOPped inside a transaction keeps "
-      "its row locks, and the worker that should take its instances over blocks on them with "
-      "its event loop (no lock_timeout / idle_in_transaction_session_timeout is set), so the "
-      "takeover never comes; seen once in 9 runs of agent-call-stop-commit-before-outbox-1-"
-      "postgres (other kinds' stop cells take their locks in shorter transactions)")
-KNOWN: dict[tuple[str, str, str], str] = {("agent-call", "stop", "before"): M4}
+#: matrix's own M1-M4 and A1-A2 are fixed: tests/test_matrix_findings.py,
+#: tests/test_agent_findings.py, tests/test_release_after_claim.py,
+#: tests/test_pg_stalled_transaction.py; a cell found failing goes here with its reason
+#: until its fix lands).
+KNOWN: dict[tuple[str, str, str], str] = {}
 #: Known failures that depend on timing (``strict=False``: the cell may pass).
-RACY: tuple[str, ...] = (M4,)
+RACY: tuple[str, ...] = ()
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:
@@ -205,7 +201,7 @@ def kill(lab: Lab, kind: Kind, point: Point) -> None:
 
 def stop(lab: Lab, kind: Kind, point: Point) -> None:
     owner = kind.op(lab, point.spec("stop"))[0]
-    wait_stopped(lab, owner)
+    wait_stopped(lab, owner, may_not_come=point.n > 1)
     other = lab.worker()
     if kind.by_worker:  # the owner's lease runs out: the other worker takes its work over
         until(lab.all_final, "the other worker to take over and finish", timeout=30 + LEASE)
@@ -220,7 +216,7 @@ def stop(lab: Lab, kind: Kind, point: Point) -> None:
 
 def pg_restart(lab: Lab, kind: Kind, point: Point) -> None:
     owner = kind.op(lab, point.spec("stop"))[0]
-    wait_stopped(lab, owner)
+    wait_stopped(lab, owner, may_not_come=point.n > 1)
     lab.cluster.restart()
     owner.send_signal(signal.SIGCONT)
     if kind.by_worker:  # the worker itself gets over the restart and finishes alone

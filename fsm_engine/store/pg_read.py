@@ -67,12 +67,31 @@ _AMCHECK = "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = 
            " WHERE e.extname = 'amcheck'"
 
 
-def read_only(dsn: str) -> dict[str, str]:
-    """``psycopg.connect`` keywords making every transaction of a connection to ``dsn``
-    read-only (``default_transaction_read_only``), keeping the URL's own ``options``."""
+#: How long (seconds) the server lets one of our sessions sit idle inside a transaction
+#: before it ends the session (``idle_in_transaction_session_timeout``). None of our
+#: transactions waits on anything but the database between its statements, so a session
+#: idle that long belongs to a stopped or stalled process (SIGSTOP, a swapped-out host):
+#: its row locks would block every worker that takes its instances over, event loop and
+#: all (matrix finding M4). Ended, its transaction rolls back and the stalled process
+#: meets a dropped connection when it goes on (a ``StoreError``, recovered from like a
+#: database restart). A URL's own ``options`` setting it win.
+IDLE_IN_TRANSACTION_S = 5.0
+
+
+def session_options(dsn: str, *, readonly: bool = False) -> dict[str, str]:
+    """``psycopg.connect`` keywords for every connection to ``dsn``: the URL's own
+    ``options`` kept, ``idle_in_transaction_session_timeout`` (``IDLE_IN_TRANSACTION_S``)
+    added unless they set it, and, ``readonly``, every transaction read-only
+    (``default_transaction_read_only``)."""
     from psycopg.conninfo import conninfo_to_dict
     given = str(conninfo_to_dict(dsn).get("options") or "")
-    return {"options": (given + " -c default_transaction_read_only=on").strip()}
+    extra = []
+    if "idle_in_transaction_session_timeout" not in given:
+        extra.append(f"-c idle_in_transaction_session_timeout="
+                     f"{int(IDLE_IN_TRANSACTION_S * 1000)}")
+    if readonly:
+        extra.append("-c default_transaction_read_only=on")
+    return {"options": " ".join([given, *extra]).strip()}
 
 
 #: A text search's test of the context values stored beside the row (as on SQLite:

@@ -116,7 +116,7 @@ class PostgresBase:
         self.readonly = readonly
         self.url = redact(url)
         try:
-            self._session: dict[str, Any] = pg_read.read_only(url) if readonly else {}
+            self._session: dict[str, Any] = pg_read.session_options(url, readonly=readonly)
         except psycopg.Error as exc:  # a malformed DSN
             raise StoreError(f"cannot open database {self.url}: {_why(exc)}") from None
         self.connect_timeout = connect_timeout
