@@ -42,7 +42,7 @@ __all__ = ["Coverage", "Edge", "collect", "from_store", "verdict", "EXITS"]
 EXITS = ("fallback", "skip", "retries_exhausted", "timeout", "token_budget", "loop_limit",
          "circuit_open", "deadline", "review_timeout", "no_transition", "error")
 _RESERVED = frozenset({"fallback", "budget_exhausted"})
-_SLA = "sla-timer"  # runtime.reviews.SLA: the decider of a review its timer decided
+_SLA = "sla-timer"  # runtime.kinds.reviews.SLA: the decider of a review its timer decided
 
 
 @dataclass(frozen=True)

@@ -332,7 +332,7 @@ class BreakerPolicy:
     above ``failure_rate``. After ``cooldown`` seconds one probe call is let
     through (half-open); its success closes the breaker, its failure reopens it.
     Same scheme as resilience4j's count/time-based CircuitBreaker; the window is kept
-    as counts per ``window / 60`` seconds (``runtime.breaker``), so a call counts for up
+    as counts per ``window / 60`` seconds (``runtime.fleet.breaker``), so a call counts for up
     to one such bucket longer than ``window``.
 
     Defaults: failure_rate 0.5, min_calls 5, window 60 s, cooldown 30 s.

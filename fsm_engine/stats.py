@@ -53,7 +53,7 @@ from typing import Any
 from .store.base import Store
 from .store.records import FINAL_STATUSES, NOT_MOVES, RECOVERY, TOOL, InstanceFilter, StepRow
 
-#: Triggers of an agent's journal rows that are not tool calls (``runtime.agent_journal``).
+#: Triggers of an agent's journal rows that are not tool calls (``runtime.kinds.agent_journal``).
 _NOT_CALLS = frozenset({"turn", "ask", "decision"})
 
 

@@ -15,7 +15,7 @@ list: the cell holds), each one line naming the instance:
 4. a parent whose children are all final has joined (one ``join`` row, not waiting);
 5. the audit history replays to the stored row: ``seq`` 1..n, the state the last row's
    destination, the context the input plus the deltas, the definition choosing every
-   recorded transition again (``fsm_engine.runtime.replay``), and ``Store.check()``
+   recorded transition again (``fsm_engine.runtime.kinds.replay``), and ``Store.check()``
    (what ``fsm check`` reports) clean;
 6. agent states (``matrix_agent``): each turn and tool call journaled once, each journaled
    call run at most once more per takeover and never after its row, a completed loop's
@@ -30,7 +30,7 @@ from typing import Any
 
 import matrix_agent
 
-from fsm_engine.runtime.replay import replay
+from fsm_engine.runtime.kinds.replay import replay
 from fsm_engine.store import FINAL_STATUSES
 from fsm_engine.views import context_after
 

@@ -95,7 +95,7 @@ def test_a_single_call_reply_and_the_schema_union_are_understood(engine_factory:
     engine = engine_factory(llm=model)
     rec = _run(engine, agent_machine.machine)
     assert rec.context["answer"] == "2"
-    from fsm_engine.runtime.agent_journal import reply_schema
+    from fsm_engine.runtime.kinds.agent_journal import reply_schema
     schema = reply_schema(agent_machine.machine.state("research").agent)
     consts = [b["properties"].get("tool", {}).get("const") for b in schema["anyOf"]]
     assert consts[:2] == ["add", "echo"] and "final" in schema["anyOf"][-1]["properties"]
@@ -277,7 +277,7 @@ def test_fork_reuse_llm_replays_recorded_turns_and_never_redelivers(
 
 
 def test_replay_of_an_agent_history_is_identical(engine_factory: Any) -> None:
-    from fsm_engine.runtime.replay import replay
+    from fsm_engine.runtime.kinds.replay import replay
     engine = engine_factory(llm=Scripted.from_replies(LOOP))
     rec = _run(engine, agent_machine.machine)
     cm = compile_machine(agent_machine.machine)
@@ -316,7 +316,7 @@ def test_each_tool_call_is_an_execute_tool_span_under_its_step(db_path: str) -> 
 
 
 def test_a_credential_in_a_tool_result_is_neither_stored_nor_shown_the_model() -> None:
-    from fsm_engine.runtime.agent_tools import as_json
+    from fsm_engine.runtime.kinds.agent_tools import as_json
     value, error = as_json({"dsn": "postgresql://app:hunter2@db/x", "n": 1}, 1000)
     assert error is None and value == {"dsn": "postgresql://app@db/x", "n": 1}
     assert as_json(float("nan"), 1000)[1] is not None
@@ -343,7 +343,7 @@ def test_a_failed_turn_is_retried_under_the_state_retry_policy(engine_factory: A
 
 
 def test_min_calls_keeps_the_final_answer_out_until_a_tool_ran(engine_factory: Any) -> None:
-    from fsm_engine.runtime.agent_journal import call_options
+    from fsm_engine.runtime.kinds.agent_journal import call_options
     m = agent_machine._machine("agent-min-calls", Agent(
         tools=agent_machine.TOOLS, output=agent_machine.Answer, min_calls=1))
     agent = m.state("research").agent

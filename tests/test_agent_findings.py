@@ -70,7 +70,7 @@ def test_a_side_effect_whose_outbox_row_is_done_does_not_run_again(
     assert box.status == "done"
     engine.driver.agent_journals[iid] = (stale, journal)  # the stalled worker's view
     engine.driver.lease_current = lambda owner: True  # its clock has not seen the stall
-    from fsm_engine.runtime import agent
+    from fsm_engine.runtime.kinds import agent
     cm = engine.definition(stale)
     state = cm.states["research"]
     with pytest.raises(StaleWrite, match="delivered"):

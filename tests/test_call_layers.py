@@ -18,7 +18,6 @@ from fsm_engine.llm.faults import FaultInjector
 from fsm_engine.llm.openai_compat import OpenAICompatible
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RateLimit
-from fsm_engine.runtime.breaker import Breaker
 from fsm_engine.runtime.calls import (
     ORDER,
     BillLayer,
@@ -34,7 +33,8 @@ from fsm_engine.runtime.calls import (
     TraceLayer,
     compose,
 )
-from fsm_engine.runtime.rates import RateLimiter
+from fsm_engine.runtime.fleet.breaker import Breaker
+from fsm_engine.runtime.fleet.rates import RateLimiter
 from fsm_engine.runtime.reply_cache import RecordedReplies, ReplyCache, reply_key
 from fsm_engine.runtime.step import MeteredLLM
 from fsm_engine.store import open_store

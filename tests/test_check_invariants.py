@@ -22,7 +22,7 @@ from conftest import ROOT
 from test_review_family import MACHINE as REVIEW_FAMILY
 
 from fsm_engine import Engine
-from fsm_engine.runtime import reviews
+from fsm_engine.runtime.kinds import reviews
 from fsm_engine.runtime.loader import load_machine
 from fsm_engine.store.records import HistoryRow, StepCommit
 

@@ -235,7 +235,7 @@ class Counting:
 
 def test_breaker_outcomes_of_one_iteration_share_one_write(store: SqliteStore) -> None:
     from fsm_engine import BreakerPolicy
-    from fsm_engine.runtime.breaker import Breaker
+    from fsm_engine.runtime.fleet.breaker import Breaker
     counting = Counting(store)
     br = Breaker(counting, "p:m", BreakerPolicy(failure_rate=0.5, min_calls=4))  # type: ignore[arg-type]
 

@@ -23,7 +23,7 @@ from procs import stop
 from test_ui_browser import CHROMIUM, DRIVER, ENTRY, _need_browser, load, navigate, read
 
 from fsm_engine import Engine, load_machine
-from fsm_engine.runtime import review_links
+from fsm_engine.runtime.kinds import review_links
 from fsm_engine.store import open_store
 
 pytestmark = pytest.mark.browser

@@ -19,7 +19,7 @@ from conftest import ROOT  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from fsm_engine import Engine, load_machine  # noqa: E402
-from fsm_engine.runtime import review_links  # noqa: E402
+from fsm_engine.runtime.kinds import review_links  # noqa: E402
 from fsm_engine.ui import create_app  # noqa: E402
 from fsm_engine.ui.actions import Console  # noqa: E402
 

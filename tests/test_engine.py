@@ -35,7 +35,7 @@ from fsm_engine import (
     fire,
 )
 from fsm_engine.llm import Completion, Scripted
-from fsm_engine.runtime.breaker import Breaker
+from fsm_engine.runtime.fleet.breaker import Breaker
 from fsm_engine.store import SqliteStore
 from fsm_engine.store.records import StepCommit, WorkerRow
 from fsm_engine.views import context_after
@@ -578,7 +578,7 @@ def test_breaker_window_forgets_old_failures(db_path):
 
 
 def test_breaker_row_stays_small_whatever_the_call_rate(db_path):
-    from fsm_engine.runtime.breaker import BUCKETS
+    from fsm_engine.runtime.fleet.breaker import BUCKETS
     clock = Clock()
     store = SqliteStore(db_path)
     policy = BreakerPolicy(failure_rate=0.5, min_calls=5, window=10.0)
@@ -645,7 +645,7 @@ def test_breaker_in_the_engine(engines):
 BREAKER_CHILD = """
 import asyncio, sys
 from fsm_engine import BreakerPolicy, CircuitOpen
-from fsm_engine.runtime.breaker import Breaker
+from fsm_engine.runtime.fleet.breaker import Breaker
 from fsm_engine.store import open_store
 db, mode = sys.argv[1], sys.argv[2]
 br = Breaker(open_store(db), "scripted:m", BreakerPolicy(**{policy}))

@@ -1,4 +1,4 @@
-"""The fleet's limits kept in the store (``fsm limits``, ``runtime.fleet``): their stored
+"""The fleet's limits kept in the store (``fsm limits``, ``runtime.fleet.limits``): their stored
 shape, how a worker's own limits tighten them, an engine obeying stored rate limits it
 was never given, and the command line.  Real ``fsm worker`` processes obeying them (and
 a change while they run): ``tests/test_scale_limits.py``."""
@@ -15,8 +15,8 @@ from test_queues import MACHINE, replies
 
 from fsm_engine.errors import StoreError
 from fsm_engine.policies import RateLimit
-from fsm_engine.runtime.fleet import FleetLimits, merge_rates, parse_queue_limits
-from fsm_engine.runtime.queues import QueuePlan
+from fsm_engine.runtime.fleet.limits import FleetLimits, merge_rates, parse_queue_limits
+from fsm_engine.runtime.fleet.queues import QueuePlan
 from fsm_engine.store import ClaimRequest, open_store
 
 
@@ -161,7 +161,7 @@ def test_a_limit_named_for_a_states_model_binds_the_default_provider(engine_fact
 
 
 def test_a_sweep_forgets_dead_workers_that_hold_nothing(engine_factory) -> None:
-    from fsm_engine.runtime.ownership import FORGET_S
+    from fsm_engine.runtime.fleet.ownership import FORGET_S
     from fsm_engine.store.records import WorkerRow
     engine = engine_factory(llm=replies())
     store, own = engine.store, engine.ownership

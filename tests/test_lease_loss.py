@@ -19,8 +19,8 @@ from typing import Any
 import lease_machine as lm
 import pytest
 
-from fsm_engine.runtime.worker import Worker
-from fsm_engine.runtime.workers import live_ids
+from fsm_engine.runtime.fleet.liveness import live_ids
+from fsm_engine.runtime.fleet.worker import Worker
 
 LEASE = 1.0
 

@@ -314,7 +314,8 @@ def test_a_kill_between_the_lazy_upcast_and_its_step_leaves_it_unmigrated(
 
 
 def test_an_upcast_attaches_only_to_a_step_built_from_it(db_path: str, module: Path) -> None:
-    from fsm_engine.runtime import migration, outcome
+    from fsm_engine.runtime import outcome
+    from fsm_engine.runtime.kinds import migration
     mm.write(module, mm.V1)
     iid, = _v1_instances(db_path, str(module), ["two words"], steps=1)
     mm.write(module, mm.V2)

@@ -13,7 +13,7 @@ from fsm_engine import BreakerPolicy, Engine, FsmError, Machine, RetryPolicy, St
 from fsm_engine.errors import DefinitionError, InvalidInput
 from fsm_engine.llm import Scripted
 from fsm_engine.llm.select import providers_from_specs
-from fsm_engine.runtime.models import DEFAULT
+from fsm_engine.runtime.model_registry import DEFAULT
 
 VERDICT = '{"decision": "approve", "categories": [], "summary": "a license text"}'
 

@@ -16,8 +16,8 @@ from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import InvalidInput
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RateLimit
-from fsm_engine.runtime.queues import QueueClaim, QueuePlan, parse_counts
-from fsm_engine.runtime.rates import limits_from_specs
+from fsm_engine.runtime.fleet.queues import QueueClaim, QueuePlan, parse_counts
+from fsm_engine.runtime.fleet.rates import limits_from_specs
 from fsm_engine.store import ClaimRequest
 from fsm_engine.store.claims import share
 

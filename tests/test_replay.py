@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from fsm_engine import Engine, Machine, State, Transition
 from fsm_engine.runtime.compiled import compile_machine
-from fsm_engine.runtime.replay import replay
+from fsm_engine.runtime.kinds.replay import replay
 
 
 class Ctx(BaseModel):

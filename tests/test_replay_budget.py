@@ -14,7 +14,7 @@ from budget_guard_machine import machine, retried
 
 from fsm_engine.llm import Scripted
 from fsm_engine.runtime.compiled import compile_machine
-from fsm_engine.runtime.replay import replay
+from fsm_engine.runtime.kinds.replay import replay
 
 REPLY = {"text": "yes", "prompt_tokens": 50, "completion_tokens": 20}
 MODULE = str(Path(__file__).parent / "budget_guard_machine.py")

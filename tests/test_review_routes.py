@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from fsm_engine import Engine, Machine, Review, State, Step, Transition
 from fsm_engine.llm.scripted import Scripted
-from fsm_engine.runtime.models import model_key
+from fsm_engine.runtime.model_registry import model_key
 from fsm_engine.store import BreakerRow
 
 

@@ -88,7 +88,7 @@ def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None 
     lazily) and the ``machines`` modules loaded (``trusting``)."""
     from ..llm.select import providers_from_specs
     from ..runtime import Engine
-    from ..runtime.rates import limits_from_specs
+    from ..runtime.fleet.rates import limits_from_specs
     providers = providers_from_specs(llm, faults=faults, seed=seed)
     limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
     engine = Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
@@ -143,7 +143,7 @@ def _live(store: Store) -> set[str]:
     """Ids of the live workers (to show instances of dead ones as ``orphaned``)."""
     import time as _time
 
-    from ..runtime.workers import live_ids
+    from ..runtime.fleet.liveness import live_ids
     return live_ids(store.workers(), _time.time(), 10.0)
 
 

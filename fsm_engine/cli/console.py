@@ -212,8 +212,8 @@ def review_link(item: str = typer.Argument(..., help="Review item id (an unambig
     expires, for this reviewer only; opening it needs no other credential."""
     import time
 
-    from ..runtime import review_links
-    from ..runtime.reviews import find
+    from ..runtime.kinds import review_links
+    from ..runtime.kinds.reviews import find
     from .observe import parse_age
     store = _open(db)
     try:
@@ -229,7 +229,7 @@ def review_link(item: str = typer.Argument(..., help="Review item id (an unambig
 @_review_app().command("rotate-key")
 def review_rotate_key(db: str | None = DB) -> None:
     """Replace the key that signs review links: every link given out before stops working."""
-    from ..runtime import review_links
+    from ..runtime.kinds import review_links
     store = _open(db)
     try:
         review_links.rotate_key(store)

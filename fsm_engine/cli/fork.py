@@ -113,8 +113,8 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
     writes, no model calls, no side effects.  Exit 0 when it replays identically, 1 when
     it diverges."""
     from ..runtime.compiled import compile_machine
+    from ..runtime.kinds.replay import replay as run_replay
     from ..runtime.loader import Trust, load_machine
-    from ..runtime.replay import replay as run_replay
     store = _open(db)
     try:
         rec = _find(store, instance_id)
@@ -134,7 +134,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
 
 
 def _print_replay(report: object) -> None:
-    from ..runtime.replay import Replay
+    from ..runtime.kinds.replay import Replay
     assert isinstance(report, Replay)
     if report.identical:
         typer.echo(shown(f"{report.instance_id}: {report.steps} steps replay identically"))

@@ -1,7 +1,7 @@
 """``fsm limits``: show or set the fleet's queue, partition and rate limits in the store.
 
-Every ``fsm worker`` of the store reads them again within ``runtime.fleet.REFRESH_S``
-seconds and obeys them (its own flags can only tighten them); see ``runtime.fleet``.
+Every ``fsm worker`` of the store reads them again within ``runtime.fleet.limits.REFRESH_S``
+seconds and obeys them (its own flags can only tighten them); see ``runtime.fleet.limits``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def limits(db: str | None = DB,
            clear: bool = typer.Option(False, "--clear", help="Remove every stored limit."),
            as_json: bool = typer.Option(False, "--json", help="Print the limits as JSON.")) -> None:
     """Show the fleet's limits; with options, change them (every worker obeys within ~2 s)."""
-    from ..runtime import fleet
+    from ..runtime.fleet import limits as fleet
     queues = fleet.parse_queue_limits(queue_limit)
     rates = fleet.parse_rate_limits(rate_limit)
     partition = fleet.parse_partition_limit(partition_limit)
@@ -52,7 +52,7 @@ def limits(db: str | None = DB,
 def _stored(store: Any) -> Any:
     """The stored limits; an unusable value is one error line that names the way out."""
     from ..errors import StoreError
-    from ..runtime import fleet
+    from ..runtime.fleet import limits as fleet
     try:
         return fleet.FleetLimits.from_json(store.get_limits())
     except StoreError as exc:

@@ -1,5 +1,5 @@
 """``fsm migrate``: show, then apply, the upcasts of instances stored under older machine
-versions (see ``fsm_engine.runtime.migrate_batch``).
+versions (see ``fsm_engine.runtime.kinds.migrate_batch``).
 
 Registered on :data:`fsm_engine.cli.app` when ``cli`` is imported.
 """
@@ -16,7 +16,7 @@ from .common import DB, _new_engine, _open, _print_json, app
 from .trust import MACHINES, trusting
 
 if TYPE_CHECKING:
-    from ..runtime.migrate_batch import Entry
+    from ..runtime.kinds.migrate_batch import Entry
 
 
 def _diff_text(diff: dict[str, Any]) -> str:
@@ -31,7 +31,7 @@ def _diff_text(diff: dict[str, Any]) -> str:
 
 
 def _line(e: Entry, yes: bool) -> str:
-    from ..runtime.migrate_batch import MIGRATE
+    from ..runtime.kinds.migrate_batch import MIGRATE
     head = f"{e.id} {e.machine} v{e.from_version} -> v{e.to_version}"
     if e.outcome == MIGRATE:
         verb = ("migrated" if e.applied else "changed meanwhile, left") if yes else "would migrate"
@@ -54,7 +54,7 @@ def migrate(db: str | None = DB,
     stay; --yes marks them reason needs_migration).  Exit 1 when any cannot be migrated;
     exit 2, nothing imported or written, when one names a machine module neither under the
     machines root nor given with --machines."""
-    from ..runtime.migrate_batch import CURRENT, MIGRATE, NEEDS, apply, survey
+    from ..runtime.kinds.migrate_batch import CURRENT, MIGRATE, NEEDS, apply, survey
     engine = trusting(_new_engine(_open(db)), machines)
     try:
         entries = survey(engine, machine)

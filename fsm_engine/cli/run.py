@@ -172,7 +172,7 @@ def _header(machine: str, count: int, engine: Engine) -> str:
     """``fsm run``'s first line: the machine, how many instances, which model serves them
     (per model name when states name several; an OpenAI-compatible server named no model
     is asked for its only one)."""
-    from ..runtime.models import DEFAULT
+    from ..runtime.model_registry import DEFAULT
     named = [(name, _describe(p)) for name, p in engine.models.by_name.items()]
     llm = "; ".join(d if name == DEFAULT else f"{name} = {d}" for name, d in named) or "none"
     return f"fsm: {machine}: {count} instance(s); llm: {llm}"

@@ -1,6 +1,6 @@
 """``fsm worker`` / ``start`` / ``wait`` / ``workers``: running work on many processes and hosts.
 
-A thin layer over ``runtime.worker.Worker`` and the store, registered on the
+A thin layer over ``runtime.fleet.worker.Worker`` and the store, registered on the
 ``fsm`` app by ``cli.py``.  ``wait`` exits as ``fsm run`` does: 0 when every
 instance completed, 1 when one failed or was cancelled, 3 when one is not final
 (waiting for an event) or ``--timeout`` passed first; 2 for a user error.
@@ -86,7 +86,7 @@ def _exit_for(records: list[Any], settled: bool, as_json: bool,
 
 
 def _live_workers(store: Store) -> int:
-    from ..runtime.workers import live_ids
+    from ..runtime.fleet.liveness import live_ids
     return len(live_ids(store.workers(), time.time(), 10.0))
 
 
@@ -186,7 +186,7 @@ def worker(db: str | None = DB,
                [], "--queue-limit", metavar="QUEUE=N,…",
                help="Most instances of a queue at once over ALL workers (through the store)."),
            partition_limit: int | None = typer.Option(
-               None, "--partition-limit", min=1, max=1_000_000,  # runtime.queues.MAX_COUNT
+               None, "--partition-limit", min=1, max=1_000_000,  # runtime.fleet.queues.MAX_COUNT
                help="Most instances of one partition key at once over all workers."),
            rate_limit: list[str] = typer.Option(
                [], "--rate-limit", metavar="MODEL=rpm:N,tpm:N[,window:S]",
@@ -201,12 +201,12 @@ def worker(db: str | None = DB,
            poll: float = typer.Option(1.0, "--poll", min=0.01,
                                       help="Most seconds between claims while idle.")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
-    from ..runtime.worker import Worker
+    from ..runtime.fleet.worker import Worker
     safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
     from ..llm.select import providers_from_specs
     from ..runtime import Engine
     plan = _plan(concurrency, queue, queue_limit, partition_limit)
-    from ..runtime.rates import limits_from_specs
+    from ..runtime.fleet.rates import limits_from_specs
     limits = limits_from_specs(rate_limit)
     store = _open(db, create=True)  # first: a bad store URL is the error to report
     try:
@@ -237,7 +237,7 @@ def worker(db: str | None = DB,
 def _plan(concurrency: list[str], queues: list[str], limits: list[str],
           partition_limit: int | None) -> Any:
     """The worker's ``QueuePlan`` from its options (``InvalidInput`` for a bad one)."""
-    from ..runtime.queues import QueuePlan, check_queue, parse_counts
+    from ..runtime.fleet.queues import QueuePlan, check_queue, parse_counts
     total, per_queue = parse_counts(concurrency, "--concurrency")
     bare, global_limits = parse_counts(limits, "--queue-limit")
     if bare is not None:

@@ -4,7 +4,7 @@
 model is called in *turns*; each turn either calls tools (their results go back to the
 model in the next turn) or gives the final output, validated by ``output`` and applied
 to the context (its fields are context fields).  Every turn and every tool call is a
-durable step of its own (``fsm_engine.runtime.agent``).
+durable step of its own (``fsm_engine.runtime.kinds.agent``).
 
 A tool is a plain ``def`` / ``async def`` with type hints: its argument model is derived
 from its signature (pydantic), its docstring is its description.  A parameter annotated

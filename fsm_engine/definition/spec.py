@@ -239,7 +239,7 @@ class Machine:
         version: the machine's version (an int >= 1), stored with every instance and
             history row.  Bump it whenever the structure (states, transitions, the
             context model) changes: an instance stored under an older version is upcast
-            when it next steps (``fsm_engine.runtime.migration``); one stored under the
+            when it next steps (``fsm_engine.runtime.kinds.migration``); one stored under the
             same version with another fingerprint is refused (``FingerprintMismatch``).
         migrations: ``{k: upcaster}`` for every version ``k`` in ``2..version``: a pure
             function of the context as a JSON dict (the version ``k - 1`` shape)

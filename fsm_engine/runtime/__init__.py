@@ -1,7 +1,7 @@
 """The runtime: compiled machines, the engine, and what actions see.
 
 The names below are imported on first use (PEP 562), so that a light module of the
-runtime (``runtime.workers``, ``runtime.values``) comes without the engine: ``fsm list``
+runtime (``runtime.fleet.liveness``, ``runtime.values``) comes without the engine: ``fsm list``
 imports no engine.
 """
 

@@ -31,8 +31,9 @@ from ..store.records import (
     InstanceRecord,
     StepCommit,
 )
-from . import outcome, pausing
+from . import outcome
 from .client import Client
+from .kinds import pausing
 
 #: The actions ``apply`` knows.
 ACTIONS = ("cancel", "pause", "unpause", "resume", "fork", "rerun")

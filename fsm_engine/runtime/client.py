@@ -25,12 +25,13 @@ from ..store.records import (
     ReviewItem,
     StepCommit,
 )
-from . import outcome, pausing, values
-from . import reviews as review_queue
+from . import outcome, values
 from .compiled import CompiledMachine
 from .driver import Driver
+from .fleet.ownership import Ownership
+from .kinds import pausing
+from .kinds import reviews as review_queue
 from .ledger import Ledger
-from .ownership import Ownership
 from .registry import Registry
 
 #: Records this engine just created or adopted, kept so ``run`` needn't read them back
@@ -188,7 +189,7 @@ class Client:
                 by, reason, self.clock(), req.version, req.prior_reason)))
 
     def _request_pause(self, rec: InstanceRecord, by: str | None, reason: str) -> bool:
-        """Store a pause request for ``rec`` and touch it (``runtime.pausing``); False when
+        """Store a pause request for ``rec`` and touch it (``runtime.kinds.pausing``); False when
         ``rec`` moved first (the caller reads it again)."""
         req = pausing.PauseRequest(by, reason, self.clock(), rec.version + 1, rec.reason)
         self.store.put_meta(pausing.key(rec.id), pausing.encode(req))
@@ -239,7 +240,7 @@ class Client:
         """The fork ``fork`` would create, and its copied rows, not yet stored; with
         ``stable_id`` its id is SHA-256 of (original, fork point) (a bulk fork made twice
         makes it once).  ``InvalidInput`` when there is no such fork point."""
-        from .fork import fork_point, forked
+        from .kinds.fork import fork_point, forked
         cm = self.registry.runnable(orig)
         history = self.store.history(orig.id)
         n = fork_point(history, seq=from_seq, state=from_state, failure=from_failure)
@@ -254,7 +255,7 @@ class Client:
         """See ``Engine.rerun``."""
         if not in_place:
             return self.fork(instance_id, from_state=state)
-        from .fork import fork_point
+        from .kinds.fork import fork_point
         rec = self.store.get(instance_id)
         if rec.status not in ("completed", "failed"):
             raise InvalidInput(f"instance {rec.id} is {rec.status}: an in-place rerun needs a "
@@ -278,7 +279,7 @@ class Client:
         neither): a cancelled one in its state with its context, a failed one just before
         its last failure; one ``rerun`` row (``detail.operator``, ``detail.restarted``)
         appended, nothing rewritten (``outcome.reset``)."""
-        from .fork import fork_point
+        from .kinds.fork import fork_point
         if rec.status not in ("cancelled", "failed"):
             return None
         cm = self.registry.runnable(rec)

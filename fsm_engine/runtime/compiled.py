@@ -126,7 +126,7 @@ class CompiledMachine:
         self.fields = frozenset(machine.context.model_fields)
         #: A step may dump only the fields it updated (``values.partial_dump``).
         self.partial = partial_dump(machine.context)
-        #: Fan-out states by name (see ``fsm_engine.runtime.fanout``).
+        #: Fan-out states by name (see ``fsm_engine.runtime.kinds.fanout``).
         self.fan_outs = _fan_outs(machine)
         self._plans = {s: {trig: [(t.dest, t.conditions) for t in
                                self._tm.events[trig].transitions.get(s, [])]

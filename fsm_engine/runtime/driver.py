@@ -32,12 +32,13 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import agent, fanout, fork, invoke, migration, outcome, pausing, reviews, streams, values
+from . import invoke, outcome, streams, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
-from .models import Models
-from .replay import visit_tokens
+from .kinds import agent, fanout, fork, migration, pausing, reviews
+from .kinds.replay import visit_tokens
+from .model_registry import Models
 from .reply_cache import RecordedReplies, ReplyCache
 from .step import MeteredLLM, Step, run_info
 from .threads import ActionThreads
@@ -139,7 +140,7 @@ class Driver:
 
     #: ``hand_off(before, after)``: True when a step moving an instance into another queue
     #: must give it back in the same commit (owner cleared: claimed again under that
-    #: queue's limits); set by a worker (``runtime.worker``), None: never.
+    #: queue's limits); set by a worker (``runtime.fleet.worker``), None: never.
     hand_off: Callable[[InstanceRecord, InstanceRecord], bool] | None = None
 
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:
@@ -385,7 +386,7 @@ class Driver:
         outcome, taken again without running the action (``None``: run it)."""
         if rec.forked_from is None:
             return None
-        from .fork import delivered, recorded_outcome
+        from .kinds.fork import delivered, recorded_outcome
         try:
             done = delivered(rec, state.name, step.visit, self.store.outbox(rec.forked_from))
             row = recorded_outcome(self.store.history(rec.forked_from), state.name,

@@ -31,15 +31,17 @@ from ..store.records import (
     StepCommit,
     WorkerRow,
 )
-from . import bulk, fleet, review_hook
+from . import bulk
 from .client import Client
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
 from .driver import Driver
+from .fleet import limits as fleet
+from .fleet.ownership import Ownership
+from .kinds import review_hook
 from .ledger import Ledger
 from .loader import Trust
-from .models import Models
-from .ownership import Ownership
+from .model_registry import Models
 from .registry import Registry
 from .runner import OnStep, Runner
 from .threads import ActionThreads
@@ -58,7 +60,7 @@ class Engine:
         llm: the ``Provider`` handed to actions as ``step.llm`` (metered), or a mapping
             of model names to providers (``{"primary": …, "fallback": …, "*": default}``)
             for machines whose states name their model (``State(..., llm="primary")``);
-            see :mod:`fsm_engine.runtime.models`.
+            see :mod:`fsm_engine.runtime.model_registry`.
         lease_seconds: a worker whose heartbeat is older than this is dead
             and its instances may be adopted (same-host dead pids at once).
         max_recoveries: adoptions of one instance from dead workers without
@@ -73,7 +75,7 @@ class Engine:
             by default the one the standard ``OTEL_*`` variables configure, else None
             (off: see ``fsm_engine.telemetry``).
         rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
-            default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.rates`.
+            default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.fleet.rates`.
         trust: which modules stored instances name may be imported (``loader.Trust``:
             those ``load``-ed here, files under the machines root; else ``MachineRefused``).
     """
@@ -208,7 +210,7 @@ class Engine:
         return self.ownership.worker
 
     def use_limits(self, limits: fleet.FleetLimits | None) -> None:
-        """Obey the fleet's stored rate limits (``runtime.fleet``; ``None``: keep the
+        """Obey the fleet's stored rate limits (``runtime.fleet.limits``; ``None``: keep the
         current ones).  Read by itself when the engine first runs; ``fsm worker`` reads
         them again every ``fleet.REFRESH_S`` seconds."""
         self.runner.use_limits(limits)

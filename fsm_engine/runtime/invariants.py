@@ -26,7 +26,7 @@ from ..definition.fanout import CHILDREN
 from ..store.base import Store
 from ..store.records import NOT_MOVES, RECOVERY, WAITING, HistoryRow, InstanceRecord
 from ..views import context_after
-from . import fanout
+from .kinds import fanout
 
 
 def check(store: Store) -> list[str]:

@@ -12,7 +12,7 @@ implies for others and writes it:
   ``expected_version`` (and every fenced instance at its version); ``write``
   returns one ``bool`` per step (``apply_one``: for one), and the caller raises its
   own refusal (``StaleWrite``, ``ReviewRefused``) on False;
-- **pause requests** (``runtime.pausing``): a step gone stale only because an operator
+- **pause requests** (``runtime.kinds.pausing``): a step gone stale only because an operator
   asked to pause its instance mid-step is written anyway, the pause after it;
 - **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
   its own transaction (the store writes it with the step, or neither).
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from ..store.base import Store
 from ..store.records import ReviewItem, StepCommit
-from . import fanout, pausing
+from .kinds import fanout, pausing
 
 #: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
 #: ``pytest --fsm-coverage`` collects history rows so); empty: one check per batch.
@@ -46,7 +46,7 @@ class Ledger:
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
-        #: Called with each review item a committed step opened (``runtime.review_hook``:
+        #: Called with each review item a committed step opened (``runtime.kinds.review_hook``:
         #: ``FSM_REVIEW_WEBHOOK``); None: nobody is told.
         self.on_review: Callable[[ReviewItem], None] | None = None
 

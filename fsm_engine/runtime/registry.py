@@ -11,10 +11,10 @@ from ..definition import Machine
 from ..errors import DefinitionError
 from ..store import Store, definitions
 from ..store.records import InstanceRecord
-from . import migration
 from .compiled import CompiledMachine, compile_machine
+from .kinds import migration
 from .loader import Trust, load_machine, reference
-from .models import Models
+from .model_registry import Models
 
 
 def _no_branch(rec: InstanceRecord) -> CompiledMachine:

@@ -33,14 +33,16 @@ from ..store.records import (
     StepCommit,
     WorkerRow,
 )
-from . import fleet, migration, outcome, pausing
-from . import reviews as review_queue
+from . import outcome
 from .compiled import CompiledMachine
 from .driver import Driver
-from .families import Families
+from .fleet import limits as fleet
+from .fleet.ownership import Ownership
+from .kinds import migration, pausing
+from .kinds import reviews as review_queue
+from .kinds.families import Families
 from .ledger import Ledger
-from .models import Models
-from .ownership import Ownership
+from .model_registry import Models
 from .registry import Registry
 
 log = logging.getLogger("fsm_engine")
@@ -111,7 +113,7 @@ class Runner:
         #: Instances whose run here was cancelled mid-step (still held): ``close`` keeps
         #: them, so whoever takes them next records the takeover.
         self.interrupted: set[str] = set()
-        #: The fan-out families a run here continues (``runtime.families``).
+        #: The fan-out families a run here continues (``runtime.kinds.families``).
         self.families = Families(store, ownership, lease_seconds,
                                  lambda iid: iid in self.tasks or iid in self.known)
         #: instances handed to ``run_many``/``resume`` and not yet done: they count as
@@ -314,7 +316,7 @@ class Runner:
     async def _turn(self, run: _Run, cm: CompiledMachine, rec: InstanceRecord
                     ) -> tuple[CompiledMachine, InstanceRecord, bool]:
         """One turn of ``run``'s loop: a step, a wait, or the end (False)."""
-        if rec.status == PAUSED:  # paused at the step's commit (``runtime.pausing``)
+        if rec.status == PAUSED:  # paused at the step's commit (``runtime.kinds.pausing``)
             return cm, rec, False
         if rec.status == "waiting" and rec.reason == RATE_LIMITED:  # given back
             if not run.family:

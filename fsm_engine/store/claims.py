@@ -225,7 +225,7 @@ def select(columns: tuple[str, ...]) -> str:
 
 
 def worker_place(worker_id: str | None) -> tuple[str | None, int | None]:
-    """``(host, pid)`` named by a worker id (``host:pid:nonce``, see ``runtime.workers``);
+    """``(host, pid)`` named by a worker id (``host:pid:nonce``, see ``runtime.fleet.liveness``);
     ``(None, None)`` when the id has another shape."""
     parts = (worker_id or "").rsplit(":", 2)
     if len(parts) != 3 or not parts[1].isdigit():

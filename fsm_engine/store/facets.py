@@ -286,7 +286,7 @@ class LimitStore(Protocol):
         Status: none changes."""
 
     def get_limits(self) -> dict[str, Any] | None:
-        """The fleet's limits as stored (``runtime.fleet.FleetLimits.to_json()``; ``None``:
+        """The fleet's limits as stored (``runtime.fleet.limits.FleetLimits.to_json()``; ``None``:
         none set); ``StoreError`` when the stored value is not a JSON object.
 
         Status: none changes."""

@@ -1,4 +1,4 @@
-"""The fleet's limits in the store (``runtime.fleet``): shared SQL of every backend.
+"""The fleet's limits in the store (``runtime.fleet.limits``): shared SQL of every backend.
 
 One JSON object in ``fsm_meta`` under the key ``limits`` (no format change: an older
 fsm_engine ignores the row).  ``Store.put_limits`` replaces it in one transaction

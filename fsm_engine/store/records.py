@@ -32,9 +32,9 @@ STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, PAUSED, COMPLETED, FA
 #: neither against ``max_transitions`` nor as a step in statistics, diagrams or replay.
 RECOVERY = "recovery"
 #: History kind of a migration: the instance was upcast to its machine's current version
-#: (``runtime.migration``); like a takeover, a record of the runtime, not a move.
+#: (``runtime.kinds.migration``); like a takeover, a record of the runtime, not a move.
 MIGRATION = "migration"
-#: History kind of an agent state's journal (``runtime.agent``): one model turn, one tool
+#: History kind of an agent state's journal (``runtime.kinds.agent``): one model turn, one tool
 #: call or one approval of a tool call; the instance stays in its state (source = dest).
 TOOL = "tool"
 #: History kinds of a pause and its end (``runtime.outcome.paused`` / ``unpaused``): the
@@ -99,7 +99,7 @@ class InstanceRecord:
     #: item's index as text); ``None`` for a top-level instance.
     branch: str | None = None
     #: The ``Machine.version`` the instance was last written under (with ``fingerprint``);
-    #: an older one is upcast when the instance next steps (``runtime.migration``).
+    #: an older one is upcast when the instance next steps (``runtime.kinds.migration``).
     machine_version: int = 1
     #: How a fork runs (set at creation, ``{}`` for any other instance): ``reuse_llm``
     #: (answer model calls from the original's recorded replies where the prompt is
@@ -175,7 +175,7 @@ class HistoryRow:
     ``from_version``, ``to_version``, ``renamed`` and ``removed``);
     ``recovery`` (``RECOVERY``) records a takeover by another worker (source = dest);
     ``tool`` (``TOOL``) one model turn, tool call or approval of an agent state
-    (source = dest; ``detail.agent`` says which, ``runtime.agent_journal``).
+    (source = dest; ``detail.agent`` says which, ``runtime.kinds.agent_journal``).
     ``machine_version`` is the machine version the row was written under.
     ``guards`` lists ``[name, result]`` for each guard evaluated, in order;
     ``delta`` holds the context fields the step changed (the context after

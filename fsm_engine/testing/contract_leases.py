@@ -1,5 +1,5 @@
 """Leases: a renewal only while the lease holds, and a takeover that ends it for good
-(the part of the ``Store`` contract ``runtime.ownership`` relies on; mixed into
+(the part of the ``Store`` contract ``runtime.fleet.ownership`` relies on; mixed into
 ``StoreContract``; see ``store.leases``)."""
 
 from __future__ import annotations

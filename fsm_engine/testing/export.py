@@ -35,7 +35,7 @@ __all__ = ["case_from_store", "write_test"]
 #: Provider error classes → the scripted provider's ``error`` kinds.
 _ERRORS = {"ProviderTimeout": "timeout", "ProviderUnavailable": "unavailable",
            "RateLimited": "http429", "ServerError": "http500", "ClientError": "http400"}
-_SLA = "sla-timer"  # runtime.reviews.SLA
+_SLA = "sla-timer"  # runtime.kinds.reviews.SLA
 
 
 def _scrub(value: Any) -> Any:

@@ -10,7 +10,7 @@ that form does it.  Routes:
   (``runtime.bulk``);
 - ``/console/reviews/{item}``: decide a review item;
 - ``/review/{item}?by=&exp=&sig=``: the same, from a signed link
-  (``runtime.review_links``), the one path the token does not guard.
+  (``runtime.kinds.review_links``), the one path the token does not guard.
 
 Defences on every ``POST``: the viewer's token (``app.TokenGate``; ``--write`` needs
 one, also on loopback); a CSRF token, HMAC of the path under a key made when the
@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from ..errors import FsmError, InstanceNotFound, InvalidInput
 from ..redaction import redact
-from ..runtime import review_links
+from ..runtime.kinds import review_links
 from ..store.records import InstanceFilter
 
 #: Largest form body accepted (bytes).

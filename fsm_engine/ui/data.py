@@ -24,7 +24,7 @@ from ..diagram import build_graph, to_dot
 from ..diagram.dot import pipe
 from ..diagram.overlays import aggregate_overlay, instance_overlay
 from ..errors import FsmError, InvalidInput, StoreError
-from ..runtime.workers import live_ids
+from ..runtime.fleet.liveness import live_ids
 from ..store.base import Store
 from ..store.records import (
     NOT_MOVES,

@@ -8,7 +8,7 @@ from ...errors import ProviderError
 from ...llm.base import Completion, Message, Provider
 
 if TYPE_CHECKING:
-    from ..breaker import Breaker
+    from ..fleet.breaker import Breaker
 
 from .layer import Layer
 

@@ -16,8 +16,8 @@ from .stored import CacheLayer, ReplayLayer
 from .trace import TraceLayer
 
 if TYPE_CHECKING:
-    from ..breaker import Breaker
-    from ..rates import RateLimiter
+    from ..fleet.breaker import Breaker
+    from ..fleet.rates import RateLimiter
     from ..reply_cache import RecordedReplies, ReplyCache
     from ..streams import StreamTarget
 

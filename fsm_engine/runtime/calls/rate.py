@@ -11,7 +11,7 @@ from .layer import Layer
 from .meter import Meter, count_prompt, current_call, store_io
 
 if TYPE_CHECKING:
-    from ..rates import RateLimiter
+    from ..fleet.rates import RateLimiter
 
 __all__ = ["RateLimitLayer"]
 

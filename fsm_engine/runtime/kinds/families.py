@@ -13,12 +13,12 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..definition.fanout import CHILDREN
-from ..store import Store
-from ..store.records import RATE_LIMITED, WAITING, ChildState, InstanceRecord
+from ...definition.fanout import CHILDREN
+from ...store import Store
+from ...store.records import RATE_LIMITED, WAITING, ChildState, InstanceRecord
+from ..compiled import CompiledMachine
+from ..fleet.ownership import Ownership
 from . import fanout
-from .compiled import CompiledMachine
-from .ownership import Ownership
 
 
 def _runnable(kid: ChildState, parked: set[str]) -> bool:

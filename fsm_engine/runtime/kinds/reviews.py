@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import ActionError, InvalidInput, ReviewRefused
-from ..store.base import Store
-from ..store.records import (
+from ...errors import ActionError, InvalidInput, ReviewRefused
+from ...store.base import Store
+from ...store.records import (
     FAILED,
     REVIEW_OPEN,
     WAITING,
@@ -24,8 +24,8 @@ from ..store.records import (
     ReviewItem,
     StepCommit,
 )
-from . import outcome
-from .compiled import CompiledMachine
+from .. import outcome
+from ..compiled import CompiledMachine
 
 #: ``by`` of a decision the SLA timer took.
 SLA = "sla-timer"

@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import FingerprintMismatch, InvalidInput, NeedsMigration, VersionTooNew
-from ..store.records import MIGRATION, HistoryRow, InstanceRecord, StepCommit
-from . import values
-from .compiled import CompiledMachine
+from ...errors import FingerprintMismatch, InvalidInput, NeedsMigration, VersionTooNew
+from ...store.records import MIGRATION, HistoryRow, InstanceRecord, StepCommit
+from .. import values
+from ..compiled import CompiledMachine
 
 #: The reason an instance that cannot be upcast is left with (``fsm list --reason``).
 NEEDS_MIGRATION = "needs_migration"
@@ -151,7 +151,7 @@ def plan(cm: CompiledMachine, rec: InstanceRecord, now: float) -> Upcast | None:
         raise refused
     if not needed(cm, rec):
         return None
-    from .outcome import clone
+    from ..outcome import clone
     state, context = _state(cm, rec), upcast_context(cm, rec)
     new = clone(rec)
     new.state, new.context = state, context

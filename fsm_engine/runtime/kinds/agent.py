@@ -31,18 +31,19 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ..definition.agent import TURNS_EXHAUSTED, Agent, ToolCall
-from ..errors import ActionError, InvalidInput, StaleWrite
-from ..store.records import TOOL, OutboxBegin, StepCommit
+from ...definition.agent import TURNS_EXHAUSTED, Agent, ToolCall
+from ...errors import ActionError, InvalidInput, StaleWrite
+from ...store.records import TOOL, OutboxBegin, StepCommit
+from .. import outcome
+from ..compiled import CompiledMachine
+from ..fence import lease_fence
 from . import agent_journal as journal
-from . import agent_review, agent_tools, fork, outcome, reviews
-from .compiled import CompiledMachine
-from .fence import lease_fence
+from . import agent_review, agent_tools, fork, reviews
 
 if TYPE_CHECKING:
-    from ..definition.spec import State
-    from ..store.records import InstanceRecord
-    from .driver import Driver
+    from ...definition.spec import State
+    from ...store.records import InstanceRecord
+    from ..driver import Driver
 
 
 async def step(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: State,
@@ -194,7 +195,7 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
     if driver.tracer is None:
         result, error, attempts = await run()
     else:
-        from ..telemetry import traced_tool
+        from ...telemetry import traced_tool
         result, error, attempts = await traced_tool(driver.tracer, tool.name, call["id"], run)
     ms = (time.perf_counter() - started) * 1000.0
     detail = {**base, "arguments": args, "attempts": attempts,
@@ -221,7 +222,7 @@ def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visi
     when it delivered with the same arguments (``None``: deliver anew)."""
     if rec.forked_from is None or rec.fork_options.get("redeliver"):
         return None
-    from ..errors import FsmError
+    from ...errors import FsmError
     try:
         rows = driver.store.history(rec.forked_from)
     except FsmError:  # the original was pruned: deliver anew

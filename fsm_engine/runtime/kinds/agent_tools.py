@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..definition.agent import Tool, ToolCall
-from ..errors import StaleWrite
-from ..redaction import redact
-from .threads import ActionThreads, in_own_thread
+from ...definition.agent import Tool, ToolCall
+from ...errors import StaleWrite
+from ...redaction import redact
+from ..threads import ActionThreads, in_own_thread
 
 
 def as_json(value: Any, limit: int) -> tuple[Any, str | None]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..definition.spec import Machine, State
-from ..errors import BudgetExhausted
-from ..store.records import PAUSED, InstanceRecord, StepCommit
-from . import outcome
+from ...definition.spec import Machine, State
+from ...errors import BudgetExhausted
+from ...store.records import PAUSED, InstanceRecord, StepCommit
+from .. import outcome
 
 #: ``fsm_meta`` key prefix of pause requests (``pause:ID``).
 PREFIX = "pause:"

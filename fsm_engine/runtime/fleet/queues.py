@@ -18,7 +18,7 @@ does not serve, or one that is limited (globally, or here and full), the same
 commit gives the instance back (``Driver.hand_off``): it is claimed again under
 that queue's limits, by whichever worker has room.  Moving between unlimited queues
 it serves, a worker simply goes on.  Global and partition limits are best stored
-once for the whole fleet (``fsm limits``, ``runtime.fleet``): every worker obeys
+once for the whole fleet (``fsm limits``, ``runtime.fleet.limits``): every worker obeys
 those, tightened by its own flags (``QueuePlan.tightened``).
 """
 
@@ -30,10 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidInput
+from ...errors import InvalidInput
 
 if TYPE_CHECKING:
-    from .fleet import FleetLimits
+    from .limits import FleetLimits
 
 #: A queue's name: a letter, then up to 63 letters, digits, ``_`` or ``-``.
 QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")

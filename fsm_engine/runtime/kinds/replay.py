@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..definition.spec import RunInfo
-from ..store.records import TOOL, AttemptRow, HistoryRow, InstanceRecord
-from .compiled import CompiledMachine
-from .step import run_info
+from ...definition.spec import RunInfo
+from ...store.records import TOOL, AttemptRow, HistoryRow, InstanceRecord
+from ..compiled import CompiledMachine
+from ..step import run_info
 
 #: Recorded kinds whose transition the definition chose (forced moves are not replayed);
 #: they are the ones that count against ``max_transitions``.

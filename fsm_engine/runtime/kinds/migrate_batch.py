@@ -19,13 +19,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FsmError, MachineRefused, NeedsMigration, VersionTooNew
-from ..store.records import PENDING, RUNNING, WAITING, InstanceFilter, InstanceRecord, StepCommit
-from . import migration, outcome
-from .workers import live_ids
+from ...errors import FsmError, MachineRefused, NeedsMigration, VersionTooNew
+from ...store.records import (
+    PENDING,
+    RUNNING,
+    WAITING,
+    InstanceFilter,
+    InstanceRecord,
+    StepCommit,
+)
+from .. import outcome
+from ..fleet.liveness import live_ids
+from . import migration
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..engine import Engine
 
 #: What ``survey`` says of one instance.
 MIGRATE, NEEDS, REFUSED, HELD, CURRENT = "migrate", "needs_migration", "refused", "held", "current"

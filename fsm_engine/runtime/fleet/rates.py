@@ -21,10 +21,10 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
-from ..errors import FsmError, InvalidInput, RateLimitWait, StoreError
-from ..policies import RateLimit
-from ..store.base import Store
-from ..store.rates import RateRequest
+from ...errors import FsmError, InvalidInput, RateLimitWait, StoreError
+from ...policies import RateLimit
+from ...store.base import Store
+from ...store.rates import RateRequest
 
 log = logging.getLogger("fsm_engine")
 

@@ -5,7 +5,7 @@ The ledger calls the hook for every committed step that opened an item
 (``Ledger.on_review``); the post runs in a thread of its own (the commit never waits
 on it), once per item in this process, with ``Idempotency-Key: ITEM`` for the receiver
 to drop a repeat from another process.  The body is JSON: ``item``, ``instance_id``,
-``machine``, ``state``, ``prompt``, ``choices``, ``link`` (``runtime.review_links``:
+``machine``, ``state``, ``prompt``, ``choices``, ``link`` (``runtime.kinds.review_links``:
 for the reviewer ``$FSM_REVIEW_REVIEWER``, default ``reviewer``, valid
 ``$FSM_REVIEW_LINK_TTL``, default ``24h``, under ``$FSM_REVIEW_LINK_BASE``, default
 ``http://127.0.0.1:8765``) and ``expires`` (epoch s).  The client is the bounded
@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import InvalidInput
-from ..redaction import redact
-from ..store.facets import MetaStore
-from ..store.records import ReviewItem
+from ...errors import InvalidInput
+from ...redaction import redact
+from ...store.facets import MetaStore
+from ...store.records import ReviewItem
 from . import review_links
 
 log = logging.getLogger("fsm_engine.review_hook")
@@ -70,7 +70,7 @@ class ReviewHook:
         try:
             post = self._post
             if post is None:
-                from ..sinks import post_webhook
+                from ...sinks import post_webhook
                 post = post_webhook
             post(self.url, self.payload(item), item.id, timeout=TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a hook's failure never stops instances

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ..store.records import RUNNING, TOOL, WAITING, HistoryRow, InstanceRecord, StepCommit
-from . import outcome
+from ...store.records import RUNNING, TOOL, WAITING, HistoryRow, InstanceRecord, StepCommit
+from .. import outcome
 
 if TYPE_CHECKING:
-    from ..definition.agent import Agent
-    from ..store.records import ReviewItem
+    from ...definition.agent import Agent
+    from ...store.records import ReviewItem
 
 
 @dataclass(slots=True)
@@ -181,8 +181,8 @@ class Reply:
 def parse(text: str, turn: int, finish_reason: str | None = None) -> Reply:
     """The reply ``text`` of turn ``turn`` in the protocol (see the module doc); an
     unreadable one is ``Reply([], error=…)``, fed back to the model."""
-    from ..errors import StructuredOutputError
-    from ..structured import parse_structured
+    from ...errors import StructuredOutputError
+    from ...structured import parse_structured
     try:
         data = parse_structured(text, None, finish_reason=finish_reason).data
     except StructuredOutputError as exc:

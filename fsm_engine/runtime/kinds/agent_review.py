@@ -13,11 +13,11 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..definition.agent import REJECTED, Agent
-from ..errors import ActionError, InvalidInput, ReviewRefused
-from ..store.records import InstanceRecord, ReviewDecision, ReviewItem, StepCommit
+from ...definition.agent import REJECTED, Agent
+from ...errors import ActionError, InvalidInput, ReviewRefused
+from ...store.records import InstanceRecord, ReviewDecision, ReviewItem, StepCommit
+from ..compiled import CompiledMachine
 from . import agent_journal as journal
-from .compiled import CompiledMachine
 
 
 def item_id(instance_id: str, state: str, visit: int, call: str) -> str:

@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from ..errors import FsmError, StoreError
-from ..store import RUNNING, Store
-from ..store.claims import ClaimRequest, adopted, takeover_row
-from ..store.records import ChildState, InstanceRecord, StepCommit, WorkerRow
-from .workers import live_ids, new_worker, pid_alive
+from ...errors import FsmError, StoreError
+from ...store import RUNNING, Store
+from ...store.claims import ClaimRequest, adopted, takeover_row
+from ...store.records import ChildState, InstanceRecord, StepCommit, WorkerRow
+from .liveness import live_ids, new_worker, pid_alive
 
 log = logging.getLogger("fsm_engine")
 

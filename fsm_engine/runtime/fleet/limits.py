@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import InvalidInput, StoreError
-from ..policies import RateLimit
+from ...errors import InvalidInput, StoreError
+from ...policies import RateLimit
 from .queues import MAX_COUNT, QUEUE_NAME, tighter
 from .rates import parse_named
 

@@ -6,7 +6,7 @@ number of hosts, may share one store: each claims instances through
 SQLite), so no instance is run by two workers at once, and each holds its
 instances by a lease its heartbeat renews (a worker refused a renewal, paused past
 its lease, has lost them all: it drops them and goes on under a new id, see
-``runtime.ownership``).  An idle worker sleeps in
+``runtime.fleet.ownership``).  An idle worker sleeps in
 ``Store.wait_for_work`` (PostgreSQL ``LISTEN``: woken the moment an instance
 is started or released; SQLite: polled) and claims again at least every
 ``poll`` seconds, which also picks up instances whose owner died (lease
@@ -14,8 +14,8 @@ expired).  A store error (the database restarting, the network gone) is
 survived: claims back off and retry, and an instance whose step failed to
 commit is given back once the store answers again, then claimed afresh (its
 step runs again; a commit either applied or not, never half).  Queues, per-queue
-and per-partition limits: see ``runtime.queues``; the fleet's stored limits
-(``fsm limits``, ``runtime.fleet``) are read again every ``fleet.REFRESH_S`` seconds
+and per-partition limits: see ``runtime.fleet.queues``; the fleet's stored limits
+(``fsm limits``, ``runtime.fleet.limits``) are read again every ``fleet.REFRESH_S`` seconds
 and tighten the worker's own.
 """
 
@@ -29,10 +29,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import FsmError, StaleWrite, StoreError
-from ..store.records import InstanceRecord
-from . import fleet
-from .engine import Engine
+from ...errors import FsmError, StaleWrite, StoreError
+from ...store.records import InstanceRecord
+from ..engine import Engine
+from . import limits as fleet
 from .queues import QueuePlan
 
 log = logging.getLogger("fsm_engine")
@@ -53,7 +53,7 @@ class Worker:
         grace: seconds ``stop`` lets in-flight instances run before cancelling
             and releasing them.
         plan: the queues served and the limits per queue and partition
-            (``runtime.queues.QueuePlan``; default: every queue, ``concurrency`` in all).
+            (``runtime.fleet.queues.QueuePlan``; default: every queue, ``concurrency`` in all).
     """
 
     def __init__(self, engine: Engine, *, concurrency: int = 32,

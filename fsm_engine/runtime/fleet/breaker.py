@@ -29,10 +29,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..errors import CircuitOpen, StoreError
-from ..policies import BreakerPolicy
-from ..store.base import Store
-from ..store.records import BreakerRow
+from ...errors import CircuitOpen, StoreError
+from ...policies import BreakerPolicy
+from ...store.base import Store
+from ...store.records import BreakerRow
 
 log = logging.getLogger("fsm_engine")
 

@@ -10,7 +10,7 @@ provider), so a machine that names two models runs unchanged on one.
 Circuit breakers are per provider + model (``"{provider.name}:{provider.model}"``),
 shared through the store by every process: a breaker opened by ``primary``'s
 failures never blocks calls to ``fallback``'s model.  So are rate limits
-(``rate_limits={"primary": RateLimit(tpm=40_000)}``, see ``runtime.rates``).
+(``rate_limits={"primary": RateLimit(tpm=40_000)}``, see ``runtime.fleet.rates``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from ..definition.spec import State
 from ..errors import FsmError
 from ..policies import BreakerPolicy, RateLimit
 from ..store.base import Store
-from .breaker import Breaker
-from .rates import RateLimiter
+from .fleet.breaker import Breaker
+from .fleet.rates import RateLimiter
 
 __all__ = ["Models", "DEFAULT", "model_key"]
 
@@ -58,9 +58,9 @@ class Models:
         self._limiters: dict[tuple[str, str | None], RateLimiter | None] = {}
 
     def use_stored_rates(self, stored: Mapping[str, RateLimit]) -> None:
-        """Obey the fleet's stored rate limits (``runtime.fleet``), tightened by the ones
+        """Obey the fleet's stored rate limits (``runtime.fleet.limits``), tightened by the ones
         this engine was given; the limiters are rebuilt when the result changed."""
-        from .fleet import merge_rates
+        from .fleet.limits import merge_rates
         rates = merge_rates(self._own_rates, stored)
         if rates != self.rate_limits:
             self.rate_limits, self._limiters = rates, {}

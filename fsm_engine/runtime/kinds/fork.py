@@ -17,8 +17,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..errors import InvalidInput
-from ..store.records import (
+from ...errors import InvalidInput
+from ...store.records import (
     PAUSE,
     PENDING,
     RECOVERY,
@@ -29,7 +29,7 @@ from ..store.records import (
     InstanceRecord,
     OutboxRow,
 )
-from .compiled import CompiledMachine
+from ..compiled import CompiledMachine
 from .replay import CHOSEN as _COUNTED
 from .replay import Rebuilt
 

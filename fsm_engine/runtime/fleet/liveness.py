@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 
-from ..store.records import WorkerRow
+from ...store.records import WorkerRow
 
 
 def pid_start(pid: int) -> str:

@@ -18,8 +18,8 @@ import os
 import urllib.parse
 from dataclasses import dataclass
 
-from ..errors import InvalidInput
-from ..store.facets import MetaStore
+from ...errors import InvalidInput
+from ...store.facets import MetaStore
 
 KEY = "review_link_key"
 USED = "review_link_used:"

@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from ..definition.fanout import BRANCH_FAILED, CHILDREN, JOINED
-from ..definition.spec import BUDGET_EXHAUSTED
-from ..errors import InvalidInput
-from ..store.base import Store
-from ..store.records import (
+from ...definition.fanout import BRANCH_FAILED, CHILDREN, JOINED
+from ...definition.spec import BUDGET_EXHAUSTED
+from ...errors import InvalidInput
+from ...store.base import Store
+from ...store.records import (
     COMPLETED,
     PENDING,
     RUNNING,
@@ -48,8 +48,8 @@ from ..store.records import (
     InstanceRecord,
     StepCommit,
 )
-from . import outcome
-from .compiled import CompiledMachine, FanOutPlan
+from .. import outcome
+from ..compiled import CompiledMachine, FanOutPlan
 
 #: (branch name, index, compiled branch machine, branch plan, validated input)
 Work = tuple[str, int, CompiledMachine, Any, dict[str, Any]]
@@ -369,7 +369,7 @@ def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
 def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, tally: Tally,
                  decided: bool, now: float, tokens: int, detail: dict[str, Any],
                  outs: dict[str, ChildOutput] | None) -> StepCommit:
-    from .values import apply_update
+    from ..values import apply_update
     state = base.state
     fail: dict[str, Any] = dict(tokens=tokens, detail=detail)
     if decided:

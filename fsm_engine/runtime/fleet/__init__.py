@@ -1,0 +1,5 @@
+"""The fleet: what many workers share through the store. A worker's identity, liveness
+and lease (``liveness``, ``ownership``), the queues it serves (``queues``), the fleet's
+stored limits (``limits``), rate limits and circuit breakers per model (``rates``,
+``breaker``), and the long-running worker itself (``worker``: ``fsm worker``).
+"""
