@@ -28,9 +28,6 @@ from psycopg.rows import dict_row
 
 from ...errors import StoreError
 from .. import claims, leases, pg_read, rates
-from .. import definitions as definitions_sql
-from .. import limits as limits_sql
-from .. import meta as meta_sql
 from ..claims import ClaimRequest, select, take
 from ..codec import (
     ATTEMPT,
@@ -53,7 +50,6 @@ from ..rates import RateRequest
 from ..records import (
     AttemptRow,
     BreakerRow,
-    DefinitionRow,
     HistoryRow,
     InstanceFilter,
     InstanceRecord,
@@ -64,6 +60,7 @@ from ..records import (
     StepRow,
     WorkerRow,
 )
+from ..sql_base import SqlPlain
 from .connect import (
     _SQL_ATTEMPTS,
     _SQL_BREAKER,
@@ -81,7 +78,7 @@ from .steps import PostgresSteps
 from .streams import PostgresStreams
 
 
-class PostgresStore(PostgresSteps, PostgresStreams):
+class PostgresStore(PostgresSteps, PostgresStreams, SqlPlain):
     """A ``Store`` on a PostgreSQL database.
 
     Args:
@@ -213,9 +210,6 @@ class PostgresStore(PostgresSteps, PostgresStreams):
             out.append(worker)
         return out
 
-    def delete_worker(self, worker_id: str) -> None:
-        self._run(lambda conn: conn.execute("DELETE FROM workers WHERE id=%s", (worker_id,)))
-
     # -- reply cache -------------------------------------------------------------------
     def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
         rows = self._rows(marks(SELECT_REPLY), (key, not_before))
@@ -267,51 +261,17 @@ class PostgresStore(PostgresSteps, PostgresStreams):
             return rates.acquire(request, execute)
         return self._run(go, txn=True)
 
-    def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
-        self._run(lambda conn: conn.execute(marks(rates.SETTLE), (tokens, until, name, key)))
+    # -- the shared SQL's primitives (``store.sql_base``; ``?`` marks become ``%s``) --------
+    def _sql_rows(self, sql: str, args: Sequence[Any] = ()) -> builtins.list[Any]:
+        return self._run(lambda conn: conn.execute(marks(sql), args or None).fetchall())
 
-    def get_limits(self) -> dict[str, Any] | None:
-        return limits_sql.decode(self._run(
-            lambda conn: conn.execute(limits_sql.GET).fetchall()))
+    def _sql_write(self, *statements: tuple[str, Sequence[Any]]) -> builtins.list[int]:
+        def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
+            return [conn.execute(marks(sql), args or None).rowcount for sql, args in statements]
+        return self._run(go, txn=True)
 
-    def put_limits(self, limits: dict[str, Any] | None) -> None:
-        def go(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(limits_sql.DROP)
-            if limits:
-                conn.execute(marks(limits_sql.PUT), (limits_sql.encode(limits),))
-        self._run(go, txn=True)
-
-    # -- named values (``store.meta``) --------------------------------------------------
-    def get_meta(self, key: str) -> str | None:
-        rows = self._run(lambda conn: conn.execute(marks(meta_sql.GET), (key,)).fetchall())
-        return rows[0][0] if rows else None
-
-    def meta_prefixed(self, prefix: str) -> dict[str, str]:
-        bounds = meta_sql.prefix_bounds(prefix)
-        return dict(self._run(lambda conn: conn.execute(marks(meta_sql.PREFIX), bounds).fetchall()))
-
-    def put_meta(self, key: str, value: str | None) -> None:
-        meta_sql.checked(key, value)
-        if value is None:
-            self._run(lambda conn: conn.execute(marks(meta_sql.DROP), (key,)), txn=True)
-        else:
-            self._run(lambda conn: conn.execute(marks(meta_sql.PUT), (key, value)), txn=True)
-
-    def add_meta(self, key: str, value: str) -> bool:
-        meta_sql.checked(key, value)
-        return bool(self._run(lambda conn: conn.execute(marks(meta_sql.ADD), (key, value)).rowcount,
-                              txn=True) == 1)
-
-    # -- definitions --------------------------------------------------------------------
-    def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:
-        if rows:
-            self._run(lambda conn: conn.cursor().executemany(
-                marks(definitions_sql.PUT), definitions_sql.encode_all(rows)), txn=True)
-
-    def get_definition(self, machine: str, version: int,
-                       fingerprint: str) -> DefinitionRow | None:
-        return definitions_sql.decode(self._run(lambda conn: conn.execute(
-            marks(definitions_sql.GET), (machine, version, fingerprint)).fetchall()))
+    def _sql_write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._run(lambda conn: conn.cursor().executemany(marks(sql), rows), txn=True)
 
     # -- read side (SQL in ``pg_read``) ----------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,

@@ -18,9 +18,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import claims, leases, rates, sqlite_read
-from .. import definitions as definitions_sql
-from .. import limits as limits_sql
-from .. import meta as meta_sql
 from ..claims import ClaimRequest, select, take
 from ..codec import (
     BREAKER as _BREAKER,
@@ -63,7 +60,6 @@ from ..rates import RateRequest
 from ..records import (
     AttemptRow,
     BreakerRow,
-    DefinitionRow,
     HistoryRow,
     InstanceFilter,
     InstanceRecord,
@@ -74,12 +70,13 @@ from ..records import (
     StepRow,
     WorkerRow,
 )
+from ..sql_base import SqlPlain
 from .connect import _decode, _decode_worker
 from .steps import SqliteSteps
 from .streams import SqliteStreams
 
 
-class SqliteStore(SqliteSteps, SqliteStreams):
+class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
     """The default store.
 
     Args:
@@ -203,10 +200,6 @@ class SqliteStore(SqliteSteps, SqliteStreams):
     def workers(self) -> builtins.list[WorkerRow]:
         return [_decode_worker(r) for r in self._read("SELECT * FROM workers")]
 
-    def delete_worker(self, worker_id: str) -> None:
-        with self._write() as conn:
-            conn.execute("DELETE FROM workers WHERE id=?", (worker_id,))
-
     # -- circuit breakers -------------------------------------------------------
     def get_breaker(self, name: str) -> BreakerRow:
         rows = self._read("SELECT * FROM breakers WHERE name=?", (name,))
@@ -234,50 +227,17 @@ class SqliteStore(SqliteSteps, SqliteStreams):
         with self._write() as conn:  # BEGIN IMMEDIATE: one admission at a time
             return rates.acquire(request, lambda sql, args: conn.execute(sql, args).fetchall())
 
-    def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
+    # -- the shared SQL's primitives (``store.sql_base``) -------------------------------
+    def _sql_rows(self, sql: str, args: Sequence[Any] = ()) -> builtins.list[Any]:
+        return self._read(sql, args, tuples=True)
+
+    def _sql_write(self, *statements: tuple[str, Sequence[Any]]) -> builtins.list[int]:
         with self._write() as conn:
-            conn.execute(rates.SETTLE, (tokens, until, name, key))
+            return [conn.execute(sql, args).rowcount for sql, args in statements]
 
-    def get_limits(self) -> dict[str, Any] | None:
-        return limits_sql.decode(self._read(limits_sql.GET, tuples=True))
-
-    def put_limits(self, limits: dict[str, Any] | None) -> None:
+    def _sql_write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._write() as conn:
-            conn.execute(limits_sql.DROP)
-            if limits:
-                conn.execute(limits_sql.PUT, (limits_sql.encode(limits),))
-
-    # -- named values (``store.meta``) ------------------------------------------------
-    def get_meta(self, key: str) -> str | None:
-        rows = self._read(meta_sql.GET, (key,), tuples=True)
-        return rows[0][0] if rows else None
-
-    def meta_prefixed(self, prefix: str) -> dict[str, str]:
-        return dict(self._read(meta_sql.PREFIX, meta_sql.prefix_bounds(prefix), tuples=True))
-
-    def put_meta(self, key: str, value: str | None) -> None:
-        meta_sql.checked(key, value)
-        with self._write() as conn:
-            if value is None:
-                conn.execute(meta_sql.DROP, (key,))
-            else:
-                conn.execute(meta_sql.PUT, (key, value))
-
-    def add_meta(self, key: str, value: str) -> bool:
-        meta_sql.checked(key, value)
-        with self._write() as conn:
-            return conn.execute(meta_sql.ADD, (key, value)).rowcount == 1
-
-    # -- definitions ------------------------------------------------------------------
-    def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:
-        if rows:
-            with self._write() as conn:
-                conn.executemany(definitions_sql.PUT, definitions_sql.encode_all(rows))
-
-    def get_definition(self, machine: str, version: int,
-                       fingerprint: str) -> DefinitionRow | None:
-        return definitions_sql.decode(self._read(definitions_sql.GET,
-                                                 (machine, version, fingerprint), tuples=True))
+            conn.executemany(sql, rows)
 
     # -- read side ------------------------------------------------------------------
     def query(self, where: InstanceFilter, *, order: str = "created", descending: bool = True,

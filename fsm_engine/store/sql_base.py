@@ -1,0 +1,87 @@
+"""The store methods whose SQL is the same on every backend, written once.
+
+``SqlPlain`` holds the plain facets' methods (named values, the fleet's limits, stored
+definitions, a rate limit's settlement, a worker row's removal) over two primitives each
+backend gives, in the SQL of ``?`` placeholders (PostgreSQL's turns them into ``%s``):
+
+- ``_sql_rows(sql, args)``: all rows of one read, as plain tuples;
+- ``_sql_write(*statements)``: ``(sql, args)`` pairs run in one transaction, their row
+  counts in order; ``_sql_write_many(sql, rows)``: one statement over many argument rows,
+  in one transaction.
+
+Both raise ``StoreError`` (one line) as the backend's own calls do. A backend's methods with
+SQL of its own (claims, commits, reads with dialect-specific filters) stay in its
+subpackage; the filter SQL is shared through ``sql_filter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import definitions as definitions_sql
+from . import limits as limits_sql
+from . import meta as meta_sql
+from . import rates
+from .records import DefinitionRow
+
+__all__ = ["SqlPlain"]
+
+Statement = tuple[str, Sequence[Any]]
+
+
+class SqlPlain:
+    """Mixed into ``SqliteStore`` and ``PostgresStore`` (after their own bases)."""
+
+    def _sql_rows(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    def _sql_write(self, *statements: Statement) -> list[int]:
+        raise NotImplementedError
+
+    def _sql_write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    # -- named values (``store.meta``) --------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        rows = self._sql_rows(meta_sql.GET, (key,))
+        return rows[0][0] if rows else None
+
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        return dict(self._sql_rows(meta_sql.PREFIX, meta_sql.prefix_bounds(prefix)))
+
+    def put_meta(self, key: str, value: str | None) -> None:
+        meta_sql.checked(key, value)
+        self._sql_write((meta_sql.DROP, (key,)) if value is None
+                        else (meta_sql.PUT, (key, value)))
+
+    def add_meta(self, key: str, value: str) -> bool:
+        meta_sql.checked(key, value)
+        return self._sql_write((meta_sql.ADD, (key, value)))[0] == 1
+
+    # -- the fleet's limits ---------------------------------------------------------------
+    def get_limits(self) -> dict[str, Any] | None:
+        return limits_sql.decode(self._sql_rows(limits_sql.GET))
+
+    def put_limits(self, limits: dict[str, Any] | None) -> None:
+        statements: list[Statement] = [(limits_sql.DROP, ())]
+        if limits:
+            statements.append((limits_sql.PUT, (limits_sql.encode(limits),)))
+        self._sql_write(*statements)
+
+    # -- stored definitions ---------------------------------------------------------------
+    def put_definitions(self, rows: Sequence[DefinitionRow]) -> None:
+        if rows:
+            self._sql_write_many(definitions_sql.PUT, definitions_sql.encode_all(rows))
+
+    def get_definition(self, machine: str, version: int,
+                       fingerprint: str) -> DefinitionRow | None:
+        return definitions_sql.decode(self._sql_rows(definitions_sql.GET,
+                                                     (machine, version, fingerprint)))
+
+    # -- rate limits, workers ---------------------------------------------------------------
+    def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:
+        self._sql_write((rates.SETTLE, (tokens, until, name, key)))
+
+    def delete_worker(self, worker_id: str) -> None:
+        self._sql_write(("DELETE FROM workers WHERE id=?", (worker_id,)))
