@@ -192,20 +192,10 @@ class LocalLlama(Provider):
         Raises ClientError for a prompt that does not fit ``n_ctx``, a bad schema
         or a broken build; ServerError (retryable) when the child dies during the call.
         """
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        client = await self._connect()
-        assert self._gate is not None
-        async with self._gate:
-            left = None if deadline is None else max(0.001, deadline - loop.time() - 0.05)
-            try:
-                return await client.complete(messages, max_tokens=max_tokens,
-                                             temperature=temperature, json_schema=json_schema,
-                                             stop=stop, timeout=left)
-            except ProviderError as exc:
-                assert self.server is not None
-                # shielded: when the step gives up meanwhile, killing a frozen child still happens
-                raise await asyncio.shield(self.server.explain(exc)) from None
+        async with self._turn(timeout) as (client, left):
+            return await client.complete(messages, max_tokens=max_tokens,
+                                         temperature=temperature, json_schema=json_schema,
+                                         stop=stop, timeout=left)
 
     async def stream(self, messages: list[Message], *, max_tokens: int = 256,
                      temperature: float = 0.0, json_schema: JsonSchema | None = None,
@@ -216,6 +206,20 @@ class LocalLlama(Provider):
         streaming: the prompt is counted by the model's own tokenizer (``count_tokens``, not
         the client's estimate, which overshot by half), the reply one token per piece.
         Bounds and errors as ``complete``."""
+        async with self._turn(timeout) as (client, left):
+            async for piece in client.stream(messages, max_tokens=max_tokens,
+                                             temperature=temperature, json_schema=json_schema,
+                                             stop=stop, timeout=left):
+                if isinstance(piece, Completion) and piece.usage_missing:
+                    piece = replace(piece, prompt_tokens=await self.count_tokens(messages))
+                yield piece
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, timeout: float | None) -> AsyncIterator[tuple[Any, float | None]]:
+        """This process's turn at the child: its client and the seconds left of ``timeout``
+        once the turn came (a little less: the HTTP call gives up before the step does);
+        a ``ProviderError`` inside comes out explained by the child's state
+        (``LocalServer.explain``: a dead or frozen child is restarted for the next call)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         client = await self._connect()
@@ -223,15 +227,10 @@ class LocalLlama(Provider):
         async with self._gate:
             left = None if deadline is None else max(0.001, deadline - loop.time() - 0.05)
             try:
-                async for piece in client.stream(messages, max_tokens=max_tokens,
-                                                 temperature=temperature,
-                                                 json_schema=json_schema, stop=stop,
-                                                 timeout=left):
-                    if isinstance(piece, Completion) and piece.usage_missing:
-                        piece = replace(piece, prompt_tokens=await self.count_tokens(messages))
-                    yield piece
+                yield client, left
             except ProviderError as exc:
                 assert self.server is not None
+                # shielded: when the step gives up meanwhile, killing a frozen child still happens
                 raise await asyncio.shield(self.server.explain(exc)) from None
 
     async def count_tokens(self, messages: list[Message]) -> int:

@@ -265,12 +265,8 @@ class OpenAICompatible(Provider):
         Raises ProviderTimeout, ProviderUnavailable, RateLimited, ServerError
         or ClientError (see the module docstring).
         """
-        limit = self.timeout if timeout is None else max(0.001, float(timeout))
-        started = time.monotonic()
-        async with self._semaphore():
-            left = self._left_after_slot(limit, started)
-            kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
-                                         left)
+        async with self._slot(messages, max_tokens, temperature, json_schema, stop,
+                              timeout) as (left, kwargs):
             if tools:
                 kwargs["tools"] = tools
                 if tool_choice:
@@ -289,12 +285,8 @@ class OpenAICompatible(Provider):
         ``usage``: the prompt by :meth:`count_tokens`, the reply one token per piece or
         the estimate, whichever is more (``usage_missing``).  Errors as ``complete``,
         possibly after some pieces."""
-        limit = self.timeout if timeout is None else max(0.001, float(timeout))
-        started = time.monotonic()
-        async with self._semaphore():
-            left = self._left_after_slot(limit, started)
-            kwargs = await self._request(messages, max_tokens, temperature, json_schema, stop,
-                                         left)
+        async with self._slot(messages, max_tokens, temperature, json_schema, stop,
+                              timeout) as (left, kwargs):
             kwargs.update(stream=True, stream_options={"include_usage": True})
             opened = await self._create(kwargs, json_schema, self._open_stream)
             seen = SseEvents(f"{self.name} model {self.model!r} at {self.shown_url}")
@@ -310,6 +302,20 @@ class OpenAICompatible(Provider):
                 with contextlib.suppress(Exception):
                     await opened.close()
         yield await self._streamed(seen, messages)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, messages: list[Message], max_tokens: int, temperature: float,
+                    json_schema: JsonSchema | None, stop: list[str] | None,
+                    timeout: float | None) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+        """A free slot (``max_concurrency``), held for the body: the seconds of the call's
+        limit (``timeout``, else the provider's) left once it came, and the request's
+        keyword arguments."""
+        limit = self.timeout if timeout is None else max(0.001, float(timeout))
+        started = time.monotonic()
+        async with self._semaphore():
+            left = self._left_after_slot(limit, started)
+            yield left, await self._request(messages, max_tokens, temperature, json_schema,
+                                            stop, left)
 
     async def _open_stream(self, **kwargs: Any) -> Any:
         """Send a streamed request; its raw response (the status checked: an error status
