@@ -27,7 +27,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import DefinitionError
-from .spec import Machine, Ref, Transition, as_refs, ref_name
+from .check_fanout import problems as fan_out_problems
+from .refs import Ref, as_refs, ref_name
+from .spec import Machine, Transition
 
 
 @dataclass(frozen=True)
@@ -355,8 +357,16 @@ def check(machine: Machine) -> Checked:
     _versions(machine, names, problems)
     for s in machine.states:
         if s.fan_out is not None:
-            from .fanout import problems as fan_out_problems
-            problems.extend(fan_out_problems(machine, s))
+            problems.extend(fan_out_problems(machine, s, _problems_of))
     if problems:
         raise DefinitionError(machine.name or "?", problems)
     return Checked(machine, actions, guards)
+
+
+def _problems_of(machine: Machine) -> list[str]:
+    """Every problem of ``machine`` (``[]`` when it passes): a fan-out's branch machines."""
+    try:
+        check(machine)
+    except DefinitionError as exc:
+        return list(exc.problems)
+    return []

@@ -13,7 +13,8 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from .spec import as_refs, ref_name
+from .fanout import Map, completion_of
+from .refs import as_refs, ref_name
 
 if TYPE_CHECKING:
     from .spec import Machine, State
@@ -45,7 +46,6 @@ def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
 
 def _fan_out_dict(machine: Machine, s: State) -> dict[str, Any]:
     """A fan-out state's shape: kind, items, policy, and each branch machine's export."""
-    from .fanout import Map, completion_of, plans
     fo = s.fan_out
     assert fo is not None
     policy = completion_of(fo)
@@ -57,7 +57,7 @@ def _fan_out_dict(machine: Machine, s: State) -> dict[str, Any]:
         "max_concurrency": fo.max_concurrency,
         "branches": [{"name": p.name, "wrapped": p.wrapped, "skippable": p.spec.skippable,
                       "machine": export_machine(p.machine)}
-                     for p in plans(machine, s.name, fo)],
+                     for p in machine.branch_plans(s)],
     }
 
 

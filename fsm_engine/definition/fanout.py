@@ -21,6 +21,10 @@ cancelled; a skippable branch that failed contributes its ``default_output``.
 With ``into="field"`` the reducer's value (default: the outputs themselves) is
 stored in that context field; without, the reducer returns a dict of context
 updates (``merge_outputs`` merges action outputs, as a DAG layer does).
+
+This module holds the declarations only (no import of ``spec`` at run time): the
+branch machines are built by ``Machine.branch_plans`` and a fan-out state is checked
+by ``fsm_engine.definition.check_fanout``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 from ..policies import Completion, RetryPolicy
 
 if TYPE_CHECKING:
-    from .spec import Machine, Ref
+    from .refs import Ref
+    from .spec import Machine
 
 #: Transitions a fan-out state takes when its completion policy is decided.
 JOINED, BRANCH_FAILED = "joined", "branch_failed"
@@ -140,98 +145,10 @@ def merge_outputs(outputs: Mapping[str, Any] | list[Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BranchPlan:
-    """How one branch runs: set by the compiler (``runtime.compiled``)."""
+    """How one branch runs (``Machine.branch_plans``): its name (``""`` for a ``Map``'s),
+    its machine, whether that machine wraps an action, and the declared ``Branch``."""
 
     name: str
     machine: Machine
     wrapped: bool
     spec: Branch = field(repr=False)
-
-
-def wrap_action(parent: Machine, state: str, name: str, branch: Branch) -> Machine:
-    """A single action as a one-state branch machine on the parent's context model
-    (its retry, timeout and fallback action from ``branch``)."""
-    from .spec import Machine, State, Transition
-    label = f"{parent.name}.{state}" + (f".{name}" if name else "")
-    states = [State("run", action=branch.run, retry=branch.retry,  # type: ignore[arg-type]
-                    timeout=branch.timeout, llm=branch.llm,
-                    fallback="fallback" if branch.fallback is not None else None)]
-    transitions = [Transition("done", "run", "done")]
-    if branch.fallback is not None:
-        states.append(State("fallback", action=branch.fallback, llm=branch.llm))
-        transitions.append(Transition("done", "fallback", "done"))
-    states += [State("done", final=True), State("failed", final=True, failure=True)]
-    return Machine(name=label, context=parent.context, initial="run", states=states,
-                   transitions=transitions, max_transitions=10, namespace=parent.namespace)
-
-
-def plans(parent: Machine, state: str, fan_out: FanOut) -> list[BranchPlan]:
-    """The branches of ``fan_out`` (a ``Map`` has one, run once per item)."""
-    from .spec import Machine
-    named = (fan_out.normalised() if isinstance(fan_out, Parallel)
-             else {"": fan_out.branch()})
-    out = []
-    for name, b in named.items():
-        if isinstance(b.run, Machine):
-            out.append(BranchPlan(name, b.run, False, b))
-        else:
-            out.append(BranchPlan(name, wrap_action(parent, state, name, b), True, b))
-    return out
-
-
-def problems(parent: Machine, state: Any) -> list[str]:
-    """What is wrong with ``state``'s fan-out (each problem names the state and branch)."""
-    fo, where = state.fan_out, f"state {state.name!r}"
-    if not isinstance(fo, (Parallel, Map)):
-        return [f"{where}: fan_out must be a Parallel or a Map"]
-    out = [f"{where}: {p}" for p in _shape_problems(parent, state, fo)]
-    for plan in plans(parent, state.name, fo):
-        label = f"{where}: branch {plan.name!r}" if plan.name else f"{where}: map branch"
-        out += [f"{label}{p}" for p in _branch_problems(fo, plan)]
-    return out
-
-
-def _shape_problems(parent: Machine, state: Any, fo: Parallel | Map) -> list[str]:
-    """The fan-out state itself: its kind, its join transition, fields, reducer, limits."""
-    out: list[str] = []
-    if state.action is not None or state.wait or state.final:
-        out.append("a fan-out state has no action, is not a wait state, not final")
-    if not any(t.trigger == JOINED and state.name in t.sources([state.name])
-               for t in parent.transitions):
-        out.append(f"a fan-out state needs a {JOINED!r} transition")
-    fields = parent.context.model_fields if isinstance(parent.context, type) else {}
-    if isinstance(fo, Map) and fo.items not in fields:
-        out.append(f"items field {fo.items!r} is not a context field")
-    if fo.into is not None and fo.into not in fields:
-        out.append(f"into field {fo.into!r} is not a context field")
-    if fo.into is None and fo.reducer is None:
-        out.append("name an `into` context field or a reducer returning updates")
-    if fo.reducer is not None and not callable(fo.reducer):
-        out.append("reducer must be callable")
-    if fo.max_concurrency is not None and fo.max_concurrency < 1:
-        out.append("max_concurrency must be >= 1")
-    out += list(completion_of(fo).problems())
-    if isinstance(fo, Parallel):
-        if not fo.branches:
-            out.append("a Parallel needs at least one branch")
-        out += ["branch names must be non-empty strings"
-                for n in fo.branches if not (isinstance(n, str) and n)][:1]
-    return out
-
-
-def _branch_problems(fo: Parallel | Map, plan: BranchPlan) -> list[str]:
-    """One branch's machine, each problem starting with ``": "`` or ``" (machine ...): "``."""
-    from ..errors import DefinitionError
-    from .check import check
-    out: list[str] = []
-    if plan.spec.skippable and plan.spec.default_output is None:
-        out.append(": skippable needs a default_output")
-    if isinstance(fo, Map) and fo.item_field is not None and \
-            fo.item_field not in plan.machine.context.model_fields:
-        out.append(f": item_field {fo.item_field!r} is not a field of "
-                   f"{plan.machine.context.__name__}")
-    try:
-        check(plan.machine)
-    except DefinitionError as exc:
-        out += [f" (machine {plan.machine.name!r}): {p}" for p in exc.problems]
-    return out

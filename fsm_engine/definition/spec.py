@@ -31,13 +31,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ..policies import CachePolicy, RetryPolicy
+from .export import export_machine
+from .fanout import BranchPlan, Parallel
+from .refs import Ref
+from .refs import as_refs as as_refs  # re-exported: their home was here
+from .refs import ref_name as ref_name
 from .review import Review
 
 if TYPE_CHECKING:
     from .agent import Agent
-    from .fanout import FanOut
-
-Ref = Callable[..., Any] | str
+    from .fanout import Branch, FanOut
 
 #: Triggers the runtime fires itself; actions may fire them too.
 FALLBACK = "fallback"
@@ -195,22 +198,6 @@ class Transition:
         return [self.source] if isinstance(self.source, str) else list(self.source)
 
 
-def as_refs(value: Ref | Sequence[Ref] | None) -> tuple[Ref, ...]:
-    """Normalise one reference or a sequence of them to a tuple."""
-    if value is None:
-        return ()
-    if isinstance(value, str) or callable(value):
-        return (value,)
-    return tuple(value)
-
-
-def ref_name(ref: Ref | None) -> str | None:
-    """A stable display name for an action or guard reference."""
-    if ref is None or isinstance(ref, str):
-        return ref
-    return getattr(ref, "__qualname__", None) or getattr(ref, "__name__", None) or repr(ref)
-
-
 @dataclass(frozen=True)
 class Machine:
     """A machine definition (data only).
@@ -298,7 +285,36 @@ class Machine:
         """The first final state marked ``failure``, where unhandled failures go."""
         return next((s.name for s in self.states if s.final and s.failure), None)
 
+    def branch_plans(self, state: State) -> list[BranchPlan]:
+        """The branches of ``state`` (one of ``states``) when it fans out, in declaration
+        order (a ``Map`` has one, run once per item); a branch given as an action is
+        wrapped as a one-state machine (what the definition implies, as
+        ``all_transitions`` adds the fallback transitions).  ``[]`` without ``fan_out``."""
+        fan_out = state.fan_out
+        if fan_out is None:
+            return []
+        named = (fan_out.normalised() if isinstance(fan_out, Parallel)
+                 else {"": fan_out.branch()})
+        return [BranchPlan(name, b.run, False, b) if isinstance(b.run, Machine)
+                else BranchPlan(name, _wrap_action(self, state.name, name, b), True, b)
+                for name, b in named.items()]
+
     def export(self) -> dict[str, Any]:
         """A plain-dict view for diagrams, fingerprints and review (JSON-serialisable)."""
-        from .export import export_machine
         return export_machine(self)
+
+
+def _wrap_action(parent: Machine, state: str, name: str, branch: Branch) -> Machine:
+    """A single action as a one-state branch machine on the parent's context model
+    (its retry, timeout and fallback action from ``branch``)."""
+    label = f"{parent.name}.{state}" + (f".{name}" if name else "")
+    states = [State("run", action=branch.run, retry=branch.retry,  # type: ignore[arg-type]
+                    timeout=branch.timeout, llm=branch.llm,
+                    fallback="fallback" if branch.fallback is not None else None)]
+    transitions = [Transition("done", "run", "done")]
+    if branch.fallback is not None:
+        states.append(State("fallback", action=branch.fallback, llm=branch.llm))
+        transitions.append(Transition("done", "fallback", "done"))
+    states += [State("done", final=True), State("failed", final=True, failure=True)]
+    return Machine(name=label, context=parent.context, initial="run", states=states,
+                   transitions=transitions, max_transitions=10, namespace=parent.namespace)

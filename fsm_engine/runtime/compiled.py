@@ -19,7 +19,9 @@ from typing import Any, NamedTuple
 import transitions
 
 from ..definition import Machine, RunInfo, check, fingerprint
-from ..definition.spec import RESERVED_TRIGGERS, State, as_refs, ref_name
+from ..definition.fanout import completion_of
+from ..definition.refs import as_refs, ref_name
+from ..definition.spec import RESERVED_TRIGGERS, State
 from ..errors import ActionError
 from .values import partial_dump
 
@@ -86,11 +88,10 @@ class FanOutPlan(NamedTuple):
 
 
 def _fan_outs(machine: Machine) -> dict[str, FanOutPlan]:
-    from ..definition.fanout import completion_of, plans
     out = {}
     for s in machine.states:
         if s.fan_out is not None:
-            branches = tuple(plans(machine, s.name, s.fan_out))
+            branches = tuple(machine.branch_plans(s))
             out[s.name] = FanOutPlan(s.name, s.fan_out, completion_of(s.fan_out), branches,
                                      tuple(compile_machine(b.machine) for b in branches))
     return out
