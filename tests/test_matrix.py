@@ -124,7 +124,12 @@ def test_cell(lab: Lab, kind: str, fault: str, point: Point, backend: str,
         lab.env["MATRIX_VERSION"] = "2"
         monkeypatch.setenv("MATRIX_VERSION", "2")
         _forget_module()
-    FAULT_RUNNERS[fault](lab, spec, point)
+    try:
+        FAULT_RUNNERS[fault](lab, spec, point)
+    except AssertionError:  # a fault that did not play out: what each process said
+        for f in sorted(lab.tmp.glob("proc-*.log")):
+            print("==", f.name, f.read_text(errors="replace")[-3000:])
+        raise
     _assert_holds(lab, spec, lost_commits=1 if fault == "pg_restart" else 0)
 
 
