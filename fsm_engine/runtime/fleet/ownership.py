@@ -137,16 +137,20 @@ class Ownership:
     def lease_current(self, owner: str | None) -> bool:
         """True while an instance claimed by ``owner`` is still this worker's to step: the
         claim was made under this worker's current id (a rollover after a lost lease
-        gives a new id: what the old one held is lost) and that lease has not run out by
-        this worker's clock.  ``owner`` None (not claimed) or an unregistered worker: True.
+        gives a new id: what the old one held is lost, also while the new id is still
+        being registered: matrix finding M5) and that lease has not run out by this
+        worker's clock.  ``owner`` None (not claimed): True; a claim under the current id
+        of a worker that never registered (an in-process run): True.
 
         Checked before a step starts its action or its delivery: a worker whose loop
         stalled past its lease (a long pause, SIGSTOP) may have been taken over, and only
         the new owner may start the instance's next step; an action already running
         finishes, and its commit is refused by the version check."""
-        if owner is None or not self.registered:
+        if owner is None:
             return True
-        return owner == self.worker.id and self.clock() < (self.worker.lease_until or 0.0)
+        if owner != self.worker.id:
+            return False
+        return not self.registered or self.clock() < (self.worker.lease_until or 0.0)
 
     def register(self) -> None:
         """Register the worker row once (before it owns anything); renew a lease that ran
