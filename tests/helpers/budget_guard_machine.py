@@ -1,5 +1,5 @@
 """A machine whose guard reads the token budgets (``RunInfo``): the instance's and the
-state's per-visit one, as spent by the state's model call (tests/test_replay_budget.py)."""
+state's per-visit one, as spent by the state's model call (tests/runtime/kinds/test_replay_budget.py)."""
 
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-try:  # imported as a top-level module (tests/ on sys.path) or as tests.llm_fixtures
+try:  # imported as a top-level module (tests/ on sys.path) or as tests.helpers.llm_fixtures
     from procs import stop
 except ImportError:
-    from tests.procs import stop
+    from tests.helpers.procs import stop
 
 SERVER_START_TIMEOUT = 120.0  # seconds
 

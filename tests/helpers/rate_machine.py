@@ -1,5 +1,5 @@
 """One model call per instance, with a short prompt: the shared rate-limit test's machine
-(``tests/test_scale_limits.py``); its estimate (prompt + ``max_tokens``) is 61 tokens."""
+(``tests/runtime/fleet/test_scale_limits.py``); its estimate (prompt + ``max_tokens``) is 61 tokens."""
 
 from pydantic import BaseModel
 

@@ -1,6 +1,6 @@
 """Real `fsm worker` processes on one store, a loopback HTTP sink and an audit trail.
 
-Used by ``tests/test_scale_out.py`` (small counts) and ``bench/scale_out.py`` (the
+Used by ``tests/runtime/fleet/test_scale_out.py`` (small counts) and ``bench/scale_out.py`` (the
 issue's counts).  The reference machine (``machines/moderation.py``) runs with a
 scripted model answering after ``delay_s`` and notifies the sink, which records
 every POST with its ``Idempotency-Key``.  On PostgreSQL, triggers (installed by
@@ -26,7 +26,7 @@ from procs import wait_until  # noqa: F401 - its tests import it from here
 
 from fsm_engine.store.records import InstanceFilter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FSM = str(Path(sys.executable).with_name("fsm"))
 MODERATION = "machines/moderation.py"
 #: The reference machine's path for a good verdict, as (source, dest) pairs.

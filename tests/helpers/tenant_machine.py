@@ -1,5 +1,5 @@
 """A one-step machine whose step holds its lease ~20 ms: the partition-limit test's
-(``tests/test_scale_limits.py``), so 500 instances run in seconds."""
+(``tests/runtime/fleet/test_scale_limits.py``), so 500 instances run in seconds."""
 
 import asyncio
 

@@ -1,7 +1,7 @@
 """The agent-state rows of the intersection matrix (issue 23): the scripted model's replies,
 an uninterrupted run's journal, and the invariants ``matrix_check`` adds for them.
 
-The agents of ``tests/matrix_machines.py`` make three turns: ``look`` (a plain tool), then
+The agents of ``tests/integration/matrix_machines.py`` make three turns: ``look`` (a plain tool), then
 ``report`` (a side effect, delivered to ``$MATRIX_SINK`` under its idempotency key; in
 ``agent_approve`` a person approves it first with ``fsm review decide``), then the final
 answer. Each tool run appends ``{iid, state, visit, call, tool, pid, at}`` to
@@ -86,7 +86,7 @@ def _calls_ran(iid: str, rows: list[Any], runs: Runs, lost: int) -> list[str]:
     excused only in a process its instance was taken from (a ``recovery`` row's
     ``from_pid``), within the takeover allowance: a tool that had passed its lease check
     when its process was stopped finishes when let go on (``Ownership.lease_current``); one
-    that had not must not start (``tests/test_agent_findings.py``, finding A1)."""
+    that had not must not start (``tests/integration/test_agent_findings.py``, finding A1)."""
     problems: list[str] = []
     takeovers, stalled = 0, set()
     for row in rows:

@@ -4,7 +4,7 @@
 list: the cell holds), each one line naming the instance:
 
 1. every committed step ran once: each recorded step of a state whose action logs its
-   runs (``tests/matrix_machines.py``) is matched by runs started before its commit
+   runs (``tests/integration/matrix_machines.py``) is matched by runs started before its commit
    (row ``at``) — one, or one more per takeover (``recovery`` row) or lost commit the cell
    allows between it and the step before — and no run starts after the last commit of
    its (instance, state, visit);
@@ -36,7 +36,7 @@ from fsm_engine.views import context_after
 
 #: History kinds that record a step whose action ran (a forced move runs none).
 _STEPS = frozenset({"transition", "fallback", "skip"})
-#: States of tests/matrix_machines.py whose actions log each run.
+#: States of tests/integration/matrix_machines.py whose actions log each run.
 LOGGED = frozenset({"work", "notify", "start", "finish"})
 
 

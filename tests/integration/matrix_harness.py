@@ -1,7 +1,7 @@
 """The intersection matrix's world: one store, real ``fsm`` processes, a crash point.
 
 A ``Lab`` is one cell's store (SQLite file or PostgreSQL schema), its execution log and
-sink (``tests/matrix_machines.py`` appends to them) and the processes it starts: real
+sink (``tests/integration/matrix_machines.py`` appends to them) and the processes it starts: real
 ``python -m fsm_engine.cli`` commands (``worker``, ``review decide``, ``rerun``, ``fork``,
 ``migrate``) and a two-line ``Engine.send`` script, each given ``FSM_CRASH_AT``
 (``fsm_engine.testing.crash``) when it is the one to stop at the cell's commit point.
@@ -28,8 +28,8 @@ from procs import wait_until
 from fsm_engine import Engine
 from fsm_engine.store import FINAL_STATUSES, open_store
 
-ROOT = Path(__file__).resolve().parent.parent
-MODULE = "tests/matrix_machines.py"
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "tests/integration/matrix_machines.py"
 #: The lease of every worker a cell starts (a SIGSTOPped one is taken over after it).
 LEASE = 1.0
 SEND = ("import asyncio, sys\nfrom fsm_engine import Engine\n"

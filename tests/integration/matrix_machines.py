@@ -1,4 +1,4 @@
-"""Machines for the intersection matrix (``tests/test_matrix.py``); worker processes load
+"""Machines for the intersection matrix (``tests/integration/test_matrix.py``); worker processes load
 this file by path.
 
 Every action appends one line to ``$MATRIX_LOG`` (JSON: instance, state, visit, attempt,
@@ -18,7 +18,7 @@ for the migration cells.
 - ``fan_review``: ``fan`` whose children are ``reviewed`` (a review decision ending a child);
 - ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay);
 - ``agent_loop``: research (an agent state: ``look``, then the side effect ``report``,
-  then the answer; ``tests/matrix_agent.py``) -> answered (agent steps);
+  then the answer; ``tests/integration/matrix_agent.py``) -> answered (agent steps);
 - ``agent_approve``: ``agent_loop`` whose ``report`` waits for a person's approval.
 """
 

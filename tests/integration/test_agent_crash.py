@@ -26,8 +26,8 @@ from fsm_engine.store.records import TOOL
 
 pytestmark = pytest.mark.slow  # real processes SIGKILLed
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+HERE = Path(__file__).resolve().parents[1] / "helpers"
+ROOT = HERE.parents[1]
 
 RUNNER = '''
 import asyncio, json, sys

@@ -1,4 +1,4 @@
-"""Findings of the intersection matrix's agent cells (``tests/test_matrix.py``, kinds
+"""Findings of the intersection matrix's agent cells (``tests/integration/test_matrix.py``, kinds
 ``agent-call`` and ``agent-approval``), each a focused test written before its fix.
 
 A1 (``agent-call-stop-*``, 17 of 110 full cells): a worker SIGSTOPped while its loop had

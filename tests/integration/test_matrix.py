@@ -46,9 +46,9 @@ REPEATS = int(os.environ.get("FSM_MATRIX_REPEATS", "1"))
 FAULTS = ("kill", "stop", "pg_restart")
 
 #: (kind, fault, before/after) -> why the cell fails today (issue 19's findings 1-3 and the
-#: matrix's own M1-M4 and A1-A2 are fixed: tests/test_matrix_findings.py,
-#: tests/test_agent_findings.py, tests/test_release_after_claim.py,
-#: tests/test_pg_stalled_transaction.py; a cell found failing goes here with its reason
+#: matrix's own M1-M4 and A1-A2 are fixed: tests/integration/test_matrix_findings.py,
+#: tests/integration/test_agent_findings.py, tests/runtime/fleet/test_release_after_claim.py,
+#: tests/store/test_pg_stalled_transaction.py; a cell found failing goes here with its reason
 #: until its fix lands).
 KNOWN: dict[tuple[str, str, str], str] = {}
 #: Known failures that depend on timing (``strict=False``: the cell may pass).

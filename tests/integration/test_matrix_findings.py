@@ -1,4 +1,4 @@
-"""Findings of the intersection matrix (``tests/test_matrix.py``), each reproduced alone
+"""Findings of the intersection matrix (``tests/integration/test_matrix.py``), each reproduced alone
 on both backends."""
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from fsm_engine.llm.serve import Refused, choose_template
 try:
     from llm_fixtures import gemma_path, require_llama_cpp  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import gemma_path, require_llama_cpp  # noqa: F401
+    from tests.helpers.llm_fixtures import gemma_path, require_llama_cpp  # noqa: F401
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("metadata", "chat_format", "expected"), [

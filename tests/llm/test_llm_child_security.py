@@ -23,7 +23,7 @@ from fsm_engine.llm.local import default_threads
 try:
     from llm_fixtures import qwen_path  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import qwen_path  # noqa: F401
+    from tests.helpers.llm_fixtures import qwen_path  # noqa: F401
 
 SECRETS = {
     "FSM_DB": "postgresql://fsm:hunter2-db@db.example/fsm",

@@ -21,9 +21,9 @@ from fsm_engine import Engine
 try:
     from llm_fixtures import require_llama_cpp
 except ImportError:
-    from tests.llm_fixtures import require_llama_cpp
+    from tests.helpers.llm_fixtures import require_llama_cpp
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHUNK = """from pathlib import Path
 def get_part_path():
     return str(Path(__file__).with_suffix(".bin"))

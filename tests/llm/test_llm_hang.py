@@ -26,7 +26,7 @@ from fsm_engine.llm.child import ModelServer
 try:
     from llm_fixtures import gemma_path  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import gemma_path  # noqa: F401
+    from tests.helpers.llm_fixtures import gemma_path  # noqa: F401
 
 START_S = 1.5
 FAKE_CHILD = r'''

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fsm_engine.llm import install
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_pinned_version_is_the_one_the_local_extra_asks_for():

@@ -19,7 +19,7 @@ from fsm_engine.llm.local import default_model_path
 try:  # pytest puts tests/ (rootless) or the repo root (tests as a package) on sys.path
     from llm_fixtures import gemma_path, qwen_path, require_llama_cpp  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import gemma_path, qwen_path, require_llama_cpp  # noqa: F401
+    from tests.helpers.llm_fixtures import gemma_path, qwen_path, require_llama_cpp  # noqa: F401
 
 ASK = [{"role": "system", "content": "You are terse."},
        {"role": "user", "content": "Name one colour."}]

@@ -58,7 +58,7 @@ def test_the_pinned_chunks_are_the_qwen_extra():
     import tomllib
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     chunks = [f"{name.replace('_', '-')}=={models.QWEN_VERSION}" for name in models.QWEN_PARTS]
     assert extra["qwen"] == chunks and extra["local"][1:] == chunks  # the default model

@@ -17,7 +17,7 @@ from fsm_engine.llm import LocalLlama
 try:
     from llm_fixtures import qwen_path  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import qwen_path  # noqa: F401
+    from tests.helpers.llm_fixtures import qwen_path  # noqa: F401
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

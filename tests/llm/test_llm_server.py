@@ -13,7 +13,7 @@ from fsm_engine.llm import OpenAICompatible
 try:  # pytest puts tests/ (rootless) or the repo root (tests as a package) on sys.path
     from llm_fixtures import gemma_path, llama_server  # noqa: F401
 except ImportError:
-    from tests.llm_fixtures import gemma_path, llama_server  # noqa: F401
+    from tests.helpers.llm_fixtures import gemma_path, llama_server  # noqa: F401
 
 pytestmark = pytest.mark.model
 ASK = [{"role": "user", "content": "Name one colour."}]

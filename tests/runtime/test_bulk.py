@@ -13,7 +13,7 @@ from conftest import ROOT
 from fsm_engine import InvalidInput, load_machine
 from fsm_engine.store import InstanceFilter
 
-CONSOLE = str(ROOT / "tests/console_machine.py")
+CONSOLE = str(ROOT / "tests/helpers/console_machine.py")
 
 
 def _machine(ref: str = CONSOLE) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-RUNTIME = Path(__file__).resolve().parent.parent / "fsm_engine" / "runtime"
+RUNTIME = Path(__file__).resolve().parents[2] / "fsm_engine" / "runtime"
 
 
 def private_reach_ins(source: str) -> list[str]:

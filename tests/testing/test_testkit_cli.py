@@ -17,9 +17,10 @@ from test_cli import run_main
 from fsm_engine import Engine
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.testing import VirtualClock
-from tests import cover_machine, export_machine
+from tests.helpers import cover_machine, export_machine
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1] / "helpers"
+ROOT = HERE.parents[1]
 COVER = str(HERE / "cover_machine.py")
 
 
@@ -150,7 +151,7 @@ def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) ->
     (tmp_path / "test_some.py").write_text(
         "import asyncio\n"
         "from fsm_engine import Engine\n"
-        "from tests.cover_machine import machine\n\n"
+        "from tests.helpers.cover_machine import machine\n\n"
         "def test_small(tmp_path):\n"
         "    e = Engine(str(tmp_path / 'a.db'))\n"
         "    asyncio.run(e.run(e.start(machine, {'n': 3})))\n"
@@ -161,7 +162,7 @@ def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) ->
         "    e.close()\n")
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "fsm_engine.testing.plugin",
             "--fsm-coverage", COVER, str(tmp_path / "test_some.py"), "-p", "no:cacheprovider"]
-    env = {**__import__("os").environ, "PYTHONPATH": str(HERE.parent)}
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
     ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "100"], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=120)
     assert "2 passed" in ran.stdout, ran.stdout + ran.stderr
@@ -176,7 +177,7 @@ def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) ->
 
 
 def test_paths_bound_each_cycle(capsys: pytest.CaptureFixture[str]) -> None:
-    router = str(HERE.parent / "machines" / "router.py")
+    router = str(ROOT / "machines" / "router.py")
     code, out, _ = run_main(["paths", router], capsys)
     assert code == 0 and out.strip().splitlines() == [
         "draft -> review -> done", "draft -> done", "2 path(s)"]
@@ -188,7 +189,7 @@ def test_paths_bound_each_cycle(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cases_from_a_sibling_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     module = tmp_path / "borrowed.py"
-    module.write_text("from tests.cover_machine import machine  # noqa: F401\n")
+    module.write_text("from tests.helpers.cover_machine import machine  # noqa: F401\n")
     cases = [{"name": "large", "input": {"n": 12}, "final": "done"},
              {"name": "small", "input": {"n": 3}, "path": ["measure", "small", "done"]}]
     (tmp_path / "borrowed_cases.jsonl").write_text("\n".join(map(json.dumps, cases)) + "\n")
@@ -201,7 +202,7 @@ def test_cases_from_a_sibling_jsonl(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_a_fan_out_run_exports_its_childrens_replies(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    digest = str(HERE.parent / "machines" / "digest.py")
+    digest = str(ROOT / "machines" / "digest.py")
     from fsm_engine import load_machine
     machine, _ = load_machine(digest)
     vc = VirtualClock()
@@ -236,7 +237,7 @@ def test_a_fan_out_run_exports_its_childrens_replies(
 def test_malformed_cases_are_one_error_line(bad: tuple[str, str], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     module = tmp_path / "borrowed.py"
-    module.write_text("from tests.cover_machine import machine  # noqa: F401\n")
+    module.write_text("from tests.helpers.cover_machine import machine  # noqa: F401\n")
     (tmp_path / "borrowed_cases.jsonl").write_text(bad[0] + "\n")
     _one_error(*run_main(["test", str(module)], capsys), bad[1])
 

@@ -14,7 +14,7 @@ import pytest
 from fsm_engine import Engine
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.testing import VirtualClock
-from tests.clock_machine import build
+from tests.helpers.clock_machine import build
 
 MODES = ("ok", "flaky", "slow", "late")
 REPLIES = [{"match": "flaky", "error": "unavailable"}, {"match": "late", "error": "unavailable"},
@@ -95,7 +95,7 @@ def test_advance_refuses_going_back() -> None:
 
 def test_rate_limit_windows_and_resume_pass_on_virtual_time(tmp_path: Path) -> None:
     from fsm_engine.policies import RateLimit
-    from tests.rate_machine import MACHINE
+    from tests.helpers.rate_machine import MACHINE
     vc = VirtualClock()
     engine = vc.engine(tmp_path / "v.db", llm=Scripted.from_replies([{"text": "ok"}]),
                        rate_limits={"*": RateLimit(rpm=2, window_s=60.0)})

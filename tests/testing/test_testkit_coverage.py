@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from fsm_engine.coverage import Edge, from_store
-from tests.cover_machine import machine
+from tests.helpers.cover_machine import machine
 
 pytest_plugins = ["fsm_engine.testing.plugin"]
 

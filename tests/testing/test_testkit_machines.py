@@ -12,7 +12,7 @@ from fsm_engine import load_machine
 from fsm_engine.diagram.coverage import coverage_dot
 from fsm_engine.testing.cases import cases_of, run_cases
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted(p for p in (ROOT / "machines").glob("*.py") if not p.name.startswith("_"))
 
 

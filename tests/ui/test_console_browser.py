@@ -38,10 +38,10 @@ class World:
         self.db = str(folder / "console.db")
         eng = Engine(self.db, llm=None)
         try:
-            console, _ = load_machine(str(ROOT / "tests/console_machine.py"))
-            inbox = "tests/console_machine.py:inbox"  # stored as this reference: the console
+            console, _ = load_machine(str(ROOT / "tests/helpers/console_machine.py"))
+            inbox = "tests/helpers/console_machine.py:inbox"  # stored as this reference: the console
             # (another process) loads it from there
-            reviewed, _ = load_machine(str(ROOT / "tests/review_machine.py"))
+            reviewed, _ = load_machine(str(ROOT / "tests/helpers/review_machine.py"))
             self.queued = eng.start_many(console, [{"n": i} for i in range(12)], enqueue=True)
             self.inbox = eng.start(inbox, {})
             self.reviewed = [eng.start(reviewed, {"text": t}) for t in ("one", "two", "three")]

@@ -20,7 +20,7 @@ from procs import wait_until
 from fsm_engine import Engine, load_machine
 from fsm_engine.store import InstanceFilter, open_store
 
-MODULE = "tests/console_machine.py"
+MODULE = "tests/helpers/console_machine.py"
 FSM = [sys.executable, "-m", "fsm_engine.cli"]
 
 

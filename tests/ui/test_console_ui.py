@@ -31,9 +31,9 @@ class Setup:
     def __init__(self, tmp_path: Path, now: list[float]) -> None:
         self.db = str(tmp_path / "fsm.db")
         self.engine = Engine(self.db, llm=None)
-        self.console, _ = load_machine(str(ROOT / "tests/console_machine.py"))
-        self.inbox, _ = load_machine(str(ROOT / "tests/console_machine.py") + ":inbox")
-        self.reviewed, _ = load_machine(str(ROOT / "tests/review_machine.py"))
+        self.console, _ = load_machine(str(ROOT / "tests/helpers/console_machine.py"))
+        self.inbox, _ = load_machine(str(ROOT / "tests/helpers/console_machine.py") + ":inbox")
+        self.reviewed, _ = load_machine(str(ROOT / "tests/helpers/review_machine.py"))
         self.store = self.engine.store  # as `fsm ui --write` serves: one connection
         self.now = now
         app = create_app(self.store, token=TOKEN,

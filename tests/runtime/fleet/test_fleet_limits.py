@@ -1,7 +1,7 @@
 """The fleet's limits kept in the store (``fsm limits``, ``runtime.fleet.limits``): their stored
 shape, how a worker's own limits tighten them, an engine obeying stored rate limits it
 was never given, and the command line.  Real ``fsm worker`` processes obeying them (and
-a change while they run): ``tests/test_scale_limits.py``."""
+a change while they run): ``tests/runtime/fleet/test_scale_limits.py``."""
 
 from __future__ import annotations
 

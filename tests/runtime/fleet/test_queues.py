@@ -191,7 +191,7 @@ def test_bad_worker_options_are_one_line(tmp_path: Path, capsys, argv, needle) -
 
 
 def test_start_records_the_partition(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    monkeypatch.chdir(Path(__file__).resolve().parents[3])
     (tmp_path / "in.json").write_text('{"path": "/usr/share/common-licenses/MIT"}')
     db = str(tmp_path / "s.db")
     code, out, err = run_main(["start", "machines/moderation.py", "--input",

@@ -24,7 +24,7 @@ from fsm_engine.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-TENANT = "tests/tenant_machine.py"
+TENANT = "tests/helpers/tenant_machine.py"
 
 
 class Sampler:
@@ -157,7 +157,7 @@ def test_ten_workers_never_pass_a_shared_tokens_per_window_limit(pg_cluster, tmp
     fleet.spawn(10)
     engine = Engine(url)
     try:
-        ids = engine.start_many("tests/rate_machine.py", [{"n": n} for n in range(40)], enqueue=True)
+        ids = engine.start_many("tests/helpers/rate_machine.py", [{"n": n} for n in range(40)], enqueue=True)
     finally:
         engine.close()
     store = open_store(url)

@@ -23,7 +23,7 @@ from fsm_engine.errors import ReviewRefused
 from fsm_engine.llm import Scripted
 from fsm_engine.store import open_store
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2] / "helpers"
 MODULE = str(HERE / "agent_machine.py")
 Q = {"question": "report 2 + 3"}
 ASK = [calls(("add", {"a": 2, "b": 3})), calls(("send_report", {"text": "2+3=5"})),

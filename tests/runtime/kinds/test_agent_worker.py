@@ -20,7 +20,7 @@ from fsm_engine.store.records import TOOL
 
 pytestmark = pytest.mark.slow  # real processes SIGKILLed
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2] / "helpers"
 MODULE = str(HERE / "agent_machine.py")
 
 

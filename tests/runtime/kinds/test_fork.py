@@ -13,10 +13,11 @@ import pytest
 
 from fsm_engine import Engine, InvalidInput
 
-sys.path.insert(0, str(Path(__file__).parent))
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"
+sys.path.insert(0, str(HELPERS))
 import review_machine  # noqa: E402
 
-MODULE = str(Path(__file__).parent / "review_machine.py")
+MODULE = str(HELPERS / "review_machine.py")
 
 
 def _completed(engine: Engine) -> str:

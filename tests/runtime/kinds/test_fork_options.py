@@ -17,10 +17,11 @@ import pytest
 
 from fsm_engine.llm import Scripted
 
-sys.path.insert(0, str(Path(__file__).parent))
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"
+sys.path.insert(0, str(HELPERS))
 import fork_llm_machine  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 REPLIES = [{"match": "Q1", "text": "one", "prompt_tokens": 5, "completion_tokens": 3},
            {"match": "Q2", "text": "two", "prompt_tokens": 7, "completion_tokens": 4}]
 
@@ -109,7 +110,7 @@ def test_fsm_fork_flags(db_path: str, sink: Sink) -> None:
     engine = Engine(db_path, llm=Scripted.from_replies(REPLIES, model="m"))
     iid = _original(engine)
     engine.close()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{Path(__file__).parent}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HELPERS}"}
 
     def fork(*flags: str) -> dict:
         out = subprocess.run([sys.executable, "-m", "fsm_engine.cli", "fork", iid, "--db",

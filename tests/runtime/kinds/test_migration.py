@@ -25,10 +25,10 @@ from fsm_engine import (
     VersionTooNew,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "helpers"))
 import migration_machines as mm  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fsm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -104,8 +104,8 @@ def test_changed_guard_renamed_and_inserted_states_are_reported_at_their_seq(tmp
 
 
 def test_cli_replay_writes_nothing(tmp_path) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    module = str(Path(__file__).parent / "review_machine.py")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "helpers"))
+    module = str(Path(__file__).resolve().parents[2] / "helpers" / "review_machine.py")
     db = str(tmp_path / "fsm.db")
     import review_machine
     engine = Engine(db)

@@ -17,7 +17,7 @@ from fsm_engine.runtime.compiled import compile_machine
 from fsm_engine.runtime.kinds.replay import replay
 
 REPLY = {"text": "yes", "prompt_tokens": 50, "completion_tokens": 20}
-MODULE = str(Path(__file__).parent / "budget_guard_machine.py")
+MODULE = str(Path(__file__).resolve().parents[2] / "helpers" / "budget_guard_machine.py")
 
 
 def _ran(engine_factory):

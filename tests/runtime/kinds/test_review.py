@@ -18,12 +18,13 @@ from fsm_engine import DefinitionError, Engine, Machine, State, Transition
 from fsm_engine.definition.review import Review
 from fsm_engine.errors import ReviewRefused
 
-sys.path.insert(0, str(Path(__file__).parent))
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"
+sys.path.insert(0, str(HELPERS))
 import review_machine  # noqa: E402
 
-MODULE = str(Path(__file__).parent / "review_machine.py")
+MODULE = str(HELPERS / "review_machine.py")
 #: The machines call no model; the worker still wants a provider.
-SCRIPT = str(Path(__file__).parent / "review_script.jsonl")
+SCRIPT = str(HELPERS / "review_script.jsonl")
 
 
 def _to_review(engine: Engine, text: str = "hello") -> str:
@@ -206,7 +207,7 @@ def test_cli_review_list_show_claim_decide(tmp_path) -> None:
     assert again.returncode == 2 and "already decided" in again.stderr
 
 
-MODERATION = str(Path(__file__).parent.parent / "machines" / "moderation.py")
+MODERATION = str(Path(__file__).resolve().parents[3] / "machines" / "moderation.py")
 
 
 def _moderate(tmp_path, monkeypatch, lines: list[dict], review: bool) -> tuple[Engine, str]:
