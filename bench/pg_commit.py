@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT / "tests" / "helpers")]
 
 from scale_out import server_cpu, spent  # noqa: E402
 

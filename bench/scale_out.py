@@ -7,7 +7,7 @@ SIGKILL.
 Runs a throwaway cluster (``fsm_engine.testing.postgres``: fsync and
 synchronous_commit on, loopback) and the reference machine with a scripted model
 answering after ``--delay`` seconds.  Prints one line per figure; nothing is
-asserted (the properties are asserted by ``tests/test_scale_out.py``).
+asserted (the properties are asserted by ``tests/runtime/fleet/test_scale_out.py``).
 
 Each run waits for its workers to register (they load the machine at start,
 ``--machines``) and for a warm-up of ``WARM`` instances per worker, then measures
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "helpers")]
 os.environ.setdefault("FSM_MACHINES_ROOT", str(ROOT))
 
 from scale_harness import MODERATION, Fleet, Sink, completed, enqueue, wait_until  # noqa: E402

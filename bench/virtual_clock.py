@@ -2,7 +2,7 @@
 
     python bench/virtual_clock.py [--n 20]
 
-``n`` instances of each of the four paths of ``tests/clock_machine.py`` (retries with
+``n`` instances of each of the four paths of ``tests/helpers/clock_machine.py`` (retries with
 15-30 s jittered backoffs, a 10 s timeout, a 1 h review SLA, a deadline) run to their
 ends on the virtual clock, then the same machine scaled to small delays (x0.002, a
 50 ms SLA) on the real clock.  Prints real seconds, virtual seconds and the ratio
@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT)]
 from fsm_engine import Engine  # noqa: E402
 from fsm_engine.llm.scripted import Scripted  # noqa: E402
 from fsm_engine.testing import VirtualClock  # noqa: E402
-from tests.clock_machine import build  # noqa: E402
-from tests.test_testkit_clock import MODES, REPLIES  # noqa: E402
+from tests.helpers.clock_machine import build  # noqa: E402
+from tests.testing.test_testkit_clock import MODES, REPLIES  # noqa: E402
 
 
 def _round(engine: Any, machine: Any, n: int, run: Any, wait_sla: Any) -> None:

@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+TESTS = ROOT / "tests"
+HELPERS = TESTS / "helpers"  # shared helper modules (machines, harnesses), imported by bare name
+# tests/ mirrors the package (tests/cli/, tests/runtime/kinds/, ...), no folder a package:
+# each module is imported by its basename (unique across tests/), so every folder goes on
+# sys.path for helpers and for the tests that borrow from another test module
+# (``from test_cli import run_main``), whichever folder pytest collected first.
+_FOLDERS = [ROOT, TESTS, *sorted(d for d in TESTS.rglob("*") if d.is_dir() and d.name != "__pycache__")]
+for _path in reversed(_FOLDERS):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from fsm_engine import Engine  # noqa: E402
 from fsm_engine.llm import Scripted  # noqa: E402

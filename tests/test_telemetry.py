@@ -99,7 +99,7 @@ def test_a_retried_step_has_its_own_span_with_the_error_class(db_path, spans) ->
 
 PROBE = textwrap.dedent("""
     import asyncio, json, sys
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {helpers!r}]
     from seven_machine import seven_steps
     from conftest import scripted
     from fsm_engine import Engine
@@ -118,7 +118,9 @@ PROBE = textwrap.dedent("""
 
 def probe(tmp_path, name: str, env: dict[str, str]) -> tuple[dict, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    code = PROBE.format(tests=os.path.dirname(__file__), db=str(tmp_path / f"{name}.db"))
+    code = PROBE.format(tests=os.path.dirname(__file__),
+                         helpers=os.path.join(os.path.dirname(__file__), "helpers"),
+                         db=str(tmp_path / f"{name}.db"))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=clean | env, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -3,7 +3,7 @@ error, opening a store or an engine, finding an instance by id prefix, reading a
 
 Command modules (``cli/*.py``) import this module, never each other's or the package's;
 it imports the engine and the store inside the functions that need them, so ``fsm --help``
-and ``fsm list`` start without the runtime (``tests/test_cli_imports.py``).
+and ``fsm list`` start without the runtime (``tests/cli/test_cli_imports.py``).
 """
 
 from __future__ import annotations

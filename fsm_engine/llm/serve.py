@@ -200,7 +200,7 @@ def _load(args: argparse.Namespace, key: str) -> tuple[Any, Any]:
                           cache_size=max(args.cache_bytes, 1))
     # interrupt_requests off: by default llama_cpp.server cuts a streaming generation short
     # when any other request arrives (a budget check's token count of another instance), and
-    # the stream ends empty (tests/test_stream_model.py)
+    # the stream ends empty (tests/llm/test_stream_model.py)
     server = ServerSettings(host="127.0.0.1", port=args.port, api_key=key,
                             interrupt_requests=False)
     app = server_app.create_app(server_settings=server, model_settings=[model])

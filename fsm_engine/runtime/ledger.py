@@ -19,7 +19,7 @@ implies for others and writes it:
 
 Why one place: a decision that ended a fan-out child used to be written straight to
 the store, skipping the wake an ordinary step makes, and its parent waited forever
-(issue 20).  ``tests/test_ledger.py`` asserts that no other module of the package
+(issue 20).  ``tests/runtime/test_ledger.py`` asserts that no other module of the package
 calls a store's ``commit``.
 """
 

@@ -1,6 +1,6 @@
 """The ``Store`` contract as a reusable test suite (pytest).
 
-Every backend passes the same tests: ``tests/test_store_contract.py`` runs
+Every backend passes the same tests: ``tests/store/test_store_contract.py`` runs
 them against SQLite and PostgreSQL, and a third-party backend runs them by
 subclassing :class:`StoreContract` with a ``store`` fixture::
 
