@@ -82,6 +82,8 @@ class Ownership:
         self._idle: set[str] = set()
         #: Serialises renewals: the heartbeat thread's and a claim's (``register``).
         self._lock = threading.RLock()
+        #: Held by a claim: the heartbeat's giving back waits for none (``check``).
+        self._claiming = threading.Lock()
         #: Earlier ids of this worker, whose leases were lost (rows deleted once they own
         #: nothing: ``prune``).
         self.retired: list[str] = []
@@ -271,26 +273,36 @@ class Ownership:
         """
         if not self.renew():
             return []
-        with self._lock:  # no claim between what is held and what is given back
-            self._housekeep(running)
-            held = self.store.held(self.id)
-            cancelled = [iid for iid, status in held.items() if status == "cancelled"]
-            if cancelled:
-                self.store.release(self.id, cancelled)  # seen: drop them from the next check
-            if self.release_idle:
-                self._give_back_idle(held, set(running))
+        self._housekeep()
+        held = self.store.held(self.id)
+        cancelled = [iid for iid, status in held.items() if status == "cancelled"]
+        if cancelled:
+            self.store.release(self.id, cancelled)  # seen: drop them from the next check
+        # what is given back is judged and released with no claim under way (a claim in
+        # between would be given back: matrix finding A2); a claim under way (it may wait
+        # on a lock) puts the giving back off to the next check, never the renewal
+        if self._claiming.acquire(blocking=False):
+            try:
+                self._give_back(held, running)
+            finally:
+                self._claiming.release()
         return [(iid, "cancelled") for iid in cancelled] + self._taken_over(running, held)
 
-    def _housekeep(self, running: Sequence[str]) -> None:
-        """Prune retired rows, sweep dead workers now and then, retry failed releases."""
+    def _give_back(self, held: Mapping[str, str], running: Sequence[str]) -> None:
+        """Retry the releases a store failure refused; give back what no task ran."""
+        if self.unreleased:  # the store works again: give back what a failed run held
+            self.release(sorted(set(self.unreleased) - set(running)))
+        if self.release_idle:
+            self._give_back_idle(held, set(running))
+
+    def _housekeep(self) -> None:
+        """Prune retired rows, sweep dead workers now and then."""
         if self.retired:
             self.prune()
         now = self.clock()
         if now - self._swept >= SWEEP_S:
             self._swept = now
             self.sweep(now)
-        if self.unreleased:  # the store works again: give back what a failed run held
-            self.release(sorted(set(self.unreleased) - set(running)))
 
     def _give_back_idle(self, held: Mapping[str, str], running: set[str]) -> None:
         """Release instances held here that no task ran at this check and the last one."""
@@ -379,7 +391,7 @@ class Ownership:
         """Claim up to ``limit`` runnable instances nobody live holds (see ``Store.claim``
         and ``ClaimRequest`` for the queue and partition limits)."""
         self.register()
-        with self._lock:  # a heartbeat's check (its snapshot of the tasks) is not under way
+        with self._claiming:  # the heartbeat gives nothing back meanwhile (``check``)
             now = self.clock()
             claimed = self.store.claim(ClaimRequest(
                 self.id, now, limit=limit, lease_seconds=self.lease_seconds,
