@@ -28,6 +28,15 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def stopped(proc: subprocess.Popen) -> bool:  # type: ignore[type-arg]
+    """True when ``proc`` sits stopped (SIGSTOP: state ``T`` in ``/proc/PID/stat``)."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
                interval: float = 0.1) -> None:
     """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout`` s."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import matrix_agent
 import pytest
-from procs import wait_until
+from procs import stopped, wait_until
 
 from fsm_engine import Engine
 from fsm_engine.store import FINAL_STATUSES, open_store
@@ -152,13 +152,24 @@ def until(predicate: Callable[[], bool], what: str, timeout: float = 60.0,
     wait_until(predicate, timeout, what, interval)
 
 
-def stopped(proc: subprocess.Popen[bytes]) -> bool:
-    """True when ``proc`` sits stopped (SIGSTOP: state ``T`` in ``/proc``)."""
-    try:
-        stat = Path(f"/proc/{proc.pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+#: Why a cell whose fault never came is skipped (full mode: a point's 2nd occurrence).
+NEVER_CAME = ("the crash point never came: every instance ended first (a 2nd occurrence "
+              "the group commit made one with the 1st)")
+
+
+def ended_for(lab: Lab, seconds: float = 3.0) -> Callable[[], bool]:
+    """A poll: True once every instance of ``lab`` has been final for ``seconds`` in a row
+    (a worker running on then has no crash point left to reach)."""
+    since: list[float] = []
+
+    def check() -> bool:
+        if not lab.all_final():
+            since.clear()
+            return False
+        if not since:
+            since.append(time.monotonic())
+        return time.monotonic() - since[0] > seconds
+    return check
 
 
 def wait_stopped(lab: Lab, proc: subprocess.Popen[bytes], timeout: float = 60.0, *,
@@ -166,20 +177,15 @@ def wait_stopped(lab: Lab, proc: subprocess.Popen[bytes], timeout: float = 60.0,
     """Wait until ``proc`` stopped itself at its crash point (it must not exit first).
     ``may_not_come`` (a point's 2nd occurrence): when every instance ended and stayed
     ended for 3 s with ``proc`` running on, the cell is skipped, saying why."""
-    ended: list[float] = []
+    ended = ended_for(lab)
 
     def check() -> bool:
         assert proc.poll() is None, (f"exited {proc.returncode} before its crash point:\n"
                                      f"{lab.output(proc)[-2000:]}")
         if stopped(proc):
             return True
-        if not lab.all_final():
-            ended.clear()
-        elif not ended:
-            ended.append(time.monotonic())
-        elif may_not_come and time.monotonic() - ended[0] > 3.0:  # it ended all, unstopped
-            pytest.skip("the crash point never came: every instance ended first (a 2nd "
-                        "occurrence the group commit made one with the 1st)")
+        if may_not_come and ended():
+            pytest.skip(NEVER_CAME)
         return False
     until(check, "the process to reach its crash point", timeout)
 

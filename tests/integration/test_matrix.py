@@ -28,13 +28,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import matrix_check
 import pytest
-from matrix_harness import LEASE, Lab, Point, until, wait_stopped
+from matrix_harness import LEASE, NEVER_CAME, Lab, Point, ended_for, until, wait_stopped
 from matrix_kinds import KINDS, Kind
 from typer.testing import CliRunner
 
@@ -207,19 +206,14 @@ def _killed_or_skip(lab: Lab, proc: Any) -> None:
     """Wait for a worker to kill itself at a point's 2nd occurrence; when every instance
     ended and stayed ended for 3 s with the worker running on (the group commit made the
     2nd occurrence one with the 1st), stop it and skip the cell, saying so."""
-    ended: list[float] = []
+    ended = ended_for(lab)
 
     def settled() -> bool:
         if proc.poll() is not None:
             return True
-        if not lab.all_final():
-            ended.clear()
-        elif not ended:
-            ended.append(time.monotonic())
-        elif time.monotonic() - ended[0] > 3.0:
+        if ended():
             assert lab.stop(proc) == 0, lab.output(proc)[-2000:]
-            pytest.skip("the crash point never came: every instance ended first (a 2nd "
-                        "occurrence the group commit made one with the 1st)")
+            pytest.skip(NEVER_CAME)
         return False
     until(settled, "the worker to reach its crash point", timeout=60)
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 
+from procs import stopped, wait_until
 from pydantic import BaseModel
 
 from fsm_engine import Engine, Machine, State, Transition
@@ -54,11 +55,6 @@ FLOW = Machine("stalled_flow", context=Ctx,
                transitions=[Transition("go", "init", "done")], initial="init")
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def test_a_transaction_left_open_by_a_stopped_process_does_not_block_a_writer(
         pg_cluster: PostgresCluster) -> None:
     store_url = pg_cluster.database()
@@ -71,9 +67,7 @@ def test_a_transaction_left_open_by_a_stopped_process_does_not_block_a_writer(
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert holder.stdout is not None
         assert holder.stdout.readline().decode().strip() == "locked"
-        wait = threading.Event()
-        while not _stopped(holder.pid):
-            wait.wait(0.01)
+        wait_until(lambda: stopped(holder), 30, "the holder to stop itself", interval=0.01)
         done = threading.Event()
         writer = threading.Thread(target=lambda: (engine.cancel(iid), done.set()), daemon=True)
         writer.start()  # needs the row the stopped process has locked

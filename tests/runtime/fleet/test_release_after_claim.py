@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from procs import wait_until
 from pydantic import BaseModel
 
 from fsm_engine import Machine, State, Transition
@@ -105,10 +105,7 @@ HELD = Machine("held", context=Ctx, states=[State("init", action=_held),
 
 
 def _until(predicate: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + 30
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    wait_until(predicate, 30, what, interval=0.01)
 
 
 def test_an_orphan_claimed_again_meanwhile_is_not_given_back(engine_factory,
