@@ -62,7 +62,8 @@ class Lab:
         script.write_text("".join(json.dumps(line) + "\n" for line in matrix_agent.SCRIPT))
         self.env = dict(os.environ, PYTHONPATH=str(ROOT), FSM_MACHINES_ROOT=str(ROOT),
                         MATRIX_LOG=str(self.log), MATRIX_SINK=str(self.sink),
-                        FSM_LLM=f"scripted:{script}", PYTHONUNBUFFERED="1")
+                        FSM_LLM=f"scripted:{script}", PYTHONUNBUFFERED="1",
+                        PYTHONFAULTHANDLER="1")
         self.env.pop("FSM_CRASH_AT", None)
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -99,7 +100,20 @@ class Lab:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{proc.args!r} still running after {timeout} s:\n"
-                                 f"{self.output(proc)[-2000:]}") from None
+                                 f"{self.hung(proc)}") from None
+
+    def hung(self, proc: subprocess.Popen[bytes]) -> str:
+        """Evidence of why ``proc`` hangs: the PostgreSQL sessions and who blocks whom (a
+        PostgreSQL cell), then every thread's stack (``PYTHONFAULTHANDLER`` dumps them on
+        SIGABRT, which ends the process) and the tail of its output."""
+        sessions = pg_sessions(self.url) if self.url.startswith("postgres") else ""
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        return f"{sessions}{self.output(proc)[-6000:]}"
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
         """SIGCONT + SIGTERM ``proc`` (a worker drains and exits 0) once it has started
@@ -138,6 +152,24 @@ class Lab:
 
     def deliveries(self) -> list[dict[str, Any]]:
         return _lines(self.sink)
+
+
+#: PostgreSQL's sessions of the cell's database, with the pids each one waits for.
+SESSIONS = ("SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid) AS blocked_by, "
+            "now() - xact_start AS xact_age, left(query, 120) AS query FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid")
+
+
+def pg_sessions(url: str) -> str:
+    """``SESSIONS`` as text lines (one error line when the server does not answer)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            rows = conn.execute(SESSIONS).fetchall()
+    except psycopg.Error as exc:
+        return f"pg_stat_activity: {type(exc).__name__}\n"
+    return "pg_stat_activity:\n" + "".join(f"  {row}\n" for row in rows)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
