@@ -235,7 +235,11 @@ def stop(lab: Lab, kind: Kind, point: Point) -> None:
     held = _held_by(lab, owner.pid)  # none, after its last commit: nothing to take over
     other = lab.worker()
     if kind.by_worker:  # the owner's lease runs out: the other worker takes its work over
-        until(lab.all_final, "the other worker to take over and finish", timeout=30 + LEASE)
+        try:
+            until(lab.all_final, "the other worker to take over and finish", timeout=30 + LEASE)
+        except AssertionError as exc:
+            states = [(r.id, r.status, r.state, r.seq) for r in lab.records()]
+            raise AssertionError(f"{exc}\nrecords: {states}\ntaker:\n{lab.hung(other)}") from None
     owner.send_signal(signal.SIGCONT)
     if kind.by_worker:
         assert not held or "lease_expired" in _taken_from(lab, owner.pid)
