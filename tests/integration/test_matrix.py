@@ -129,7 +129,7 @@ def test_cell(lab: Lab, kind: str, fault: str, point: Point, backend: str,
         FAULT_RUNNERS[fault](lab, spec, point)
     except AssertionError:  # a fault that did not play out: what each process said
         for f in sorted(lab.tmp.glob("proc-*.log")):
-            print("==", f.name, f.read_text(errors="replace")[-3000:])
+            print("==", f.name, f.read_text(errors="replace")[-8000:])  # room for stacks
         raise
     _assert_holds(lab, spec, lost_commits=1 if fault == "pg_restart" else 0)
 
@@ -239,7 +239,7 @@ def stop(lab: Lab, kind: Kind, point: Point) -> None:
             until(lab.all_final, "the other worker to take over and finish", timeout=30 + LEASE)
         except AssertionError as exc:
             states = [(r.id, r.status, r.state, r.seq) for r in lab.records()]
-            raise AssertionError(f"{exc}\nrecords: {states}\ntaker:\n{lab.hung(other)}") from None
+            raise AssertionError(f"{exc}\nrecords: {states}\n{lab.hung(other)}") from None
     owner.send_signal(signal.SIGCONT)
     if kind.by_worker:
         assert not held or "lease_expired" in _taken_from(lab, owner.pid)
