@@ -228,6 +228,17 @@ class LeaseStore(Protocol):
 
         Status: none changes."""
 
+    def fence(self, now: float, lease_seconds: float) -> int:
+        """End the database sessions that workers whose lease ran out before ``now``
+        (epoch seconds; ``lease_seconds``: the lease of a row without ``lease_until``)
+        left inside a transaction, so the rows they locked can be taken over; how many
+        were ended.  Called by every live worker's heartbeat.  PostgreSQL:
+        ``store.pg_fence`` (matrix finding M6); SQLite: 0, nothing to end (a writer
+        stopped inside a transaction holds the file's write lock until it goes on or
+        dies, and other processes meet ``database is locked``).
+
+        Status: none changes."""
+
     def renew_worker(self, worker: WorkerRow, now: float) -> bool:
         """Renew ``worker.id``'s lease to ``worker.heartbeat_at``/``lease_until`` (and its
         ``queues``) while it holds; True when renewed.  False, nothing written, when the

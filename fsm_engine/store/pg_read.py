@@ -74,7 +74,8 @@ _AMCHECK = "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = 
 #: its row locks would block every worker that takes its instances over, event loop and
 #: all (matrix finding M4). Ended, its transaction rolls back and the stalled process
 #: meets a dropped connection when it goes on (a ``StoreError``, recovered from like a
-#: database restart). A URL's own ``options`` setting it win.
+#: database restart). A URL's own ``options`` setting it win. The server does not arm
+#: it after a pipeline (matrix finding M6): ``pg_fence`` covers that case.
 IDLE_IN_TRANSACTION_S = 5.0
 
 

@@ -89,6 +89,23 @@ class LeaseContract:
         assert sorted(r.id for r in got) == ["dead", "free", "ghost", "mine"]
         assert sorted(store.workers(), key=lambda w: w.id) == [me, other]  # no lease ended
 
+    def test_fence_leaves_its_own_process_and_workers_without_sessions_alone(
+            self, store: Store) -> None:
+        """This process's worker row has a lease that ran out long ago (and another's names
+        no session): ``fence`` ends none of this process's sessions, and the store goes on
+        working."""
+        import os
+
+        from ..process import pid_start
+        from .contract_fixtures import record
+        store.create(*[record(f"i{n}") for n in range(3)])
+        store.put_worker(WorkerRow("me", "h", os.getpid(), pid_start(os.getpid()), 0.0, 100.0,
+                                   lease_until=110.0))
+        store.put_worker(_worker("gone", 100.0, 110.0))
+        assert store.fence(1e12, 10.0) == 0
+        assert [r.id for r in store.list()] == ["i0", "i1", "i2"]
+        assert sorted(w.id for w in store.workers()) == ["gone", "me"]
+
     def test_end_lease_ends_an_expired_lease_only(self, store: Store) -> None:
         live_w, late_w = _worker("live", 190.0, 200.0), _worker("late", 100.0, 110.0)
         store.put_worker(live_w)

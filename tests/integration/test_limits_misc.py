@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from fsm_engine.errors import InvalidInput
+from fsm_engine.process import session_name
 from fsm_engine.store import open_store
 from fsm_engine.testing.contract import fleet, record
 from fsm_engine.testing.postgres import PostgresCluster
@@ -88,7 +89,7 @@ def test_database_files_are_private(tmp_path: Path) -> None:
 
 def _connections(cluster: PostgresCluster) -> int:
     rows = cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                       f"'fsm_engine:{os.getpid()}'")
+                       f"'{session_name()}'")
     return int(rows[0][0])
 
 

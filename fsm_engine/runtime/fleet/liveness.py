@@ -15,19 +15,10 @@ import socket
 import time
 import uuid
 
+from ...process import pid_start
 from ...store.records import WorkerRow
 
-
-def pid_start(pid: int) -> str:
-    """The kernel's start time of a running ``pid`` (``/proc/PID/stat`` field 22), or ``""``
-    when there is no such process or it is a zombie (killed, not yet reaped: dead)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-    fields = data.rsplit(")", 1)[-1].split()
-    return "" if fields[0] in ("Z", "X") else fields[19]
+__all__ = ["is_alive", "live_ids", "new_worker", "pid_alive", "pid_start"]
 
 
 def new_worker(now: float | None = None) -> WorkerRow:

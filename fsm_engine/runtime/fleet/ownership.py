@@ -175,6 +175,18 @@ class Ownership:
             gone += 1
         return gone
 
+    def fence(self) -> int:
+        """End the database sessions that workers whose lease ran out left inside a
+        transaction (``Store.fence``: their row locks would keep those instances from
+        every claim, matrix finding M6); how many.  Run by every heartbeat, also while
+        this worker's event loop is unresponsive (it may be waiting on such a lock).
+        ``StoreError`` when the store cannot be reached."""
+        ended = self.store.fence(self.clock(), self.lease_seconds)
+        if ended:
+            log.warning("worker %s ended %d database session(s) that workers whose lease "
+                        "ran out left inside a transaction", self.id, ended)
+        return ended
+
     def prune(self) -> None:
         """Delete the rows of this worker's earlier ids that own no instance any more."""
         for old in list(self.retired):
@@ -222,6 +234,11 @@ class Ownership:
                 return  # the loop ended (e.g. asyncio.run returned): nothing left to keep
             if time.monotonic() - self._tick > self.lease_seconds:
                 log.warning("worker %s: event loop unresponsive, not renewing its lease", self.id)
+                # the loop may be waiting on a row lock a stopped worker holds: end it
+                try:
+                    self.fence()
+                except StoreError as exc:
+                    log.warning("heartbeat of %s failed (retrying): %s", self.id, exc)
                 continue
             if not self._beat(loop, on_lost, running):
                 return
@@ -296,9 +313,11 @@ class Ownership:
             self._give_back_idle(held, set(running))
 
     def _housekeep(self) -> None:
-        """Prune retired rows, sweep dead workers now and then."""
+        """Prune retired rows, end the sessions dead workers left inside a transaction
+        (``fence``), sweep dead workers now and then."""
         if self.retired:
             self.prune()
+        self.fence()
         now = self.clock()
         if now - self._swept >= SWEEP_S:
             self._swept = now

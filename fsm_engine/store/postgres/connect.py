@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...errors import NotAnFsmDatabase, StoreError
+from ...process import session_name
 from ...redaction import redact
 from .. import leases, pg_read
 from ..codec import (
@@ -148,7 +148,7 @@ class PostgresBase:
         try:
             conn = psycopg.connect(self._dsn, autocommit=True,
                                    connect_timeout=max(1, int(self.connect_timeout)),
-                                   application_name=f"fsm_engine:{os.getpid()}",
+                                   application_name=session_name(),
                                    **self._session)
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to {self.url}: {_why(exc)}") from None

@@ -27,7 +27,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...errors import StoreError
-from .. import claims, leases, pg_read, rates
+from ...process import session_name
+from .. import claims, leases, pg_fence, pg_read, rates
 from ..claims import ClaimRequest, select, take
 from ..codec import (
     ATTEMPT,
@@ -201,6 +202,12 @@ class PostgresStore(PostgresSteps, PostgresStreams, SqlPlain):
                 return True
             return not conn.execute("SELECT 1 FROM workers WHERE id=%s", (worker_id,)).fetchall()
         return self._run(go, txn=True)
+
+    def fence(self, now: float, lease_seconds: float) -> int:
+        rows = self._on_side(
+            lambda conn: conn.execute(pg_fence.FENCE, (session_name(), pg_read.IDLE_IN_TRANSACTION_S,
+                                                    lease_seconds, now)).fetchall())
+        return sum(1 for _, ended in rows if ended)
 
     def workers(self) -> builtins.list[WorkerRow]:
         out = []

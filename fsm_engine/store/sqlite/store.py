@@ -197,6 +197,9 @@ class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
                 return True
             return not conn.execute("SELECT 1 FROM workers WHERE id=?", (worker_id,)).fetchall()
 
+    def fence(self, now: float, lease_seconds: float) -> int:
+        return 0  # a session is this process's own file handle: nothing to end from here
+
     def workers(self) -> builtins.list[WorkerRow]:
         return [_decode_worker(r) for r in self._read("SELECT * FROM workers")]
 
