@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -144,6 +145,22 @@ class Lab:
             return store.list()
         finally:
             store.close()
+
+    def write_locked(self) -> bool:
+        """True when another process holds the SQLite file's write lock (a writer stopped
+        inside its write transaction); False at once otherwise, and on PostgreSQL."""
+        if not self.url.startswith("sqlite"):
+            return False
+        conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.rollback()
+            return False
+        except sqlite3.OperationalError as exc:
+            assert "database is locked" in str(exc), exc
+            return True
+        finally:
+            conn.close()
 
     def all_final(self) -> bool:
         return all(r.status in FINAL_STATUSES for r in self.records())
