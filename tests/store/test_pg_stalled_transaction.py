@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from procs import stopped, wait_until
 from pydantic import BaseModel
@@ -27,14 +28,31 @@ from fsm_engine.store.pg_read import IDLE_IN_TRANSACTION_S
 from fsm_engine.testing.postgres import PostgresCluster
 
 #: The stalled process: our store, a transaction that locks one instance's row, a SIGSTOP
-#: between its statements, then the next statement.
+#: between its statements, then the next statement.  ``pipeline``: the row is locked by
+#: an UPDATE sent in a pipeline (as the group commit sends them) and a Flush follows the
+#: Sync, by a process that registered as a worker whose lease runs out in half a second.
 HOLDER = r"""
 import os, signal, sys
 from fsm_engine.errors import StoreError
+from fsm_engine.runtime.fleet.liveness import new_worker
 from fsm_engine.store import open_store
 store = open_store(sys.argv[1])
+pipelined = sys.argv[3] == "pipeline"
+if pipelined:
+    worker = new_worker()
+    worker.lease_until = worker.heartbeat_at + 0.5
+    store.put_worker(worker)
 def hold(conn):
-    conn.execute("SELECT id FROM instances WHERE id = %s FOR UPDATE", (sys.argv[2],))
+    if pipelined:
+        with conn.pipeline():
+            conn.execute("UPDATE instances SET updated_at = updated_at WHERE id = %s",
+                         (sys.argv[2],))
+        # the Flush psycopg sends behind the pipeline's Sync when results are still unread
+        # (most of the time, not always): sent here every time
+        conn.pgconn.send_flush_request()
+        conn.pgconn.flush()
+    else:
+        conn.execute("SELECT id FROM instances WHERE id = %s FOR UPDATE", (sys.argv[2],))
     print("locked", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
     conn.execute("SELECT 1")
@@ -56,14 +74,18 @@ FLOW = Machine("stalled_flow", context=Ctx,
                transitions=[Transition("go", "init", "done")], initial="init")
 
 
-def test_a_transaction_left_open_by_a_stopped_process_does_not_block_a_writer(
-        pg_cluster: PostgresCluster) -> None:
-    store_url = pg_cluster.database()
+def _stalled(cluster: PostgresCluster, how: str,
+             unblock: Callable[[Engine, threading.Event], bool]) -> None:
+    """Run ``HOLDER`` (``how``: ``plain`` or ``pipeline``); a writer then needs the row it
+    locked: ``unblock(engine, done)`` must see it through (``done`` set when it wrote).
+    The holder's idle session (``pipeline``: its worker row's) is left alone; let go
+    on, the holder meets one ``error:`` line (its session was ended), never a commit."""
+    store_url = cluster.database()
     engine = Engine(store_url)
     holder = None
     try:
         iid = engine.start(FLOW, {})
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, store_url, iid],
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, store_url, iid, how],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert holder.stdout is not None
@@ -72,8 +94,11 @@ def test_a_transaction_left_open_by_a_stopped_process_does_not_block_a_writer(
         done = threading.Event()
         writer = threading.Thread(target=lambda: (engine.cancel(iid), done.set()), daemon=True)
         writer.start()  # needs the row the stopped process has locked
-        assert done.wait(IDLE_IN_TRANSACTION_S + 20), "the writer is still blocked"
+        assert unblock(engine, done), "the writer is still blocked"
         assert engine.store.get(iid).status == "cancelled"
+        idle = cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND "
+                           f"application_name = '{session_name(holder.pid)}'")
+        assert int(idle[0][0]) == (how == "pipeline")
         holder.send_signal(signal.SIGCONT)
         out, _ = holder.communicate(timeout=30)
         assert holder.returncode == 1, out
@@ -86,31 +111,9 @@ def test_a_transaction_left_open_by_a_stopped_process_does_not_block_a_writer(
         engine.close()
 
 
-#: A worker stopped right after a pipeline inside a transaction (how the group commit
-#: sends its UPDATEs): the worker's row says its lease runs out in half a second.
-PIPELINED = r"""
-import os, signal, sys, time
-from fsm_engine.errors import StoreError
-from fsm_engine.runtime.fleet.liveness import new_worker
-from fsm_engine.store import open_store
-store = open_store(sys.argv[1])
-worker = new_worker()
-worker.lease_until = worker.heartbeat_at + 0.5
-store.put_worker(worker)
-def hold(conn):
-    with conn.pipeline():
-        conn.execute("UPDATE instances SET updated_at = updated_at WHERE id = %s",
-                     (sys.argv[2],))
-    print("locked", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-    conn.execute("SELECT 1")
-try:
-    store._run(hold, txn=True)
-except StoreError as exc:
-    print(f"error: {exc}", flush=True)
-    sys.exit(1)
-print("committed", flush=True)
-"""
+def test_a_transaction_left_open_by_a_stopped_process_does_not_block_a_writer(
+        pg_cluster: PostgresCluster) -> None:
+    _stalled(pg_cluster, "plain", lambda _, done: done.wait(IDLE_IN_TRANSACTION_S + 20))
 
 
 def test_a_dead_workers_transaction_left_open_after_a_pipeline_is_ended_by_a_live_heartbeat(
@@ -121,41 +124,15 @@ def test_a_dead_workers_transaction_left_open_after_a_pipeline_is_ended_by_a_liv
     stopped, and the rows are skipped by every claim. A live worker's heartbeat ends the
     sessions of workers whose lease ran out (``LeaseStore.fence``)."""
     from fsm_engine.runtime.fleet.ownership import Ownership
-    store_url = pg_cluster.database()
-    engine = Engine(store_url)
-    holder = None
-    try:
-        iid = engine.start(FLOW, {})
-        holder = subprocess.Popen([sys.executable, "-c", PIPELINED, store_url, iid],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        assert holder.stdout is not None
-        assert holder.stdout.readline().decode().strip() == "locked"
-        wait_until(lambda: stopped(holder), 30, "the holder to stop itself", interval=0.01)
-        done = threading.Event()
-        writer = threading.Thread(target=lambda: (engine.cancel(iid), done.set()), daemon=True)
-        writer.start()  # needs the row the stopped process has locked
+
+    def heartbeats(engine: Engine, done: threading.Event) -> bool:
         live = Ownership(engine.store, lease_seconds=3.0, max_recoveries=3)
-        live.renew()
-        ended = False
-        for _ in range(int(IDLE_IN_TRANSACTION_S + 20)):
-            live.check([])  # one heartbeat
-            if done.wait(1.0):
-                ended = True
-                break
-        assert ended, "the writer is still blocked"
-        assert engine.store.get(iid).status == "cancelled"
-        idle = pg_cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND "
-                              f"application_name = '{session_name(holder.pid)}'")
-        assert int(idle[0][0]) == 1  # the holder's idle heartbeat session was left alone
-        holder.send_signal(signal.SIGCONT)
-        out, _ = holder.communicate(timeout=30)
-        assert holder.returncode == 1, out
-        lines = out.decode().strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: "), out
-        live.close()
-    finally:
-        if holder is not None and holder.poll() is None:
-            holder.kill()
-            holder.wait(10)
-        engine.close()
+        try:
+            for _ in range(int(IDLE_IN_TRANSACTION_S + 20)):
+                live.check([])  # one heartbeat
+                if done.wait(1.0):
+                    return True
+            return False
+        finally:
+            live.close()
+    _stalled(pg_cluster, "pipeline", heartbeats)
