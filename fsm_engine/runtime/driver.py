@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -78,6 +78,11 @@ def _normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
 def _spent(step: Step | None) -> int:
     """Tokens the step's model calls were billed (0 when the action had no ``Step``)."""
     return 0 if step is None else step.llm.used
+
+
+def _lease_lost(rec: InstanceRecord) -> StaleWrite:
+    return StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
+                      "began (another worker may own it now)", instance_id=rec.id)
 
 
 def _detail(rec: InstanceRecord, step: Step | None) -> dict[str, Any]:
@@ -306,11 +311,15 @@ class Driver:
         later than ``now``); return the commit recording what happened."""
         if rec.next_attempt_at is not None and rec.next_attempt_at > now:
             await asyncio.sleep(rec.next_attempt_at - now)
-        self._check_lease(rec)
+        if not self.lease_current(rec.owner):  # (``_check_lease``, inline: the hot path)
+            raise _lease_lost(rec)
         if state.agent is not None:  # a tool-calling loop: one turn or call per step
             return await agent.step(self, cm, rec, state, now)
         entry = cm.actions.get(state.name)
-        step = self._step_for(cm, rec, state, entry)
+        # the ``Step`` the action gets: only actions that take ``step`` (and side effects,
+        # for their key) need one
+        step = self._make_step(cm, rec, state) if state.side_effect or (
+            entry is not None and entry[1] == 2) else None
         if step is not None and state.side_effect:
             replayed = await self._begin_delivery(cm, rec, state, step)
             if replayed is not None:
@@ -322,7 +331,9 @@ class Driver:
         try:
             if entry is not None:
                 ran_on = values.watch(cm.spec.context, rec.context)
-                pending, result = self._call(entry, ran_on.ctx, rec, state, step)
+                pending, result = invoke.start(  # on ``ran_on.ctx``
+                    entry, ran_on.ctx, rec, state, step, threads=self.threads,
+                    clock=self.clock, lease_current=self.lease_current)
                 if pending is not None:
                     result = await pending
         except StaleWrite:
@@ -335,16 +346,7 @@ class Driver:
     def _check_lease(self, rec: InstanceRecord) -> None:
         """``StaleWrite`` when this worker's lease on ``rec`` ran out (``lease_current``)."""
         if not self.lease_current(rec.owner):
-            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
-                             "began (another worker may own it now)", instance_id=rec.id)
-
-    def _step_for(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                  entry: tuple[Callable[..., Any], int, bool] | None) -> Step | None:
-        """The ``Step`` the action gets; only actions that take ``step`` (and side effects,
-        for their key) need one (None otherwise)."""
-        if state.side_effect or (entry is not None and entry[1] == 2):
-            return self._make_step(cm, rec, state)
-        return None
+            raise _lease_lost(rec)
 
     async def _begin_delivery(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                               step: Step) -> StepCommit | None:
@@ -399,13 +401,6 @@ class Driver:
                                 self.clock())
         step.notes["delivered_by_original"] = done.key
         return self.advance(cm, rec, state, step, row.trigger, row.delta, 0.0)
-
-    def _call(self, entry: tuple[Callable[..., Any], int, bool], ctx: Any,
-              rec: InstanceRecord, state: State, step: Step | None
-              ) -> tuple[Awaitable[Any] | None, Any]:
-        """Start the action on ``ctx`` (``invoke.start``)."""
-        return invoke.start(entry, ctx, rec, state, step, threads=self.threads,
-                            clock=self.clock, lease_current=self.lease_current)
 
     def advance(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                 step: Step | None, trigger: str | None, update: Mapping[str, Any],

@@ -101,7 +101,7 @@ class Engine:
         #: The one writer (``runtime.ledger``): every commit of this engine goes through it.
         self.ledger = Ledger(self.store, clock)
         self.ledger.on_review = review_hook.from_env(self.store)  # FSM_REVIEW_WEBHOOK
-        self.committer = GroupCommitter(self.ledger, solo=lambda: self.runner.solo())
+        self.committer = GroupCommitter(self.ledger)  # ``solo``: the runner's, below
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
         if isinstance(tracer, str):  # "env": as the OTEL_* variables say
@@ -112,6 +112,7 @@ class Engine:
         self.runner = Runner(self.store, self.registry, self.driver, self.ledger,
                              self.ownership, self.models, clock, lease_seconds=lease_seconds,
                              concurrency=concurrency, tracer=tracer)
+        self.committer.solo = self.runner.solo  # bound: one call per commit, no lambda
         self.client = Client(self.store, self.ledger, self.registry, self.driver,
                              self.ownership, clock, self.runner.known, self.runner.stop_local)
         #: The runner's tables, under the names they had here (tests reach for them).

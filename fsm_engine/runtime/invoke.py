@@ -38,7 +38,8 @@ def start(entry: Entry, ctx: Any, rec: InstanceRecord, state: State, step: Step 
         left = max(0.001, rec.deadline - clock())
         timeout = left if timeout is None else min(timeout, left)
     if is_async and timeout is None:  # no task needed when nothing may cut it short
-        _stamp(step, clock)
+        if step is not None:  # (``_stamp``, inline: the common async step)
+            step.started_at = clock()
         return fn(*args), None
     if state.inline and not is_async:  # declared quick: on the loop, no thread hop
         _stamp(step, clock)
@@ -83,18 +84,18 @@ def _fenced(fn: Callable[..., Any], is_async: bool, fence: Fence,
             step: Step | None) -> Callable[..., Any]:
     """``fn`` passing ``fence`` (``runtime.fence``) where it starts, and setting
     ``step.started_at`` to its clock reading."""
-    def check() -> None:
-        started = fence()
-        if step is not None:
-            step.started_at = started
     if is_async:
         async def began_async(*args: Any) -> Any:
-            check()
+            started = fence()
+            if step is not None:
+                step.started_at = started
             return await fn(*args)
         return began_async
 
-    def began(*args: Any) -> Any:
-        check()
+    def began(*args: Any) -> Any:  # (the check written twice: one call less per step)
+        started = fence()
+        if step is not None:
+            step.started_at = started
         return fn(*args)
     return began
 

@@ -63,7 +63,7 @@ class Ledger:
         queued) in one transaction; per step, True when it applied, False when stale.
         Raises what ``Store.commit`` raises (``StepRejected`` for one step's values)."""
         done = self.store.commit(steps)
-        if not all(done):
+        if False in done:  # (not ``all()``: no call on the hot path)
             done = [ok or self._paused_meanwhile(s) for s, ok in zip(steps, done, strict=True)]
         if self.on_review is not None:
             for step, ok in zip(steps, done, strict=True):

@@ -243,13 +243,17 @@ class Runner:
             rec = await self.driver.commit(rec, StepCommit(release, rec.version, before=rec))
         return rec
 
-    async def run(self, instance_id: str, on_step: OnStep | None = None, *,
-                  family: bool = True) -> InstanceRecord:
-        """See ``Engine.run``: step until final or waiting; return the last record."""
+    def run(self, instance_id: str, on_step: OnStep | None = None, *,
+            family: bool = True) -> Coroutine[Any, Any, InstanceRecord]:
+        """See ``Engine.run``: step until final or waiting; return the last record.
+
+        A plain function returning the run's coroutine (awaited by the caller), not a
+        coroutine awaiting it: every resumption of a step passes through each coroutine
+        of the chain, and this one would only forward."""
         if self.tracer is not None:
             from ..telemetry import traced_run
-            return await traced_run(self.tracer, self._run, instance_id, on_step, family)
-        return await self._run(instance_id, on_step, family)
+            return traced_run(self.tracer, self._run, instance_id, on_step, family)
+        return self._run(instance_id, on_step, family)
 
     async def _run(self, instance_id: str, on_step: OnStep | None,
                    family: bool = True) -> InstanceRecord:
@@ -308,9 +312,17 @@ class Runner:
             self.families.parents.add(run.iid)
             if run.family:
                 self.families.hosts.add(run.iid)
-        go_on = True
-        while go_on and not rec.final:
-            cm, rec, go_on = await self._turn(run, cm, rec)
+        while not rec.final:
+            if rec.status != "running":  # paused, rate-limited, waiting: ``_turn`` decides
+                cm, rec, go_on = await self._turn(run, cm, rec)
+                if not go_on:
+                    break
+                continue
+            rec = await self.driver.step_once(cm, rec)  # the hot path: one coroutine less
+            if run.on_step:
+                run.on_step(rec)
+            if rec.owner is None and rec.status == "running":  # handed off (``_turn``)
+                break
         return rec
 
     async def _turn(self, run: _Run, cm: CompiledMachine, rec: InstanceRecord

@@ -138,6 +138,34 @@ def _loose(model: type[BaseModel]) -> frozenset[str]:
                      if _admits_any(info.annotation))
 
 
+_NATIVE_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _native(annotation: Any) -> bool:
+    """Whether a value of ``annotation`` is validated as its own JSON form (``str``, ``int``,
+    ``float``, ``bool``, ``None``, and lists, ``str``-keyed dicts and unions of them): its
+    Python value compares with the stored JSON as it is, as a dump of it would."""
+    if annotation in _NATIVE_SCALARS:
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and len(args) == 1:
+        return _native(args[0])
+    if origin is dict and len(args) == 2:
+        return args[0] is str and _native(args[1])
+    if origin is typing.Union or origin is types.UnionType:
+        return all(_native(arg) for arg in args)
+    return False
+
+
+@functools.lru_cache(maxsize=512)
+def _as_is(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` whose value ``Watched.changed`` compares with the stored JSON
+    as it is, without a dump: those admitting anything (plain JSON, ``_loose``) and those
+    whose validated value is its own JSON form (``_native``: ``list[str]`` …)."""
+    return _loose(model) | frozenset(name for name, info in model.model_fields.items()
+                                     if _native(info.annotation))
+
+
 def check_values(model: type[BaseModel], values: Mapping[str, Any], path: str = "") -> None:
     """Refuse (``InvalidInput`` naming the field path) any value in ``values`` (field name →
     raw value, before validation) that would not come back from JSON as it went in."""
@@ -263,7 +291,8 @@ class Watched:
     ctx: BaseModel
     before: dict[str, Any]
     stored: Mapping[str, Any]
-    #: Fields holding plain JSON as validated (``Any``): compared as they are, no dump.
+    #: Fields holding plain JSON as validated (``Any``, ``list[str]`` …: ``_as_is``):
+    #: compared as they are, no dump.
     plain: frozenset[str] = frozenset()
 
     def changed(self, updated: Mapping[str, Any]) -> list[str]:
@@ -295,10 +324,16 @@ def watch(model: type[BaseModel], data: Mapping[str, Any]) -> Watched:
     mutable object with ``data`` (the record before the step): fields that reach ``Any``
     (where pydantic passes objects through) are copied first; typed fields are built
     anew by pydantic.  ``Watched.changed`` then names what the action changed in place."""
-    shared = _shared(model)
+    shared, as_is = _watching(model)
     source = {k: _copy(v) if k in shared else v for k, v in data.items()} if shared else data
     ctx = model.model_validate(source)
-    return Watched(ctx, dict(ctx.__dict__), data, _loose(model))
+    return Watched(ctx, dict(ctx.__dict__), data, as_is)
+
+
+@functools.lru_cache(maxsize=512)
+def _watching(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
+    """``(_shared(model), _as_is(model))``: one cache look-up per step."""
+    return _shared(model), _as_is(model)
 
 
 def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],

@@ -171,3 +171,19 @@ def test_an_in_place_value_with_no_json_form_fails_naming_the_field(engine_facto
     rec = asyncio.run(engine.run(iid))
     assert (rec.status, rec.reason) == ("failed", "invalid_update")
     assert "meta.handle" in (rec.last_error or "")
+
+
+def bytes_into_tags(ctx: Ctx) -> None:
+    ctx.tags.append(b"raw")  # type: ignore[arg-type] - no JSON form in a list[str]
+
+
+def test_an_unstorable_value_put_into_a_typed_list_fails_naming_the_field(
+        engine_factory) -> None:
+    """A ``list[str]`` field is compared with the stored JSON as it is (no dump,
+    ``values._as_is``): what an action puts there in place still crosses the boundary."""
+    engine = engine_factory()
+    iid = engine.start(chain("inplace_tag_bytes", bytes_into_tags), START)
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.status, rec.reason) == ("failed", "invalid_update")
+    assert "tags" in (rec.last_error or "")
+    assert engine.store.get(iid).context["tags"] == []

@@ -167,7 +167,9 @@ class Worker:
     def _hands_off(self, before: InstanceRecord, after: InstanceRecord) -> bool:
         """``Driver.hand_off``: give ``after`` back when its new queue is not for this
         worker now (else count it in that queue from here on)."""
-        if self.plan.hands_off(after.queue, self._load()):
+        # how many run here per queue matters only for a queue with a limit here
+        load = self._load() if after.queue in self.plan.per_queue else Counter()
+        if self.plan.hands_off(after.queue, load):
             return True
         self._queue[after.id] = after.queue
         return False
