@@ -1,9 +1,7 @@
 """The write side of streaming: a step's streamed model call, its pieces made durable.
 
-``ReplyStream`` is what ``step.llm.stream(...)`` returns: an async iterator of the reply's
-text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
-call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
-a ``ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
+``runtime.stream_reply.ReplyStream`` is what ``step.llm.stream(...)`` returns; beside its
+call a ``ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
 engine's ``Batcher`` writes the rows of every attempt streaming in the process together:
 the first batch ``FLUSH_S`` seconds after a row waits, then at most one per ``FLUSH_S``
 (sooner past ``FLUSH_CHARS`` waiting), so a reader sees a piece within about ``FLUSH_S``
@@ -24,18 +22,19 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..store.streams import StreamOp, StreamRow
 
 if TYPE_CHECKING:
+
     from ..llm.base import Completion
     from ..store.base import Store
     from ..store.records import InstanceRecord
 
-__all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "ReplyStream", "FLUSH_S",
-           "FLUSH_CHARS", "RETENTION_S"]
+__all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "FLUSH_S", "FLUSH_CHARS",
+           "RETENTION_S"]
 
 log = logging.getLogger("fsm_engine")
 
@@ -383,6 +382,11 @@ def _chunks(to: StreamTarget, pieces: list[str], offset: int, attempt: int,
     """``pieces`` (text starting at character ``offset`` of the reply) as chunk rows of
     ``attempt`` written ``at``, of at most ``ROW_CHARS`` characters, pieces joined in order
     (a longer piece stays whole)."""
+    if not pieces:
+        return []
+    if sum(map(len, pieces)) <= ROW_CHARS:  # (the usual case: one row)
+        return [StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(pieces), offset,
+                          {}, at)]
     rows: list[StreamRow] = []
     run: list[str] = []
     size = 0
@@ -416,79 +420,3 @@ def _maybe_prune(to: StreamTarget) -> None:
 
 
 _background: set[asyncio.Task[None]] = set()
-Sink = Callable[[str], None]
-
-
-class ReplyStream:
-    """``step.llm.stream(...)``: iterate it for the reply's text pieces (``str``); then
-    ``completion`` holds the whole ``Completion``.  Iterate it once; leaving the loop early
-    cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
-    ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
-
-    def __init__(self, send: Callable[[Sink], Coroutine[Any, Any, tuple[Completion, bool]]],
-                 writer: Callable[[], ChunkWriter | None]) -> None:
-        self._send, self._writer = send, writer
-        self.completion: Completion | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._pieces()
-
-    async def text(self) -> Completion:
-        """Run the stream to its end without looking at the pieces (they are still written
-        for subscribers); its ``Completion``.  Awaited in the caller's task: no task or queue
-        of its own."""
-        writer = self._writer()
-        try:
-            out, streamed = await self._send(writer.add if writer is not None else _drop)
-        except BaseException as exc:
-            _failed(writer, exc)
-            raise
-        return self._ended(writer, out, streamed)
-
-    def _ended(self, writer: ChunkWriter | None, out: Completion, streamed: bool
-               ) -> Completion:
-        """After the call: a reply answered from the store written as one piece, the
-        attempt's end queued (``ChunkWriter.end``), ``completion`` set."""
-        if writer is not None:
-            if not streamed:
-                writer.add(out.text)
-            writer.end(out)
-        self.completion = out
-        return out
-
-    async def _pieces(self) -> AsyncIterator[str]:
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
-        writer = self._writer()
-
-        def sink(piece: str) -> None:
-            queue.put_nowait(piece)
-            if writer is not None:
-                writer.add(piece)
-        call = asyncio.get_running_loop().create_task(self._send(sink))
-        call.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while (piece := await queue.get()) is not None:
-                yield piece
-            out, streamed = await call
-        except BaseException as exc:
-            call.cancel()
-            _failed(writer, exc)
-            raise
-        if not streamed and out.text:  # answered from the cache or a fork's record
-            yield out.text
-        self._ended(writer, out, streamed)
-
-
-def _drop(piece: str) -> None:
-    """A sink that keeps nothing (a step with no stream target)."""
-
-
-def _failed(writer: ChunkWriter | None, exc: BaseException) -> None:
-    """Close ``writer`` after the call raised ``exc`` (cancelled: by the next batch, its
-    step's commit may never come)."""
-    if writer is None:
-        return
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        writer.abandon()
-    else:
-        writer.fail(exc)
