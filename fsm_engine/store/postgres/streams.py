@@ -79,13 +79,18 @@ def write(conn: psycopg.Connection[Any], ops: Sequence[StreamOp]) -> builtins.li
         def execute(sql: str, args: Sequence[Any]) -> Sequence[Any]:
             cur.execute(marks(sql), args)
             return cur.fetchall() if cur.description is not None else []
-        for instance_id in ids:
-            cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                        (LOCK_SPACE, instance_id))
+        cur.execute(_LOCK, (LOCK_SPACE, ids))  # one round trip for all
         out = streams.write(execute, ops)
-        for instance_id in ids:
-            cur.execute("SELECT pg_notify(%s, %s)", (streams.CHANNEL, instance_id))
+        cur.execute(_NOTIFY, (streams.CHANNEL, ids))
         return out
+
+
+#: The advisory locks of instances ``%s`` (an array, sorted), taken in that order
+#: (PostgreSQL evaluates a volatile select list after ``ORDER BY``).
+_LOCK = ("SELECT pg_advisory_xact_lock(%s, hashtext(i)) "
+         "FROM unnest(%s::text[]) WITH ORDINALITY AS t(i, n) ORDER BY n")
+#: A notification on channel ``%s`` for each instance of ``%s`` (an array).
+_NOTIFY = "SELECT pg_notify(%s, i) FROM unnest(%s::text[]) AS t(i)"
 
 
 class _Notes:
