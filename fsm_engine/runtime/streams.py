@@ -160,10 +160,10 @@ class Batcher:
         write in flight, is still open with rows waiting, or holds text a commit does not
         carry (a NUL, text that is not UTF-8), a future to wait for (its rows are written
         by a batch meanwhile: ask again)."""
+        self._bind()  # (first: a new loop drops the old one's writers)
         writers = self.held.get(instance_id)
         if not writers:
             return ()
-        self._bind()
         wait = self._wait(writers)
         if wait is not None:
             return wait

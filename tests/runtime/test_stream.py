@@ -425,3 +425,22 @@ def test_on_postgres_a_short_streamed_call_rides_its_steps_commit(pg_cluster, mo
             (2, "chunk"), (2, "end")]
     finally:
         engine.close()
+
+
+def test_rows_a_finished_event_loop_left_waiting_are_dropped_by_the_next(tmp_path) -> None:
+    from fsm_engine.runtime.streams import Batcher, ChunkWriter, StreamTarget
+    from fsm_engine.store import open_store
+    store = open_store(str(tmp_path / "x.db"))
+    batcher = Batcher(store)
+    to = StreamTarget(store, "a", 1, 1, batcher=batcher)
+
+    async def cut() -> None:  # the loop ends before any batch or commit
+        ChunkWriter(to).add("never written")
+
+    async def commit() -> Any:
+        return batcher.tail("a")
+    asyncio.run(cut())
+    assert list(batcher.held) == ["a"]
+    assert asyncio.run(commit()) == () and batcher.held == {}
+    assert store.stream_read("a") == []
+    store.close()
