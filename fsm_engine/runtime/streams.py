@@ -156,10 +156,10 @@ class Batcher:
 
     def tail(self, instance_id: str) -> tuple[StreamOp, ...] | asyncio.Future[None]:
         """The rows of ``instance_id``'s writers still waiting, as ops for its step's commit
-        (``StepCommit.stream``; ``()``: none), those writers then done; or, while one has a
-        write in flight, is still open with rows waiting, or holds text a commit does not
-        carry (a NUL, text that is not UTF-8), a future to wait for (its rows are written
-        by a batch meanwhile: ask again)."""
+        (``StepCommit.stream``; ``()``: none), those of the writers that ended, then done;
+        or, while one of those has a write in flight or holds text a commit does not carry
+        (a NUL, text that is not UTF-8), a future to wait for (its rows are written by a
+        batch meanwhile: ask again)."""
         self._bind()  # (first: a new loop drops the old one's writers)
         writers = self.held.get(instance_id)
         if not writers:
@@ -187,11 +187,12 @@ class Batcher:
         return tuple(ops)
 
     def _wait(self, writers: list[ChunkWriter]) -> asyncio.Future[None] | None:
-        """What to wait for before ``writers``' rows can go with a commit (None: nothing):
-        a write in flight, or rows waiting of a writer still open or holding odd text
-        (written by a batch, started now)."""
+        """What to wait for before the ended ``writers``' rows can go with a commit (None:
+        nothing): a write of theirs in flight, or odd text waiting (written by a batch,
+        started now).  A writer still open (a call the action left running) is not waited
+        for: its rows go by the batches."""
         for w in writers:
-            if w.busy or (w.waiting and (not w.closed or w.odd)):
+            if w.closed and (w.busy or (w.odd and w.waiting)):
                 if not w.busy:
                     self.wake(w, soon=True)
                 return w.settling()
