@@ -159,6 +159,8 @@ class Driver:
             self.attach(step)
         if new.final:  # a family's effects (``Ledger.settle``) start from an end
             self.committer.ledger.settle(step)
+        if rec.id in self.streams.batcher.held:  # its streamed calls' rows still waiting
+            step.stream = await self.streams.tail(rec.id)
         done = self.committer.enqueue(step)
         if isinstance(done, asyncio.Future):
             done = await done

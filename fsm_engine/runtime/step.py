@@ -6,14 +6,16 @@ import asyncio
 from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..definition.spec import RunInfo
 from ..errors import FsmError, RateLimitWait, StructuredOutputError
-from .calls import Call, CallSettings, Meter, compose, count_prompt, current_call
+from .calls import Call, CallSettings, Meter, compose, count_prompt
 from .calls.meter import end_call
 from .reply_cache import reply_key
-from .streams import ChunkWriter, ReplyStream
+from .stream_reply import ReplyStream
+from .streams import ChunkWriter
 
 if TYPE_CHECKING:
     from ..definition.spec import State
@@ -117,15 +119,9 @@ class MeteredLLM:
                    messages: list[dict[str, str]], kwargs: dict[str, Any], *,
                    json: bool) -> ReplyStream:
         """A ``ReplyStream`` of one call down ``stack`` (``json``: its reply is JSON)."""
-        async def send(sink: Callable[[str], None]) -> tuple[Completion, bool]:
-            top, token = self._begin(stack, provider, messages, kwargs, sink)
-            call = current_call()
-            try:
-                return await top.complete(messages, **kwargs), call.streamed
-            finally:
-                end_call(token)
         to = self.settings.stream_to
-        return ReplyStream(send, lambda: None if to is None else ChunkWriter(to, json=json))
+        return ReplyStream(partial(self._begin, stack, provider, messages, kwargs), messages,
+                           kwargs, lambda: None if to is None else ChunkWriter(to, json=json))
 
     async def _send(self, stack: Provider | None, provider: Provider | None,
                     messages: list[dict[str, str]], kwargs: dict[str, Any]) -> Completion:

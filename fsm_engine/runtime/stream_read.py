@@ -3,8 +3,9 @@
 ``events`` merges the instance's stream log (``store.streams``: attempts, chunks, ends,
 errors, supersessions) with its committed history (steps, then the final status) into one
 ordered sequence of ``StreamEvent``s.  Steps of one instance run one after another and a
-step's log rows are written before it commits, so the merge is deterministic: a log row of
-step ``s`` comes after the committed steps before ``s`` and before step ``s`` itself.
+step's log rows are written before it commits or with it, so the merge is deterministic: a
+log row of step ``s`` comes after the committed steps before ``s`` and before step ``s``
+itself (a step seen committed is delivered once the log read after it has no more rows).
 
 Positions: each log row has its ``offset`` (0, 1, 2 …, no gaps); every event carries a
 ``cursor`` ``"P:S"`` — the next log position and the last committed step delivered — from
@@ -144,6 +145,16 @@ class _Merge:
         return [self.step(h) for h in rows
                 if h.seq > self.last_seq and (through is None or h.seq <= through)]
 
+    async def committed(self, rec: Any) -> list[StreamEvent] | None:
+        """Events of ``rec``'s steps committed after ``last_seq`` (up to its ``seq``), or
+        None when the log has rows after ``pos``: written with those steps or before them,
+        they come first."""
+        if rec.seq <= self.last_seq:
+            return []
+        if await self.call(self.store.stream_read, self.instance_id, self.pos, 1):
+            return None
+        return await self.steps(rec.seq)
+
     async def resume(self) -> None:
         """Learn the attempts begun before ``pos`` (JSON or not, text so far)."""
         seen = 0
@@ -191,7 +202,10 @@ async def events(store: Any, instance_id: str, from_offset: int | str = 0
         if rows:
             continue
         rec = await merge.call(store.get, instance_id)
-        for ev in await merge.steps() if rec.seq > merge.last_seq else ():
+        done = await merge.committed(rec)
+        if done is None:
+            continue
+        for ev in done:
             yield ev
         if rec.status not in FINAL_STATUSES:
             await merge.wait()

@@ -1,36 +1,40 @@
 """The write side of streaming: a step's streamed model call, its pieces made durable.
 
-``ReplyStream`` is what ``step.llm.stream(...)`` returns: an async iterator of the reply's
-text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
-call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
-a ``ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
+``runtime.stream_reply.ReplyStream`` is what ``step.llm.stream(...)`` returns; beside its
+call a ``ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
 engine's ``Batcher`` writes the rows of every attempt streaming in the process together:
-the first batch ``FLUSH_S`` seconds after a row waits (a short reply is one op: open, text,
-end), then at most one per ``FLUSH_S`` (sooner past ``FLUSH_CHARS`` waiting), so a reader
-sees a piece within about ``FLUSH_S`` plus one write and a fast model costs at most one
-transaction per ``FLUSH_S`` however many instances stream.  These writes are appends, not
-steps (``ledger.py`` stays the only writer of steps); the attempt's ``end`` row is written
-before the call returns, so before the step can commit.
+the first batch ``FLUSH_S`` seconds after a row waits, then at most one per ``FLUSH_S``
+(sooner past ``FLUSH_CHARS`` waiting), so a reader sees a piece within about ``FLUSH_S``
+plus one write and a fast model costs at most one transaction per ``FLUSH_S`` however many
+instances stream.  These writes are appends, not steps (``ledger.py`` stays the only writer
+of steps).  What still waits when the step commits — for a call that ended within
+``FLUSH_S``, all of it: open, text, end — goes in the step's own transaction
+(``StepCommit.stream``, taken by ``Driver.commit``), so an attempt's rows are in the store
+no later than its step, and a short call nobody watches costs no write, task or future of
+its own.  A crash before the commit leaves the attempt as far as the batches wrote it (not
+ended): the next attempt supersedes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..store.streams import StreamOp, StreamRow
 
 if TYPE_CHECKING:
+
     from ..llm.base import Completion
     from ..store.base import Store
     from ..store.records import InstanceRecord
 
-__all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "ReplyStream", "FLUSH_S",
-           "FLUSH_CHARS", "RETENTION_S"]
+__all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "FLUSH_S", "FLUSH_CHARS",
+           "RETENTION_S"]
 
 log = logging.getLogger("fsm_engine")
 
@@ -79,33 +83,68 @@ class Streams:
         back = rec.recoveries if rec.recoveries and rec.recovered_seq == rec.seq else 0
         return StreamTarget(self.store, rec.id, seq, seq - back, self.retention_s, self.batcher)
 
+    async def tail(self, instance_id: str) -> tuple[StreamOp, ...]:
+        """What the step of ``instance_id`` about to commit carries of its streamed calls
+        (``StepCommit.stream``: the rows still waiting, ``Batcher.tail``), after any write
+        of theirs in flight; ``()``: nothing."""
+        while True:
+            got = self.batcher.tail(instance_id)
+            if isinstance(got, tuple):
+                return got
+            await got
+
 
 class Batcher:
     """The stream writes of one store, batched across every attempt streaming in this process
     (a group commit for stream rows): one ``Store.stream_write`` transaction carries every
-    writer's pending rows.  A batch starts ``FLUSH_S`` after the first row waits (sooner
-    once ``FLUSH_CHARS`` wait) and at most every ``FLUSH_S``; one is in flight at a time.
-    On a local store (SQLite) it is written on the event loop, as the group committer
-    does: measured, a thread hop per write and the connection's lock cost more than the
-    write; on a remote one (PostgreSQL) in a thread.  Bound to the running event loop
-    (rebuilt for another)."""
+    writer's pending rows, in the order the writers began.  A batch starts ``FLUSH_S``
+    after the first row waits (sooner once ``FLUSH_CHARS`` wait) and at most every
+    ``FLUSH_S``; one is in flight at a time.  A writer's rows still waiting when its step
+    commits go with the commit instead (``tail``): a call that ends within ``FLUSH_S``
+    costs no write of its own.  On a local store (SQLite) a batch is written on the event
+    loop, as the group committer does: measured, a thread hop per write and the
+    connection's lock cost more than the write; on a remote one (PostgreSQL) in a thread.
+    Bound to the running event loop (rebuilt for another)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.offload = bool(getattr(store, "remote", False))
-        self._dirty: dict[ChunkWriter, None] = {}  # writers with rows waiting, in order
+        self._dirty: dict[ChunkWriter, None] = {}  # writers with rows waiting
+        #: Writers not done yet (rows waiting, or a write in flight, or still open), by
+        #: instance, in the order they began: what the instance's next commit takes.
+        self.held: dict[str, list[ChunkWriter]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._writing = False
         self._last = 0.0  # loop time the last batch began
         self.batches = 0
 
-    def wake(self, writer: ChunkWriter, *, soon: bool = False) -> None:
-        """``writer`` has rows waiting (``soon``: many, or its last one)."""
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        """The running loop (a new one: what waited for the old is dropped)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop, self._dirty, self._timer, self._writing = loop, {}, None, False
-        self._dirty[writer] = None
+            self.held = {}
+        return loop
+
+    def release(self, writer: ChunkWriter) -> None:
+        """``writer`` is done (all written, or broken): off its instance's list."""
+        writers = self.held.get(writer.to.instance_id)
+        if writers is not None and writer in writers:
+            writers.remove(writer)
+            if not writers:
+                del self.held[writer.to.instance_id]
+
+    def wake(self, writer: ChunkWriter, *, soon: bool = False) -> None:
+        """``writer`` has rows waiting (``soon``: many, or its last one); at its first, its
+        instance's next commit will look at it (``held``)."""
+        loop = self._bind()
+        if not writer.queued:
+            writer.queued = True
+            self._dirty[writer] = None
+            if not writer.held:
+                writer.held = True
+                self.held.setdefault(writer.to.instance_id, []).append(writer)
         if self._writing:
             return
         due = self._last + FLUSH_S if soon else max(self._last + FLUSH_S, loop.time() + FLUSH_S)
@@ -115,23 +154,73 @@ class Batcher:
             self._timer.cancel()
         self._timer = loop.call_at(max(loop.time(), due), self._start)
 
+    def tail(self, instance_id: str) -> tuple[StreamOp, ...] | asyncio.Future[None]:
+        """The rows of ``instance_id``'s writers still waiting, as ops for its step's commit
+        (``StepCommit.stream``; ``()``: none), those of the writers that ended, then done;
+        or, while one of those has a write in flight or holds text a commit does not carry
+        (a NUL, text that is not UTF-8), a future to wait for (its rows are written by a
+        batch meanwhile: ask again)."""
+        self._bind()  # (first: a new loop drops the old one's writers)
+        writers = self.held.get(instance_id)
+        if not writers:
+            return ()
+        wait = self._wait(writers)
+        if wait is not None:
+            return wait
+        ops, left = [], []
+        for w in writers:
+            if not w.closed:
+                left.append(w)
+                continue
+            if w.queued:  # (its batch has nothing left to take)
+                del self._dirty[w]
+                w.queued = False
+            op = w.take()
+            if op is not None:
+                ops.append(op)
+        if left:
+            self.held[instance_id] = left
+        else:
+            del self.held[instance_id]
+        if ops and ops[0].open:
+            _maybe_prune(writers[0].to)
+        return tuple(ops)
+
+    def _wait(self, writers: list[ChunkWriter]) -> asyncio.Future[None] | None:
+        """What to wait for before the ended ``writers``' rows can go with a commit (None:
+        nothing): a write of theirs in flight, or odd text waiting (written by a batch,
+        started now).  A writer still open (a call the action left running) is not waited
+        for: its rows go by the batches."""
+        for w in writers:
+            if w.closed and (w.busy or (w.odd and w.waiting)):
+                if not w.busy:
+                    self.wake(w, soon=True)
+                return w.settling()
+        return None
+
     def _start(self) -> None:
         self._timer = None
         if not self._dirty or self._writing:
             return
         assert self._loop is not None
         self._last = self._loop.time()
-        writers, self._dirty = list(self._dirty), {}
-        ops = [w.take() for w in writers]
+        writers, self._dirty = sorted(self._dirty, key=_began), {}
+        for w in writers:
+            w.queued = False
+        taken = [(w, op) for w in writers if (op := w.take()) is not None]
+        if not taken:  # (their step's commit took them)
+            return
+        for w, _ in taken:
+            w.busy = True
         if not self.offload:
-            self._done(writers, ops, self._apply(ops))
+            self._done(taken, self._apply([op for _, op in taken]))
             return
         self._writing = True
-        self._loop.create_task(self._offloaded(writers, ops))
+        self._loop.create_task(self._offloaded(taken))
 
-    async def _offloaded(self, writers: list[ChunkWriter], ops: list[StreamOp]) -> None:
+    async def _offloaded(self, taken: list[tuple[ChunkWriter, StreamOp]]) -> None:
         try:
-            self._done(writers, ops, await _thread(self._apply, ops))
+            self._done(taken, await _thread(self._apply, [op for _, op in taken]))
         finally:
             self._writing = False
             if self._dirty:
@@ -144,40 +233,69 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 - streaming must not fail the call
             return exc
 
-    def _done(self, writers: list[ChunkWriter], ops: list[StreamOp],
+    def _done(self, taken: list[tuple[ChunkWriter, StreamOp]],
               out: list[int] | BaseException) -> None:
         """Tell each writer what its op gave; start the next batch when rows wait."""
         self.batches += 1
-        for n, writer in enumerate(writers):
-            writer.settled(out if isinstance(out, BaseException) else out[n], ops[n].open)
+        for n, (writer, op) in enumerate(taken):
+            writer.settled(out if isinstance(out, BaseException) else out[n], op.open)
         if self._dirty and not self._writing:
             self.wake(next(iter(self._dirty)), soon=True)
+
+
+def _began(writer: ChunkWriter) -> int:
+    return writer.serial
 
 
 async def _thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
+def _odd(piece: str) -> bool:
+    """True for text a step's commit does not carry: a NUL (PostgreSQL refuses it) or
+    characters UTF-8 cannot encode (lone surrogates)."""
+    if "\x00" in piece:
+        return True
+    if piece.isascii():
+        return False
+    try:
+        piece.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class ChunkWriter:
     """One attempt's rows, written in order through its store's ``Batcher``.
 
-    ``add`` (sync, never blocks) queues a piece; ``end``/``fail`` queue the attempt's last
-    row and wait until it is written.  A store failure is logged and ends the writing
-    (the call goes on: the history will hold the reply); ``attempt`` is 0 until opened.
+    ``add`` (sync, never blocks) queues a piece; ``end``/``fail``/``abandon`` queue the
+    attempt's last row (sync too).  What is still waiting when the step commits goes with
+    the commit (``Batcher.tail``), so it is in the store no later than the step.  A store
+    failure is logged and ends the writing (the call goes on: the history will hold the
+    reply); ``attempt`` is 0 until a batch opened it.
     """
 
     def __init__(self, to: StreamTarget, *, json: bool = False) -> None:
         self.to, self.json = to, json
         self.batcher: Batcher = to.batcher if to.batcher is not None else Batcher(to.store)
+        self.serial = next(_serials)  # writers' rows are written in the order they began
         self.attempt = 0
         self.chars = 0  # characters queued so far: the next chunk's offset
         self._pieces: list[str] = []  # text waiting (it starts at chars - _waiting)
         self._waiting = 0  # characters in _pieces
-        self._last: StreamRow | None = None  # the attempt's end or error row, waiting
-        self._opening = False
-        self._closed = False
+        self._last: tuple[str, dict[str, Any], float] | None = None  # end/error row waiting
+        self.busy = False  # an op of it is being written
+        self.closed = False
+        self.odd = False  # a piece waits that a commit does not carry (``_odd``)
+        self.queued = False  # in the batcher's next batch
+        self.held = False  # on the batcher's ``held`` list
         self._broken = False
-        self._drained: asyncio.Future[None] | None = None
+        self._settle: asyncio.Future[None] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Rows wait to be written."""
+        return bool(self._pieces) or self._last is not None
 
     def add(self, piece: str) -> None:
         """Queue ``piece`` (its offset is the characters queued before it)."""
@@ -187,90 +305,103 @@ class ChunkWriter:
         self._pieces.append(piece)
         self.chars += len(piece)
         self._waiting += len(piece)
+        if not self.odd and ("\x00" in piece or not piece.isascii()):
+            self.odd = _odd(piece)
         if first or self._waiting >= FLUSH_CHARS:  # (already woken for the others)
             self._ready(self._waiting >= FLUSH_CHARS)
 
-    async def end(self, out: Completion) -> None:
-        """The reply is complete: write what is left and the ``end`` row, and wait for it."""
-        await self._close(StreamRow(self.to.instance_id, self.to.seq, 0, "end",
-                                    info={"finish": out.finish_reason, "chars": self.chars}))
+    def end(self, out: Completion) -> None:
+        """The reply is complete: its ``end`` row waits with what is left."""
+        self._close("end", {"finish": out.finish_reason, "chars": self.chars})
 
-    async def fail(self, exc: BaseException) -> None:
-        """The call failed: write what is left and an ``error`` row naming the error class."""
-        await self._close(StreamRow(self.to.instance_id, self.to.seq, 0, "error",
-                                    info={"error": type(exc).__name__}))
+    def fail(self, exc: BaseException) -> None:
+        """The call failed: an ``error`` row naming the error class waits with what is left."""
+        self._close("error", {"error": type(exc).__name__})
 
     def abandon(self) -> None:
-        """The step was cancelled (e.g. its timeout): write what is left and an ``error``
-        row when the next batch goes, without waiting."""
-        if not self._broken:
-            self._last = StreamRow(self.to.instance_id, self.to.seq, 0, "error",
-                                   info={"error": "cancelled"})
-            self._closed = True
-            self._ready(True)
+        """The step was cancelled (e.g. its timeout): what is left and an ``error`` row go
+        with the next batch (its commit may never come)."""
+        self._close("error", {"error": "cancelled"}, soon=True)
 
-    async def _close(self, last: StreamRow) -> None:
-        if self._broken:
+    def _close(self, kind: str, info: dict[str, Any], soon: bool = False) -> None:
+        if self._broken or self.closed:
             return
-        self._last = last
-        self._closed = True
-        self._drained = asyncio.get_running_loop().create_future()
-        self._ready(True)
-        with contextlib.suppress(Exception):
-            await asyncio.shield(self._drained)
+        self._last = (kind, info, time.time())
+        self.closed = True
+        self._ready(soon)
 
     def _ready(self, soon: bool) -> None:
-        if not self._opening:  # rows written while the attempt opens wait for its number
+        # (rows queued while a write is in flight wait for it to settle)
+        if not self.busy and (soon or not self.queued):
             self.batcher.wake(self, soon=soon)
 
-    def take(self) -> StreamOp:
-        """The op writing the rows waiting (the batcher's): the first opens the attempt."""
-        rows = _chunks(self.to, self._pieces, self.chars - self._waiting)
+    def settling(self) -> asyncio.Future[None]:
+        """Done when this writer's write in flight (or the next one) settles."""
+        if self._settle is None:
+            self._settle = asyncio.get_running_loop().create_future()
+        return self._settle
+
+    def take(self) -> StreamOp | None:
+        """The op writing the rows waiting (None: none); the first opens the attempt."""
+        if not self._pieces and self._last is None:
+            return None
+        to, attempt, now = self.to, self.attempt, time.time()
+        rows = _chunks(to, self._pieces, self.chars - self._waiting, attempt, now)
         if self._last is not None:
-            rows.append(self._last)
-        self._pieces, self._waiting, self._last = [], 0, None
-        to = self.to
-        if not self.attempt:
-            self._opening = True
-            return StreamOp(to.instance_id, tuple(_numbered(r, 0) for r in rows), True, to.seq,
-                            to.since, {"json": True} if self.json else {}, time.time())
-        return StreamOp(to.instance_id, tuple(_numbered(r, self.attempt) for r in rows))
+            kind, info, at = self._last
+            rows.append(StreamRow(to.instance_id, to.seq, attempt, kind, info=info, at=at))
+        self._pieces, self._waiting, self._last, self.odd = [], 0, None, False
+        if not attempt:
+            return StreamOp(to.instance_id, tuple(rows), True, to.seq, to.since,
+                            {"json": True} if self.json else {}, now)
+        return StreamOp(to.instance_id, tuple(rows))
 
     def settled(self, result: int | BaseException, opened: bool) -> None:
         """The batcher wrote (or failed to write) this writer's op."""
+        self.busy = False
         if isinstance(result, BaseException):
             self._broken, self._pieces, self._last = True, [], None
             log.warning("stream of %s step %d: %s", self.to.instance_id, self.to.seq, result)
         elif opened:
-            self.attempt, self._opening = result, False
+            self.attempt = result
             _maybe_prune(self.to)
-        if (self._pieces or self._last is not None) and not self._broken:
-            self.batcher.wake(self, soon=self._closed)
-        elif self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        if self.waiting and not self._broken:
+            self.batcher.wake(self, soon=self.closed)
+        elif self.closed or self._broken:
+            self.batcher.release(self)
+        if self._settle is not None:
+            if not self._settle.done():
+                self._settle.set_result(None)
+            self._settle = None
 
 
-def _chunks(to: StreamTarget, pieces: list[str], offset: int) -> list[StreamRow]:
-    """``pieces`` (text starting at character ``offset`` of the reply) as chunk rows of at
-    most ``ROW_CHARS`` characters, pieces joined in order (a longer piece stays whole)."""
+_serials = itertools.count()
+
+
+def _chunks(to: StreamTarget, pieces: list[str], offset: int, attempt: int,
+            at: float) -> list[StreamRow]:
+    """``pieces`` (text starting at character ``offset`` of the reply) as chunk rows of
+    ``attempt`` written ``at``, of at most ``ROW_CHARS`` characters, pieces joined in order
+    (a longer piece stays whole)."""
+    if not pieces:
+        return []
+    if sum(map(len, pieces)) <= ROW_CHARS:  # (the usual case: one row)
+        return [StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(pieces), offset,
+                          {}, at)]
     rows: list[StreamRow] = []
     run: list[str] = []
     size = 0
     for piece in pieces:
         if run and size + len(piece) > ROW_CHARS:
-            rows.append(StreamRow(to.instance_id, to.seq, 0, "chunk", "".join(run), offset))
+            rows.append(StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(run),
+                                  offset, {}, at))
             offset, run, size = offset + size, [], 0
         run.append(piece)
         size += len(piece)
     if run:
-        rows.append(StreamRow(to.instance_id, to.seq, 0, "chunk", "".join(run), offset))
+        rows.append(StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(run), offset,
+                              {}, at))
     return rows
-
-
-def _numbered(row: StreamRow, attempt: int) -> StreamRow:
-    """``row`` of ``attempt``, stamped now."""
-    return StreamRow(row.instance_id, row.seq, attempt, row.kind, row.text, row.offset,
-                     row.info, time.time())
 
 
 def _maybe_prune(to: StreamTarget) -> None:
@@ -290,78 +421,3 @@ def _maybe_prune(to: StreamTarget) -> None:
 
 
 _background: set[asyncio.Task[None]] = set()
-Sink = Callable[[str], None]
-
-
-class ReplyStream:
-    """``step.llm.stream(...)``: iterate it for the reply's text pieces (``str``); then
-    ``completion`` holds the whole ``Completion``.  Iterate it once; leaving the loop early
-    cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
-    ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
-
-    def __init__(self, send: Callable[[Sink], Coroutine[Any, Any, tuple[Completion, bool]]],
-                 writer: Callable[[], ChunkWriter | None]) -> None:
-        self._send, self._writer = send, writer
-        self.completion: Completion | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._pieces()
-
-    async def text(self) -> Completion:
-        """Run the stream to its end without looking at the pieces (they are still written
-        for subscribers); its ``Completion``.  Awaited in the caller's task: no task or queue
-        of its own."""
-        writer = self._writer()
-        try:
-            out, streamed = await self._send(writer.add if writer is not None else _drop)
-        except BaseException as exc:
-            await _failed(writer, exc)
-            raise
-        return await self._ended(writer, out, streamed)
-
-    async def _ended(self, writer: ChunkWriter | None, out: Completion, streamed: bool
-                     ) -> Completion:
-        """After the call: a reply answered from the store written as one piece, the
-        attempt's end written and waited for, ``completion`` set."""
-        if writer is not None:
-            if not streamed:
-                writer.add(out.text)
-            await writer.end(out)
-        self.completion = out
-        return out
-
-    async def _pieces(self) -> AsyncIterator[str]:
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
-        writer = self._writer()
-
-        def sink(piece: str) -> None:
-            queue.put_nowait(piece)
-            if writer is not None:
-                writer.add(piece)
-        call = asyncio.get_running_loop().create_task(self._send(sink))
-        call.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while (piece := await queue.get()) is not None:
-                yield piece
-            out, streamed = await call
-        except BaseException as exc:
-            call.cancel()
-            await _failed(writer, exc)
-            raise
-        if not streamed and out.text:  # answered from the cache or a fork's record
-            yield out.text
-        await self._ended(writer, out, streamed)
-
-
-def _drop(piece: str) -> None:
-    """A sink that keeps nothing (a step with no stream target)."""
-
-
-async def _failed(writer: ChunkWriter | None, exc: BaseException) -> None:
-    """Close ``writer`` after the call raised ``exc`` (cancelled: in the background)."""
-    if writer is None:
-        return
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        writer.abandon()
-    else:
-        await writer.fail(exc)

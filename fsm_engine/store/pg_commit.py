@@ -15,8 +15,8 @@ A step changes only some columns: each step carries a bit mask of the columns it
 sets, and an unset column keeps the row's value (``CASE WHEN mask & bit``), so an
 unchanged large value is neither sent nor rewritten (PostgreSQL keeps its TOAST
 pointer).  ``plain`` says which batches fit: every step by key, each instance once
-(a row is updated at most once per statement), no review, family, wake or hand-off;
-the others take the general path, as does a batch whose statement breaks a
+(a row is updated at most once per statement), no review, family, wake, stream-log
+tail or hand-off; the others take the general path, as does a batch whose statement breaks a
 constraint (nothing of it applied; the general path then names the step at fault).
 """
 
@@ -141,7 +141,8 @@ def plain(steps: Sequence[StepCommit]) -> bool:
     for s in steps:
         rec = s.record
         if (rec.key is None or s.review_close is not None or s.review_open is not None
-                or s.compound or s.wake or (rec.owner is None and rec.status == "running")):
+                or s.compound or s.wake or s.stream
+                or (rec.owner is None and rec.status == "running")):
             return False
         keys.add(rec.key)
     return len(keys) == len(steps)

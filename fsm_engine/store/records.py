@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from .streams import StreamOp
 
 #: An instance's status. ``pending``: created, never stepped; ``running``: owned by a
 #: worker or between steps; ``waiting``: needs an external trigger (or a review, a
@@ -385,8 +388,12 @@ class StepCommit:
     #: An instance to wake: if it is ``waiting`` with reason ``children`` it becomes
     #: ``running`` (claimable), version bumped (a child telling its parent it finished).
     wake: str | None = None
-    # (``create``, ``fence`` and ``also`` default to ``()``, replaced, never appended to:
-    # three lists less to allocate and collect per ordinary step)
+    #: Stream-log writes (``store.streams.StreamOp``) applied with the step, when it
+    #: applies: the tail of the attempts it streamed (``runtime.streams``), so a short
+    #: streamed call costs no transaction of its own.
+    stream: Sequence[StreamOp] = ()
+    # (``create``, ``fence``, ``also`` and ``stream`` default to ``()``, replaced, never
+    # appended to: lists less to allocate and collect per ordinary step)
 
     @property
     def compound(self) -> bool:

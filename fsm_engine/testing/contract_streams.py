@@ -1,5 +1,6 @@
 """Contract cases for the stream log (format 12; mixed into ``StoreContract``): appends at
-consecutive positions, reads from any position, attempts superseded, pruning after commit."""
+consecutive positions, reads from any position, attempts superseded, pruning after commit,
+a step's commit carrying its stream tail (``StepCommit.stream``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class StreamContract:
     """``stream_write`` opens attempts (numbered per step, superseding the earlier ones of
     its range) and appends at dense positions per instance, ops of many instances in one
     call; ``stream_read`` pages from any position; ``stream_prune`` removes only committed
-    steps' old rows; ``delete`` takes an instance's rows with it."""
+    steps' old rows; ``delete`` takes an instance's rows with it; a ``StepCommit`` writes its
+    ``stream`` ops in its own transaction exactly when it applies."""
 
     def test_attempts_and_chunks_are_addressed_and_read_from_any_position(
             self, store: Store) -> None:
@@ -96,3 +98,31 @@ class StreamContract:
         assert store.stream_prune(2000.0) == 1
         assert [r.text for r in store.stream_read("a")] == ["live"]
         assert store.delete(["a"]) == 1 and store.stream_read("a") == []
+
+    def test_a_step_commit_writes_its_stream_tail_only_when_it_applies(
+            self, store: Store) -> None:
+        store.create(record("a"), record("b"))
+        _open(store, "a", 1, 1, {}, _chunk("a", 1, 0, "early ", 0))  # a batch wrote this
+        a, b = store.get("a"), store.get("b")
+        end = StreamRow("a", 1, 1, "end", info={"finish": "stop", "chars": 10}, at=1000.0)
+        tail_a = StreamOp("a", (_chunk("a", 1, 1, "late", 6), end))
+        second = StreamOp("a", (_chunk("a", 1, 0, "again", 0),), True, 1, 1, {"json": True}, 2.0)
+        tail_b = StreamOp("b", (_chunk("b", 1, 0, "whole", 0),
+                                StreamRow("b", 1, 0, "end", info={"chars": 5}, at=1000.0)),
+                          True, 1, 1, {}, 2.0)
+        stale = StepCommit(moved(b, "c"), b.version + 7, history=[hist("b", 1, "start", "c")],
+                           stream=[StreamOp("b", (_chunk("b", 1, 0, "never", 0),), True, 1, 1)])
+        assert store.commit([
+            StepCommit(moved(a, "b"), a.version, history=[hist("a", 1, "start", "b")],
+                       stream=[tail_a, second]),
+            stale,
+            StepCommit(moved(b, "b"), b.version, history=[hist("b", 1, "start", "b")],
+                       stream=[tail_b])]) == [True, False, True]
+        assert [(r.pos, r.attempt, r.kind, r.text, r.offset) for r in store.stream_read("a")] == [
+            (0, 1, "open", "", 0), (1, 1, "chunk", "early ", 0), (2, 1, "chunk", "late", 6),
+            (3, 1, "end", "", 0), (4, 1, "superseded", "", 0), (5, 2, "open", "", 0),
+            (6, 2, "chunk", "again", 0)]
+        log_b = store.stream_read("b")
+        assert [(r.attempt, r.kind, r.text) for r in log_b] == [
+            (1, "open", ""), (1, "chunk", "whole"), (1, "end", "")]
+        assert log_b[2].info == {"chars": 5} and store.get("b").seq == 1

@@ -325,3 +325,122 @@ def test_a_subscription_in_the_engines_own_process_follows_the_run_live(db_path)
     assert "".join(e.text for e in seen if e.kind == "chunk") == "".join(CHUNKS)
     assert [e.kind for e in seen][-2:] == ["step", "final"]
     engine.close()
+
+
+async def twice(ctx: Ctx, step: Step) -> dict[str, Any]:
+    first = await step.llm.stream([{"role": "user", "content": "one"}], max_tokens=32).text()
+    second = await step.llm.stream([{"role": "user", "content": "two"}], max_tokens=32).text()
+    return {"answer": first.text + "|" + second.text}
+
+
+def twice_machine() -> Machine:
+    return Machine(name="twice", context=Ctx, initial="ask", states=[
+        State("ask", action=twice), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+
+
+def test_a_short_streamed_call_rides_its_steps_commit(db_path, monkeypatch) -> None:
+    from fsm_engine.runtime import streams
+    monkeypatch.setattr(streams, "FLUSH_S", 3600.0)  # no batch comes before the commit
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, done = run(engine, machine())
+    batcher = engine.driver.streams.batcher
+    assert (done.status, batcher.batches, batcher.held) == ("completed", 0, {})
+    assert [r[2:] for r in rows(engine, iid)] == [
+        (1, "open", "", 0), (1, "chunk", "".join(CHUNKS), 0), (1, "end", "", 0)]
+    assert [e.kind for e in collect(engine, iid)] == ["open", "chunk", "end", "step", "final"]
+    engine.close()
+
+
+def test_a_second_streamed_call_of_a_step_comes_after_the_first_in_the_log(
+        db_path, monkeypatch) -> None:
+    from fsm_engine.runtime import streams
+    replies = [{"chunks": ["a", "b"]}, {"chunks": ["c", "d"], "chunk_delay_s": 0.01}]
+    for flush in (3600.0, 0.0):  # both held for the commit; written by batches as they go
+        monkeypatch.setattr(streams, "FLUSH_S", flush)
+        engine = Engine(db_path, llm=Scripted.from_replies(replies), seed=1)
+        iid, done = run(engine, twice_machine())
+        assert done.context["answer"] == "ab|cd"
+        log = engine.store.stream_read(iid)
+        assert [(r.attempt, r.kind) for r in log if r.kind != "chunk"] == [
+            (1, "open"), (1, "end"), (1, "superseded"), (2, "open"), (2, "end")]
+        for attempt, text in ((1, "ab"), (2, "cd")):
+            mine = [r for r in log if r.attempt == attempt and r.kind == "chunk"]
+            assert "".join(r.text for r in mine) == text
+            assert [r.offset for r in mine] == [sum(len(r.text) for r in mine[:i])
+                                                for i in range(len(mine))]
+        assert (engine.driver.streams.batcher.batches > 0) == (flush == 0.0)
+        engine.close()
+
+
+def test_text_a_commit_cannot_carry_is_written_by_a_batch_first(db_path) -> None:
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": ["a\x00b", "c"]}]), seed=1)
+    iid, done = run(engine, machine())
+    assert done.context["answer"] == "a\x00bc" and engine.driver.streams.batcher.batches >= 1
+    assert [(r.kind, r.text) for r in engine.store.stream_read(iid)] == [
+        ("open", ""), ("chunk", "a\x00bc"), ("end", "")]
+    engine.close()
+
+
+class _Late:
+    """A store as a reader saw it just before a step's commit that carried its log rows:
+    its first log read finds none."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.hidden = store, True
+
+    def stream_read(self, instance_id: str, from_pos: int = 0, limit: int = 500) -> Any:
+        if self.hidden:
+            self.hidden = False
+            return []
+        return self.store.stream_read(instance_id, from_pos, limit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_rows_committed_with_a_step_are_delivered_before_it(db_path) -> None:
+    from fsm_engine.runtime.stream_read import events
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, _ = run(engine, machine())
+
+    async def go() -> list[Any]:
+        return [ev async for ev in events(_Late(engine.store), iid)]
+    late = asyncio.run(go())
+    assert [e.kind for e in late][-3:] == ["end", "step", "final"]
+    assert late == collect(engine, iid)
+    engine.close()
+
+
+def test_on_postgres_a_short_streamed_call_rides_its_steps_commit(pg_cluster, monkeypatch) -> None:
+    from fsm_engine.runtime import streams
+    monkeypatch.setattr(streams, "FLUSH_S", 3600.0)
+    engine = Engine(pg_cluster.database(), llm=Scripted.from_replies([{"chunks": CHUNKS}]),
+                    seed=1)
+    try:
+        iid, done = run(engine, twice_machine())
+        assert done.status == "completed" and engine.driver.streams.batcher.batches == 0
+        assert [(r.attempt, r.kind) for r in engine.store.stream_read(iid)] == [
+            (1, "open"), (1, "chunk"), (1, "end"), (1, "superseded"), (2, "open"),
+            (2, "chunk"), (2, "end")]
+    finally:
+        engine.close()
+
+
+def test_rows_a_finished_event_loop_left_waiting_are_dropped_by_the_next(tmp_path) -> None:
+    from fsm_engine.runtime.streams import Batcher, ChunkWriter, StreamTarget
+    from fsm_engine.store import open_store
+    store = open_store(str(tmp_path / "x.db"))
+    batcher = Batcher(store)
+    to = StreamTarget(store, "a", 1, 1, batcher=batcher)
+
+    async def cut() -> None:  # the loop ends before any batch or commit
+        ChunkWriter(to).add("never written")
+
+    async def commit() -> Any:
+        return batcher.tail("a")
+    asyncio.run(cut())
+    assert list(batcher.held) == ["a"]
+    assert asyncio.run(commit()) == () and batcher.held == {}
+    assert store.stream_read("a") == []
+    store.close()

@@ -52,6 +52,7 @@ from .connect import (
     _Undo,
     _why,
 )
+from .streams import write as write_stream
 
 
 class PostgresSteps(PostgresBase):
@@ -358,6 +359,9 @@ class PostgresSteps(PostgresBase):
                               (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened)):
                 if rows:
                     cur.executemany(sql, rows)
+        tails = [op for step, _ in steps for op in step.stream]
+        if tails:  # the tails of their streamed calls (``StepCommit.stream``)
+            write_stream(conn, tails)
 
     def _shrink(self, delta: dict[str, Any], known: Blobs, blobs: Blobs) -> str:
         """``delta``'s JSON with each value longer than ``blob_threshold`` replaced by

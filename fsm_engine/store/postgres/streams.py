@@ -42,20 +42,9 @@ class PostgresStreams(PostgresBase):
     def stream_write(self, ops: Sequence[StreamOp]) -> builtins.list[int]:
         if not ops:
             return []
-        ids = sorted({op.instance_id for op in ops})
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
-            with conn.cursor() as cur:
-                def execute(sql: str, args: Sequence[Any]) -> Sequence[Any]:
-                    cur.execute(marks(sql), args)
-                    return cur.fetchall() if cur.description is not None else []
-                for instance_id in ids:  # in one order: two writers never deadlock
-                    cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                                (LOCK_SPACE, instance_id))
-                out = streams.write(execute, ops)
-                for instance_id in ids:
-                    cur.execute("SELECT pg_notify(%s, %s)", (streams.CHANNEL, instance_id))
-                return out
+            return write(conn, ops)
         return self._run(go, txn=True)
 
     def stream_read(self, instance_id: str, from_pos: int = 0,
@@ -78,6 +67,30 @@ class PostgresStreams(PostgresBase):
         if notes is not None:
             notes.stop()
         super().close()
+
+
+def write(conn: psycopg.Connection[Any], ops: Sequence[StreamOp]) -> builtins.list[int]:
+    """``ops`` in ``conn``'s open transaction (``streams.write``), under the advisory lock
+    of each instance (taken in one order: two writers never deadlock), notifying
+    ``streams.CHANNEL`` for each; used by ``stream_write`` and by a step's commit
+    (``StepCommit.stream``)."""
+    ids = sorted({op.instance_id for op in ops})
+    with conn.cursor() as cur:
+        def execute(sql: str, args: Sequence[Any]) -> Sequence[Any]:
+            cur.execute(marks(sql), args)
+            return cur.fetchall() if cur.description is not None else []
+        cur.execute(_LOCK, (LOCK_SPACE, ids))  # one round trip for all
+        out = streams.write(execute, ops)
+        cur.execute(_NOTIFY, (streams.CHANNEL, ids))
+        return out
+
+
+#: The advisory locks of instances ``%s`` (an array, sorted), taken in that order
+#: (PostgreSQL evaluates a volatile select list after ``ORDER BY``).
+_LOCK = ("SELECT pg_advisory_xact_lock(%s, hashtext(i)) "
+         "FROM unnest(%s::text[]) WITH ORDINALITY AS t(i, n) ORDER BY n")
+#: A notification on channel ``%s`` for each instance of ``%s`` (an array).
+_NOTIFY = "SELECT pg_notify(%s, i) FROM unnest(%s::text[]) AS t(i)"
 
 
 class _Notes:

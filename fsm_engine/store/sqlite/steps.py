@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import InstanceNotFound
+from .. import streams
 from ..codec import (
     CLOSE_REVIEW,
     INSERT_REVIEW,
@@ -234,6 +235,12 @@ class SqliteSteps(SqliteBase):
                 conn.execute(_INSERT_HISTORY, row)
             else:
                 defer.append((index, row))
+        self._rows(conn, step, attempt, outbox)
+        return True
+
+    def _rows(self, conn: sqlite3.Connection, step: StepCommit, attempt: Any,
+              outbox: Any) -> None:
+        """An applied step's attempt, outbox, review and stream-log rows."""
         if attempt is not None:
             conn.execute(self._attempt_sql, attempt)
         if outbox is not None:
@@ -241,7 +248,8 @@ class SqliteSteps(SqliteBase):
                          outbox)
         if step.review_open is not None:
             conn.execute(INSERT_REVIEW, REVIEW.values(step.review_open))
-        return True
+        if step.stream:  # the tail of its streamed calls (``StepCommit.stream``)
+            streams.write(lambda sql, args: conn.execute(sql, args).fetchall(), step.stream)
 
     def _shrink(self, conn: sqlite3.Connection, delta: dict[str, Any]) -> str:
         """Move large delta values into ``blobs`` (once per content); return the delta's JSON."""

@@ -1,0 +1,117 @@
+"""What ``step.llm.stream(...)`` returns: ``ReplyStream``, an async iterator of the reply's
+text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
+call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
+a ``runtime.streams.ChunkWriter`` queues them for the store's stream log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from .calls.meter import current_call, end_call
+
+if TYPE_CHECKING:
+    from contextvars import Token
+
+    from ..llm.base import Completion, Message, Provider
+    from .calls.meter import Call
+    from .streams import ChunkWriter
+
+__all__ = ["ReplyStream", "Sink"]
+
+Sink = Callable[[str], None]
+
+
+class ReplyStream:
+    """``step.llm.stream(...)``: iterate it for the reply's text pieces (``str``); then
+    ``completion`` holds the whole ``Completion``.  Iterate it once; leaving the loop early
+    cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
+    ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
+
+    def __init__(self, begin: Callable[[Sink], tuple[Provider, Token[Call | None]]],
+                 messages: list[Message], kwargs: dict[str, Any],
+                 writer: Callable[[], ChunkWriter | None]) -> None:
+        self._begin, self._messages, self._kwargs = begin, messages, kwargs
+        self._writer = writer
+        self.completion: Completion | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._pieces()
+
+    async def _send(self, sink: Sink) -> tuple[Completion, bool]:
+        """The call down the step's layers, each piece handed to ``sink``: its
+        ``Completion``, and whether the provider streamed it (not: answered from a store)."""
+        top, token = self._begin(sink)
+        call = current_call()
+        try:
+            return await top.complete(self._messages, **self._kwargs), call.streamed
+        finally:
+            end_call(token)
+
+    async def text(self) -> Completion:
+        """Run the stream to its end without looking at the pieces (they are still written
+        for subscribers); its ``Completion``.  Awaited in the caller's task: no task, queue
+        or coroutine of its own."""
+        writer = self._writer()
+        token = None
+        try:
+            top, token = self._begin(writer.add if writer is not None else _drop)
+            call = current_call()
+            out = await top.complete(self._messages, **self._kwargs)
+        except BaseException as exc:
+            _failed(writer, exc)
+            raise
+        finally:
+            if token is not None:
+                end_call(token)
+        return self._ended(writer, out, call.streamed)
+
+    def _ended(self, writer: ChunkWriter | None, out: Completion, streamed: bool
+               ) -> Completion:
+        """After the call: a reply answered from the store written as one piece, the
+        attempt's end queued (``ChunkWriter.end``), ``completion`` set."""
+        if writer is not None:
+            if not streamed:
+                writer.add(out.text)
+            writer.end(out)
+        self.completion = out
+        return out
+
+    async def _pieces(self) -> AsyncIterator[str]:
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        writer = self._writer()
+
+        def sink(piece: str) -> None:
+            queue.put_nowait(piece)
+            if writer is not None:
+                writer.add(piece)
+        call = asyncio.get_running_loop().create_task(self._send(sink))
+        call.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (piece := await queue.get()) is not None:
+                yield piece
+            out, streamed = await call
+        except BaseException as exc:
+            call.cancel()
+            _failed(writer, exc)
+            raise
+        if not streamed and out.text:  # answered from the cache or a fork's record
+            yield out.text
+        self._ended(writer, out, streamed)
+
+
+def _drop(piece: str) -> None:
+    """A sink that keeps nothing (a step with no stream target)."""
+
+
+def _failed(writer: ChunkWriter | None, exc: BaseException) -> None:
+    """Close ``writer`` after the call raised ``exc`` (cancelled: by the next batch, its
+    step's commit may never come)."""
+    if writer is None:
+        return
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        writer.abandon()
+    else:
+        writer.fail(exc)
