@@ -264,28 +264,23 @@ class Runner:
         if task is not None:  # before the claim: resume() must see it as ours and busy
             self.tasks[instance_id] = task
         run = _Run(instance_id, on_step, family, task)
-        try:
-            rec, again = await self._outcome(run)
-        finally:
-            self._end(run)
-        return await self._run(instance_id, on_step, family) if again else rec
-
-    async def _outcome(self, run: _Run) -> tuple[InstanceRecord, bool]:
-        """The run's last record, and whether to take the instance over again."""
-        try:
-            return await self._steps(run), False
+        again = False
+        try:  # the steps awaited here, not in a coroutine of their own: one frame less
+            rec = await self._steps(run)  # on every resumption of every step
         except StaleWrite:
             rec = self.store.get(run.iid)
             if not rec.final and rec.owner == self.worker.id:
                 raise
-            return rec, False
         except asyncio.CancelledError as exc:
-            return self._cancelled(run, exc)
+            rec, again = self._cancelled(run, exc)
         except (InstanceFinished, InstanceNotFound, FingerprintMismatch):
             raise  # nothing was claimed
         except Exception:  # a store failure or an unexpected error: don't keep the claim
             self.ownership.release([run.iid])
             raise
+        finally:
+            self._end(run)
+        return await self._run(instance_id, on_step, family) if again else rec
 
     def _cancelled(self, run: _Run, exc: asyncio.CancelledError
                    ) -> tuple[InstanceRecord, bool]:
