@@ -184,10 +184,19 @@ class Driver:
 
     async def _rejected(self, cm: CompiledMachine, rec: InstanceRecord, step: StepCommit,
                         exc: StepRejected) -> InstanceRecord:
-        """Commit the failure (``store_rejected``) of a step whose values the store refused."""
+        """Commit the failure (``store_rejected``) of a step whose values the store refused,
+        with the streamed rows the step carried (its calls' replies stay in the log); a
+        store that refuses those too gets the failure alone."""
         spent = max(0, step.record.tokens_used - rec.tokens_used)
-        return await self.commit(rec, outcome.failed(
-            cm, rec, "store_rejected", self.clock(), error=str(exc), tokens=spent))
+        failure = outcome.failed(cm, rec, "store_rejected", self.clock(), error=str(exc),
+                                 tokens=spent)
+        if step.stream:
+            failure.stream = step.stream
+            try:
+                return await self.commit(rec, failure)
+            except StepRejected:
+                failure.stream = ()
+        return await self.commit(rec, failure)
 
     #: An OpenTelemetry tracer (``fsm_engine.telemetry``), or None: no spans, no cost.
     tracer: Any = None

@@ -444,3 +444,49 @@ def test_rows_a_finished_event_loop_left_waiting_are_dropped_by_the_next(tmp_pat
     assert asyncio.run(commit()) == () and batcher.held == {}
     assert store.stream_read("a") == []
     store.close()
+
+
+async def ask_then_refused(ctx: Ctx, step: Step) -> dict[str, Any]:
+    out = await ask(ctx, step)
+    step.notes["callback"] = print  # no JSON form: with the driver's check off, the store refuses
+    return out
+
+
+def test_a_step_the_store_refuses_keeps_its_streamed_reply_in_the_log(
+        db_path, monkeypatch) -> None:
+    """The streamed rows a refused step carried go with its failure's commit: the attempt
+    reads complete, its text whole, and the instance failed ``store_rejected``."""
+    from fsm_engine.runtime import streams, values
+    monkeypatch.setattr(streams, "FLUSH_S", 3600.0)  # the rows ride the step's commit
+    monkeypatch.setattr(values, "check_json", lambda data, path="": None)
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    m = Machine(name="refused", context=Ctx, initial="ask", states=[
+        State("ask", action=ask_then_refused), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+    iid, done = run(engine, m)
+    assert (done.status, done.reason) == ("failed", "store_rejected")
+    assert [r[2:] for r in rows(engine, iid)] == [
+        (1, "open", "", 0), (1, "chunk", "".join(CHUNKS), 0), (1, "end", "", 0)]
+    engine.close()
+
+
+def test_a_store_refusing_the_streamed_rows_too_still_records_the_failure(
+        db_path, monkeypatch) -> None:
+    """Refused with its rows and refused again with them on the failure: the failure is
+    committed alone (the attempt's rows are lost, never the instance's end)."""
+    from fsm_engine.errors import StepRejected
+    from fsm_engine.runtime import streams
+    monkeypatch.setattr(streams, "FLUSH_S", 3600.0)
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    real = engine.store.commit
+
+    def refuse_streams(steps: Any) -> Any:
+        for i, s in enumerate(steps):
+            if s.stream:
+                raise StepRejected("no stream rows here", index=i)
+        return real(steps)
+    monkeypatch.setattr(engine.store, "commit", refuse_streams)
+    iid, done = run(engine, machine())
+    assert (done.status, done.reason) == ("failed", "store_rejected")
+    assert engine.store.get(iid).status == "failed" and rows(engine, iid) == []
+    engine.close()
