@@ -32,7 +32,7 @@ from ..errors import (
 from ..policies import Disposition, classify, retry_after
 from ..store.base import Store
 from ..store.records import InstanceRecord, OutboxBegin, OutboxRow, StepCommit
-from . import invoke, outcome, streams, values
+from . import invoke, outcome, stream_inline, streams, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
@@ -160,7 +160,7 @@ class Driver:
         if new.final:  # a family's effects (``Ledger.settle``) start from an end
             self.committer.ledger.settle(step)
         if rec.id in self.streams.batcher.held:  # its streamed calls' rows still waiting
-            step.stream = await self.streams.tail(rec.id)
+            step.stream = await self.streams.tail(rec.id, step)
         done = self.committer.enqueue(step)
         if isinstance(done, asyncio.Future):
             done = await done
@@ -190,8 +190,9 @@ class Driver:
         spent = max(0, step.record.tokens_used - rec.tokens_used)
         failure = outcome.failed(cm, rec, "store_rejected", self.clock(), error=str(exc),
                                  tokens=spent)
-        if step.stream:
-            failure.stream = step.stream
+        stream = step.stream or stream_inline.ops(step)  # (its calls' rows, if inline)
+        if stream:
+            failure.stream = stream
             try:
                 return await self.commit(rec, failure)
             except StepRejected:

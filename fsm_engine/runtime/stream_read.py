@@ -7,10 +7,15 @@ step's log rows are written before it commits or with it, so the merge is determ
 log row of step ``s`` comes after the committed steps before ``s`` and before step ``s``
 itself (a step seen committed is delivered once the log read after it has no more rows).
 
+A step whose short streamed calls left their rows to its history (``stream_inline``:
+no stream write at all) is shown as the rows it holds, just before its ``step`` event —
+the same events its log rows would have given, without positions of their own.
+
 Positions: each log row has its ``offset`` (0, 1, 2 …, no gaps); every event carries a
 ``cursor`` ``"P:S"`` — the next log position and the last committed step delivered — from
-which a reader resumes exactly (``from_offset``).  A bare offset ``P`` resumes the log at
-``P`` and repeats the commit of the step the log row ``P - 1`` belongs to (at least once).
+which a reader resumes exactly (``from_offset``); ``"P:S:K"`` after the ``K``-th row a
+step's history holds.  A bare offset ``P`` resumes the log at ``P`` and repeats the commit
+of the step the log row ``P - 1`` belongs to (at least once).
 
 Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
 (``BATCH``), so a subscriber that stops reading holds nothing up.  Waiting for new rows is
@@ -28,6 +33,7 @@ from typing import Any
 from ..errors import InvalidInput
 from ..store.records import FINAL_STATUSES, HistoryRow
 from ..store.streams import StreamRow
+from . import stream_inline
 
 __all__ = ["StreamEvent", "events", "parse_cursor", "BATCH"]
 
@@ -76,14 +82,18 @@ class StreamEvent:
                 if v not in (None, "", {}) or k in ("kind", "seq", "offset")}
 
 
-def parse_cursor(value: int | str) -> tuple[int, int | None]:
-    """``(position, last step delivered or None)`` from an offset or a ``"P:S"`` cursor;
-    ``InvalidInput`` for anything else."""
+def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
+    """``(position, last step delivered or None, inline rows of the next step delivered)``
+    from an offset or a ``"P:S"`` / ``"P:S:K"`` cursor; ``InvalidInput`` for anything
+    else."""
     text = str(value).strip()
-    pos, _, seq = text.partition(":")
-    if not pos.isdigit() or (seq and not seq.isdigit()):
-        raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N or N:S (integers >= 0)")
-    return int(pos), int(seq) if seq else None
+    parts = text.split(":")
+    if len(parts) > 3 or not all(p.isdigit() for p in parts) or (len(parts) == 3 and
+                                                                 parts[2] == "0"):
+        raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N, N:S or N:S:K "
+                           "(integers >= 0, K > 0)")
+    return (int(parts[0]), int(parts[1]) if len(parts) > 1 else None,
+            int(parts[2]) if len(parts) > 2 else 0)
 
 
 class _Merge:
@@ -95,6 +105,10 @@ class _Merge:
         self.pos, self.last_seq = pos, last_seq
         self.json: set[tuple[int, int]] = set()
         self.texts: dict[tuple[int, int], str] = {}
+        #: Attempts the log opened, by step: not superseded yet (``opened``), the highest.
+        self.opened: dict[int, list[int]] = {}
+        self.top: dict[int, int] = {}
+        self.skip = 0  # inline rows of the next step already delivered (a ``P:S:K`` cursor)
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``: in a thread for a remote store, inline for a local file (a short
@@ -111,39 +125,61 @@ class _Merge:
         else:
             await asyncio.sleep(POLL_LOCAL_S)
 
-    def cursor(self) -> str:
-        return f"{self.pos}:{self.last_seq}"
+    def cursor(self, inline: int = 0) -> str:
+        return f"{self.pos}:{self.last_seq}:{inline}" if inline else f"{self.pos}:{self.last_seq}"
 
     def note(self, row: StreamRow) -> None:
-        """Remember what a row says about its attempt (JSON or not, text so far)."""
+        """Remember what a row says about its attempt (JSON or not, text so far, open or
+        superseded)."""
         key = (row.seq, row.attempt)
-        if row.kind == "open" and row.info.get("json"):
-            self.json.add(key)
+        if row.kind == "open":
+            if row.info.get("json"):
+                self.json.add(key)
+            self.opened.setdefault(row.seq, []).append(row.attempt)
+            self.top[row.seq] = max(self.top.get(row.seq, 0), row.attempt)
         elif row.kind == "chunk" and key in self.json:
             self.texts[key] = self.texts.get(key, "") + row.text
+        elif row.kind == "superseded" and row.attempt in self.opened.get(row.seq, ()):
+            self.opened[row.seq].remove(row.attempt)
 
-    def event(self, row: StreamRow) -> StreamEvent:
+    def event(self, row: StreamRow, inline: int = 0) -> StreamEvent:
+        """The event of ``row``: a log row's, or the ``inline``-th row a step's history
+        holds (``stream_inline``: no position of its own)."""
         self.note(row)
-        self.pos = row.pos + 1
+        if not inline:
+            self.pos = row.pos + 1
         key = (row.seq, row.attempt)
         by = row.info.get("by")
-        return StreamEvent(row.kind, row.seq, row.attempt, row.pos, self.cursor(), row.text,
-                           row.offset, _partial(self.texts.get(key)) if row.kind == "chunk"
+        return StreamEvent(row.kind, row.seq, row.attempt, row.pos if not inline else self.pos,
+                           self.cursor(inline), row.text, row.offset,
+                           _partial(self.texts.get(key)) if row.kind == "chunk"
                            and key in self.json else None,
                            (int(by[0]), int(by[1])) if isinstance(by, list) and len(by) == 2
                            else None, info={k: v for k, v in row.info.items() if k != "by"})
 
-    def step(self, h: HistoryRow) -> StreamEvent:
-        self.last_seq = h.seq
-        return StreamEvent("step", h.seq, 0, self.pos, self.cursor(), source=h.source,
-                           trigger=h.trigger, dest=h.dest, step_kind=h.kind,
-                           info={"reason": h.reason} if h.reason else {})
+    def step(self, h: HistoryRow) -> list[StreamEvent]:
+        """The events of committed step ``h``: the rows its history holds, then its own."""
+        out = []
+        held = stream_inline.rows(h, sorted(self.opened.get(h.seq, ())), self.top.get(h.seq, 0))
+        for n, row in enumerate(held, 1):
+            if n > self.skip:
+                out.append(self.event(row, n))
+            else:  # (delivered before the cursor: only learnt)
+                self.note(row)
+        self.skip, self.last_seq = 0, h.seq
+        for seq in [s for s in self.top if s <= h.seq]:  # (done with: what it holds is read)
+            self.opened.pop(seq, None)
+            del self.top[seq]
+        out.append(StreamEvent("step", h.seq, 0, self.pos, self.cursor(), source=h.source,
+                               trigger=h.trigger, dest=h.dest, step_kind=h.kind,
+                               info={"reason": h.reason} if h.reason else {}))
+        return out
 
     async def steps(self, through: int | None = None) -> list[StreamEvent]:
         """Events of the committed steps after ``last_seq`` (up to ``through``)."""
         rows = await self.call(self.store.history, self.instance_id)
-        return [self.step(h) for h in rows
-                if h.seq > self.last_seq and (through is None or h.seq <= through)]
+        return [ev for h in rows if h.seq > self.last_seq and (through is None or h.seq <= through)
+                for ev in self.step(h)]
 
     async def committed(self, rec: Any) -> list[StreamEvent] | None:
         """Events of ``rec``'s steps committed after ``last_seq`` (up to its ``seq``), or
@@ -217,8 +253,9 @@ async def events(store: Any, instance_id: str, from_offset: int | str = 0
 async def _start(store: Any, instance_id: str, from_offset: int | str) -> _Merge:
     """A subscription at ``from_offset``: the instance checked, the attempts before it
     learnt; with a bare offset, the commits from the step of the row before it on."""
-    pos, after = parse_cursor(from_offset)
+    pos, after, merge_skip = parse_cursor(from_offset)
     merge = _Merge(store, instance_id, pos, 0)
+    merge.skip = merge_skip
     await merge.call(store.get, instance_id)  # InstanceNotFound
     if after is None and pos > 0:
         before = await merge.call(store.stream_read, instance_id, pos - 1, 1)

@@ -40,13 +40,14 @@ class ReplyStream:
     def __aiter__(self) -> AsyncIterator[str]:
         return self._pieces()
 
-    async def _send(self, sink: Sink) -> tuple[Completion, bool]:
+    async def _send(self, sink: Sink) -> tuple[Completion, Call]:
         """The call down the step's layers, each piece handed to ``sink``: its
-        ``Completion``, and whether the provider streamed it (not: answered from a store)."""
+        ``Completion``, and the ``Call`` (``streamed``: by the provider, not answered from a
+        store; ``entry``: its ``llm_calls`` entry)."""
         top, token = self._begin(sink)
         call = current_call()
         try:
-            return await top.complete(self._messages, **self._kwargs), call.streamed
+            return await top.complete(self._messages, **self._kwargs), call
         finally:
             end_call(token)
 
@@ -66,16 +67,16 @@ class ReplyStream:
         finally:
             if token is not None:
                 end_call(token)
-        return self._ended(writer, out, call.streamed)
+        return self._ended(writer, out, call)
 
-    def _ended(self, writer: ChunkWriter | None, out: Completion, streamed: bool
-               ) -> Completion:
+    def _ended(self, writer: ChunkWriter | None, out: Completion, call: Call) -> Completion:
         """After the call: a reply answered from the store written as one piece, the
-        attempt's end queued (``ChunkWriter.end``), ``completion`` set."""
+        attempt's end queued (``ChunkWriter.end``, with the call's ``llm_calls`` entry),
+        ``completion`` set."""
         if writer is not None:
-            if not streamed:
+            if not call.streamed:
                 writer.add(out.text)
-            writer.end(out)
+            writer.end(out, call.entry)
         self.completion = out
         return out
 
@@ -92,14 +93,14 @@ class ReplyStream:
         try:
             while (piece := await queue.get()) is not None:
                 yield piece
-            out, streamed = await call
+            out, made = await call
         except BaseException as exc:
             call.cancel()
             _failed(writer, exc)
             raise
-        if not streamed and out.text:  # answered from the cache or a fork's record
+        if not made.streamed and out.text:  # answered from the cache or a fork's record
             yield out.text
-        self._ended(writer, out, streamed)
+        self._ended(writer, out, made)
 
 
 def _drop(piece: str) -> None:

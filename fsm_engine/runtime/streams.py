@@ -7,11 +7,12 @@ the first batch ``FLUSH_S`` seconds after a row waits, then at most one per ``FL
 (sooner past ``FLUSH_CHARS`` waiting), so a reader sees a piece within about ``FLUSH_S``
 plus one write and a fast model costs at most one transaction per ``FLUSH_S`` however many
 instances stream.  These writes are appends, not steps (``ledger.py`` stays the only writer
-of steps).  What still waits when the step commits — for a call that ended within
-``FLUSH_S``, all of it: open, text, end — goes in the step's own transaction
+of steps).  What still waits when the step commits goes in the step's own transaction
 (``StepCommit.stream``, taken by ``Driver.commit``), so an attempt's rows are in the store
-no later than its step, and a short call nobody watches costs no write, task or future of
-its own.  A crash before the commit leaves the attempt as far as the batches wrote it (not
+no later than its step; and when that is all of every attempt of the step — calls that
+ended cleanly within ``FLUSH_S`` — not even that: the step's history holds them
+(``stream_inline``), so a short call nobody watches costs no write, task or future of its
+own.  A crash before the commit leaves the attempt as far as the batches wrote it (not
 ended): the next attempt supersedes it.
 """
 
@@ -25,13 +26,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..store.streams import StreamOp, StreamRow
+from ..store.streams import ROW_CHARS, StreamOp, StreamRow
+from . import stream_inline
 
 if TYPE_CHECKING:
 
     from ..llm.base import Completion
     from ..store.base import Store
-    from ..store.records import InstanceRecord
+    from ..store.records import InstanceRecord, StepCommit
 
 __all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "FLUSH_S", "FLUSH_CHARS",
            "RETENTION_S"]
@@ -42,8 +44,6 @@ log = logging.getLogger("fsm_engine")
 FLUSH_S = 0.02
 #: Characters waiting that start a write at once.
 FLUSH_CHARS = 2048
-#: Most characters of one chunk row: the pieces of one write are merged up to this.
-ROW_CHARS = 8192
 #: Default retention of a committed step's stream rows (seconds; the history keeps the reply).
 RETENTION_S = 3600.0
 #: Least time between two prunes from one process (seconds).
@@ -83,12 +83,16 @@ class Streams:
         back = rec.recoveries if rec.recoveries and rec.recovered_seq == rec.seq else 0
         return StreamTarget(self.store, rec.id, seq, seq - back, self.retention_s, self.batcher)
 
-    async def tail(self, instance_id: str) -> tuple[StreamOp, ...]:
-        """What the step of ``instance_id`` about to commit carries of its streamed calls
+    async def tail(self, instance_id: str, step: StepCommit | None = None
+                   ) -> tuple[StreamOp, ...]:
+        """What ``step`` of ``instance_id``, about to commit, carries of its streamed calls
         (``StepCommit.stream``: the rows still waiting, ``Batcher.tail``), after any write
-        of theirs in flight; ``()``: nothing."""
+        of theirs in flight; ``()``: nothing (or all left to its history's ``llm_calls``,
+        ``stream_inline``)."""
+        calls = [e for h in step.history for e in h.detail.get("llm_calls", ())] \
+            if step is not None and step.history else None
         while True:
-            got = self.batcher.tail(instance_id)
+            got = self.batcher.tail(instance_id, calls)
             if isinstance(got, tuple):
                 return got
             await got
@@ -154,12 +158,15 @@ class Batcher:
             self._timer.cancel()
         self._timer = loop.call_at(max(loop.time(), due), self._start)
 
-    def tail(self, instance_id: str) -> tuple[StreamOp, ...] | asyncio.Future[None]:
+    def tail(self, instance_id: str, calls: list[dict[str, Any]] | None = None
+             ) -> tuple[StreamOp, ...] | asyncio.Future[None]:
         """The rows of ``instance_id``'s writers still waiting, as ops for its step's commit
         (``StepCommit.stream``; ``()``: none), those of the writers that ended, then done;
         or, while one of those has a write in flight or holds text a commit does not carry
         (a NUL, text that is not UTF-8), a future to wait for (its rows are written by a
-        batch meanwhile: ask again)."""
+        batch meanwhile: ask again).  ``calls``: the step's ``llm_calls`` entries; when
+        every writer's rows can be left to them (``ChunkWriter.inlinable``), they are
+        (``stream_inline``) and ``()`` is returned."""
         self._bind()  # (first: a new loop drops the old one's writers)
         writers = self.held.get(instance_id)
         if not writers:
@@ -167,14 +174,18 @@ class Batcher:
         wait = self._wait(writers)
         if wait is not None:
             return wait
+        if calls and all(w.inlinable(calls) for w in writers):
+            for w in writers:
+                self._drop(w)
+                w.inline()
+            del self.held[instance_id]
+            return ()
         ops, left = [], []
         for w in writers:
             if not w.closed:
                 left.append(w)
                 continue
-            if w.queued:  # (its batch has nothing left to take)
-                del self._dirty[w]
-                w.queued = False
+            self._drop(w)  # (its batch has nothing left to take)
             op = w.take()
             if op is not None:
                 ops.append(op)
@@ -185,6 +196,12 @@ class Batcher:
         if ops and ops[0].open:
             _maybe_prune(writers[0].to)
         return tuple(ops)
+
+    def _drop(self, writer: ChunkWriter) -> None:
+        """``writer`` off the next batch (its step's commit takes what waits)."""
+        if writer.queued:
+            del self._dirty[writer]
+            writer.queued = False
 
     def _wait(self, writers: list[ChunkWriter]) -> asyncio.Future[None] | None:
         """What to wait for before the ended ``writers``' rows can go with a commit (None:
@@ -291,6 +308,7 @@ class ChunkWriter:
         self.held = False  # on the batcher's ``held`` list
         self._broken = False
         self._settle: asyncio.Future[None] | None = None
+        self.entry: dict[str, Any] | None = None  # the call's ``llm_calls`` entry, once ended
 
     @property
     def waiting(self) -> bool:
@@ -310,9 +328,27 @@ class ChunkWriter:
         if first or self._waiting >= FLUSH_CHARS:  # (already woken for the others)
             self._ready(self._waiting >= FLUSH_CHARS)
 
-    def end(self, out: Completion) -> None:
-        """The reply is complete: its ``end`` row waits with what is left."""
+    def end(self, out: Completion, entry: dict[str, Any] | None = None) -> None:
+        """The reply is complete: its ``end`` row waits with what is left.  ``entry``: the
+        call's ``llm_calls`` entry (``stream_inline``: it may stand for the rows)."""
+        self.entry = entry
         self._close("end", {"finish": out.finish_reason, "chars": self.chars})
+
+    def inlinable(self, calls: list[dict[str, Any]]) -> bool:
+        """True when the step's history can hold this attempt's rows (``stream_inline``):
+        none written, ended cleanly, superseding nothing of an earlier step, and its entry
+        (in ``calls``, the step's ``llm_calls``) holding exactly the text queued."""
+        entry = self.entry
+        return (entry is not None and not self.attempt and not self.busy
+                and self._last is not None and self._last[0] == "end"
+                and self.to.since == self.to.seq and any(e is entry for e in calls)
+                and "".join(self._pieces) == entry.get("reply"))
+
+    def inline(self) -> None:
+        """Leave this attempt's rows to its entry (``inlinable``): marked, nothing waits."""
+        assert self.entry is not None
+        stream_inline.mark(self.entry, self.json)
+        self._pieces, self._waiting, self._last = [], 0, None
 
     def fail(self, exc: BaseException) -> None:
         """The call failed: an ``error`` row naming the error class waits with what is left."""

@@ -26,10 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StreamRow", "StreamOp", "KINDS", "TABLE", "open_attempt", "append", "write",
+__all__ = ["StreamRow", "StreamOp", "KINDS", "ROW_CHARS", "TABLE", "open_attempt", "append", "write",
            "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
 
 KINDS = ("open", "chunk", "end", "error", "superseded")
+#: Most characters of one chunk row: the pieces of one write are merged up to this.
+ROW_CHARS = 8192
 #: The PostgreSQL channel a stream write notifies (payload: the instance id).
 CHANNEL = "fsm_stream"
 

@@ -69,7 +69,8 @@ def test_scripted_chunks_stream_in_order_then_the_completion() -> None:
 
 def test_a_streamed_step_writes_its_chunks_and_the_history_keeps_the_reply(db_path) -> None:
     engine = Engine(db_path, llm=Scripted.from_replies([
-        {"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5}]), seed=1)
+        {"chunks": CHUNKS, "prompt_tokens": 7, "completion_tokens": 5,
+         "chunk_delay_s": 0.03}]), seed=1)  # (slower than a batch: the log is written)
     iid, done = run(engine, machine())
     assert done.context["seen"] == CHUNKS and done.context["answer"] == "".join(CHUNKS)
     log = rows(engine, iid)
@@ -85,7 +86,8 @@ def test_a_streamed_step_writes_its_chunks_and_the_history_keeps_the_reply(db_pa
 
 
 def test_engine_stream_merges_chunks_steps_and_the_final_status(db_path) -> None:
-    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS,
+                                                         "chunk_delay_s": 0.03}]), seed=1)
     iid, _ = run(engine, machine())
     events = collect(engine, iid)
     kinds = [e.kind for e in events]
@@ -114,7 +116,7 @@ def test_a_cached_reply_is_replayed_as_one_chunk(db_path) -> None:
     run(engine, m)
     iid, done = run(engine, m)
     assert done.tokens_used == 0 and done.context["seen"] == ["".join(CHUNKS)]
-    assert [r[3:5] for r in rows(engine, iid)] == [
+    assert [(e.kind, e.text) for e in collect(engine, iid)][:3] == [
         ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
     assert engine.store.history(iid)[0].detail["llm_calls"][0]["cached"] is True
     engine.close()
@@ -125,13 +127,12 @@ def test_a_failed_attempt_is_superseded_by_the_retry(db_path) -> None:
         {"chunks": ["half ", "a rep"], "error": "timeout"}, {"chunks": CHUNKS}]), seed=1)
     iid, done = run(engine, machine(retry=RetryPolicy(max_attempts=2, initial_interval=0.0)))
     assert done.status == "completed" and done.context["answer"] == "".join(CHUNKS)
-    log = rows(engine, iid)
-    first = [r for r in log if r[2] == 1]
-    kinds = [r[3] for r in first]  # (pieces batch as the writes allow)
+    events = collect(engine, iid)
+    first = [e for e in events if e.attempt == 1]
+    kinds = [e.kind for e in first]  # (pieces batch as the writes allow)
     assert kinds[0] == "open" and kinds[-2:] == ["error", "superseded"]
     assert set(kinds[1:-2]) == {"chunk"}
-    assert "".join(r[4] for r in first if r[3] == "chunk") == "half a rep"
-    events = collect(engine, iid)
+    assert "".join(e.text for e in first if e.kind == "chunk") == "half a rep"
     [gone] = [e for e in events if e.kind == "superseded"]
     assert (gone.seq, gone.attempt, gone.by) == (1, 1, (1, 2))
     assert [e.info.get("error") for e in events if e.kind == "error"] == [ProviderTimeout.__name__]
@@ -203,7 +204,7 @@ def test_a_fork_reusing_the_model_replays_the_recorded_reply_as_its_stream(db_pa
     done = asyncio.run(engine.run(fork))
     assert (done.tokens_used, llm.calls) == (0, 1)  # nothing sent for the fork
     assert done.context["seen"] == ["".join(CHUNKS)]
-    assert [(r.kind, r.text) for r in engine.store.stream_read(fork)] == [
+    assert [(e.kind, e.text) for e in collect(engine, fork)][:3] == [
         ("open", ""), ("chunk", "".join(CHUNKS)), ("end", "")]
     assert engine.store.history(fork)[-1].detail["llm_calls"][0]["replayed"] is True
     engine.close()
@@ -282,7 +283,7 @@ def test_fault_injection_applies_to_a_streamed_call(db_path) -> None:
     fenced = done.context["answer"]
     assert fenced != '{"a": 1}' and '{"a": 1}' in fenced  # the fault's distortion
     assert done.context["seen"] == [fenced]  # a provider that cannot stream: one piece
-    assert "".join(r.text for r in engine.store.stream_read(iid) if r.kind == "chunk") == fenced
+    assert "".join(e.text for e in collect(engine, iid) if e.kind == "chunk") == fenced
     engine.close()
 
 
@@ -339,16 +340,29 @@ def twice_machine() -> Machine:
         transitions=[Transition("ok", "ask", "done")])
 
 
-def test_a_short_streamed_call_rides_its_steps_commit(db_path, monkeypatch) -> None:
+def test_a_short_streamed_call_leaves_its_rows_to_its_steps_history(db_path, monkeypatch) -> None:
+    """A call that ended before any batch writes no stream row: its ``llm_calls`` entry is
+    marked and a reader shows it as the rows it stands for, resumable from every cursor."""
     from fsm_engine.runtime import streams
     monkeypatch.setattr(streams, "FLUSH_S", 3600.0)  # no batch comes before the commit
     engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
     iid, done = run(engine, machine())
     batcher = engine.driver.streams.batcher
     assert (done.status, batcher.batches, batcher.held) == ("completed", 0, {})
-    assert [r[2:] for r in rows(engine, iid)] == [
-        (1, "open", "", 0), (1, "chunk", "".join(CHUNKS), 0), (1, "end", "", 0)]
-    assert [e.kind for e in collect(engine, iid)] == ["open", "chunk", "end", "step", "final"]
+    assert rows(engine, iid) == []
+    [call] = engine.store.history(iid)[0].detail["llm_calls"]
+    assert call["stream"] == {"json": False} and call["reply"] == "".join(CHUNKS)
+    events = collect(engine, iid)
+    assert [(e.kind, e.seq, e.attempt, e.text, e.char_offset, e.offset) for e in events] == [
+        ("open", 1, 1, "", 0, 0), ("chunk", 1, 1, "".join(CHUNKS), 0, 0),
+        ("end", 1, 1, "", 0, 0), ("step", 1, 0, "", 0, 0), ("final", 1, 0, "", 0, 0)]
+    assert events[2].info == {"finish": "stop", "chars": len("".join(CHUNKS))}
+    assert [e.cursor for e in events] == ["0:0:1", "0:0:2", "0:0:3", "0:1", "0:1"]
+    for n, ev in enumerate(events[:-1]):  # no gap, no duplicate from any cursor
+        assert collect(engine, iid, ev.cursor) == events[n + 1:]
+    for bad in ("0:0:0", "1:2:3:4", "0::1"):
+        with pytest.raises(InvalidInput, match="bad stream offset"):
+            collect(engine, iid, bad)
     engine.close()
 
 
@@ -361,15 +375,16 @@ def test_a_second_streamed_call_of_a_step_comes_after_the_first_in_the_log(
         engine = Engine(db_path, llm=Scripted.from_replies(replies), seed=1)
         iid, done = run(engine, twice_machine())
         assert done.context["answer"] == "ab|cd"
-        log = engine.store.stream_read(iid)
+        log = collect(engine, iid)[:-2]  # (the step and the final status after)
         assert [(r.attempt, r.kind) for r in log if r.kind != "chunk"] == [
             (1, "open"), (1, "end"), (1, "superseded"), (2, "open"), (2, "end")]
         for attempt, text in ((1, "ab"), (2, "cd")):
             mine = [r for r in log if r.attempt == attempt and r.kind == "chunk"]
             assert "".join(r.text for r in mine) == text
-            assert [r.offset for r in mine] == [sum(len(r.text) for r in mine[:i])
-                                                for i in range(len(mine))]
+            assert [r.char_offset for r in mine] == [sum(len(r.text) for r in mine[:i])
+                                                     for i in range(len(mine))]
         assert (engine.driver.streams.batcher.batches > 0) == (flush == 0.0)
+        assert bool(engine.store.stream_read(iid)) == (flush == 0.0)  # (held: left inline)
         engine.close()
 
 
@@ -412,7 +427,7 @@ def test_rows_committed_with_a_step_are_delivered_before_it(db_path) -> None:
     engine.close()
 
 
-def test_on_postgres_a_short_streamed_call_rides_its_steps_commit(pg_cluster, monkeypatch) -> None:
+def test_on_postgres_a_short_streamed_call_leaves_its_rows_to_its_history(pg_cluster, monkeypatch) -> None:
     from fsm_engine.runtime import streams
     monkeypatch.setattr(streams, "FLUSH_S", 3600.0)
     engine = Engine(pg_cluster.database(), llm=Scripted.from_replies([{"chunks": CHUNKS}]),
@@ -420,9 +435,10 @@ def test_on_postgres_a_short_streamed_call_rides_its_steps_commit(pg_cluster, mo
     try:
         iid, done = run(engine, twice_machine())
         assert done.status == "completed" and engine.driver.streams.batcher.batches == 0
-        assert [(r.attempt, r.kind) for r in engine.store.stream_read(iid)] == [
+        assert engine.store.stream_read(iid) == []  # left to the step's history
+        assert [(e.attempt, e.kind) for e in collect(engine, iid)] == [
             (1, "open"), (1, "chunk"), (1, "end"), (1, "superseded"), (2, "open"),
-            (2, "chunk"), (2, "end")]
+            (2, "chunk"), (2, "end"), (0, "step"), (0, "final")]
     finally:
         engine.close()
 
@@ -480,9 +496,9 @@ def test_a_store_refusing_the_streamed_rows_too_still_records_the_failure(
     engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
     real = engine.store.commit
 
-    def refuse_streams(steps: Any) -> Any:
+    def refuse_streams(steps: Any) -> Any:  # the step (its calls' rows inline), then them
         for i, s in enumerate(steps):
-            if s.stream:
+            if s.stream or any("llm_calls" in h.detail for h in s.history):
                 raise StepRejected("no stream rows here", index=i)
         return real(steps)
     monkeypatch.setattr(engine.store, "commit", refuse_streams)

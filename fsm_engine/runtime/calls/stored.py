@@ -18,10 +18,11 @@ async def _answered(source: ReplyCache | RecordedReplies, meter: Meter, provider
                     mark: str) -> Completion | None:
     """The stored reply to the current call (billed 0 tokens, its entry marked ``mark``), or
     None."""
-    key = current_call().key
+    call = current_call()
+    key = call.key
     hit = await store_io(source.store, source.get, key)
     if hit is not None:  # answered from the store: no tokens, no breaker, no call
-        entry = meter.bill(0, hit.finish_reason, None, provider, hit.model)
+        entry = call.entry = meter.bill(0, hit.finish_reason, None, provider, hit.model)
         entry.update({mark: True, "key": key, "reply": hit.text})
     return hit
 
