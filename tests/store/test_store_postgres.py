@@ -148,3 +148,48 @@ def test_a_workers_batch_is_one_statement_and_the_rest_take_the_general_path(
         assert len(ran) == 1
     finally:
         store.close()
+
+
+def test_a_batchs_stream_rows_take_their_instances_locks_in_one_order(pg_cluster) -> None:  # noqa: ANN001
+    """A batch whose plain step and whose family step both carry stream rows writes them
+    once, after both, under the instances' advisory locks in sorted order (as every stream
+    batch takes them), so it never holds one instance's lock while waiting for another's
+    that sorts first: a stream batch taking them in order cannot deadlock with it."""
+    import threading
+
+    from fsm_engine.store import StepCommit
+    from fsm_engine.store.postgres.streams import LOCK_SPACE
+    from fsm_engine.store.streams import StreamOp, StreamRow
+    from fsm_engine.testing.contract import hist, live, moved, record
+    url = pg_cluster.database()
+    store = open_store(url)
+    live(store, "w1")
+    store.create(*(record(i, status="running", owner="w1") for i in "abc"))
+
+    def op(iid: str) -> StreamOp:
+        return StreamOp(iid, (StreamRow(iid, 1, 0, "chunk", f"{iid}!", 0, {}, 1.0),), True, 1, 1)
+    plain = StepCommit(moved(store.get("b"), "x"), 0, history=[hist("b", 1, "start", "x")],
+                       stream=(op("b"),))
+    family = StepCommit(moved(store.get("a"), "x"), 0, history=[hist("a", 1, "start", "x")],
+                        fence=[("c", store.get("c").version)], stream=(op("a"),))
+    with psycopg.connect(url, autocommit=True) as blocker:
+        blocker.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_SPACE, "a"))
+        out: list[object] = []
+        t = threading.Thread(target=lambda: out.append(store.commit([plain, family])))
+        t.start()
+        deadline = time.monotonic() + 30
+        while not blocker.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                  "AND NOT granted").fetchone()[0]:  # (a poll) the commit waits
+            assert time.monotonic() < deadline, "the commit never waited for the lock"
+            time.sleep(0.01)
+        free = blocker.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
+                               (LOCK_SPACE, "b")).fetchone()[0]
+        blocker.execute("SELECT pg_advisory_unlock_all()")
+        t.join(30)
+    try:
+        assert free, "the commit held b's stream lock while waiting for a's"
+        assert out == [[True, True]]
+        assert [r.text for i in "ab" for r in store.stream_read(i) if r.kind == "chunk"] == [
+            "a!", "b!"]
+    finally:
+        store.close()

@@ -161,7 +161,9 @@ class PostgresSteps(PostgresBase):
     def _commit_general(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
                         encoded: Sequence[Encoded]) -> builtins.list[bool]:
         """``commit``'s transaction for any batch: the plain steps' UPDATEs in one pipeline,
-        their wakes and rows, then each decision and each family alone under a savepoint."""
+        their wakes and rows, then each decision and each family alone under a savepoint,
+        then the stream rows of all that applied (``postgres.streams.write``: the advisory
+        locks of their instances taken in sorted order, once)."""
         plain = [i for i, s in enumerate(steps) if s.review_close is None and not s.compound]
         applied = [False] * len(steps)
         if plain:
@@ -181,6 +183,10 @@ class PostgresSteps(PostgresBase):
         for i, st in enumerate(steps):
             if st.compound and st.review_close is None:
                 applied[i] = self._compound(conn, st, encoded[i])
+        tails = [op for s, ok in zip(steps, applied, strict=False) if ok
+                 for t in (s, *s.also) for op in t.stream]
+        if tails:  # the applied steps' streamed rows (``StepCommit.stream``), written once:
+            write_stream(conn, tails)  # each instance's lock in one order, as every batch's
         if any(ok and s.record.owner is None and s.record.status == "running"
                for s, ok in zip(steps, applied, strict=False)):  # given back (a queue hand-off)
             conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
@@ -333,7 +339,8 @@ class PostgresSteps(PostgresBase):
 
     def _appends(self, conn: psycopg.Connection[Any],
                  steps: Sequence[tuple[StepCommit, Encoded]]) -> None:
-        """History, attempt and outbox rows of the applied ``steps`` (batched)."""
+        """History, attempt and outbox rows of the applied ``steps`` (batched; their stream
+        rows come last, ``_commit_general``)."""
         history: list[list[Any]] = []
         attempts: list[Any] = []
         done: list[Any] = []
@@ -359,9 +366,6 @@ class PostgresSteps(PostgresBase):
                               (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened)):
                 if rows:
                     cur.executemany(sql, rows)
-        tails = [op for step, _ in steps for op in step.stream]
-        if tails:  # the tails of their streamed calls (``StepCommit.stream``)
-            write_stream(conn, tails)
 
     def _shrink(self, delta: dict[str, Any], known: Blobs, blobs: Blobs) -> str:
         """``delta``'s JSON with each value longer than ``blob_threshold`` replaced by
