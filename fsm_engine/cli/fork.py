@@ -9,7 +9,7 @@ import typer
 
 from ..terminal import shown
 from .common import DB, _fail, _find, _new_engine, _open, app
-from .query import BATCH, MACHINE, REASON, SINCE, STATUS, TEXT, UNTIL, YES
+from .query import AS, BATCH, MACHINE, REASON, SINCE, STATUS, TEXT, UNTIL, YES
 from .trust import MACHINES, trusting
 
 
@@ -41,9 +41,13 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
          redeliver: bool = typer.Option(False, "--redeliver",
                                         help="Deliver again the side effects the original "
                                              "delivered (under the fork's own key)."),
+         by: str | None = typer.Option(None, "--as", metavar="NAME",
+                                       help="Who forks (default: $USER); kept in the fork's "
+                                            "record (fork_options.by)."),
          machines: list[str] = MACHINES) -> None:
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
     new id.  Side effects the original delivered are not repeated unless --redeliver."""
+    from .console import operator
     engine = trusting(_new_engine(_open(db)), machines)
     try:
         if instance_id is None:
@@ -52,14 +56,15 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
                            since, until)
             if where is None:
                 _fail("give an instance id, or a query (--status/--machine/…) to fork many")
-            _query(engine, "fork", where, yes=yes, batch=batch, by=None, reason=None,
+            _query(engine, "fork", where, yes=yes, batch=batch, by=by, reason=None,
                    state=from_state, reuse_llm=reuse_llm, redeliver=redeliver)
             return
         if status or reason:
             _fail("--status/--reason select many instances: give no id with them")
         orig = _find(engine.store, instance_id)
         new = engine.fork(orig.id, from_seq=from_seq, from_state=from_state,
-                          from_failure=from_failure, reuse_llm=reuse_llm, redeliver=redeliver)
+                          from_failure=from_failure, reuse_llm=reuse_llm, redeliver=redeliver,
+                          by=operator(by))
         rec = engine.store.get(new)
         typer.echo(f"{new}: forked from {orig.id} at seq {rec.forked_at_seq}, "
                    f"in state {rec.state!r}")
@@ -77,10 +82,12 @@ def rerun(instance_id: str | None = typer.Argument(None, help="Instance id (or a
           machine: str | None = MACHINE, status: list[str] | None = STATUS,
           reason: list[str] | None = REASON, text: str | None = TEXT,
           since: str | None = SINCE, until: str | None = UNTIL, yes: bool = YES,
-          batch: int = BATCH, db: str | None = DB, machines: list[str] = MACHINES) -> None:
+          batch: int = BATCH, db: str | None = DB, by: str | None = AS,
+          machines: list[str] = MACHINES) -> None:
     """Force a state to run again (after its prompt or parameters changed): from just before
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`).
     With a query instead of an id: as forks of every match, a dry run unless --yes."""
+    from .console import operator
     engine = trusting(_new_engine(_open(db)), machines)
     try:
         if instance_id is None:
@@ -89,11 +96,11 @@ def rerun(instance_id: str | None = typer.Argument(None, help="Instance id (or a
             if where is None or in_place:
                 _fail("give an instance id, or a query (--machine/--status/…) to rerun many "
                       "as forks (not --in-place)")
-            _query(engine, "rerun", where, yes=yes, batch=batch, by=None, reason=None,
+            _query(engine, "rerun", where, yes=yes, batch=batch, by=by, reason=None,
                    state=state)
             return
         orig = _find(engine.store, instance_id)
-        new = engine.rerun(orig.id, state, in_place=in_place)
+        new = engine.rerun(orig.id, state, in_place=in_place, by=operator(by))
         rec = engine.store.get(new)
     finally:
         engine.close()

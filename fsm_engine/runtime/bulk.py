@@ -131,7 +131,7 @@ class Bulk:
             try:
                 fork = self.client.fork_record(self.store.get(iid), from_state=self.state,
                                                from_failure=self.state is None, stable_id=True,
-                                               **self.fork_options)
+                                               by=self.by, **self.fork_options)
             except (InvalidInput, InstanceNotFound):
                 done.skipped += 1  # no such point (never failed, never in that state)
                 continue

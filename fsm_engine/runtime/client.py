@@ -225,18 +225,19 @@ class Client:
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,
-             reuse_llm: bool = False, redeliver: bool = False) -> str:
+             reuse_llm: bool = False, redeliver: bool = False, by: str | None = None) -> str:
         """See ``Engine.fork``."""
         rec, rows = self.fork_record(self.store.get(instance_id), from_seq=from_seq,
                                      from_state=from_state, from_failure=from_failure,
-                                     reuse_llm=reuse_llm, redeliver=redeliver)
+                                     reuse_llm=reuse_llm, redeliver=redeliver, by=by)
         self.store.create(rec, history=rows)
         return rec.id
 
     def fork_record(self, orig: InstanceRecord, *, from_seq: int | None = None,
                     from_state: str | None = None, from_failure: bool = False,
                     reuse_llm: bool = False, redeliver: bool = False,
-                    stable_id: bool = False) -> tuple[InstanceRecord, list[HistoryRow]]:
+                    stable_id: bool = False, by: str | None = None
+                    ) -> tuple[InstanceRecord, list[HistoryRow]]:
         """The fork ``fork`` would create, and its copied rows, not yet stored; with
         ``stable_id`` its id is SHA-256 of (original, fork point) (a bulk fork made twice
         makes it once).  ``InvalidInput`` when there is no such fork point."""
@@ -249,12 +250,13 @@ class Client:
             import hashlib
             new_id = hashlib.sha256(f"{orig.id}>{n}".encode()).hexdigest()[:12]
         return forked(cm, orig, history, self.store.attempts(orig.id), n, self.clock(),
-                      new_id, reuse_llm=reuse_llm, redeliver=redeliver)
+                      new_id, reuse_llm=reuse_llm, redeliver=redeliver, by=by)
 
-    def rerun(self, instance_id: str, state: str, *, in_place: bool = False) -> str:
+    def rerun(self, instance_id: str, state: str, *, in_place: bool = False,
+              by: str | None = None) -> str:
         """See ``Engine.rerun``."""
         if not in_place:
-            return self.fork(instance_id, from_state=state)
+            return self.fork(instance_id, from_state=state, by=by)
         from .kinds.fork import fork_point
         rec = self.store.get(instance_id)
         if rec.status not in ("completed", "failed"):
@@ -268,6 +270,8 @@ class Client:
             context.update(row.delta)
         rec = self.registry.upcast(cm, rec)
         reset = outcome.reset(cm, rec, state, context, n, self.clock())
+        if by is not None:
+            reset.history[0].detail["operator"] = by
         if not self.ledger.apply_one(self.driver.attach(reset)):
             raise StaleWrite(f"instance {rec.id} changed meanwhile; nothing was written",
                              instance_id=rec.id)

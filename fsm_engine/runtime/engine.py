@@ -335,10 +335,11 @@ class Engine:
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,
-             reuse_llm: bool = False, redeliver: bool = False) -> str:
+             reuse_llm: bool = False, redeliver: bool = False, by: str | None = None) -> str:
         """Create a new instance from a prefix of ``instance_id``'s history (one
         transaction: the record and its copied rows); return its id.  It is unowned and
-        runnable (``run``, ``resume`` or a worker steps it).
+        runnable (``run``, ``resume`` or a worker steps it).  ``by``: the operator who
+        asked (kept in its ``fork_options["by"]``).
 
         ``reuse_llm``: its model calls whose prompt (provider, model, messages and
         parameters) is byte-identical to one the original made are answered with the
@@ -352,16 +353,19 @@ class Engine:
         """
         return self.client.fork(instance_id, from_seq=from_seq, from_state=from_state,
                                 from_failure=from_failure, reuse_llm=reuse_llm,
-                                redeliver=redeliver)
+                                redeliver=redeliver, by=by)
 
-    def rerun(self, instance_id: str, state: str, *, in_place: bool = False) -> str:
+    def rerun(self, instance_id: str, state: str, *, in_place: bool = False,
+              by: str | None = None) -> str:
         """Run ``state`` again from just before its latest visit: as a fork (returns the new
         id), or ``in_place`` on a completed or failed instance by appending a ``rerun`` row
         that resets state and context (returns ``instance_id``; the history is never
-        rewritten, ``seq`` stays gap-free).  Raises ``InvalidInput`` (never visited, not
-        final), ``StaleWrite`` when the instance changed meanwhile.
+        rewritten, ``seq`` stays gap-free).  ``by``: the operator who asked (the fork's
+        ``fork_options["by"]``, the ``rerun`` row's ``detail.operator``).  Raises
+        ``InvalidInput`` (never visited, not final), ``StaleWrite`` when the instance
+        changed meanwhile.
         """
-        return self.client.rerun(instance_id, state, in_place=in_place)
+        return self.client.rerun(instance_id, state, in_place=in_place, by=by)
 
     def stream(self, instance_id: str, from_offset: int | str = 0) -> AsyncIterator[StreamEvent]:
         """Watch an instance: an async iterator of ``StreamEvent``s (model reply chunks as

@@ -106,8 +106,9 @@ class InstanceRecord:
     machine_version: int = 1
     #: How a fork runs (set at creation, ``{}`` for any other instance): ``reuse_llm``
     #: (answer model calls from the original's recorded replies where the prompt is
-    #: byte-identical), ``redeliver`` (deliver side effects the original delivered again).
-    fork_options: dict[str, bool] = field(default_factory=dict)
+    #: byte-identical), ``redeliver`` (deliver side effects the original delivered again);
+    #: and ``by``, the operator who made it (a name; absent when none was given).
+    fork_options: dict[str, Any] = field(default_factory=dict)
     #: The queue of the current state (``State.queue``), set in the commit that moves it:
     #: workers claim by queue, and per-queue limits count the leases of each.
     queue: str = DEFAULT_QUEUE

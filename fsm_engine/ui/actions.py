@@ -17,7 +17,9 @@ one, also on loopback); a CSRF token, HMAC of the path under a key made when the
 server starts, that a forged cross-site form cannot know (a form of one action or
 instance is refused on another); a cross-site ``Origin`` or ``Sec-Fetch-Site`` is
 refused; the body is capped at ``MAX_FORM`` bytes.  Each action's history row names
-who did it (``detail.operator``: the name typed in the form, or the link's reviewer).
+who did it (``detail.operator``: the name typed in the form, or the link's reviewer); a
+fork (or a rerun, made as a fork) writes no row of its own: its record names them
+(``fork_options["by"]``).
 """
 
 from __future__ import annotations
@@ -209,8 +211,8 @@ class Console:
             state = form.get("state") or None
             if action == "rerun" and state is None:
                 raise InvalidInput("choose the state to run again")
-            new = (eng.rerun(iid, state) if action == "rerun" and state
-                   else eng.fork(iid, from_state=state, from_failure=state is None))
+            new = (eng.rerun(iid, state, by=who) if action == "rerun" and state
+                   else eng.fork(iid, from_state=state, from_failure=state is None, by=who))
             return {"message": f"{new}: forked from {iid} by {who}", "iid": new}
         else:
             raise InvalidInput(f"no console action {action!r}")

@@ -180,14 +180,16 @@ class Viewer:
         """``rec``'s relatives: ``children`` (its fan-outs' child instances, as list rows
         with their ``branch``), ``parent`` (the fan-out parent's id, or None), ``forks``
         (up to ``FORKS_SHOWN`` newest instances forked from it, as list rows) and
-        ``forks_total``; its own lineage is ``rec.forked_from`` / ``rec.forked_at_seq``."""
+        ``forks_total``; its own lineage is ``rec.forked_from`` / ``rec.forked_at_seq`` and
+        ``forked_by`` (the operator who made it, or None)."""
         kids = [(self._row(k, live, now), k.branch or "") for k in self.store.children(rec.id)]
         where = InstanceFilter(forked_from=rec.id)
         forks = self.store.query(where, limit=FORKS_SHOWN)
         total = len(forks) if len(forks) < FORKS_SHOWN else self.store.count(where).get(None, 0)
         return {"children": kids, "parent": rec.parent_id,
                 "forks": [self._row(f, live, now) for f in forks], "forks_total": total,
-                "forked_from": rec.forked_from, "forked_at_seq": rec.forked_at_seq}
+                "forked_from": rec.forked_from, "forked_at_seq": rec.forked_at_seq,
+                "forked_by": _name(rec.fork_options.get("by"))}
 
     def instance(self, instance_id: str) -> dict[str, Any]:
         """One instance: record, diagram, history, attempts, outbox rows and its family
@@ -315,6 +317,12 @@ def _svg(export: dict[str, Any], overlay: dict[str, Any]) -> tuple[str | None, s
     except Exception as exc:  # noqa: BLE001 - graphviz.CalledProcessError and kin
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
     return _COMMENT.sub("", _SVG_HEAD.sub("", svg, count=1)), None
+
+
+def _name(value: Any) -> str | None:
+    """A stored operator name as text (at most 200 characters), or None (none, or not a
+    string: a stored value is not trusted to be one)."""
+    return value[:200] if isinstance(value, str) and value else None
 
 
 def _pretty(value: Any) -> str:

@@ -76,12 +76,13 @@ def test_fork_and_rerun_by_query_make_each_fork_once(engine_factory: Any) -> Non
     where = InstanceFilter(machine="inbox", statuses=("completed",))
     with pytest.raises(InvalidInput, match="state"):
         eng.bulk(eng.bulk_plan("rerun", where))
-    first = eng.bulk(eng.bulk_plan("rerun", where), state="hold", batch=3)
+    first = eng.bulk(eng.bulk_plan("rerun", where), by="ops", state="hold", batch=3)
     second = eng.bulk(eng.bulk_plan("rerun", where), state="hold", batch=3)
     assert (first.changed, second.changed, second.skipped) == (4, 0, 4)
     forks = [r for r in eng.store.list() if r.forked_from in ids]
     assert sorted(r.forked_from for r in forks) == sorted(ids)  # one each
     assert {r.state for r in forks} == {"hold"}
+    assert [r.fork_options for r in forks] == [{"by": "ops"}] * 4  # who made each
     none = eng.bulk(eng.bulk_plan("fork", where))  # from the last failure: there is none
     assert (none.changed, none.skipped) == (0, 4)
 

@@ -130,6 +130,15 @@ def test_send_fork_and_rerun_through_the_console(s: Setup) -> None:
     assert forked.status_code == 200, forked.text
     [fork] = s.engine.forks(iid)
     assert fork.state == "hold" and fork.status != "completed"
+    assert fork.fork_options == {"by": "eve"}  # who made it, on the record it made
+    page = s.client.get(f"/instances/{fork.id}").text
+    assert '<span id="forked-by">eve</span>' in page
+    again = confirm(s.client, f"/console/instances/{iid}/fork",
+                    **{"as": "<b>fay</b>", "state": "hold"})
+    assert again.status_code == 200, again.text
+    [other] = [f for f in s.engine.forks(iid) if f.id != fork.id]
+    assert other.fork_options == {"by": "<b>fay</b>"}
+    assert "&lt;b&gt;fay&lt;/b&gt;" in s.client.get(f"/instances/{other.id}").text  # as text
 
 
 def test_forged_posts_are_refused_and_write_nothing(s: Setup) -> None:

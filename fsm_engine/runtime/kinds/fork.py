@@ -63,9 +63,10 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
 def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryRow],
            attempts: Sequence[AttemptRow], n: int, now: float,
            new_id: str | None = None, *, reuse_llm: bool = False,
-           redeliver: bool = False) -> tuple[InstanceRecord, list[HistoryRow]]:
+           redeliver: bool = False, by: str | None = None
+           ) -> tuple[InstanceRecord, list[HistoryRow]]:
     """The fork of ``orig`` after its first ``n`` history rows, and its copied rows
-    (``reuse_llm`` / ``redeliver``: its ``fork_options``)."""
+    (``reuse_llm`` / ``redeliver`` / ``by``, the operator: its ``fork_options``)."""
     rows = [replace(h, instance_id="") for h in history[:n]]
     built = Rebuilt.start(cm, orig, attempts)
     for h in rows:
@@ -89,8 +90,8 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
         visits=visits, forked_from=orig.id, forked_at_seq=n,
         machine_version=(rows[-1] if rows else history[0]).machine_version if history
         else orig.machine_version,  # the input is in the shape of the first row's version
-        fork_options={k: True for k, on in (("reuse_llm", reuse_llm),
-                                            ("redeliver", redeliver)) if on},
+        fork_options={k: v for k, v in (("reuse_llm", reuse_llm), ("redeliver", redeliver),
+                                        ("by", by)) if v},
         queue=cm.states[now_named].queue, partition_key=orig.partition_key)
     return rec, rows
 

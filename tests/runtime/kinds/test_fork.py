@@ -102,12 +102,12 @@ def test_rerun_in_place_appends_and_keeps_seq_gap_free(tmp_path, monkeypatch) ->
     engine = Engine(str(tmp_path / "fsm.db"))
     iid = _completed(engine)
     before = engine.store.history(iid)
-    assert engine.rerun(iid, "human-review", in_place=True) == iid
+    assert engine.rerun(iid, "human-review", in_place=True, by="ann") == iid
     after = engine.store.history(iid)
     assert after[:len(before)] == before  # appended, never rewritten
     reset = after[len(before)]
     assert (reset.kind, reset.source, reset.dest, reset.detail) == \
-        ("rerun", "done", "human-review", {"reset_to_seq": 1})
+        ("rerun", "done", "human-review", {"reset_to_seq": 1, "operator": "ann"})
     assert reset.delta == {"label": "unsure", "published": []}
     rec = engine.store.get(iid)
     assert (rec.state, rec.status, rec.context["label"]) == ("human-review", "waiting", "unsure")
@@ -121,6 +121,7 @@ def test_rerun_in_place_appends_and_keeps_seq_gap_free(tmp_path, monkeypatch) ->
     assert seqs == list(range(1, len(seqs) + 1)) and engine.store.check() == []
     with pytest.raises(InvalidInput, match="never entered"):
         engine.rerun(iid, "nowhere", in_place=True)
-    fork = engine.rerun(iid, "publish")
+    fork = engine.rerun(iid, "publish", by="bo")
     assert engine.store.get(fork).state == "publish"
+    assert engine.store.get(fork).fork_options == {"by": "bo"}
     engine.close()

@@ -122,5 +122,6 @@ def test_fsm_fork_flags(db_path: str, sink: Sink) -> None:
                                 db_path, "--json"], capture_output=True, text=True, cwd=ROOT,
                                env=env, timeout=60)
         return json.loads(shown.stdout)["fork_options"]
-    assert fork("--reuse-llm", "--redeliver") == {"reuse_llm": True, "redeliver": True}
-    assert fork("--fresh") == {}
+    assert fork("--reuse-llm", "--redeliver", "--as", "kim") == {
+        "reuse_llm": True, "redeliver": True, "by": "kim"}
+    assert fork("--fresh") == {"by": os.environ.get("USER") or "operator"}  # (the default)
