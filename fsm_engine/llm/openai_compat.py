@@ -55,7 +55,6 @@ import asyncio
 import contextlib
 import inspect
 import ipaddress
-import json
 import logging
 import os
 import re
@@ -83,6 +82,7 @@ from fsm_engine.llm.base import (
 )
 from fsm_engine.llm.http import Caps, bound, env_number
 from fsm_engine.llm.sse import SseEvents
+from fsm_engine.llm.tool_transcript import native_messages, tool_calls_text
 from fsm_engine.policies import parse_retry_after
 from fsm_engine.redaction import redact
 
@@ -93,22 +93,6 @@ NO_KEY = "sk-no-key"
 DEFAULT_TIMEOUT = 600.0  # seconds, the openai SDK's own default
 REMOTE_CONCURRENCY = 16
 JSON_MODES = ("auto", "json_schema", "json_object", "off")
-
-
-def _tool_calls_text(message: Any) -> str | None:
-    """A reply's native ``tool_calls`` as ``{"tool_calls": [{"name", "arguments"}]}`` text
-    (arguments that are not a JSON object kept as their text); ``None`` without any."""
-    calls = getattr(message, "tool_calls", None) or []
-    out = []
-    for call in calls:
-        fn = getattr(call, "function", None)
-        raw = getattr(fn, "arguments", None) or "{}"
-        try:
-            args: Any = json.loads(raw)
-        except ValueError:
-            args = raw
-        out.append({"name": str(getattr(fn, "name", "")), "arguments": args})
-    return json.dumps({"tool_calls": out}, ensure_ascii=False) if out else None
 
 
 def _response_format(schema: JsonSchema, mode: str) -> dict[str, Any] | None:
@@ -258,7 +242,10 @@ class OpenAICompatible(Provider):
         ``tools``: OpenAI function tools (``[{"type": "function", "function": {name,
         description, parameters}}]``); a reply that calls them comes back as the text
         ``{"tool_calls": [{"name": …, "arguments": {…}}]}`` (an agent state's protocol);
-        ``tool_choice`` (``"auto"``, ``"required"``, ``"none"``) goes with them.
+        ``tool_choice`` (``"auto"``, ``"required"``, ``"none"``) goes with them.  With
+        ``tools``, the prompt's text tool turns (that reply text, then the agent journal's
+        ``Tool results:`` message) go out as native ``tool_calls`` and ``role: tool``
+        messages (``tool_transcript.native_messages``); ``messages`` are not changed.
 
         ``timeout`` (seconds, e.g. what is left of the step's timeout) bounds the
         call including its wait for a free slot; None: the provider's ``timeout``.
@@ -267,8 +254,8 @@ class OpenAICompatible(Provider):
         """
         async with self._slot(messages, max_tokens, temperature, json_schema, stop,
                               timeout) as (left, kwargs):
-            if tools:
-                kwargs["tools"] = tools
+            if tools:  # the journal's text tool turns as the protocol's own, on the wire only
+                kwargs["tools"], kwargs["messages"] = tools, native_messages(messages)
                 if tool_choice:
                     kwargs["tool_choice"] = tool_choice
             response = await self._create(kwargs, json_schema)
@@ -387,7 +374,7 @@ class OpenAICompatible(Provider):
         prompt = getattr(usage, "prompt_tokens", None)
         completion = getattr(usage, "completion_tokens", None)
         choices = getattr(response, "choices", None)
-        text = _tool_calls_text(choices[0].message) or (choices[0].message.content or "") \
+        text = tool_calls_text(choices[0].message) or (choices[0].message.content or "") \
             if choices else ""
         missing = not isinstance(prompt, int) or not isinstance(completion, int)
         if missing:  # never a silent 0: the prompt by the tokenizer, the reply estimated

@@ -15,7 +15,9 @@ The model's reply protocol (``reply_schema`` constrains it where the provider de
 schema; a provider speaking the OpenAI tool-calling protocol gets ``openai_tools`` and
 answers calls natively, returned in the ``tool_calls`` form): ``{"tool": NAME,
 "arguments": {…}}``, ``{"tool_calls": [{"name": NAME, "arguments": {…}}, …]}`` (several
-calls in one turn) or ``{"final": OUTPUT}``.
+calls in one turn) or ``{"final": OUTPUT}``.  Each turn is fed back as that reply and a user
+message of ``RESULTS_PREFIX`` and the calls' results; that provider sends the pair as native
+``tool_calls`` and ``role: tool`` messages, on the wire only (``llm.tool_transcript``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from ...llm.tool_transcript import RESULTS_PREFIX
 from ...store.records import RUNNING, TOOL, WAITING, HistoryRow, InstanceRecord, StepCommit
 from .. import outcome
 
@@ -145,7 +148,8 @@ def system_prompt(agent: Agent) -> str:
 def messages(agent: Agent, task: dict[str, Any], j: Journal) -> list[dict[str, str]]:
     """The prompt of the next turn: system, the task (the instance's context as JSON), then
     each journaled turn's reply and its calls' results (byte-identical on a resume, so
-    recorded replies answer it)."""
+    recorded replies answer it; a provider speaking the OpenAI tool-calling protocol sends
+    the turns natively, on the wire only: ``llm.tool_transcript``)."""
     out = [{"role": "system", "content": system_prompt(agent)},
            {"role": "user", "content": json.dumps(task, ensure_ascii=False, sort_keys=True)}]
     for turn in j.turns:
@@ -153,7 +157,7 @@ def messages(agent: Agent, task: dict[str, Any], j: Journal) -> list[dict[str, s
         results = [_result(j.done.get(c["id"]), c) for c in turn["calls"]]
         if turn.get("error"):
             results = [{"error": turn["error"]}]
-        out.append({"role": "user", "content": "Tool results: "
+        out.append({"role": "user", "content": RESULTS_PREFIX
                     + json.dumps(results, ensure_ascii=False, sort_keys=True)})
     return out
 

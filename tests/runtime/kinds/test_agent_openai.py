@@ -11,12 +11,17 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import agent_machine
 import pytest
 
 from fsm_engine import Engine
 from fsm_engine.llm import OpenAICompatible
+from fsm_engine.llm.tool_transcript import RESULTS_PREFIX, native_messages
+from fsm_engine.runtime.kinds import agent_journal as journal
+from fsm_engine.runtime.reply_cache import reply_key
+from fsm_engine.store.records import HistoryRow, InstanceRecord
 
 
 def _body(message: dict[str, Any]) -> bytes:
@@ -26,21 +31,25 @@ def _body(message: dict[str, Any]) -> bytes:
                                  "total_tokens": 35}}).encode()
 
 
+def _calls(*calls: tuple[str, str]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": args}}
+        for n, (name, args) in enumerate(calls, start=1)]}
+
+
+ADD = _calls(("add", '{"a": 20, "b": 22}'))
+FINAL = {"role": "assistant", "content": '{"final": {"answer": "42"}}'}
+
+
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
     def do_POST(self) -> None:  # noqa: N802 - http.server API
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append(request)  # type: ignore[attr-defined]
-        seen = "\n".join(str(m.get("content")) for m in request["messages"])
-        if "Tool results" not in seen:
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "add", "arguments": '{"a": 20, "b": 22}'}}]}
-        else:
-            message = {"role": "assistant", "content": '{"final": {"answer": "42"}}'}
-        data = _body(message)
+        srv: Any = self.server
+        srv.requests.append(request)
+        data = _body(srv.replies[min(len(srv.requests), len(srv.replies)) - 1])
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -53,6 +62,7 @@ def server() -> Iterator[ThreadingHTTPServer]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True
     srv.requests = []  # type: ignore[attr-defined]
+    srv.replies = [ADD, FINAL]  # type: ignore[attr-defined]  # the n-th request's reply
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -60,17 +70,24 @@ def server() -> Iterator[ThreadingHTTPServer]:
     srv.server_close()
 
 
-def test_the_openai_tool_calling_protocol_drives_the_loop(server: ThreadingHTTPServer,
-                                                          tmp_path: Path) -> None:
-    provider = OpenAICompatible(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                model="m", api_key="sk-test-0123456789", timeout=5)
-    engine = Engine(str(tmp_path / "fsm.db"), llm=provider)
+def _provider(server: ThreadingHTTPServer) -> OpenAICompatible:
+    return OpenAICompatible(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                            model="m", api_key="sk-test-0123456789", timeout=5)
+
+
+def _run(server: ThreadingHTTPServer, db: Path) -> tuple[InstanceRecord, list[HistoryRow]]:
+    engine = Engine(str(db), llm=_provider(server))
     try:
         iid = engine.start(agent_machine.machine, {"question": "20 + 22?"})
         rec = asyncio.run(engine.run(iid))
-        rows = engine.store.history(iid)
+        return rec, engine.store.history(iid)
     finally:
         engine.close()
+
+
+def test_the_openai_tool_calling_protocol_drives_the_loop(server: ThreadingHTTPServer,
+                                                          tmp_path: Path) -> None:
+    rec, rows = _run(server, tmp_path / "fsm.db")
     assert (rec.state, rec.context["answer"]) == ("answered", "42")
     [call] = [r for r in rows if r.detail.get("agent") == "call"]
     assert (call.detail["tool"], call.detail["result"]) == ("add", 42)
@@ -81,3 +98,91 @@ def test_the_openai_tool_calling_protocol_drives_the_loop(server: ThreadingHTTPS
     assert tools["add"]["function"]["description"] == "Add two integers."
     assert tools["add"]["function"]["parameters"]["required"] == ["a", "b"]
     assert rec.tokens_used == 70
+
+
+def _text_prompts(rows: list[HistoryRow]) -> list[list[dict[str, str]]]:
+    """Each model turn's prompt as the journal builds it (text protocol), from the history."""
+    agent = agent_machine.machine.states[0].agent
+    assert agent is not None
+    task = {"question": "20 + 22?", "answer": "", "verdict": ""}
+    turns = [r for r in rows if "llm_calls" in r.detail]
+    return [journal.messages(agent, task, journal.read(rows[:rows.index(t)], "research", 1))
+            for t in turns]
+
+
+def test_tool_turns_go_back_natively_and_the_journal_keeps_the_text(
+        server: ThreadingHTTPServer, tmp_path: Path) -> None:
+    server.replies = [_calls(("add", '{"a": 20, "b": 22}'),  # type: ignore[attr-defined]
+                             ("echo", '{"text": "\u00e9t\u00e9"}')), FINAL]
+    rec, rows = _run(server, tmp_path / "fsm.db")
+    assert (rec.state, rec.context["answer"]) == ("answered", "42")
+    first, second = server.requests  # type: ignore[attr-defined]
+    sent = second["messages"]
+    assert sent[:2] == first["messages"]  # system and task unchanged
+    assert sent[2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1.1", "type": "function", "function": {"name": "add", "arguments": ANY}},
+        {"id": "1.2", "type": "function", "function": {"name": "echo", "arguments": ANY}}]}
+    args = [json.loads(c["function"]["arguments"]) for c in sent[2]["tool_calls"]]
+    assert args == [{"a": 20, "b": 22}, {"text": "été"}]
+    assert sent[3:] == [{"role": "tool", "tool_call_id": "1.1", "content": '{"result": 42}'},
+                        {"role": "tool", "tool_call_id": "1.2", "content": '{"result": "été"}'}]
+    # the journal keeps the text protocol; the reply keys hash its text prompts
+    [turn] = [r for r in rows if r.detail.get("agent") == "turn"]
+    assert json.loads(turn.detail["reply"]) == {"tool_calls": [
+        {"name": "add", "arguments": {"a": 20, "b": 22}},
+        {"name": "echo", "arguments": {"text": "été"}}]}
+    prompts = _text_prompts(rows)
+    assert [native_messages(p) for p in prompts] == [first["messages"], sent]
+    assert prompts[1][3]["content"].startswith(RESULTS_PREFIX)
+    keys = [r.detail["llm_calls"][0]["key"] for r in rows if "llm_calls" in r.detail]
+    tools = {"max_tokens": 512, "tools": first["tools"]}
+    assert keys == [reply_key(_provider(server), p, tools) for p in prompts]
+
+
+def test_a_fork_reusing_the_replies_asks_the_server_nothing(server: ThreadingHTTPServer,
+                                                            tmp_path: Path) -> None:
+    rec, _ = _run(server, tmp_path / "fsm.db")
+    engine = Engine(str(tmp_path / "fsm.db"), llm=_provider(server))
+    try:
+        fid = engine.fork(rec.id, from_seq=0, reuse_llm=True)
+        forked = asyncio.run(engine.run(fid))
+    finally:
+        engine.close()
+    assert (forked.state, forked.context) == (rec.state, rec.context)
+    assert len(server.requests) == 2  # type: ignore[attr-defined]  # both turns replayed
+
+
+def test_an_errored_turn_stays_text(server: ThreadingHTTPServer, tmp_path: Path) -> None:
+    server.replies = [{"role": "assistant", "content": "[1, 2"},  # type: ignore[attr-defined]
+                      ADD, FINAL]
+    rec, rows = _run(server, tmp_path / "fsm.db")
+    assert (rec.state, rec.context["answer"]) == ("answered", "42")
+    _, second, third = server.requests  # type: ignore[attr-defined]
+    assert second["messages"][2] == {"role": "assistant", "content": "[1, 2"}
+    fed = second["messages"][3]
+    assert fed["role"] == "user" and fed["content"].startswith(RESULTS_PREFIX)
+    assert "error" in json.loads(fed["content"].removeprefix(RESULTS_PREFIX))[0]
+    assert third["messages"][:4] == second["messages"]  # the errored turn, still text
+    assert [m["role"] for m in third["messages"][4:]] == ["assistant", "tool"]
+    assert third["messages"][5]["tool_call_id"] == third["messages"][4]["tool_calls"][0]["id"]
+    assert [native_messages(p) for p in _text_prompts(rows)] == [
+        r["messages"] for r in server.requests]  # type: ignore[attr-defined]
+
+
+def test_only_a_call_with_tools_translates(server: ThreadingHTTPServer) -> None:
+    turn = [{"role": "assistant", "content": '{"tool_calls": [{"name": "add", "arguments": {}}]}'},
+            {"role": "user", "content": RESULTS_PREFIX + '[{"call": "1.1", "result": 3, '
+                                                         '"tool": "add"}]'}]
+    provider = _provider(server)
+
+    async def both() -> None:
+        await provider.complete(turn)
+        await provider.complete(turn, tools=[{"type": "function", "function": {"name": "add"}}])
+        await provider.aclose()
+
+    asyncio.run(both())
+    plain, tooled = server.requests  # type: ignore[attr-defined]
+    assert plain["messages"] == turn and "tools" not in plain
+    assert [m["role"] for m in tooled["messages"]] == ["assistant", "tool"]
+    assert tooled["messages"][1] == {"role": "tool", "tool_call_id": "1.1",
+                                     "content": '{"result": 3}'}

@@ -1,0 +1,126 @@
+"""An agent state's tool transcript in the text protocol and in the OpenAI tool-calling
+protocol's native form (pure, no I/O).
+
+The agent journal (``runtime.kinds.agent_journal``) replays each model turn as two
+messages of text, whatever the provider — these are what reply keys hash, so they never
+change::
+
+    {"role": "assistant", "content": '{"tool_calls": [{"name": "add", "arguments": {...}}]}'}
+    {"role": "user", "content": 'Tool results: [{"call": "1.1", "result": 42, "tool": "add"}]'}
+
+A provider that sends ``tools=`` natively (``OpenAICompatible``) sends such a pair, for the
+request body only, as the protocol's own (:func:`native_messages`)::
+
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "1.1", "type": "function",
+        "function": {"name": "add", "arguments": '{...}'}}]}
+    {"role": "tool", "tool_call_id": "1.1", "content": '{"result": 42}'}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["RESULTS_PREFIX", "tool_calls_text", "native_messages"]
+
+#: How the user message holding a turn's tool results begins (then their JSON list).
+RESULTS_PREFIX = "Tool results: "
+
+
+def tool_calls_text(message: Any) -> str | None:
+    """A reply's native ``tool_calls`` (an SDK message object) as the text
+    ``{"tool_calls": [{"name", "arguments"}]}`` (arguments that are not JSON kept as their
+    text); ``None`` without any."""
+    calls = getattr(message, "tool_calls", None) or []
+    out = []
+    for call in calls:
+        fn = getattr(call, "function", None)
+        raw = getattr(fn, "arguments", None) or "{}"
+        try:
+            args: Any = json.loads(raw)
+        except ValueError:
+            args = raw
+        out.append({"name": str(getattr(fn, "name", "")), "arguments": args})
+    return _dump(out) if out else None
+
+
+def _dump(calls: list[dict[str, Any]]) -> str:
+    return json.dumps({"tool_calls": calls}, ensure_ascii=False)
+
+
+def native_messages(messages: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """``messages`` with each text tool turn (an assistant message that is exactly
+    :func:`tool_calls_text`'s text, then a user message of :data:`RESULTS_PREFIX` and one
+    result per call, in order, each with its ``call`` id) as the native pair: an assistant
+    message with ``tool_calls`` and one ``role: tool`` message per call.  Everything else
+    (an errored turn, counts that differ, unreadable text) is kept as it is; never raises.
+    A new list; the messages given are not changed."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        pair = _native_pair(messages[i], messages[i + 1]) if i + 1 < len(messages) else None
+        if pair is None:
+            out.append(messages[i])
+            i += 1
+        else:
+            out.extend(pair)
+            i += 2
+    return out
+
+
+def _native_pair(reply: dict[str, str], results: dict[str, str]) -> list[dict[str, Any]] | None:
+    """The native messages of one text tool turn (``None``: not one, exactly)."""
+    calls = _calls(reply)
+    done = _results(results)
+    if calls is None or done is None or len(calls) != len(done):
+        return None
+    if any(r.get("tool") != c["name"] for c, r in zip(calls, done, strict=True)):
+        return None
+    asked = [{"id": r["call"], "type": "function",
+              "function": {"name": c["name"], "arguments": _arguments(c["arguments"])}}
+             for c, r in zip(calls, done, strict=True)]
+    answers = [{"role": "tool", "tool_call_id": r["call"],
+                "content": json.dumps({k: v for k, v in r.items() if k not in ("call", "tool")},
+                                      ensure_ascii=False, sort_keys=True)} for r in done]
+    return [{"role": "assistant", "content": None, "tool_calls": asked}, *answers]
+
+
+def _calls(message: dict[str, str]) -> list[dict[str, Any]] | None:
+    """The calls of an assistant message that is exactly :func:`tool_calls_text`'s text."""
+    text = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(text, str):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    calls = data.get("tool_calls") if isinstance(data, dict) and len(data) == 1 else None
+    if not isinstance(calls, list) or not calls:
+        return None
+    if not all(isinstance(c, dict) and set(c) == {"name", "arguments"}
+               and isinstance(c["name"], str) for c in calls):
+        return None
+    return calls if _dump(calls) == text else None
+
+
+def _results(message: dict[str, str]) -> list[dict[str, Any]] | None:
+    """The results of a user message of :data:`RESULTS_PREFIX`, each with a ``call`` id
+    and a ``result`` or an ``error``."""
+    text = message.get("content")
+    if message.get("role") != "user" or not isinstance(text, str) \
+            or not text.startswith(RESULTS_PREFIX):
+        return None
+    try:
+        data = json.loads(text[len(RESULTS_PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(data, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("call"), str)
+            and len({"result", "error"} & set(r)) == 1 for r in data):
+        return None
+    return data
+
+
+def _arguments(args: Any) -> str:
+    """A call's ``arguments`` as the protocol's JSON string (text kept as it came)."""
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
