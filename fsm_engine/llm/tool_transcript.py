@@ -11,17 +11,18 @@ change::
 A provider that sends ``tools=`` natively (``OpenAICompatible``) sends such a pair, for the
 request body only, as the protocol's own (:func:`native_messages`)::
 
-    {"role": "assistant", "content": None, "tool_calls": [{"id": "1.1", "type": "function",
-        "function": {"name": "add", "arguments": '{...}'}}]}
-    {"role": "tool", "tool_call_id": "1.1", "content": '{"result": 42}'}
+    {"role": "assistant", "content": None, "tool_calls": [{"id": wire_id("1.1"),
+        "type": "function", "function": {"name": "add", "arguments": '{...}'}}]}
+    {"role": "tool", "tool_call_id": wire_id("1.1"), "content": '{"result": 42}'}
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
-__all__ = ["RESULTS_PREFIX", "tool_calls_text", "native_messages"]
+__all__ = ["RESULTS_PREFIX", "tool_calls_text", "native_messages", "wire_id"]
 
 #: How the user message holding a turn's tool results begins (then their JSON list).
 RESULTS_PREFIX = "Tool results: "
@@ -76,13 +77,28 @@ def _native_pair(reply: dict[str, str], results: dict[str, str]) -> list[dict[st
         return None
     if any(r.get("tool") != c["name"] for c, r in zip(calls, done, strict=True)):
         return None
-    asked = [{"id": r["call"], "type": "function",
+    asked = [{"id": wire_id(r["call"]), "type": "function",
               "function": {"name": c["name"], "arguments": _arguments(c["arguments"])}}
              for c, r in zip(calls, done, strict=True)]
-    answers = [{"role": "tool", "tool_call_id": r["call"],
+    answers = [{"role": "tool", "tool_call_id": wire_id(r["call"]),
                 "content": json.dumps({k: v for k, v in r.items() if k not in ("call", "tool")},
                                       ensure_ascii=False, sort_keys=True)} for r in done]
     return [{"role": "assistant", "content": None, "tool_calls": asked}, *answers]
+
+
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def wire_id(call_id: str) -> str:
+    """The id a journal call (``"1.1"``) goes out under: 9 letters and digits from its
+    SHA-256, the same on every turn — the strictest form servers ask (Mistral's, 9
+    alphanumerics; OpenAI's and llama.cpp's take any string)."""
+    n = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    out = []
+    for _ in range(9):
+        n, d = divmod(n, 62)
+        out.append(_ALPHABET[d])
+    return "".join(out)
 
 
 def _calls(message: dict[str, str]) -> list[dict[str, Any]] | None:

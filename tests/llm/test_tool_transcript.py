@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fsm_engine.llm.tool_transcript import RESULTS_PREFIX, native_messages, tool_calls_text
+from fsm_engine.llm.tool_transcript import RESULTS_PREFIX, native_messages, tool_calls_text, wire_id
 
 HEAD = [{"role": "system", "content": "Answer."}, {"role": "user", "content": '{"q": 1}'}]
 
@@ -42,12 +42,12 @@ def test_a_turn_of_two_calls_becomes_the_native_pair() -> None:
     assert msgs == before  # the journal's messages are not touched
     assert out[:2] == HEAD
     assert out[2] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "1.1", "type": "function", "function": {"name": "add",
+        {"id": wire_id("1.1"), "type": "function", "function": {"name": "add",
                                                       "arguments": '{"a": 1, "b": 2}'}},
-        {"id": "1.2", "type": "function", "function": {"name": "boom", "arguments": "{}"}}]}
+        {"id": wire_id("1.2"), "type": "function", "function": {"name": "boom", "arguments": "{}"}}]}
     assert out[3:] == [
-        {"role": "tool", "tool_call_id": "1.1", "content": '{"result": 3}'},
-        {"role": "tool", "tool_call_id": "1.2", "content": '{"error": "RuntimeError: fire"}'}]
+        {"role": "tool", "tool_call_id": wire_id("1.1"), "content": '{"result": 3}'},
+        {"role": "tool", "tool_call_id": wire_id("1.2"), "content": '{"error": "RuntimeError: fire"}'}]
 
 
 def test_arguments_that_were_not_json_go_back_as_their_text() -> None:
@@ -106,3 +106,9 @@ def test_anything_not_exactly_a_tool_turn_stays_text(msgs: list[dict[str, str]])
 def test_no_native_calls_is_no_text() -> None:
     assert tool_calls_text(SimpleNamespace(content="hi", tool_calls=None)) is None
     assert native_messages([]) == []
+
+
+def test_wire_ids_are_nine_letters_or_digits_the_same_on_every_turn() -> None:
+    ids = [wire_id(f"{turn}.{n}") for turn in range(1, 40) for n in range(1, 6)]
+    assert all(len(i) == 9 and i.isascii() and i.isalnum() for i in ids)  # Mistral's rule
+    assert len(set(ids)) == len(ids) and wire_id("1.1") == ids[0]

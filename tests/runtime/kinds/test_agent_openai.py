@@ -18,7 +18,7 @@ import pytest
 
 from fsm_engine import Engine
 from fsm_engine.llm import OpenAICompatible
-from fsm_engine.llm.tool_transcript import RESULTS_PREFIX, native_messages
+from fsm_engine.llm.tool_transcript import RESULTS_PREFIX, native_messages, wire_id
 from fsm_engine.runtime.kinds import agent_journal as journal
 from fsm_engine.runtime.reply_cache import reply_key
 from fsm_engine.store.records import HistoryRow, InstanceRecord
@@ -120,12 +120,12 @@ def test_tool_turns_go_back_natively_and_the_journal_keeps_the_text(
     sent = second["messages"]
     assert sent[:2] == first["messages"]  # system and task unchanged
     assert sent[2] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "1.1", "type": "function", "function": {"name": "add", "arguments": ANY}},
-        {"id": "1.2", "type": "function", "function": {"name": "echo", "arguments": ANY}}]}
+        {"id": wire_id("1.1"), "type": "function", "function": {"name": "add", "arguments": ANY}},
+        {"id": wire_id("1.2"), "type": "function", "function": {"name": "echo", "arguments": ANY}}]}
     args = [json.loads(c["function"]["arguments"]) for c in sent[2]["tool_calls"]]
     assert args == [{"a": 20, "b": 22}, {"text": "été"}]
-    assert sent[3:] == [{"role": "tool", "tool_call_id": "1.1", "content": '{"result": 42}'},
-                        {"role": "tool", "tool_call_id": "1.2", "content": '{"result": "été"}'}]
+    assert sent[3:] == [{"role": "tool", "tool_call_id": wire_id("1.1"), "content": '{"result": 42}'},
+                        {"role": "tool", "tool_call_id": wire_id("1.2"), "content": '{"result": "été"}'}]
     # the journal keeps the text protocol; the reply keys hash its text prompts
     [turn] = [r for r in rows if r.detail.get("agent") == "turn"]
     assert json.loads(turn.detail["reply"]) == {"tool_calls": [
@@ -184,5 +184,5 @@ def test_only_a_call_with_tools_translates(server: ThreadingHTTPServer) -> None:
     plain, tooled = server.requests  # type: ignore[attr-defined]
     assert plain["messages"] == turn and "tools" not in plain
     assert [m["role"] for m in tooled["messages"]] == ["assistant", "tool"]
-    assert tooled["messages"][1] == {"role": "tool", "tool_call_id": "1.1",
+    assert tooled["messages"][1] == {"role": "tool", "tool_call_id": wire_id("1.1"),
                                      "content": '{"result": 3}'}
