@@ -4,6 +4,8 @@ checked, and a line that never ends is refused rather than grown."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,10 +15,14 @@ from pydantic_core import from_json
 from fsm_engine.errors import ServerError
 from fsm_engine.redaction import redact
 
-__all__ = ["SseEvents", "MAX_EVENT_CHARS"]
+__all__ = ["SseEvents", "MAX_EVENT_CHARS", "DRAIN_CHARS", "DRAIN_S", "drain"]
 
 #: Longest line of a streamed reply's events (characters).
 MAX_EVENT_CHARS = 1 << 20
+#: What is read of a body after its ``[DONE]`` (the chunked body's end, usually in the same
+#: packet), so the connection goes back to the pool instead of being closed: at most
+#: these characters, within these seconds (more, or later: the connection is dropped).
+DRAIN_CHARS, DRAIN_S = 65_536, 0.1
 
 
 class SseEvents:
@@ -35,7 +41,8 @@ class SseEvents:
         self.done = False
 
     async def read(self, texts: AsyncIterator[str]) -> AsyncIterator[list[str]]:
-        """The pieces each received stretch of the body adds, until ``[DONE]`` or its end."""
+        """The pieces each received stretch of the body adds, until ``[DONE]`` (then what
+        is left of the body is read, ``drain``) or its end."""
         tail = ""
         async for text in texts:
             *lines, tail = (tail + text).split("\n")
@@ -44,6 +51,7 @@ class SseEvents:
                                   "characters")
             yield [p for p in map(self.line, lines) if p]
             if self.done:
+                await drain(texts)
                 return
         yield [p for p in [self.line(tail)] if p]
 
@@ -92,3 +100,16 @@ class SseEvents:
             self.parts.append(piece)
             return piece
         return ""
+
+
+async def drain(texts: AsyncIterator[str]) -> None:
+    """Read ``texts`` to its end, ignored, so its connection can be reused — giving up
+    (never raising) past ``DRAIN_CHARS`` characters or ``DRAIN_S`` seconds: the reply is
+    whole already, a server that goes on only loses its connection."""
+    left = DRAIN_CHARS
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DRAIN_S):
+            async for text in texts:
+                left -= len(text)
+                if left < 0:
+                    return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 from typing import Any
 
@@ -145,3 +146,75 @@ def test_a_peer_that_dies_mid_stream_is_a_retryable_server_error() -> None:
             pieces(peer)
     finally:
         peer.close()
+
+
+KEEP = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
+        b"\r\n\r\n")
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def kept_alive(words: list[str], calls: int, stall: threading.Event | None = None,
+               gave_up: threading.Event | None = None) -> Any:
+    """Serves ``calls`` streamed replies on one kept-alive connection (chunked bodies); with
+    ``stall``, the body after ``[DONE]`` never ends until it is set (``gave_up`` when 20 s
+    passed first)."""
+    from http_peers import _read_request
+
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        for n in range(calls):
+            if n:
+                peer.requests.append(_read_request(conn))
+            peer.send(conn, KEEP)
+            for word in words:
+                peer.send(conn, chunk(event({"content": word})))
+            peer.send(conn, chunk(event({}, "stop")) + chunk(b"data: [DONE]\n\n"))
+            if stall is not None:
+                if not stall.wait(20) and gave_up is not None:
+                    gave_up.set()
+                return
+            peer.send(conn, b"0\r\n\r\n")
+    return behaviour
+
+
+def test_streamed_calls_reuse_one_kept_alive_connection() -> None:
+    """After ``[DONE]`` the body's end is read, so the connection goes back to the pool: two
+    streamed calls, one TCP connection (each used to open its own: a TLS handshake each)."""
+    peer = Peer(kept_alive(["ab", "cd"], calls=2))
+
+    async def go() -> list[str]:
+        llm = OpenAICompatible(base_url=f"{peer.url}/v1", model="m", api_key="sk-keep",
+                               timeout=5)
+        try:
+            return [[p async for p in llm.stream(MSG)][-1].text for _ in range(2)]
+        finally:
+            await llm.aclose()
+    try:
+        texts = asyncio.run(go())
+    finally:
+        peer.close()
+    assert texts == ["abcd", "abcd"] and peer.connections == 1 and len(peer.requests) == 2
+
+
+def test_a_body_that_never_ends_after_done_costs_only_its_connection() -> None:
+    """A server that sends ``[DONE]`` and then holds the body open: the reply is whole, the
+    call returns with it (not at the deadline), and the connection is dropped."""
+    stall, gave_up = threading.Event(), threading.Event()
+    peer = Peer(kept_alive(["whole"], calls=1, stall=stall, gave_up=gave_up))
+
+    async def go() -> Any:
+        llm = OpenAICompatible(base_url=f"{peer.url}/v1", model="m", api_key="sk-stall",
+                               timeout=30)
+        try:
+            return [p async for p in llm.stream(MSG)][-1]
+        finally:
+            await llm.aclose()
+    try:
+        done = asyncio.run(go())
+        held = not gave_up.is_set()  # (the server still holding when the call returned)
+    finally:
+        stall.set()
+        peer.close()
+    assert done.text == "whole" and done.finish_reason == "stop" and held
