@@ -55,7 +55,7 @@ def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unamb
            db: str = DB,
            from_offset: str = typer.Option("0", "--from", metavar="N",
                                            help="Start at this stream offset (or an event's "
-                                                "cursor N:S, to resume exactly)."),
+                                                "cursor N:S or N:S:K, to resume exactly)."),
            as_json: bool = typer.Option(False, "--json",
                                         help="One JSON object per event and line.")) -> None:
     """Watch an instance live: model replies as they are generated, attempts superseded,
