@@ -3,8 +3,11 @@
 Kinds (``matrix_kinds``): a plain action, a fan-out child, a join, a review decision (of
 a lone instance, and of a fan-out child), a send, an in-place rerun, a fork, a migration,
 a plain action whose guard reads its state's token budget, an agent loop's step (a turn,
-a tool call, a side effect's delivery: ``agent-call``) and a person's approval of an
-agent's tool call (``agent-approval``). Faults, each at the kind's commit point
+a tool call, a side effect's delivery: ``agent-call``), a person's approval of an
+agent's tool call (``agent-approval``) and a step that streams its model call, one that
+ends within the batcher's ``FLUSH_S`` (``stream-short``: its rows ride the step's commit)
+and one several batches long (``stream-long``: its crash points include the stream
+writes, mid-stream). Faults, each at the kind's commit point
 (``fsm_engine.testing.crash``: the process that makes the step stops itself there):
 
 - ``kill``: SIGKILL just before / just after the commit; a second ``fsm worker`` takes
@@ -60,8 +63,8 @@ def _points(kind: Kind, fault: str) -> list[Point]:
     points = kind.points if FULL else kind.points[:2]
     if fault != "kill" and not FULL:
         points = [p for p in points if p.when == "before"][:1]
-    if FULL and kind.many_per_process:  # the step's 2nd occurrence in the faulted process
-        points = [*points, *(Point(p.method, p.when, p.label, 2) for p in points)]
+    if FULL and kind.many_per_process:  # the step's next occurrence in the faulted process
+        points = [*points, *(Point(p.method, p.when, p.label, p.n + 1) for p in points)]
     return points
 
 
@@ -72,6 +75,9 @@ def _cells() -> list[Any]:
             for point in _points(kind, fault):
                 for backend in ("sqlite", "postgres"):
                     if fault == "pg_restart" and backend == "sqlite":
+                        continue
+                    if not FULL and kind.default_cells is not None and (
+                            fault, point.when, backend) not in kind.default_cells:
                         continue
                     for rep in range(REPEATS):
                         cells.append(_cell(kind.name, fault, point, backend, rep))
