@@ -206,7 +206,7 @@ KINDS = {k.name: k for k in [
     # a streamed model call that ends within FLUSH_S: its rows ride the step's commit
     Kind("stream-short", _enqueue("stream_short"), _worker_op, _both("src=work"),
          by_worker=True, many_per_process=True,
-         default_cells=frozenset({("kill", "before", "sqlite"), ("kill", "after", "postgres")})),
+         default_cells=frozenset({("kill", "before", "sqlite"), ("stop", "before", "postgres")})),
     # one several batches long: mid-stream (around the 2nd batch carrying text: the first
     # written, the call not ended), after the batch that opens it, then the step's commit
     Kind("stream-long", _enqueue("stream_long"), _worker_op,

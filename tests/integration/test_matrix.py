@@ -49,25 +49,21 @@ N = 4 if FULL else 2
 REPEATS = int(os.environ.get("FSM_MATRIX_REPEATS", "1"))
 FAULTS = ("kill", "stop", "pg_restart")
 
-#: (kind, fault, before/after or METHOD:before/after) -> why the cell fails today (issue 19's findings 1-3 and the
-#: matrix's own M1-M6 and A1-A2 are fixed: tests/integration/test_matrix_findings.py,
-#: tests/integration/test_agent_findings.py, tests/runtime/fleet/test_release_after_claim.py,
-#: tests/store/test_pg_stalled_transaction.py; a cell found failing goes here with its reason
+#: (kind, fault, before/after or METHOD:before/after) -> why the cell fails today (issue
+#: 19's findings 1-3, the matrix's own M1-M6 and A1-A2, and the stream cells' S2 are fixed:
+#: tests/integration/test_matrix_findings.py, tests/integration/test_agent_findings.py,
+#: tests/runtime/fleet/test_release_after_claim.py, tests/store/test_pg_stalled_transaction.py,
+#: tests/runtime/test_stream_write_failed.py; a cell found failing goes here with its reason
 #: until its fix lands).
 _ZOMBIE = ("S1: a stopped owner let go on (SIGCONT) after its instances were taken over "
            "appends rows of its superseded attempt (chunks, then error 'cancelled'; an end "
-           "if its call finishes first): stream writes are not fenced (store/streams.py "
-           "append writes whatever attempt it is given)")
-_BROKEN = ("S2: a stream write that fails (the database restarted) ends the writing for "
-           "good (runtime/streams.py ChunkWriter.settled): the step commits the whole reply, "
-           "its attempt stays open and never superseded, the rest of the text never streamed")
+           "could come if its call ended first): stream writes are not fenced "
+           "(store/streams.py append writes whatever attempt it is given)")
 KNOWN: dict[tuple[str, str, str], str] = {
     **{("stream-long", "stop", f"stream_write:{when}"): _ZOMBIE for when in ("before", "after")},
-    **{("stream-long", "pg_restart", f"stream_write:{when}"): _BROKEN
-       for when in ("before", "after")},
 }
 #: Known failures that depend on timing (``strict=False``: the cell may pass).
-RACY: tuple[str, ...] = (_BROKEN,)
+RACY: tuple[str, ...] = ()
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:
