@@ -151,8 +151,9 @@ class Lab:
     def write_locked(self) -> bool:
         """True when another process holds the SQLite file's write lock (a writer stopped
         inside its write transaction); False at once otherwise, and on PostgreSQL."""
-        if not self.url.startswith("sqlite"):
+        if self.url.startswith("postgres"):
             return False
+        # (a cell's SQLite url is a plain path: the check once looked for "sqlite" only)
         conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=0)
         try:
             conn.execute("BEGIN IMMEDIATE")
