@@ -203,7 +203,8 @@ KINDS = {k.name: k for k in [
     # a person's approval of an agent's side-effect call (``fsm review decide``)
     Kind("agent-approval", lambda lab, n: _started(lab, "agent_approve", n, run=True),
          _decide, _both("agent=decision"), todo=lambda lab: bool(_open_items(lab))),
-    # a streamed model call that ends within FLUSH_S: its rows ride the step's commit
+    # a streamed model call that ends within FLUSH_S: its rows ride the step's commit, or
+    # its history holds them (stream_inline)
     Kind("stream-short", _enqueue("stream_short"), _worker_op, _both("src=work"),
          by_worker=True, many_per_process=True,
          default_cells=frozenset({("kill", "before", "sqlite"), ("stop", "before", "postgres")})),

@@ -4,13 +4,15 @@ invariants ``matrix_check`` adds for them, asserted through the public reader
 
 The ``work`` step of ``stream_short`` and ``stream_long`` (``matrix_machines``) streams one
 model call: ``SHORT`` ends within the batcher's ``FLUSH_S`` (its rows ride the step's own
-commit), ``LONG`` has ``LONG_DELAY_S`` between pieces (several batches are written before
-the commit, so a crash can come mid-stream).
+commit, or its history holds them: ``stream_inline``), ``LONG`` has ``LONG_DELAY_S``
+between pieces (several batches are written before the commit, so a crash can come
+mid-stream).
 
 ``check(store, records, histories)``, for each final instance of those machines:
 
 1. the reader's log events have offsets 0, 1, 2 … (no gap, none twice), every event's
-   cursor is the position after it, and each committed step comes once, in order;
+   cursor is the position after it (``P:S:K`` after the K-th row a step's history holds,
+   ``stream_inline``), and each committed step comes once, in order;
 2. each attempt opens once, its chunks follow one another (``char_offset`` = the text so
    far) and nothing of it comes after it is superseded; a superseded attempt names one
    opened after it;
@@ -93,14 +95,20 @@ async def _instance(store: Any, rec: Any, rows: list[Any]) -> list[str]:
 
 
 def _positions(iid: str, evs: list[StreamEvent], rows: list[Any]) -> list[str]:
-    problems = []
-    log = [e.offset for e in evs if e.kind in _LOG]
-    if log != list(range(len(log))):
-        problems.append(f"{iid}: log offsets {log}, not 0..{len(log) - 1}")
+    """Log rows at offsets 0, 1, 2 …, each cursor the position after its event; rows a
+    step's history holds (``stream_inline``: no position, cursor ``P:S:K``) counted 1, 2 …
+    before that step's event; each committed step once, in order; one final, last."""
+    problems, logged, inline = [], [], 0
     for e in evs:
-        pos, _ = parse_cursor(e.cursor)
-        if pos != (e.offset + 1 if e.kind in _LOG else e.offset):
+        pos, _, k = parse_cursor(e.cursor)
+        held = e.kind in _LOG and k > 0
+        if e.kind in _LOG and not held:
+            logged.append(e.offset)
+        inline = inline + 1 if held else 0
+        if pos != (e.offset + 1 if e.kind in _LOG and not held else e.offset) or k != inline:
             problems.append(f"{iid}: {e.kind} at offset {e.offset} has cursor {e.cursor}")
+    if logged != list(range(len(logged))):
+        problems.append(f"{iid}: log offsets {logged}, not 0..{len(logged) - 1}")
     steps = [e.seq for e in evs if e.kind == "step"]
     if steps != [h.seq for h in rows]:
         problems.append(f"{iid}: step events {steps}, history seqs {[h.seq for h in rows]}")
@@ -121,7 +129,8 @@ def _attempts(iid: str, evs: list[StreamEvent]) -> tuple[dict[tuple[int, int], _
         if a.late:
             problems.append(f"{iid}: attempt {key} superseded at {a.by_at} by {a.by}, then "
                             f"{a.late}")
-        if a.by is not None and (a.by not in seen or (seen[a.by].opened or -1) < a.by_at):
+        opened = seen[a.by].opened if a.by in seen else None
+        if a.by is not None and (opened is None or opened < a.by_at):
             problems.append(f"{iid}: attempt {key} superseded by {a.by}, not opened after it")
     return seen, problems
 
