@@ -289,7 +289,10 @@ class ChunkWriter:
     attempt's last row (sync too).  What is still waiting when the step commits goes with
     the commit (``Batcher.tail``), so it is in the store no later than the step.  A store
     failure is logged and ends the writing (the call goes on: the history will hold the
-    reply); ``attempt`` is 0 until a batch opened it.
+    reply) until the reply is complete: then, once, the whole reply is written again as a
+    new attempt (superseding the one the failure left open, whatever of it was written),
+    so a database restart mid-stream still leaves the step's reply streamed to its end;
+    ``attempt`` is 0 until a batch opened it.
     """
 
     def __init__(self, to: StreamTarget, *, json: bool = False) -> None:
@@ -307,6 +310,8 @@ class ChunkWriter:
         self.queued = False  # in the batcher's next batch
         self.held = False  # on the batcher's ``held`` list
         self._broken = False
+        self._end: tuple[str, str] | None = None  # the complete reply and its finish reason
+        self._retried = False  # written again as a new attempt after a failure
         self._settle: asyncio.Future[None] | None = None
         self.entry: dict[str, Any] | None = None  # the call's ``llm_calls`` entry, once ended
 
@@ -329,17 +334,22 @@ class ChunkWriter:
             self._ready(self._waiting >= FLUSH_CHARS)
 
     def end(self, out: Completion, entry: dict[str, Any] | None = None) -> None:
-        """The reply is complete: its ``end`` row waits with what is left.  ``entry``: the
-        call's ``llm_calls`` entry (``stream_inline``: it may stand for the rows)."""
+        """The reply is complete: its ``end`` row waits with what is left (after a failed
+        write, with the whole reply as a new attempt).  ``entry``: the call's ``llm_calls``
+        entry (``stream_inline``: it may stand for the rows)."""
         self.entry = entry
+        self._end = (out.text, out.finish_reason)
+        if self._broken and not self._retried:
+            self._anew()
         self._close("end", {"finish": out.finish_reason, "chars": self.chars})
 
     def inlinable(self, calls: list[dict[str, Any]]) -> bool:
         """True when the step's history can hold this attempt's rows (``stream_inline``):
         none written, ended cleanly, superseding nothing of an earlier step, and its entry
-        (in ``calls``, the step's ``llm_calls``) holding exactly the text queued."""
+        (in ``calls``, the step's ``llm_calls``) holding exactly the text queued; not
+        after a failed write (the new attempt must supersede what that left open)."""
         entry = self.entry
-        return (entry is not None and not self.attempt and not self.busy
+        return (entry is not None and not self.attempt and not self.busy and not self._retried
                 and self._last is not None and self._last[0] == "end"
                 and self.to.since == self.to.seq and any(e is entry for e in calls)
                 and "".join(self._pieces) == entry.get("reply"))
@@ -365,6 +375,16 @@ class ChunkWriter:
         self._last = (kind, info, time.time())
         self.closed = True
         self._ready(soon)
+
+    def _anew(self) -> None:
+        """After a failed write: the complete reply waits as a new attempt's rows (once)."""
+        assert self._end is not None
+        text = self._end[0]
+        self._retried, self._broken, self.attempt = True, False, 0
+        self._pieces = [text[n:n + ROW_CHARS] for n in range(0, len(text), ROW_CHARS)]
+        self.chars = self._waiting = len(text)
+        self.odd = _odd(text)
+        self.held = self in self.batcher.held.get(self.to.instance_id, ())
 
     def _ready(self, soon: bool) -> None:
         # (rows queued while a write is in flight wait for it to settle)
@@ -398,6 +418,9 @@ class ChunkWriter:
         if isinstance(result, BaseException):
             self._broken, self._pieces, self._last = True, [], None
             log.warning("stream of %s step %d: %s", self.to.instance_id, self.to.seq, result)
+            if self.closed and self._end is not None and not self._retried:
+                self._anew()  # (its end row was in the failed write)
+                self._last = ("end", {"finish": self._end[1], "chars": self.chars}, time.time())
         elif opened:
             self.attempt = result
             _maybe_prune(self.to)

@@ -5,7 +5,7 @@
 itself ``SIGNAL`` (``kill``: SIGKILL, the default; ``stop``: SIGSTOP, so a test can
 take its work over, restart the database, then SIGCONT it) at the ``N``-th call
 (1-based, counted in this process) of the store's ``METHOD`` (``commit``, ``create``,
-``claim``, ``outbox_begins``) whose labels include ``LABEL`` (any call when omitted),
+``claim``, ``outbox_begins``, ``stream_write``) whose labels include ``LABEL`` (any call when omitted),
 ``before`` the call (nothing of it written) or ``after`` it returned (written, nothing
 done with the result). A commit's labels are, per step, each history row's ``kind``
 (``transition``, ``join``, ``review``, ``rerun``, ``migration``, ``recovery`` …) and
@@ -13,7 +13,9 @@ done with the result). A commit's labels are, per step, each history row's ``kin
 instance has a parent), ``wake``, ``outbox`` (it marks a delivery done), ``final`` and,
 for an agent state's journal rows (kind ``tool``), ``agent=turn``, ``agent=call``,
 ``agent=ask`` or ``agent=decision``;
-a ``create``'s are ``fork`` for a forked record, else ``start``; a ``claim``'s and an
+a ``create``'s are ``fork`` for a forked record, else ``start``; a ``stream_write``'s (a
+batch of streamed rows, ``runtime.streams.Batcher``) are ``open`` when it begins an attempt
+and the kinds of the rows it appends (``chunk``, ``end``, ``error``); a ``claim``'s and an
 ``outbox_begins``' are their method's name. A malformed value raises ``ValueError``
 when the store is opened.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 #: The environment variable holding the crash point.
 ENV = "FSM_CRASH_AT"
-_METHODS = ("commit", "create", "claim", "outbox_begins")
+_METHODS = ("commit", "create", "claim", "outbox_begins", "stream_write")
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
@@ -82,6 +84,9 @@ def labels(method: str, args: Sequence[Any]) -> set[str]:
         return set().union(*(_step_labels(s) for s in args[0])) if args[0] else set()
     if method == "create":
         return {"fork" if getattr(r, "forked_from", None) else "start" for r in args}
+    if method == "stream_write":
+        return {row.kind for op in args[0] for row in op.rows} | (
+            {"open"} if any(op.open for op in args[0]) else set())
     return {method}
 
 

@@ -29,12 +29,21 @@ def alive(pid: int) -> bool:
 
 
 def stopped(proc: subprocess.Popen) -> bool:  # type: ignore[type-arg]
-    """True when ``proc`` sits stopped (SIGSTOP: state ``T`` in ``/proc/PID/stat``)."""
+    """True when ``proc`` sits stopped (SIGSTOP): every thread of it in state ``T``
+    (``/proc/PID/task/TID/stat``).  The process's own ``stat`` shows its main thread only,
+    which stops first when it signals itself: another thread (a write in a thread of the
+    store) may run on for a moment, and take a lock the test then finds held."""
+    states = []
     try:
-        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
     except FileNotFoundError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+    for task in tasks:
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # (a thread that ended meanwhile)
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,

@@ -19,7 +19,10 @@ list: the cell holds), each one line naming the instance:
    (what ``fsm check`` reports) clean;
 6. agent states (``matrix_agent``): each turn and tool call journaled once, each journaled
    call run at most once more per takeover and never after its row, a completed loop's
-   answer and journal those of an uninterrupted run.
+   answer and journal those of an uninterrupted run;
+7. streamed steps (``matrix_stream``), through the public reader: gapless offsets, exact
+   resumes, no attempt that looks complete and is not, every attempt a crash left open
+   superseded, the committed step's reply the last attempt's text.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import matrix_agent
+import matrix_stream
 
 from fsm_engine.runtime.kinds.replay import replay
 from fsm_engine.store import FINAL_STATUSES
@@ -57,7 +61,8 @@ def check(store: Any, executions: Sequence[dict[str, Any]],
                 *_deliveries(store.outbox(), deliveries, keys_per_item),
                 *_families(records, histories),
                 *_replays(records, histories, definition),
-                *matrix_agent.check(records, histories, executions, lost_commits)]
+                *matrix_agent.check(records, histories, executions, lost_commits),
+                *matrix_stream.check(store, records, histories)]
     problems += [f"store check: {p}" for p in store.check()]
     problems += [f"{r.id}: left {r.status} ({r.reason})" for r in records
                  if r.status not in FINAL_STATUSES and by_id[r.id].parent_id is None]

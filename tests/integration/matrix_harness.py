@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import matrix_agent
+import matrix_stream
 import pytest
 from procs import stopped, wait_until
 
@@ -60,7 +61,8 @@ class Lab:
         self.url, self.tmp, self.cluster = url, tmp, cluster
         self.log, self.sink = tmp / "runs.jsonl", tmp / "sink.jsonl"
         self.script = script = tmp / "script.jsonl"
-        script.write_text("".join(json.dumps(line) + "\n" for line in matrix_agent.SCRIPT))
+        script.write_text("".join(json.dumps(line) + "\n"
+                                for line in [*matrix_stream.SCRIPT, *matrix_agent.SCRIPT]))
         self.env = dict(os.environ, PYTHONPATH=str(ROOT), FSM_MACHINES_ROOT=str(ROOT),
                         MATRIX_LOG=str(self.log), MATRIX_SINK=str(self.sink),
                         FSM_LLM=f"scripted:{script}", PYTHONUNBUFFERED="1",
@@ -149,8 +151,9 @@ class Lab:
     def write_locked(self) -> bool:
         """True when another process holds the SQLite file's write lock (a writer stopped
         inside its write transaction); False at once otherwise, and on PostgreSQL."""
-        if not self.url.startswith("sqlite"):
+        if self.url.startswith("postgres"):
             return False
+        # (a cell's SQLite url is a plain path: the check once looked for "sqlite" only)
         conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=0)
         try:
             conn.execute("BEGIN IMMEDIATE")

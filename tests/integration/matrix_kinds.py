@@ -78,6 +78,9 @@ class Kind:
     many_per_process: bool = False
     #: Instances per cell by default (None: the matrix's default; FSM_MATRIX_FULL: 4).
     n: int | None = None
+    #: The default run's cells of this kind, as (fault, before/after, backend) (None:
+    #: every cell the default points give; FSM_MATRIX_FULL runs them all).
+    default_cells: frozenset[tuple[str, str, str]] | None = None
 
 
 # -- plain action, fan-out child, join: steps a worker makes -------------------------------
@@ -163,8 +166,8 @@ def _commit(when: str, label: str, n: int = 1) -> Point:
     return Point("commit", when, label, n)
 
 
-def _both(label: str, method: str = "commit") -> list[Point]:
-    return [Point(method, "before", label), Point(method, "after", label)]
+def _both(label: str, method: str = "commit", n: int = 1) -> list[Point]:
+    return [Point(method, "before", label, n), Point(method, "after", label, n)]
 
 
 KINDS = {k.name: k for k in [
@@ -200,4 +203,17 @@ KINDS = {k.name: k for k in [
     # a person's approval of an agent's side-effect call (``fsm review decide``)
     Kind("agent-approval", lambda lab, n: _started(lab, "agent_approve", n, run=True),
          _decide, _both("agent=decision"), todo=lambda lab: bool(_open_items(lab))),
+    # a streamed model call that ends within FLUSH_S: its rows ride the step's commit, or
+    # its history holds them (stream_inline)
+    Kind("stream-short", _enqueue("stream_short"), _worker_op, _both("src=work"),
+         by_worker=True, many_per_process=True,
+         default_cells=frozenset({("kill", "before", "sqlite"), ("stop", "before", "postgres")})),
+    # one several batches long: mid-stream (around the 2nd batch carrying text: the first
+    # written, the call not ended), after the batch that opens it, then the step's commit
+    Kind("stream-long", _enqueue("stream_long"), _worker_op,
+         [*_both("chunk", "stream_write", 2), Point("stream_write", "after", "open"),
+          *_both("src=work")], by_worker=True, many_per_process=True,
+         default_cells=frozenset({("kill", "after", "sqlite"), ("kill", "after", "postgres"),
+                                  ("stop", "before", "postgres"),
+                                  ("pg_restart", "before", "postgres")})),
 ]}

@@ -19,7 +19,10 @@ for the migration cells.
 - ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay);
 - ``agent_loop``: research (an agent state: ``look``, then the side effect ``report``,
   then the answer; ``tests/integration/matrix_agent.py``) -> answered (agent steps);
-- ``agent_approve``: ``agent_loop`` whose ``report`` waits for a person's approval.
+- ``agent_approve``: ``agent_loop`` whose ``report`` waits for a person's approval;
+- ``stream_short``, ``stream_long``: ``flow`` whose ``work`` streams a model call
+  (``step.llm.stream``; ``tests/integration/matrix_stream.py`` scripts the replies: one
+  that ends within the batcher's ``FLUSH_S``, one several batches long).
 """
 
 from __future__ import annotations
@@ -81,10 +84,10 @@ def notify(ctx: Ctx, step: Step) -> dict[str, Any]:
 
 
 def _line(name: str, context: type, middle: Sequence[State], into: Sequence[Transition],
-          **kw: Any) -> Machine:
+          action: Any = work, **kw: Any) -> Machine:
     return Machine(
         name=name, context=context, initial="work", max_transitions=20,
-        states=[State("work", action=work), *middle,
+        states=[State("work", action=action), *middle,
                 State("notify", action=notify, side_effect=True), State("done", final=True),
                 *([State("rejected", final=True)] if middle else [])],
         transitions=[*into, Transition("sent", "notify", "done")], **kw)
@@ -203,5 +206,28 @@ def _agent(name: str, approve: Sequence[str] = ()) -> Machine:
 
 agent_loop = _agent("agent_loop")
 agent_approve = _agent("agent_approve", approve=["report"])
+
+#: ``matrix_stream.PROMPTS`` (the scripted reply each streamed call is keyed on).
+STREAM_PROMPTS = {"stream_short": "Matrix stream: short", "stream_long": "Matrix stream: long"}
+
+
+class Said(Ctx):
+    said: str = ""
+
+
+def _speaker(prompt: str) -> Any:
+    async def speak(ctx: Said, step: Step) -> dict[str, Any]:
+        """Stream the scripted reply to the end; log the run before returning."""
+        reply = step.llm.stream([{"role": "user", "content": f"{prompt} ({ctx.item})"}],
+                                max_tokens=64)
+        said = "".join([piece async for piece in reply])
+        ran(step)
+        return {"n": ctx.n + 1, "said": said}
+    return speak
+
+
+stream_short, stream_long = (
+    _line(name, Said, [], [Transition("worked", "work", "notify")], action=_speaker(prompt))
+    for name, prompt in STREAM_PROMPTS.items())
 
 machine = flow

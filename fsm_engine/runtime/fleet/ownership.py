@@ -22,6 +22,7 @@ deleted once they own nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -188,11 +189,14 @@ class Ownership:
         return ended
 
     def prune(self) -> None:
-        """Delete the rows of this worker's earlier ids that own no instance any more."""
+        """Delete the rows of this worker's earlier ids that own no instance any more.
+        Two may run at once (``close`` does not wait for the heartbeat's thread): an id
+        the other removed first is done with (the row's delete is idempotent)."""
         for old in list(self.retired):
             if not self.store.held(old):
                 self.store.delete_worker(old)
-                self.retired.remove(old)
+                with contextlib.suppress(ValueError):
+                    self.retired.remove(old)
 
     def start_heartbeat(self, on_lost: OnLost, running: Callable[[], Iterable[str]]) -> None:
         """Register and keep renewing (idempotent; call from the running loop).
