@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..store.streams import ROW_CHARS, StreamOp, StreamRow
+from ..store.streams import FENCED, ROW_CHARS, StreamOp, StreamRow
 from . import stream_inline
 
 if TYPE_CHECKING:
@@ -55,8 +55,10 @@ class StreamTarget(NamedTuple):
     """Where a step's streamed calls go: ``store``, the instance, the step ``seq`` (the
     history row the step will write), ``since`` (the first seq whose open attempts a new
     attempt supersedes: earlier seqs lost to crashes, see ``target``), and how long rows
-    of a committed step are kept (``retention_s``, seconds), and the ``batcher`` its rows
-    go through (None: one of its own).  A ``NamedTuple``: one is built per step."""
+    of a committed step are kept (``retention_s``, seconds), the ``batcher`` its rows
+    go through (None: one of its own), and the ``owner`` the step began under (a batch
+    writes its rows only while the instance is still that owner's: ``StreamOp.owner``).
+    A ``NamedTuple``: one is built per step."""
 
     store: Any
     instance_id: str
@@ -64,6 +66,7 @@ class StreamTarget(NamedTuple):
     since: int
     retention_s: float = RETENTION_S
     batcher: Batcher | None = None
+    owner: str | None = None
 
 
 class Streams:
@@ -81,7 +84,8 @@ class Streams:
         step."""
         seq = rec.seq + 1
         back = rec.recoveries if rec.recoveries and rec.recovered_seq == rec.seq else 0
-        return StreamTarget(self.store, rec.id, seq, seq - back, self.retention_s, self.batcher)
+        return StreamTarget(self.store, rec.id, seq, seq - back, self.retention_s, self.batcher,
+                            rec.owner)
 
     async def tail(self, instance_id: str, step: StepCommit | None = None
                    ) -> tuple[StreamOp, ...]:
@@ -224,7 +228,7 @@ class Batcher:
         writers, self._dirty = sorted(self._dirty, key=_began), {}
         for w in writers:
             w.queued = False
-        taken = [(w, op) for w in writers if (op := w.take()) is not None]
+        taken = [(w, op) for w in writers if (op := w.take(fenced=True)) is not None]
         if not taken:  # (their step's commit took them)
             return
         for w, _ in taken:
@@ -397,8 +401,9 @@ class ChunkWriter:
             self._settle = asyncio.get_running_loop().create_future()
         return self._settle
 
-    def take(self) -> StreamOp | None:
-        """The op writing the rows waiting (None: none); the first opens the attempt."""
+    def take(self, *, fenced: bool = False) -> StreamOp | None:
+        """The op writing the rows waiting (None: none); the first opens the attempt.
+        ``fenced`` (a batch's): it writes only while the instance is the step's owner's."""
         if not self._pieces and self._last is None:
             return None
         to, attempt, now = self.to, self.attempt, time.time()
@@ -407,15 +412,26 @@ class ChunkWriter:
             kind, info, at = self._last
             rows.append(StreamRow(to.instance_id, to.seq, attempt, kind, info=info, at=at))
         self._pieces, self._waiting, self._last, self.odd = [], 0, None, False
+        owner = to.owner if fenced else None
         if not attempt:
             return StreamOp(to.instance_id, tuple(rows), True, to.seq, to.since,
-                            {"json": True} if self.json else {}, now)
-        return StreamOp(to.instance_id, tuple(rows))
+                            {"json": True} if self.json else {}, now, owner)
+        return StreamOp(to.instance_id, tuple(rows), owner=owner)
+
+    def _fenced(self) -> None:
+        """The instance is no longer the step's owner's (taken over): nothing more of this
+        attempt is written (its new owner's attempt supersedes it)."""
+        self._broken = self._retried = True
+        self._pieces, self._last = [], None
+        log.info("stream of %s step %d: the instance was taken over; its rows stop here",
+                 self.to.instance_id, self.to.seq)
 
     def settled(self, result: int | BaseException, opened: bool) -> None:
         """The batcher wrote (or failed to write) this writer's op."""
         self.busy = False
-        if isinstance(result, BaseException):
+        if result == FENCED:
+            self._fenced()
+        elif isinstance(result, BaseException):
             self._broken, self._pieces, self._last = True, [], None
             log.warning("stream of %s step %d: %s", self.to.instance_id, self.to.seq, result)
             if self.closed and self._end is not None and not self._retried:

@@ -339,8 +339,10 @@ class StreamStore(Protocol):
         rows, stamped with its number (1 + the highest of that step) — and any op appends
         its rows at consecutive positions of its instance's log.  Returns, per op, the
         attempt it opened, else the position of its first row.  The instances need not
-        exist (nothing is checked).  PostgreSQL notifies ``streams.CHANNEL`` with each
-        instance id.
+        exist (nothing is checked) — except for an op naming an ``owner``: it applies only
+        while its instance exists held by that owner, else it writes nothing and gives
+        ``streams.FENCED``.  PostgreSQL notifies ``streams.CHANNEL`` with each instance
+        id.
 
         Status: none changes."""
 

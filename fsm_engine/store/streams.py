@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StreamRow", "StreamOp", "KINDS", "ROW_CHARS", "TABLE", "open_attempt", "append", "write",
-           "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
+__all__ = ["StreamRow", "StreamOp", "KINDS", "ROW_CHARS", "FENCED", "OWNERS", "TABLE",
+           "open_attempt", "append", "write", "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
 
 KINDS = ("open", "chunk", "end", "error", "superseded")
 #: Most characters of one chunk row: the pieces of one write are merged up to this.
@@ -88,7 +88,10 @@ class StreamOp:
     """One instance's part of a stream write (``Store.stream_write``): when ``open``, a new
     attempt of step ``seq`` begins first (superseding the open attempts of steps
     ``since``..``seq``; its ``open`` row carries ``info``, written at ``at``) and ``rows``
-    get its number; then ``rows`` are appended to the instance's log."""
+    get its number; then ``rows`` are appended to the instance's log.  ``owner``: the
+    op applies only while its instance is held by that owner (``FENCED`` and nothing
+    written otherwise: the rows of a worker that lost the instance to a takeover); None:
+    unchecked (a step's own commit carries its rows, fenced by the step's version)."""
 
     instance_id: str
     rows: tuple[StreamRow, ...] = ()
@@ -97,13 +100,34 @@ class StreamOp:
     since: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     at: float = 0.0
+    owner: str | None = None
+
+
+#: What ``write`` gives an op whose instance is not held by its ``owner`` (nothing written).
+FENCED = -1
+#: The owners of instances ``{marks}`` (one statement for all of a write's fenced ops).
+OWNERS = "SELECT id, owner FROM instances WHERE id IN ({marks})"
 
 
 def write(execute: Execute, ops: Sequence[StreamOp]) -> list[int]:
     """In the caller's (serialised) transaction, each op in order: the attempt it opened
-    (``open``), else the position of its first row."""
-    return [open_attempt(execute, op.instance_id, op.seq, op.since, op.info, op.at, op.rows)
+    (``open``), else the position of its first row; ``FENCED`` for an op whose ``owner``
+    no longer holds its instance.  Writers of one instance are serialised (SQLite's one
+    writer, PostgreSQL's advisory lock), so a takeover's first ``open`` comes either
+    before the check (which then fences) or after these rows (which it supersedes)."""
+    held = _owners(execute, ops)
+    return [FENCED if op.owner is not None and held.get(op.instance_id) != op.owner
+            else open_attempt(execute, op.instance_id, op.seq, op.since, op.info, op.at, op.rows)
             if op.open else append(execute, op.instance_id, op.rows) for op in ops]
+
+
+def _owners(execute: Execute, ops: Sequence[StreamOp]) -> dict[str, Any]:
+    """The owner of each existing instance an op with an ``owner`` names (one statement)."""
+    ids = sorted({op.instance_id for op in ops if op.owner is not None})
+    if not ids:
+        return {}
+    return {str(i): owner for i, owner in execute(OWNERS.format(marks=", ".join("?" * len(ids))),
+                                                  ids)}
 
 
 #: A row's ``info`` as JSON (strict: no NaN); one encoder for all (``json.dumps`` with an

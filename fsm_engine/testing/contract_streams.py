@@ -5,10 +5,11 @@ a step's commit carrying its stream tail (``StepCommit.stream``)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from ..store import StepCommit, Store
-from ..store.streams import StreamOp, StreamRow
+from ..store.streams import FENCED, StreamOp, StreamRow
 from .contract_fixtures import hist, moved, record
 
 
@@ -48,6 +49,22 @@ class StreamContract:
         assert store.stream_read("a", 2) == log[2:]
         assert store.stream_read("a", 1, limit=1) == log[1:2]
         assert store.stream_read("a", 3) == []
+
+    def test_an_op_naming_an_owner_writes_only_while_that_owner_holds_the_instance(
+            self, store: Store) -> None:
+        store.create(record("held", status="running", owner="w1"))
+        mine = StreamOp("held", (_chunk("held", 1, 0, "mine", 0),), True, 1, 1, {}, 1.0, "w1")
+        theirs = StreamOp("held", (_chunk("held", 1, 0, "late", 0),), True, 1, 1, {}, 1.0, "w0")
+        ghost = StreamOp("ghost", (_chunk("ghost", 1, 0, "x", 0),), True, 1, 1, {}, 1.0, "w1")
+        assert store.stream_write([theirs, mine, ghost]) == [FENCED, 1, FENCED]
+        assert [(r.kind, r.text) for r in store.stream_read("held")] == [
+            ("open", ""), ("chunk", "mine")]  # a lost owner's rows, and an unknown id's: none
+        assert store.stream_read("ghost") == []
+        rec = store.get("held")
+        assert store.commit([StepCommit(replace(rec, owner="w2"), rec.version)]) == [True]
+        assert store.stream_write([StreamOp("held", (_chunk("held", 1, 1, "more", 4),),
+                                            owner="w1")]) == [FENCED]
+        assert len(store.stream_read("held")) == 2
 
     def test_one_write_opens_and_appends_for_many_instances(self, store: Store) -> None:
         out = store.stream_write([

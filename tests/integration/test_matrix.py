@@ -55,13 +55,7 @@ FAULTS = ("kill", "stop", "pg_restart")
 #: tests/runtime/fleet/test_release_after_claim.py, tests/store/test_pg_stalled_transaction.py,
 #: tests/runtime/test_stream_write_failed.py; a cell found failing goes here with its reason
 #: until its fix lands).
-_ZOMBIE = ("S1: a stopped owner let go on (SIGCONT) after its instances were taken over "
-           "appends rows of its superseded attempt (chunks, then error 'cancelled'; an end "
-           "could come if its call ended first): stream writes are not fenced "
-           "(store/streams.py append writes whatever attempt it is given)")
-KNOWN: dict[tuple[str, str, str], str] = {
-    **{("stream-long", "stop", f"stream_write:{when}"): _ZOMBIE for when in ("before", "after")},
-}
+KNOWN: dict[tuple[str, str, str], str] = {}
 #: Known failures that depend on timing (``strict=False``: the cell may pass).
 RACY: tuple[str, ...] = ()
 

@@ -56,7 +56,8 @@ def test_inline_rows_read_as_the_log_would_have_given_them(db_path, monkeypatch)
     """The same history written the other way (its entries unmarked, their rows written
     to the log by ``stream_inline.ops``, after a crashed attempt of the step already in
     the log) reads as the same events as the inline one."""
-    monkeypatch.setattr(streams, "FLUSH_S", 3600.0)
+    monkeypatch.setattr(streams, "FLUSH_S", 3600.0)  # no batch: by time or (below) by size
+    monkeypatch.setattr(streams, "FLUSH_CHARS", 1 << 30)
     engine = Engine(db_path, llm=Scripted.from_replies(REPLIES), seed=1)
     store = engine.store
     crashed = StreamRow("", 1, 0, "chunk", "lost", 0, {}, 1.0)  # an attempt left open

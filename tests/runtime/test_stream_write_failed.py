@@ -71,3 +71,42 @@ def test_a_store_failing_again_ends_the_writing_for_good(db_path, monkeypatch) -
     assert [r[2:4] for r in rows(engine, iid)][:2] == [(1, "open"), (1, "chunk")]
     assert engine.store.history(iid)[0].detail["llm_calls"][0]["reply"] == "".join(CHUNKS)
     engine.close()
+
+
+def test_a_worker_that_lost_its_instance_writes_no_more_of_its_attempt(db_path,
+                                                                        monkeypatch) -> None:
+    """Taken over mid-stream (its lease lost, another worker the owner now): the rest of its
+    attempt — pieces, its end or error — is refused by the store (``StreamOp.owner``), so
+    the new owner's attempt is the last word (the matrix's finding S1)."""
+    from dataclasses import replace
+
+    from fsm_engine import State, Step, Transition
+    from fsm_engine.runtime import streams
+    from fsm_engine.store import StepCommit, open_store
+    monkeypatch.setattr(streams, "FLUSH_S", 0.0)  # each piece by a batch, as it comes
+    seen: list[int] = []
+
+    async def taken_mid_stream(ctx: Any, step: Step) -> dict[str, Any]:
+        reply = step.llm.stream([{"role": "user", "content": "go"}], max_tokens=32)
+        async for piece in reply:
+            if piece == CHUNKS[1]:
+                while not engine.store.stream_read(step.instance_id):  # (a poll) written
+                    await asyncio.sleep(0.005)
+                other = open_store(db_path)
+                rec = other.get(step.instance_id)
+                assert other.commit([StepCommit(replace(rec, owner="w-new"), rec.version)])
+                other.close()
+                seen.append(len(engine.store.stream_read(step.instance_id)))
+        return {"answer": "x"}
+    engine = Engine(db_path, llm=Scripted.from_replies([
+        {"chunks": CHUNKS, "chunk_delay_s": 0.02}]), seed=1)
+    from fsm_engine import Machine
+    m = Machine(name="taken", context=machine().context, initial="ask", states=[
+        State("ask", action=taken_mid_stream), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+    iid = engine.start(m, {"topic": "cats"})
+    asyncio.run(engine.run(iid))
+    log = engine.store.stream_read(iid)
+    assert seen and len(log) == seen[0]  # nothing more after the takeover
+    assert "end" not in [r.kind for r in log] and engine.store.get(iid).owner == "w-new"
+    engine.close()
