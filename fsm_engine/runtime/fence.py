@@ -46,15 +46,15 @@ def lease_fence(rec: InstanceRecord, clock: Callable[[], float],
 
 
 def run_fenced(fn: Callable[..., Any], args: tuple[Any, ...], rec: InstanceRecord,
-               step: Step | None, clock: Callable[[], float],
+               owner: str | None, step: Step | None, clock: Callable[[], float],
                lease_current: Callable[[str | None], bool]) -> Any:
-    """``fn(*args)`` behind ``rec``'s step fence, called where the action starts (its
-    worker thread): ``step.started_at`` (when there is a ``Step``) set to the clock read
-    first, then ``StaleWrite`` unless ``lease_current(rec.owner)`` (the fence
-    ``lease_fence`` makes, without a closure per step; the clock is read only for a
-    ``Step``)."""
+    """``fn(*args)`` behind the fence of a step of ``rec`` claimed by ``owner`` (its
+    ``rec.owner`` when the step began), called where the action starts (its worker
+    thread): ``step.started_at`` (when there is a ``Step``) set to the clock read first,
+    then ``StaleWrite`` unless ``lease_current(owner)``: the check ``lease_fence`` makes,
+    without a closure per step (and the clock read only for a ``Step``)."""
     if step is not None:
         step.started_at = clock()  # read first: the lease was current after this instant
-    if not lease_current(rec.owner):
+    if not lease_current(owner):
         raise _lost(rec, "action")
     return fn(*args)

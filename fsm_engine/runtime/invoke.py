@@ -50,7 +50,7 @@ def start(entry: Entry, ctx: Any, rec: InstanceRecord, state: State, step: Step 
     elif is_async:  # starts on a later turn of the loop: fenced where it starts
         fn = _fenced(fn, lease_fence(rec, clock, lease_current), step)
     else:  # in its thread: fenced there (one call, no closure per step)
-        fn, args = run_fenced, (fn, args, rec, step, clock, lease_current)
+        fn, args = run_fenced, (fn, args, rec, rec.owner, step, clock, lease_current)
     if timeout is None and not is_async:
         return threads.submit(fn, *args), None
     return _cut(fn, args, is_async, timeout, rec, state, step), None
