@@ -282,8 +282,8 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
         values = [*_SCALAR_VALUES(after), dumps(after.visits), text, dumps(refs)]
         return MUTABLE, values
     news = _SCALAR_VALUES(after)  # the changed scalars picked in C (no call per column)
-    moved = builtins.list(map(operator.ne, _SCALAR_VALUES(before), news))
-    cols, values = builtins.list(compress(SCALARS, moved)), builtins.list(compress(news, moved))
+    moved = [*map(operator.ne, _SCALAR_VALUES(before), news)]
+    cols, values = [*compress(SCALARS, moved)], [*compress(news, moved)]
     old, new = before.visits, after.visits
     visits = dumps(new)
     # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
