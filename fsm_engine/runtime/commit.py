@@ -139,7 +139,7 @@ class GroupCommitter:
                 results: list[bool]) -> None:
         self.batches += 1
         self.steps += len(batch)
-        for (_, fut), ok in zip(batch, results, strict=False):
+        for (_, fut), ok in zip(batch, results):  # noqa: B905 - no keyword: zip's fast path
             if not fut.done():
                 fut.set_result(ok)
 
@@ -195,6 +195,6 @@ class Coalesced(Generic[A, R]):
                     fut.set_exception(exc)
             return
         self.batches += 1
-        for (_, fut), result in zip(pending, results, strict=False):
+        for (_, fut), result in zip(pending, results):  # noqa: B905 - no keyword: zip's fast path
             if not fut.done():
                 fut.set_result(result)

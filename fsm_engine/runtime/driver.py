@@ -342,7 +342,7 @@ class Driver:
         ran_on: values.Watched | None = None
         try:
             if entry is not None:
-                ran_on = values.watch(cm.spec.context, rec.context)
+                ran_on = values.Watched(cm.spec.context, rec.context)
                 pending, result = invoke.start(  # on ``ran_on.ctx``
                     entry, ran_on.ctx, rec, state, step, threads=self.threads,
                     clock=self.clock, lease_current=self.lease_current)

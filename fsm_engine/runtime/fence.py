@@ -10,15 +10,24 @@ merely lose its commit (matrix findings M3 for actions, A1 for an agent's tools)
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StaleWrite
 from ..store.records import InstanceRecord
 
-__all__ = ["Fence", "lease_fence"]
+if TYPE_CHECKING:
+    from .step import Step
+
+__all__ = ["Fence", "lease_fence", "run_fenced"]
 
 #: Called where the work starts: the clock reading (epoch seconds) just before the lease
 #: was found current, or ``StaleWrite`` when it was not.
 Fence = Callable[[], float]
+
+
+def _lost(rec: InstanceRecord, what: str) -> StaleWrite:
+    return StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
+                      f"{what} started (another worker may own it now)", instance_id=rec.id)
 
 
 def lease_fence(rec: InstanceRecord, clock: Callable[[], float],
@@ -31,8 +40,21 @@ def lease_fence(rec: InstanceRecord, clock: Callable[[], float],
     def check() -> float:
         started = clock()  # read first: the lease was current after this instant
         if not lease_current(owner):
-            raise StaleWrite(f"instance {rec.id}: this worker's lease ran out before the "
-                             f"{what} started (another worker may own it now)",
-                             instance_id=rec.id)
+            raise _lost(rec, what)
         return started
     return check
+
+
+def run_fenced(fn: Callable[..., Any], args: tuple[Any, ...], rec: InstanceRecord,
+               owner: str | None, step: Step | None, clock: Callable[[], float],
+               lease_current: Callable[[str | None], bool]) -> Any:
+    """``fn(*args)`` behind the fence of a step of ``rec`` claimed by ``owner`` (its
+    ``rec.owner`` when the step began), called where the action starts (its worker
+    thread): ``step.started_at`` (when there is a ``Step``) set to the clock read first,
+    then ``StaleWrite`` unless ``lease_current(owner)``: the check ``lease_fence`` makes,
+    without a closure per step (and the clock read only for a ``Step``)."""
+    if step is not None:
+        step.started_at = clock()  # read first: the lease was current after this instant
+    if not lease_current(owner):
+        raise _lost(rec, "action")
+    return fn(*args)

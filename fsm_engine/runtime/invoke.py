@@ -14,7 +14,7 @@ from typing import Any
 from ..definition.spec import State
 from ..errors import StepTimeout
 from ..store.records import InstanceRecord
-from .fence import Fence, lease_fence
+from .fence import Fence, lease_fence, run_fenced
 from .step import Step
 from .threads import ActionThreads, in_own_thread
 
@@ -27,12 +27,13 @@ def start(entry: Entry, ctx: Any, rec: InstanceRecord, state: State, step: Step 
           threads: ActionThreads, clock: Callable[[], float],
           lease_current: Callable[[str | None], bool]) -> tuple[Awaitable[Any] | None, Any]:
     """Start the action on ``ctx``: ``(None, result)`` when it ran here (inline), else
-    ``(awaitable, None)``: an ``async def`` without a timeout is its own coroutine,
-    awaited by the caller (no task, no wrapper coroutine per step); the rest go through
-    ``_cut``.  ``clock`` is epoch seconds (the deadline's); ``lease_current(owner)`` says
-    whether this worker still holds ``rec`` (``Ownership.lease_current``)."""
+    ``(awaitable, None)``: an ``async def`` without a timeout is its own coroutine and a
+    sync action without one its worker thread's future, awaited by the caller (no task,
+    no wrapper coroutine per step); the rest go through ``_cut``.  ``clock`` is epoch
+    seconds (the deadline's); ``lease_current(owner)`` says whether this worker still
+    holds ``rec`` (``Ownership.lease_current``)."""
     fn, arity, is_async = entry
-    args = (ctx, step) if arity == 2 else (ctx,)
+    args: tuple[Any, ...] = (ctx, step) if arity == 2 else (ctx,)
     timeout = state.timeout
     if rec.deadline is not None:
         left = max(0.001, rec.deadline - clock())
@@ -46,22 +47,25 @@ def start(entry: Entry, ctx: Any, rec: InstanceRecord, state: State, step: Step 
         return None, _inline(fn, args, step)
     if rec.owner is None:
         _stamp(step, clock)
-    else:  # starts on a later turn of the loop: fenced where it starts
-        fn = _fenced(fn, is_async, lease_fence(rec, clock, lease_current), step)
-    return _cut(fn, args, is_async, timeout, rec, state, step, threads), None
+    elif is_async:  # starts on a later turn of the loop: fenced where it starts
+        fn = _fenced(fn, lease_fence(rec, clock, lease_current), step)
+    else:  # in its thread: fenced there (one call, no closure per step)
+        fn, args = run_fenced, (fn, args, rec, rec.owner, step, clock, lease_current)
+    if timeout is None and not is_async:
+        return threads.submit(fn, *args), None
+    return _cut(fn, args, is_async, timeout, rec, state, step), None
 
 
 async def _cut(fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool,
                timeout: float | None, rec: InstanceRecord, state: State,
-               step: Step | None, threads: ActionThreads) -> Any:
-    """An action in a thread and/or under a timeout (``StepTimeout`` when it fires)."""
+               step: Step | None) -> Any:
+    """An ``async def`` action in a task (under ``timeout``, if any), or a sync one in its
+    own thread under ``timeout`` (``StepTimeout`` when it fires)."""
     loop = asyncio.get_running_loop()
     if step is not None and timeout is not None:  # the model call's HTTP timeout follows
         step.llm.deadline = loop.time() + timeout
     if is_async:
         fut: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
-    elif timeout is None:
-        fut = threads.submit(fn, *args)
     else:  # its own thread: a hung one is abandoned without starving the pool
         fut = in_own_thread(loop, fn, args)
     if timeout is None:
@@ -80,23 +84,14 @@ def _stamp(step: Step | None, clock: Callable[[], float]) -> None:
         step.started_at = clock()
 
 
-def _fenced(fn: Callable[..., Any], is_async: bool, fence: Fence,
-            step: Step | None) -> Callable[..., Any]:
-    """``fn`` passing ``fence`` (``runtime.fence``) where it starts, and setting
-    ``step.started_at`` to its clock reading."""
-    if is_async:
-        async def began_async(*args: Any) -> Any:
-            started = fence()
-            if step is not None:
-                step.started_at = started
-            return await fn(*args)
-        return began_async
-
-    def began(*args: Any) -> Any:  # (the check written twice: one call less per step)
+def _fenced(fn: Callable[..., Any], fence: Fence, step: Step | None) -> Callable[..., Any]:
+    """``async def`` ``fn`` passing ``fence`` (``runtime.fence``) where it starts, and
+    setting ``step.started_at`` to its clock reading."""
+    async def began(*args: Any) -> Any:
         started = fence()
         if step is not None:
             step.started_at = started
-        return fn(*args)
+        return await fn(*args)
     return began
 
 

@@ -28,7 +28,9 @@ from ..store import Store
 from ..store.claims import FINGERPRINT_MISMATCH, MACHINE_UNAVAILABLE
 from ..store.records import (
     PAUSED,
+    PENDING,
     RATE_LIMITED,
+    RUNNING,
     InstanceRecord,
     StepCommit,
     WorkerRow,
@@ -49,6 +51,8 @@ log = logging.getLogger("fsm_engine")
 
 OnStep = Callable[[InstanceRecord], None]
 Outcome = InstanceRecord | FsmError
+#: Statuses ``_run`` steps at once (every other one goes through ``_turn``).
+_STEPPED = frozenset({PENDING, RUNNING})
 
 
 def _for_instance(exc: FsmError, instance_id: str) -> FsmError:
@@ -257,16 +261,22 @@ class Runner:
 
     async def _run(self, instance_id: str, on_step: OnStep | None,
                    family: bool = True) -> InstanceRecord:
-        task = asyncio.current_task()
-        other = self.tasks.get(instance_id)
-        if other is not None and other is not task and not other.done():
-            return await asyncio.shield(other)
-        if task is not None:  # before the claim: resume() must see it as ours and busy
-            self.tasks[instance_id] = task
-        run = _Run(instance_id, on_step, family, task)
+        run = self._enter(instance_id, on_step, family)
+        if not isinstance(run, _Run):  # another task here runs it: that run's record
+            return await run
         again = False
-        try:  # the steps awaited here, not in a coroutine of their own: one frame less
-            rec = await self._steps(run)  # on every resumption of every step
+        try:  # the steps awaited here, not in coroutines of their own: no frame more on
+            cm, rec = await self._begin(run)  # every resumption of every step
+            go_on = True
+            while go_on and not rec.final:
+                if rec.status in _STEPPED:  # the hot path
+                    rec = await self.driver.step_once(cm, rec)
+                    if run.on_step:
+                        run.on_step(rec)
+                    # handed off at a queue boundary (a worker's ``hand_off``): this run ends
+                    go_on = rec.owner is not None or rec.status != RUNNING
+                else:  # paused, rate-limited, waiting: ``_turn`` decides
+                    cm, rec, go_on = await self._turn(run, cm, rec)
         except StaleWrite:
             rec = self.store.get(run.iid)
             if not rec.final and rec.owner == self.worker.id:
@@ -281,6 +291,19 @@ class Runner:
         finally:
             self._end(run)
         return await self._run(instance_id, on_step, family) if again else rec
+
+    def _enter(self, instance_id: str, on_step: OnStep | None, family: bool
+               ) -> _Run | asyncio.Future[InstanceRecord]:
+        """The ``_Run`` of ``instance_id`` here, its task in the task table (before the
+        claim: ``resume()`` must see it as ours and busy); or, when another task of this
+        runner is running it, that task shielded (its record is this run's)."""
+        task = asyncio.current_task()
+        other = self.tasks.get(instance_id)
+        if other is not None and other is not task and not other.done():
+            return asyncio.shield(other)
+        if task is not None:
+            self.tasks[instance_id] = task
+        return _Run(instance_id, on_step, family, task)
 
     def _cancelled(self, run: _Run, exc: asyncio.CancelledError
                    ) -> tuple[InstanceRecord, bool]:
@@ -299,7 +322,9 @@ class Runner:
             self.families.parents.discard(run.iid)
             self.families.hosts.discard(run.iid)
 
-    async def _steps(self, run: _Run) -> InstanceRecord:
+    async def _begin(self, run: _Run) -> tuple[CompiledMachine, InstanceRecord]:
+        """The instance claimed for ``run`` (``_claim``); a fan-out parent's run marked as
+        continuing its family."""
         cm, rec = await self._claim(run.iid)
         self.interrupted.discard(run.iid)  # run again here: no longer cut short
         run.fan = bool(cm.fan_outs) and run.iid not in self.families.parents
@@ -307,18 +332,7 @@ class Runner:
             self.families.parents.add(run.iid)
             if run.family:
                 self.families.hosts.add(run.iid)
-        while not rec.final:
-            if rec.status != "running":  # paused, rate-limited, waiting: ``_turn`` decides
-                cm, rec, go_on = await self._turn(run, cm, rec)
-                if not go_on:
-                    break
-                continue
-            rec = await self.driver.step_once(cm, rec)  # the hot path: one coroutine less
-            if run.on_step:
-                run.on_step(rec)
-            if rec.owner is None and rec.status == "running":  # handed off (``_turn``)
-                break
-        return rec
+        return cm, rec
 
     async def _turn(self, run: _Run, cm: CompiledMachine, rec: InstanceRecord
                     ) -> tuple[CompiledMachine, InstanceRecord, bool]:

@@ -24,7 +24,7 @@ changed:
   input would otherwise end in a ``RecursionError`` somewhere below).
 
 An action may also change its context in place (``ctx.steps["a"].status = "done"``):
-``watch`` gives it a context sharing no mutable object with the stored record, and
+``Watched`` gives it a context sharing no mutable object with the stored record, and
 ``Watched.changed`` names the fields it changed, which ``apply_in_place`` commits with
 its update through the same boundary (a value that cannot be stored is refused there).
 """
@@ -283,17 +283,27 @@ _IMMUTABLE = frozenset({str, int, float, bool, type(None), decimal.Decimal, uuid
                         datetime.datetime, datetime.date, datetime.time, datetime.timedelta})
 
 
-@dataclasses.dataclass(slots=True)
 class Watched:
-    """The context an action runs on, and what is needed to see what it changed in place:
-    ``before``, its fields' objects as validated; ``stored``, the record's JSON."""
+    """The context an action runs on, and what is needed to see what it changed in place.
 
-    ctx: BaseModel
-    before: dict[str, Any]
-    stored: Mapping[str, Any]
-    #: Fields holding plain JSON as validated (``Any``, ``list[str]`` …: ``_as_is``):
-    #: compared as they are, no dump.
-    plain: frozenset[str] = frozenset()
+    ``Watched(model, data)``: ``ctx`` is ``model`` validated from stored JSON ``data``
+    (the record before the step), sharing no mutable object with it: fields that reach
+    ``Any`` (where pydantic passes objects through) are copied first; typed fields are
+    built anew by pydantic.  ``before`` holds its fields' objects as validated,
+    ``stored`` is ``data``; ``changed`` then names what the action changed in place.
+    Raises what ``model_validate`` raises."""
+
+    __slots__ = ("ctx", "before", "stored", "plain")
+
+    def __init__(self, model: type[BaseModel], data: Mapping[str, Any]) -> None:
+        shared, as_is = _watching(model)
+        source = {k: _copy(v) if k in shared else v for k, v in data.items()} if shared else data
+        self.ctx: BaseModel = model.model_validate(source)
+        self.before: dict[str, Any] = dict(self.ctx.__dict__)
+        self.stored = data
+        #: Fields holding plain JSON as validated (``Any``, ``list[str]`` …: ``_as_is``):
+        #: compared as they are, no dump.
+        self.plain: frozenset[str] = as_is
 
     def changed(self, updated: Mapping[str, Any]) -> list[str]:
         """The fields outside ``updated`` the action changed in place: reassigned (another
@@ -317,17 +327,6 @@ class Watched:
                 return moved + maybe
             moved += [k for k in maybe if now.get(k) != self.stored.get(k)]
         return moved
-
-
-def watch(model: type[BaseModel], data: Mapping[str, Any]) -> Watched:
-    """``model`` validated from stored JSON ``data`` for an action to run on, sharing no
-    mutable object with ``data`` (the record before the step): fields that reach ``Any``
-    (where pydantic passes objects through) are copied first; typed fields are built
-    anew by pydantic.  ``Watched.changed`` then names what the action changed in place."""
-    shared, as_is = _watching(model)
-    source = {k: _copy(v) if k in shared else v for k, v in data.items()} if shared else data
-    ctx = model.model_validate(source)
-    return Watched(ctx, dict(ctx.__dict__), data, as_is)
 
 
 @functools.lru_cache(maxsize=512)
@@ -384,5 +383,5 @@ def apply_in_place(model: type[BaseModel], data: dict[str, Any], update: Mapping
                            ) from None
 
 
-__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged", "watch",
+__all__ = ["check_values", "check_json", "dump", "partial_dump", "keep_unchanged",
            "Watched", "apply_update", "apply_in_place"]

@@ -16,6 +16,7 @@ import json
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from itertools import compress
 from typing import Any, NamedTuple
 
 import pydantic_core
@@ -280,11 +281,9 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
     if before is None:
         values = [*_SCALAR_VALUES(after), dumps(after.visits), text, dumps(refs)]
         return MUTABLE, values
-    cols, values = [], []
-    for col, old, new in zip(SCALARS, _SCALAR_VALUES(before), _SCALAR_VALUES(after), strict=False):
-        if old != new:
-            cols.append(col)
-            values.append(new)
+    news = _SCALAR_VALUES(after)  # the changed scalars picked in C (no call per column)
+    moved = [*map(operator.ne, _SCALAR_VALUES(before), news)]
+    cols, values = [*compress(SCALARS, moved)], [*compress(news, moved)]
     old, new = before.visits, after.visits
     visits = dumps(new)
     # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
