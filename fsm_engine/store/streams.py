@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StreamRow", "StreamOp", "KINDS", "ROW_CHARS", "FENCED", "OWNERS", "TABLE",
+__all__ = ["StreamRow", "StreamOp", "KINDS", "ROW_CHARS", "FENCED", "TABLE",
            "open_attempt", "append", "write", "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
 
 KINDS = ("open", "chunk", "end", "error", "superseded")
@@ -42,14 +42,15 @@ TABLE = ("CREATE TABLE stream_rows (instance_id TEXT NOT NULL, pos BIGINT NOT NU
          "info TEXT NOT NULL DEFAULT '{{}}', at {real} NOT NULL, "
          "PRIMARY KEY (instance_id, pos))")
 #: Statements (``?`` placeholders) both backends run.
-NEXT_POS = "SELECT COALESCE(MAX(pos), -1) + 1 FROM stream_rows WHERE instance_id = ?"
+NEXT_POS = ("SELECT COALESCE(MAX(pos), -1) + 1, (SELECT owner FROM instances WHERE id = ?) "
+            "FROM stream_rows WHERE instance_id = ?")
 #: The attempts of steps ``seq`` in ``[?, ?]`` opened or superseded, and (kind ``''``, in
-#: ``attempt``) the instance's next free position: what opening an attempt reads, in one
-#: statement (one round trip less on PostgreSQL).
-OPENED = ("SELECT seq, attempt, kind FROM stream_rows WHERE instance_id = ? "
+#: ``attempt``) the instance's next free position with its owner: what opening an attempt
+#: reads, in one statement (one round trip less on PostgreSQL).
+OPENED = ("SELECT seq, attempt, kind, NULL FROM stream_rows WHERE instance_id = ? "
           "AND kind IN ('open', 'superseded') AND seq >= ? AND seq <= ? "
-          "UNION ALL SELECT -1, COALESCE(MAX(pos), -1) + 1, '' FROM stream_rows "
-          "WHERE instance_id = ?")
+          "UNION ALL SELECT -1, COALESCE(MAX(pos), -1) + 1, '', "
+          "(SELECT owner FROM instances WHERE id = ?) FROM stream_rows WHERE instance_id = ?")
 INSERT = ("INSERT INTO stream_rows (instance_id, pos, seq, attempt, kind, char_offset, text, "
           "info, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 READ = ("SELECT instance_id, pos, seq, attempt, kind, char_offset, text, info, at "
@@ -105,29 +106,18 @@ class StreamOp:
 
 #: What ``write`` gives an op whose instance is not held by its ``owner`` (nothing written).
 FENCED = -1
-#: The owners of instances ``{marks}`` (one statement for all of a write's fenced ops).
-OWNERS = "SELECT id, owner FROM instances WHERE id IN ({marks})"
 
 
 def write(execute: Execute, ops: Sequence[StreamOp]) -> list[int]:
     """In the caller's (serialised) transaction, each op in order: the attempt it opened
     (``open``), else the position of its first row; ``FENCED`` for an op whose ``owner``
-    no longer holds its instance.  Writers of one instance are serialised (SQLite's one
-    writer, PostgreSQL's advisory lock), so a takeover's first ``open`` comes either
-    before the check (which then fences) or after these rows (which it supersedes)."""
-    held = _owners(execute, ops)
-    return [FENCED if op.owner is not None and held.get(op.instance_id) != op.owner
-            else open_attempt(execute, op.instance_id, op.seq, op.since, op.info, op.at, op.rows)
-            if op.open else append(execute, op.instance_id, op.rows) for op in ops]
-
-
-def _owners(execute: Execute, ops: Sequence[StreamOp]) -> dict[str, Any]:
-    """The owner of each existing instance an op with an ``owner`` names (one statement)."""
-    ids = sorted({op.instance_id for op in ops if op.owner is not None})
-    if not ids:
-        return {}
-    return {str(i): owner for i, owner in execute(OWNERS.format(marks=", ".join("?" * len(ids))),
-                                                  ids)}
+    does not hold its instance (read by the statement that reads its positions, after the
+    caller's lock).  Writers of one instance are serialised (SQLite's one writer,
+    PostgreSQL's advisory lock), so a takeover's first ``open`` comes either before the
+    check (which then fences) or after these rows (which it supersedes)."""
+    return [open_attempt(execute, op.instance_id, op.seq, op.since, op.info, op.at, op.rows,
+                         op.owner)
+            if op.open else append(execute, op.instance_id, op.rows, op.owner) for op in ops]
 
 
 #: A row's ``info`` as JSON (strict: no NaN); one encoder for all (``json.dumps`` with an
@@ -154,15 +144,19 @@ def _insert(execute: Execute, rows: Sequence[StreamRow], start: int, attempt: in
 
 
 def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info: dict[str, Any],
-                 now: float, first: Sequence[StreamRow] = ()) -> int:
+                 now: float, first: Sequence[StreamRow] = (), owner: str | None = None) -> int:
     """In the caller's (serialised) transaction: the new attempt's number (1 + the highest
     of step ``seq``), after a ``superseded`` row for each attempt of a step in
     ``[since, seq]`` not superseded yet, then the attempt's ``open`` row, then ``first``
-    (rows of the attempt: those of attempt 0 are given its number here)."""
+    (rows of the attempt: those of attempt 0 are given its number here); ``FENCED``, and
+    nothing written, when ``owner`` is given and does not hold the instance."""
     opened: dict[tuple[int, int], bool] = {}
     start = 0
-    for row_seq, attempt, kind in execute(OPENED, [instance_id, since, seq, instance_id]):
+    for row_seq, attempt, kind, held in execute(OPENED, [instance_id, since, seq, instance_id,
+                                                         instance_id]):
         if not kind:
+            if owner is not None and held != owner:
+                return FENCED
             start = int(attempt)
             continue
         key = (int(row_seq), int(attempt))
@@ -177,12 +171,17 @@ def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info:
     return attempt
 
 
-def append(execute: Execute, instance_id: str, rows: Sequence[StreamRow]) -> int:
+def append(execute: Execute, instance_id: str, rows: Sequence[StreamRow],
+           owner: str | None = None) -> int:
     """In the caller's (serialised) transaction: ``rows`` (all of ``instance_id``) at the
-    end of its log; the position of the first (the next free one when ``rows`` is empty)."""
-    start = int(execute(NEXT_POS, [instance_id])[0][0])
-    _insert(execute, rows, start)
-    return start
+    end of its log; the position of the first (the next free one when ``rows`` is empty);
+    ``FENCED``, and nothing written, when ``owner`` is given and does not hold the
+    instance."""
+    [(start, held)] = execute(NEXT_POS, [instance_id, instance_id])
+    if owner is not None and held != owner:
+        return FENCED
+    _insert(execute, rows, int(start))
+    return int(start)
 
 
 def decode(rows: Sequence[Sequence[Any]]) -> list[StreamRow]:
