@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import AsyncGeneratorType
 from typing import Any
 
 from ...errors import ProviderError, ServerError
@@ -27,16 +28,21 @@ async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str
         return whole
     out: Completion | None = None
     pieces = provider.stream(messages, **kwargs)
+    sink, ended = call.sink, False
     try:
         async for piece in pieces:
-            if isinstance(piece, Completion):
+            if piece.__class__ is str:  # (the usual piece first: one check)
+                if piece:
+                    sink(piece)
+            elif isinstance(piece, Completion):
                 out = piece
             elif piece:
-                call.sink(piece)
+                sink(piece)
+        ended = True
     finally:  # closed at once if the step gives up: the provider's slot is freed
         close = getattr(pieces, "aclose", None)
-        if close is not None:
-            await close()
+        if close is not None and not (ended and isinstance(pieces, AsyncGeneratorType)):
+            await close()  # (an async generator run to its end is closed already)
     if out is None:
         raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
     return out
