@@ -58,7 +58,7 @@ class ChunkWriter:
 
     __slots__ = ("to", "json", "batcher", "serial", "attempt", "chars", "_pieces", "_waiting",
                  "_last", "busy", "closed", "odd", "queued", "held", "_broken", "_end",
-                 "_retried", "_settle", "entry")
+                 "_retried", "_settle", "entry", "finishing")
 
     def __init__(self, to: StreamTarget, *, json: bool = False) -> None:
         self.to, self.json = to, json
@@ -79,6 +79,7 @@ class ChunkWriter:
         self._retried = False  # written again as a new attempt after a failure
         self._settle: asyncio.Future[None] | None = None
         self.entry: dict[str, Any] | None = None  # the call's ``llm_calls`` entry, once ended
+        self.finishing = False  # the provider's stream ended; the call has not yet
 
     @property
     def waiting(self) -> bool:
@@ -99,6 +100,14 @@ class ChunkWriter:
             self._ready(True)
         elif first and not self.busy and not self.queued:  # (``_ready``, inline: each call's
             self.batcher.wake(self)                         # first piece; then woken already)
+
+    def provider_done(self) -> None:
+        """The provider's stream has ended: the reply is complete, and its ``end`` row comes
+        as soon as the call's layers above the provider return (a circuit breaker's or rate
+        limit's bookkeeping may take a turn of the event loop first).  Meanwhile batches
+        leave this writer's rows waiting (``streams._due``), so the step's commit, which
+        follows at once, carries them or its history holds them."""
+        self.finishing = True
 
     def end(self, out: Completion, entry: dict[str, Any] | None = None) -> None:
         """The reply is complete: its ``end`` row waits with what is left (after a failed

@@ -240,11 +240,13 @@ class Batcher:
             return
         assert self._loop is not None
         self._last = self._loop.time()
-        writers, self._dirty = sorted(self._dirty, key=_began), {}
+        writers, self._dirty = _due(sorted(self._dirty, key=_began))
         for w in writers:
             w.queued = False
         taken = [(w, op) for w in writers if (op := w.take(fenced=True)) is not None]
-        if not taken:  # (their step's commit took them)
+        if not taken:  # (their step's commit took them, or they are ending)
+            if self._dirty:
+                self._timer = self._loop.call_at(self._last + FLUSH_S, self._start)
             return
         for w, _ in taken:
             w.busy = True
@@ -277,6 +279,24 @@ class Batcher:
             writer.settled(out if isinstance(out, BaseException) else out[n], op.open)
         if self._dirty and not self._writing:
             self.wake(next(iter(self._dirty)), soon=True)
+
+
+def _due(writers: list[ChunkWriter]) -> tuple[list[ChunkWriter], dict[ChunkWriter, None]]:
+    """``writers`` (in the order they began) split into those a batch writes now and those
+    it leaves waiting: a writer whose provider has ended but whose call has not (its end
+    row comes once the call's layers above the provider return, its step's commit at once
+    after: ``ChunkWriter.finishing``), and any later writer of the same instance (so
+    attempts keep the order they began in)."""
+    now: list[ChunkWriter] = []
+    kept: dict[ChunkWriter, None] = {}
+    ending: set[str] = set()
+    for w in writers:
+        if (w.finishing and not w.closed) or w.to.instance_id in ending:
+            ending.add(w.to.instance_id)
+            kept[w] = None
+        else:
+            now.append(w)
+    return now, kept
 
 
 def _began(writer: ChunkWriter) -> int:
