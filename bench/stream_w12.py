@@ -11,9 +11,12 @@ bump.  W1: ``--n1`` instances one after another, the reply at once, SQLite
 0.2 s (``delay_s``), ``FULL``.  The reply is 120 characters in one piece or in 30 pieces.
 
 Each run is a fresh child process (5 untimed instances first, as ``bench/run.py`` warms
-up), the variants interleaved; it prints the process CPU (threads included) per
-transition, the medians of ``--repeat`` runs and the ratio stream / complete.  Timings on
-a shared machine vary; read the ratios.
+up), the variants interleaved in pairs; it prints the process CPU (user + system, threads
+included, as ``bench/run.py`` counts it) per transition, medians of ``--repeat`` runs, and
+the ratio stream / complete: the median of the pairs' ratios (with its quartiles), for the
+process CPU and for the user CPU alone (the system part, mostly the store's writes and
+fsyncs, is the same work in both variants and swings most between runs).  Timings on a
+shared machine vary; read the ratios.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,27 +81,35 @@ async def run(engine: Engine, machine: Any, workload: str, n: int) -> None:
 
 
 def child(workload: str, synchronous: str, delay: float, pieces: int, variant: str,
-          n: int, path: str) -> float:
-    """CPU seconds per transition of ``n`` instances in this process."""
+          n: int, path: str) -> tuple[float, float]:
+    """(process CPU, user CPU) seconds per transition of ``n`` instances in this process."""
     action = ask_streamed if variant == "stream" else ask
     machine = linear(f"bench_stream_{variant}", {INFER: action}, abump)
     engine = Engine(SqliteStore(path, synchronous=synchronous),
                     llm=Scripted.from_replies([reply(pieces, delay)]))
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         await run(engine, machine, workload, WARMUP)
-        start = time.process_time()
+        start, user = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_utime
         await run(engine, machine, workload, n)
-        spent = time.process_time() - start
+        spent, user = time.process_time() - start, resource.getrusage(resource.RUSAGE_SELF).ru_utime - user
         await engine.aclose()
-        return spent / (n * TRANSITIONS)
+        return spent / (n * TRANSITIONS), user / (n * TRANSITIONS)
     return asyncio.run(main())
 
 
-def spawn(args: list[str]) -> float:
+def spawn(args: list[str]) -> tuple[float, float]:
     out = subprocess.run([sys.executable, __file__, "--child", *args], check=True,
                          capture_output=True, text=True, cwd=ROOT)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["cpu"])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(got["cpu"]), float(got["user"])
+
+
+def ratios(plain: list[float], stream: list[float]) -> str:
+    """The median of the pairs' ratios stream / plain, and its quartiles."""
+    r = sorted(s / p for p, s in zip(plain, stream, strict=True))
+    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
+    return f"{statistics.median(r):.3f} ({q[0]:.3f}–{q[2]:.3f})"
 
 
 def main() -> None:
@@ -110,23 +122,26 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         w, sync, delay, pieces, variant, n, path = a.child
-        cpu = child(w, sync, float(delay), int(pieces), variant, int(n), path)
-        print(json.dumps({"cpu": cpu}))
+        cpu, user = child(w, sync, float(delay), int(pieces), variant, int(n), path)
+        print(json.dumps({"cpu": cpu, "user": user}))
         return
     tmp = tempfile.mkdtemp(prefix="fsm-stream-w12-")
     for pieces in (int(p) for p in a.pieces.split(",")):
         for workload, sync, delay in CASES:
             n = a.n1 if workload == "W1" else a.n2
-            runs: dict[str, list[float]] = {"plain": [], "stream": []}
+            runs: dict[str, list[tuple[float, float]]] = {"plain": [], "stream": []}
             for r in range(a.repeat):
                 for variant in runs:  # interleaved: the machine's load hits both alike
                     path = os.path.join(tmp, f"{workload}-{sync}-{pieces}-{variant}-{r}.db")
                     runs[variant].append(spawn([workload, sync, str(delay), str(pieces),
                                                 variant, str(n), path]))
-            p, s = statistics.median(runs["plain"]), statistics.median(runs["stream"])
-            print(f"{workload} {sync:6s} {pieces:2d} piece(s): complete {1e6 * p:.1f} µs CPU/"
-                  f"transition, stream {1e6 * s:.1f} (medians of {a.repeat}): ratio "
-                  f"{s / p:.3f}", flush=True)
+            cpu = {v: [c for c, _ in got] for v, got in runs.items()}
+            user = {v: [u for _, u in got] for v, got in runs.items()}
+            print(f"{workload} {sync:6s} {pieces:2d} piece(s), {a.repeat} pairs: complete "
+                  f"{1e6 * statistics.median(cpu['plain']):.1f} µs CPU/transition, stream "
+                  f"{1e6 * statistics.median(cpu['stream']):.1f}; stream/complete: CPU "
+                  f"{ratios(cpu['plain'], cpu['stream'])}, user CPU "
+                  f"{ratios(user['plain'], user['stream'])}", flush=True)
 
 
 if __name__ == "__main__":
