@@ -48,14 +48,14 @@ class ReplyStream:
     def __aiter__(self) -> AsyncIterator[str]:
         return self._pieces()
 
-    async def _send(self, sink: Sink, writer: ChunkWriter | None) -> tuple[Completion, Call]:
+    async def _send(self, sink: Sink) -> tuple[Completion, Call]:
         """The call down the step's layers, each piece handed to ``sink``: its
         ``Completion``, and the ``Call`` (``streamed``: by the provider, not answered from a
-        store; ``entry``: its ``llm_calls`` entry); ``writer`` told when the provider ended."""
+        store; ``entry``: its ``llm_calls`` entry).  (Its writer is not told when the
+        provider ended, ``ChunkWriter.provider_done``: the pieces' reader may take its
+        time, and batches go on writing them meanwhile.)"""
         top, token = self._begin(*self._head, self._messages, self._kwargs, sink)
         call = current_call()
-        if writer is not None:
-            call.done = writer.provider_done
         try:
             return await top.complete(self._messages, **self._kwargs), call
         finally:
@@ -102,7 +102,7 @@ class ReplyStream:
             queue.put_nowait(piece)
             if writer is not None:
                 writer.add(piece)
-        call = asyncio.get_running_loop().create_task(self._send(sink, writer))
+        call = asyncio.get_running_loop().create_task(self._send(sink))
         call.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             while (piece := await queue.get()) is not None:

@@ -1,8 +1,9 @@
 """The write side of streaming: a step's streamed model call, its pieces made durable.
 
 ``runtime.stream_reply.ReplyStream`` is what ``step.llm.stream(...)`` returns; beside its
-call a ``stream_writer.ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
-engine's ``Batcher`` writes the rows of every attempt streaming in the process together:
+call a ``stream_writer.ChunkWriter`` queues the pieces for the store's stream log
+(``store.streams``), and the engine's ``Batcher`` writes the rows of every attempt
+streaming in the process together:
 the first batch ``FLUSH_S`` seconds after a row waits, then at most one per ``FLUSH_S``
 (sooner past ``FLUSH_CHARS`` waiting), so a reader sees a piece within about ``FLUSH_S``
 plus one write and a fast model costs at most one transaction per ``FLUSH_S`` however many
@@ -13,7 +14,9 @@ no later than its step; and when that is all of every attempt of the step — ca
 ended cleanly within ``FLUSH_S`` — not even that: the step's history holds them
 (``stream_inline``), so a short call nobody watches costs no write, task or future of its
 own.  A crash before the commit leaves the attempt as far as the batches wrote it (not
-ended): the next attempt supersedes it.
+ended): the next attempt supersedes it.  A writer whose provider has ended waits for its
+call to end (the circuit breaker records the outcome on a later turn of the event loop)
+rather than have a batch write it in that turn (``_due``).
 """
 
 from __future__ import annotations
