@@ -160,7 +160,8 @@ class Driver:
         if new.final:  # a family's effects (``Ledger.settle``) start from an end
             self.committer.ledger.settle(step)
         if rec.id in self.streams.batcher.held:  # its streamed calls' rows still waiting
-            step.stream = await self.streams.tail(rec.id, step)
+            got = self.streams.tail(rec.id, step)
+            step.stream = got if isinstance(got, tuple) else await got
         done = self.committer.enqueue(step)
         if isinstance(done, asyncio.Future):
             done = await done

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..definition.spec import RunInfo
@@ -15,7 +14,6 @@ from .calls import Call, CallSettings, Meter, compose, count_prompt
 from .calls.meter import end_call
 from .reply_cache import reply_key
 from .stream_reply import ReplyStream
-from .streams import ChunkWriter
 
 if TYPE_CHECKING:
     from ..definition.spec import State
@@ -112,16 +110,16 @@ class MeteredLLM:
         ``(seq, n)`` of this step (``runtime.streams``).  Raises as ``complete``, possibly
         after some pieces.  ``json_reply`` (implied by ``json_schema``): the reply is JSON,
         so subscribers also get the partial object parsed from it so far."""
-        return self._streaming(self._stack or self._main(), self.provider, messages, kwargs,
-                               json=json_reply or kwargs.get("json_schema") is not None)
+        return ReplyStream(self._begin, (self._stack or self._main(), self.provider), messages,
+                           kwargs, self.settings.stream_to,
+                           json_reply or kwargs.get("json_schema") is not None)
 
     def _streaming(self, stack: Provider | None, provider: Provider | None,
                    messages: list[dict[str, str]], kwargs: dict[str, Any], *,
                    json: bool) -> ReplyStream:
         """A ``ReplyStream`` of one call down ``stack`` (``json``: its reply is JSON)."""
-        to = self.settings.stream_to
-        return ReplyStream(partial(self._begin, stack, provider, messages, kwargs), messages,
-                           kwargs, lambda: None if to is None else ChunkWriter(to, json=json))
+        return ReplyStream(self._begin, (stack, provider), messages, kwargs,
+                           self.settings.stream_to, json)
 
     async def _send(self, stack: Provider | None, provider: Provider | None,
                     messages: list[dict[str, str]], kwargs: dict[str, Any]) -> Completion:

@@ -1,7 +1,7 @@
 """What ``step.llm.stream(...)`` returns: ``ReplyStream``, an async iterator of the reply's
 text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
 call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
-a ``runtime.streams.ChunkWriter`` queues them for the store's stream log.
+a ``runtime.stream_writer.ChunkWriter`` queues them for the store's stream log.
 """
 
 from __future__ import annotations
@@ -11,17 +11,22 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from .calls.meter import current_call, end_call
+from .stream_writer import ChunkWriter
 
 if TYPE_CHECKING:
     from contextvars import Token
 
     from ..llm.base import Completion, Message, Provider
     from .calls.meter import Call
-    from .streams import ChunkWriter
+    from .streams import StreamTarget
 
 __all__ = ["ReplyStream", "Sink"]
 
 Sink = Callable[[str], None]
+#: ``MeteredLLM._begin``'s shape: ``(stack, provider, messages, kwargs, sink)`` → the top
+#: layer and the token ending the call.
+Begin = Callable[[Any, Any, "list[Message]", "dict[str, Any]", Sink],
+                 "tuple[Provider, Token[Call | None]]"]
 
 
 class ReplyStream:
@@ -30,11 +35,14 @@ class ReplyStream:
     cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
     ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
 
-    def __init__(self, begin: Callable[[Sink], tuple[Provider, Token[Call | None]]],
-                 messages: list[Message], kwargs: dict[str, Any],
-                 writer: Callable[[], ChunkWriter | None]) -> None:
-        self._begin, self._messages, self._kwargs = begin, messages, kwargs
-        self._writer = writer
+    __slots__ = ("_begin", "_head", "_messages", "_kwargs", "_to", "_json", "completion")
+
+    def __init__(self, begin: Begin, head: tuple[Any, Any], messages: list[Message],
+                 kwargs: dict[str, Any], to: StreamTarget | None, json: bool) -> None:
+        # (``head``: the stack and provider ``begin`` starts the call down; ``to``: where
+        # the pieces are written, None: nowhere; ``json``: the reply is JSON)
+        self._begin, self._head, self._messages, self._kwargs = begin, head, messages, kwargs
+        self._to, self._json = to, json
         self.completion: Completion | None = None
 
     def __aiter__(self) -> AsyncIterator[str]:
@@ -43,8 +51,10 @@ class ReplyStream:
     async def _send(self, sink: Sink) -> tuple[Completion, Call]:
         """The call down the step's layers, each piece handed to ``sink``: its
         ``Completion``, and the ``Call`` (``streamed``: by the provider, not answered from a
-        store; ``entry``: its ``llm_calls`` entry)."""
-        top, token = self._begin(sink)
+        store; ``entry``: its ``llm_calls`` entry).  (Its writer is not told when the
+        provider ended, ``ChunkWriter.provider_done``: the pieces' reader may take its
+        time, and batches go on writing them meanwhile.)"""
+        top, token = self._begin(*self._head, self._messages, self._kwargs, sink)
         call = current_call()
         try:
             return await top.complete(self._messages, **self._kwargs), call
@@ -55,11 +65,15 @@ class ReplyStream:
         """Run the stream to its end without looking at the pieces (they are still written
         for subscribers); its ``Completion``.  Awaited in the caller's task: no task, queue
         or coroutine of its own."""
-        writer = self._writer()
+        to = self._to
+        writer = None if to is None else ChunkWriter(to, json=self._json)
         token = None
         try:
-            top, token = self._begin(writer.add if writer is not None else _drop)
+            top, token = self._begin(*self._head, self._messages, self._kwargs,
+                                     _drop if writer is None else writer.add)
             call = current_call()
+            if writer is not None:
+                call.done = writer.provider_done
             out = await top.complete(self._messages, **self._kwargs)
         except BaseException as exc:
             _failed(writer, exc)
@@ -82,7 +96,7 @@ class ReplyStream:
 
     async def _pieces(self) -> AsyncIterator[str]:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
-        writer = self._writer()
+        writer = None if self._to is None else ChunkWriter(self._to, json=self._json)
 
         def sink(piece: str) -> None:
             queue.put_nowait(piece)

@@ -1,8 +1,9 @@
 """The write side of streaming: a step's streamed model call, its pieces made durable.
 
 ``runtime.stream_reply.ReplyStream`` is what ``step.llm.stream(...)`` returns; beside its
-call a ``ChunkWriter`` queues the pieces for the store's stream log (``store.streams``), and the
-engine's ``Batcher`` writes the rows of every attempt streaming in the process together:
+call a ``stream_writer.ChunkWriter`` queues the pieces for the store's stream log
+(``store.streams``), and the engine's ``Batcher`` writes the rows of every attempt
+streaming in the process together:
 the first batch ``FLUSH_S`` seconds after a row waits, then at most one per ``FLUSH_S``
 (sooner past ``FLUSH_CHARS`` waiting), so a reader sees a piece within about ``FLUSH_S``
 plus one write and a fast model costs at most one transaction per ``FLUSH_S`` however many
@@ -13,30 +14,29 @@ no later than its step; and when that is all of every attempt of the step — ca
 ended cleanly within ``FLUSH_S`` — not even that: the step's history holds them
 (``stream_inline``), so a short call nobody watches costs no write, task or future of its
 own.  A crash before the commit leaves the attempt as far as the batches wrote it (not
-ended): the next attempt supersedes it.
+ended): the next attempt supersedes it.  A writer whose provider has ended waits for its
+call to end (the circuit breaker records the outcome on a later turn of the event loop)
+rather than have a batch write it in that turn (``_due``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..store.streams import FENCED, ROW_CHARS, StreamOp, StreamRow
-from . import stream_inline
+from ..store.streams import StreamOp
 
 if TYPE_CHECKING:
-
-    from ..llm.base import Completion
     from ..store.base import Store
     from ..store.records import InstanceRecord, StepCommit
+    from .stream_writer import ChunkWriter
 
-__all__ = ["StreamTarget", "Streams", "Batcher", "ChunkWriter", "FLUSH_S", "FLUSH_CHARS",
-           "RETENTION_S"]
+__all__ = ["StreamTarget", "Streams", "Batcher", "FLUSH_S", "FLUSH_CHARS", "RETENTION_S",
+           "maybe_prune"]
 
 log = logging.getLogger("fsm_engine")
 
@@ -87,19 +87,30 @@ class Streams:
         return StreamTarget(self.store, rec.id, seq, seq - back, self.retention_s, self.batcher,
                             rec.owner)
 
-    async def tail(self, instance_id: str, step: StepCommit | None = None
-                   ) -> tuple[StreamOp, ...]:
+    def tail(self, instance_id: str, step: StepCommit | None = None
+             ) -> tuple[StreamOp, ...] | Coroutine[Any, Any, tuple[StreamOp, ...]]:
         """What ``step`` of ``instance_id``, about to commit, carries of its streamed calls
-        (``StepCommit.stream``: the rows still waiting, ``Batcher.tail``), after any write
-        of theirs in flight; ``()``: nothing (or all left to its history's ``llm_calls``,
-        ``stream_inline``)."""
-        calls = [e for h in step.history for e in h.detail.get("llm_calls", ())] \
-            if step is not None and step.history else None
+        (``StepCommit.stream``: the rows still waiting, ``Batcher.tail``); ``()``: nothing
+        (or all left to its history's ``llm_calls``, ``stream_inline``).  While a write of
+        theirs is in flight, a coroutine giving that once it settled (awaited by the
+        caller: the usual short call costs no coroutine)."""
+        history = step.history if step is not None else ()
+        calls: list[dict[str, Any]] | None = None
+        if len(history) == 1:  # (the usual step: one row, no list built)
+            calls = history[0].detail.get("llm_calls") or []
+        elif history:
+            calls = [e for h in history for e in h.detail.get("llm_calls", ())]
+        got = self.batcher.tail(instance_id, calls)
+        return got if isinstance(got, tuple) else self._settled(instance_id, calls, got)
+
+    async def _settled(self, instance_id: str, calls: list[dict[str, Any]] | None,
+                       wait: asyncio.Future[None]) -> tuple[StreamOp, ...]:
         while True:
+            await wait
             got = self.batcher.tail(instance_id, calls)
             if isinstance(got, tuple):
                 return got
-            await got
+            wait = got
 
 
 class Batcher:
@@ -127,13 +138,11 @@ class Batcher:
         self._last = 0.0  # loop time the last batch began
         self.batches = 0
 
-    def _bind(self) -> asyncio.AbstractEventLoop:
-        """The running loop (a new one: what waited for the old is dropped)."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop, self._dirty, self._timer, self._writing = loop, {}, None, False
-            self.held = {}
-        return loop
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to the running ``loop``, a new one: what waited for the old is dropped
+        (called where ``self._loop is not loop``)."""
+        self._loop, self._dirty, self._timer, self._writing = loop, {}, None, False
+        self.held = {}
 
     def release(self, writer: ChunkWriter) -> None:
         """``writer`` is done (all written, or broken): off its instance's list."""
@@ -146,17 +155,19 @@ class Batcher:
     def wake(self, writer: ChunkWriter, *, soon: bool = False) -> None:
         """``writer`` has rows waiting (``soon``: many, or its last one); at its first, its
         instance's next commit will look at it (``held``)."""
-        loop = self._bind()
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._bind(loop)
         if not writer.queued:
             writer.queued = True
             self._dirty[writer] = None
             if not writer.held:
                 writer.held = True
                 self.held.setdefault(writer.to.instance_id, []).append(writer)
-        if self._writing:
+        if self._writing or (self._timer is not None and not soon):  # (a batch is due)
             return
         due = self._last + FLUSH_S if soon else max(self._last + FLUSH_S, loop.time() + FLUSH_S)
-        if self._timer is not None and (not soon or self._timer.when() <= due):
+        if self._timer is not None and self._timer.when() <= due:
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -171,25 +182,31 @@ class Batcher:
         batch meanwhile: ask again).  ``calls``: the step's ``llm_calls`` entries; when
         every writer's rows can be left to them (``ChunkWriter.inlinable``), they are
         (``stream_inline``) and ``()`` is returned."""
-        self._bind()  # (first: a new loop drops the old one's writers)
+        if self._loop is not (loop := asyncio.get_running_loop()):  # (first: a new loop
+            self._bind(loop)                                         # drops the old one's)
         writers = self.held.get(instance_id)
         if not writers:
             return ()
-        wait = self._wait(writers)
-        if wait is not None:
-            return wait
-        if calls and all(w.inlinable(calls) for w in writers):
+        if calls:
             for w in writers:
-                self._drop(w)
-                w.inline()
-            del self.held[instance_id]
-            return ()
+                if not w.inlinable(calls):
+                    break
+            else:  # each one's rows left to its entry
+                for w in writers:
+                    w.inline()
+                del self.held[instance_id]
+                return ()
+        wait = self._wait(writers)
+        return wait if wait is not None else self._take(instance_id, writers)
+
+    def _take(self, instance_id: str, writers: list[ChunkWriter]) -> tuple[StreamOp, ...]:
+        """The ops of the ended ``writers`` of ``instance_id`` (those still open stay held)."""
         ops, left = [], []
         for w in writers:
             if not w.closed:
                 left.append(w)
                 continue
-            self._drop(w)  # (its batch has nothing left to take)
+            self.drop(w)  # (its batch has nothing left to take)
             op = w.take()
             if op is not None:
                 ops.append(op)
@@ -198,11 +215,12 @@ class Batcher:
         else:
             del self.held[instance_id]
         if ops and ops[0].open:
-            _maybe_prune(writers[0].to)
+            maybe_prune(writers[0].to)
         return tuple(ops)
 
-    def _drop(self, writer: ChunkWriter) -> None:
-        """``writer`` off the next batch (its step's commit takes what waits)."""
+    def drop(self, writer: ChunkWriter) -> None:
+        """``writer`` off the next batch (its step's commit takes, or its history holds,
+        what waits)."""
         if writer.queued:
             del self._dirty[writer]
             writer.queued = False
@@ -225,11 +243,13 @@ class Batcher:
             return
         assert self._loop is not None
         self._last = self._loop.time()
-        writers, self._dirty = sorted(self._dirty, key=_began), {}
+        writers, self._dirty = _due(sorted(self._dirty, key=_began))
         for w in writers:
             w.queued = False
         taken = [(w, op) for w in writers if (op := w.take(fenced=True)) is not None]
-        if not taken:  # (their step's commit took them)
+        if not taken:  # (their step's commit took them, or they are ending)
+            if self._dirty:
+                self._timer = self._loop.call_at(self._last + FLUSH_S, self._start)
             return
         for w, _ in taken:
             w.busy = True
@@ -264,6 +284,24 @@ class Batcher:
             self.wake(next(iter(self._dirty)), soon=True)
 
 
+def _due(writers: list[ChunkWriter]) -> tuple[list[ChunkWriter], dict[ChunkWriter, None]]:
+    """``writers`` (in the order they began) split into those a batch writes now and those
+    it leaves waiting: a writer whose provider has ended but whose call has not (its end
+    row comes once the call's layers above the provider return, its step's commit at once
+    after: ``ChunkWriter.finishing``), and any later writer of the same instance (so
+    attempts keep the order they began in)."""
+    now: list[ChunkWriter] = []
+    kept: dict[ChunkWriter, None] = {}
+    ending: set[str] = set()
+    for w in writers:
+        if (w.finishing and not w.closed) or w.to.instance_id in ending:
+            ending.add(w.to.instance_id)
+            kept[w] = None
+        else:
+            now.append(w)
+    return now, kept
+
+
 def _began(writer: ChunkWriter) -> int:
     return writer.serial
 
@@ -272,214 +310,7 @@ async def _thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
-def _odd(piece: str) -> bool:
-    """True for text a step's commit does not carry: a NUL (PostgreSQL refuses it) or
-    characters UTF-8 cannot encode (lone surrogates)."""
-    if "\x00" in piece:
-        return True
-    if piece.isascii():
-        return False
-    try:
-        piece.encode()
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-class ChunkWriter:
-    """One attempt's rows, written in order through its store's ``Batcher``.
-
-    ``add`` (sync, never blocks) queues a piece; ``end``/``fail``/``abandon`` queue the
-    attempt's last row (sync too).  What is still waiting when the step commits goes with
-    the commit (``Batcher.tail``), so it is in the store no later than the step.  A store
-    failure is logged and ends the writing (the call goes on: the history will hold the
-    reply) until the reply is complete: then, once, the whole reply is written again as a
-    new attempt (superseding the one the failure left open, whatever of it was written),
-    so a database restart mid-stream still leaves the step's reply streamed to its end;
-    ``attempt`` is 0 until a batch opened it.
-    """
-
-    def __init__(self, to: StreamTarget, *, json: bool = False) -> None:
-        self.to, self.json = to, json
-        self.batcher: Batcher = to.batcher if to.batcher is not None else Batcher(to.store)
-        self.serial = next(_serials)  # writers' rows are written in the order they began
-        self.attempt = 0
-        self.chars = 0  # characters queued so far: the next chunk's offset
-        self._pieces: list[str] = []  # text waiting (it starts at chars - _waiting)
-        self._waiting = 0  # characters in _pieces
-        self._last: tuple[str, dict[str, Any], float] | None = None  # end/error row waiting
-        self.busy = False  # an op of it is being written
-        self.closed = False
-        self.odd = False  # a piece waits that a commit does not carry (``_odd``)
-        self.queued = False  # in the batcher's next batch
-        self.held = False  # on the batcher's ``held`` list
-        self._broken = False
-        self._end: tuple[str, str] | None = None  # the complete reply and its finish reason
-        self._retried = False  # written again as a new attempt after a failure
-        self._settle: asyncio.Future[None] | None = None
-        self.entry: dict[str, Any] | None = None  # the call's ``llm_calls`` entry, once ended
-
-    @property
-    def waiting(self) -> bool:
-        """Rows wait to be written."""
-        return bool(self._pieces) or self._last is not None
-
-    def add(self, piece: str) -> None:
-        """Queue ``piece`` (its offset is the characters queued before it)."""
-        if self._broken or not piece:
-            return
-        first = not self._pieces
-        self._pieces.append(piece)
-        self.chars += len(piece)
-        self._waiting += len(piece)
-        if not self.odd and ("\x00" in piece or not piece.isascii()):
-            self.odd = _odd(piece)
-        if first or self._waiting >= FLUSH_CHARS:  # (already woken for the others)
-            self._ready(self._waiting >= FLUSH_CHARS)
-
-    def end(self, out: Completion, entry: dict[str, Any] | None = None) -> None:
-        """The reply is complete: its ``end`` row waits with what is left (after a failed
-        write, with the whole reply as a new attempt).  ``entry``: the call's ``llm_calls``
-        entry (``stream_inline``: it may stand for the rows)."""
-        self.entry = entry
-        self._end = (out.text, out.finish_reason)
-        if self._broken and not self._retried:
-            self._anew()
-        self._close("end", {"finish": out.finish_reason, "chars": self.chars})
-
-    def inlinable(self, calls: list[dict[str, Any]]) -> bool:
-        """True when the step's history can hold this attempt's rows (``stream_inline``):
-        none written, ended cleanly, superseding nothing of an earlier step, and its entry
-        (in ``calls``, the step's ``llm_calls``) holding exactly the text queued; not
-        after a failed write (the new attempt must supersede what that left open)."""
-        entry = self.entry
-        return (entry is not None and not self.attempt and not self.busy and not self._retried
-                and self._last is not None and self._last[0] == "end"
-                and self.to.since == self.to.seq and any(e is entry for e in calls)
-                and "".join(self._pieces) == entry.get("reply"))
-
-    def inline(self) -> None:
-        """Leave this attempt's rows to its entry (``inlinable``): marked, nothing waits."""
-        assert self.entry is not None
-        stream_inline.mark(self.entry, self.json)
-        self._pieces, self._waiting, self._last = [], 0, None
-
-    def fail(self, exc: BaseException) -> None:
-        """The call failed: an ``error`` row naming the error class waits with what is left."""
-        self._close("error", {"error": type(exc).__name__})
-
-    def abandon(self) -> None:
-        """The step was cancelled (e.g. its timeout): what is left and an ``error`` row go
-        with the next batch (its commit may never come)."""
-        self._close("error", {"error": "cancelled"}, soon=True)
-
-    def _close(self, kind: str, info: dict[str, Any], soon: bool = False) -> None:
-        if self._broken or self.closed:
-            return
-        self._last = (kind, info, time.time())
-        self.closed = True
-        self._ready(soon)
-
-    def _anew(self) -> None:
-        """After a failed write: the complete reply waits as a new attempt's rows (once)."""
-        assert self._end is not None
-        text = self._end[0]
-        self._retried, self._broken, self.attempt = True, False, 0
-        self._pieces = [text[n:n + ROW_CHARS] for n in range(0, len(text), ROW_CHARS)]
-        self.chars = self._waiting = len(text)
-        self.odd = _odd(text)
-        self.held = self in self.batcher.held.get(self.to.instance_id, ())
-
-    def _ready(self, soon: bool) -> None:
-        # (rows queued while a write is in flight wait for it to settle)
-        if not self.busy and (soon or not self.queued):
-            self.batcher.wake(self, soon=soon)
-
-    def settling(self) -> asyncio.Future[None]:
-        """Done when this writer's write in flight (or the next one) settles."""
-        if self._settle is None:
-            self._settle = asyncio.get_running_loop().create_future()
-        return self._settle
-
-    def take(self, *, fenced: bool = False) -> StreamOp | None:
-        """The op writing the rows waiting (None: none); the first opens the attempt.
-        ``fenced`` (a batch's): it writes only while the instance is the step's owner's."""
-        if not self._pieces and self._last is None:
-            return None
-        to, attempt, now = self.to, self.attempt, time.time()
-        rows = _chunks(to, self._pieces, self.chars - self._waiting, attempt, now)
-        if self._last is not None:
-            kind, info, at = self._last
-            rows.append(StreamRow(to.instance_id, to.seq, attempt, kind, info=info, at=at))
-        self._pieces, self._waiting, self._last, self.odd = [], 0, None, False
-        owner = to.owner if fenced else None
-        if not attempt:
-            return StreamOp(to.instance_id, tuple(rows), True, to.seq, to.since,
-                            {"json": True} if self.json else {}, now, owner)
-        return StreamOp(to.instance_id, tuple(rows), owner=owner)
-
-    def _fenced(self) -> None:
-        """The instance is no longer the step's owner's (taken over): nothing more of this
-        attempt is written (its new owner's attempt supersedes it)."""
-        self._broken = self._retried = True
-        self._pieces, self._last = [], None
-        log.info("stream of %s step %d: the instance was taken over; its rows stop here",
-                 self.to.instance_id, self.to.seq)
-
-    def settled(self, result: int | BaseException, opened: bool) -> None:
-        """The batcher wrote (or failed to write) this writer's op."""
-        self.busy = False
-        if result == FENCED:
-            self._fenced()
-        elif isinstance(result, BaseException):
-            self._broken, self._pieces, self._last = True, [], None
-            log.warning("stream of %s step %d: %s", self.to.instance_id, self.to.seq, result)
-            if self.closed and self._end is not None and not self._retried:
-                self._anew()  # (its end row was in the failed write)
-                self._last = ("end", {"finish": self._end[1], "chars": self.chars}, time.time())
-        elif opened:
-            self.attempt = result
-            _maybe_prune(self.to)
-        if self.waiting and not self._broken:
-            self.batcher.wake(self, soon=self.closed)
-        elif self.closed or self._broken:
-            self.batcher.release(self)
-        if self._settle is not None:
-            if not self._settle.done():
-                self._settle.set_result(None)
-            self._settle = None
-
-
-_serials = itertools.count()
-
-
-def _chunks(to: StreamTarget, pieces: list[str], offset: int, attempt: int,
-            at: float) -> list[StreamRow]:
-    """``pieces`` (text starting at character ``offset`` of the reply) as chunk rows of
-    ``attempt`` written ``at``, of at most ``ROW_CHARS`` characters, pieces joined in order
-    (a longer piece stays whole)."""
-    if not pieces:
-        return []
-    if sum(map(len, pieces)) <= ROW_CHARS:  # (the usual case: one row)
-        return [StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(pieces), offset,
-                          {}, at)]
-    rows: list[StreamRow] = []
-    run: list[str] = []
-    size = 0
-    for piece in pieces:
-        if run and size + len(piece) > ROW_CHARS:
-            rows.append(StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(run),
-                                  offset, {}, at))
-            offset, run, size = offset + size, [], 0
-        run.append(piece)
-        size += len(piece)
-    if run:
-        rows.append(StreamRow(to.instance_id, to.seq, attempt, "chunk", "".join(run), offset,
-                              {}, at))
-    return rows
-
-
-def _maybe_prune(to: StreamTarget) -> None:
+def maybe_prune(to: StreamTarget) -> None:
     """Prune committed steps' rows older than the retention, at most every
     ``PRUNE_EVERY_S`` from this process, in a thread of its own (never waited for)."""
     global _pruned_at

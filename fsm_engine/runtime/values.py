@@ -289,17 +289,18 @@ class Watched:
     ``Watched(model, data)``: ``ctx`` is ``model`` validated from stored JSON ``data``
     (the record before the step), sharing no mutable object with it: fields that reach
     ``Any`` (where pydantic passes objects through) are copied first; typed fields are
-    built anew by pydantic.  ``before`` holds its fields' objects as validated,
-    ``stored`` is ``data``; ``changed`` then names what the action changed in place.
-    Raises what ``model_validate`` raises."""
+    built anew by pydantic.  ``before`` holds its fields' objects as validated (None
+    when every field holds plain JSON: ``changed`` then compares each with ``stored``
+    alone), ``stored`` is ``data``; ``changed`` then names what the action changed in
+    place.  Raises what ``model_validate`` raises."""
 
     __slots__ = ("ctx", "before", "stored", "plain")
 
     def __init__(self, model: type[BaseModel], data: Mapping[str, Any]) -> None:
-        shared, as_is = _watching(model)
+        shared, as_is, whole = _watching(model)
         source = {k: _copy(v) if k in shared else v for k, v in data.items()} if shared else data
         self.ctx: BaseModel = model.model_validate(source)
-        self.before: dict[str, Any] = dict(self.ctx.__dict__)
+        self.before: dict[str, Any] | None = None if whole else dict(self.ctx.__dict__)
         self.stored = data
         #: Fields holding plain JSON as validated (``Any``, ``list[str]`` …: ``_as_is``):
         #: compared as they are, no dump.
@@ -308,15 +309,28 @@ class Watched:
     def changed(self, updated: Mapping[str, Any]) -> list[str]:
         """The fields outside ``updated`` the action changed in place: reassigned (another
         object), or a container or model whose JSON now differs from the stored one
-        (``ctx.steps["a"].status = "done"``, ``ctx.tags.append(x)``)."""
-        moved, maybe = [], []
+        (``ctx.steps["a"].status = "done"``, ``ctx.tags.append(x)``).  A field holding plain
+        JSON is compared with the stored JSON: reassigned to an equal value, it is unchanged."""
+        if self.before is not None:
+            return self._compared(updated, self.before)
+        moved, stored = [], self.stored  # every field plain JSON (the usual context): one pass
+        for k, v in self.ctx.__dict__.items():
+            if k not in updated and v != stored.get(k):
+                moved.append(k)
+        return moved
+
+    def _compared(self, updated: Mapping[str, Any], before: dict[str, Any]) -> list[str]:
+        """``changed`` for a context with a field that is not plain JSON."""
+        moved: list[str] = []
+        maybe: list[str] = []
+        stored = self.stored
         for k, v in self.ctx.__dict__.items():
             if k in updated:
                 continue
-            if v is not self.before.get(k):
+            if v is not before.get(k):
                 moved.append(k)
             elif k in self.plain:
-                if v != self.stored.get(k):
+                if v != stored.get(k):
                     moved.append(k)
             elif type(v) not in _IMMUTABLE and not isinstance(v, enum.Enum):
                 maybe.append(k)
@@ -330,9 +344,11 @@ class Watched:
 
 
 @functools.lru_cache(maxsize=512)
-def _watching(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
-    """``(_shared(model), _as_is(model))``: one cache look-up per step."""
-    return _shared(model), _as_is(model)
+def _watching(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str], bool]:
+    """``(_shared(model), _as_is(model), whether every field is as is)``: one cache
+    look-up per step."""
+    as_is = _as_is(model)
+    return _shared(model), as_is, as_is >= model.model_fields.keys()
 
 
 def apply_update(model: type[BaseModel], data: dict[str, Any], update: Mapping[str, Any],

@@ -187,3 +187,36 @@ def test_an_unstorable_value_put_into_a_typed_list_fails_naming_the_field(
     assert (rec.status, rec.reason) == ("failed", "invalid_update")
     assert "tags" in (rec.last_error or "")
     assert engine.store.get(iid).context["tags"] == []
+
+
+class Flat(BaseModel):
+    """A context of plain JSON only (``values.Watched`` compares it with the stored JSON,
+    no copy of its fields)."""
+
+    tags: list[str] = []
+    meta: dict[str, Any] = {}
+    n: int = 0
+    seen: str = ""
+
+
+def flat_mutate(ctx: Flat) -> dict[str, Any]:
+    ctx.tags.append("seen")       # a typed list, in place
+    ctx.meta["deep"]["n"] = 2     # under an Any, in place
+    ctx.n = 7                     # reassigned, not returned
+    ctx.seen = "from the action"  # reassigned, and overridden by the update
+    return {"seen": "from the update"}
+
+
+def test_an_in_place_change_to_a_plain_json_context_persists(engine_factory) -> None:
+    machine = Machine(name="inplace_flat", context=Flat, initial="prep",
+                      states=[State("prep", action=flat_mutate), State("end", final=True)],
+                      transitions=[Transition("next", "prep", "end")])
+    engine = engine_factory()
+    iid = engine.start(machine, {"meta": {"deep": {"n": 1}}, "tags": ["a"]})
+    rec = asyncio.run(engine.run(iid))
+    assert rec.status == "completed"
+    stored = engine.store.get(iid).context
+    assert stored == {"tags": ["a", "seen"], "meta": {"deep": {"n": 2}}, "n": 7,
+                      "seen": "from the update"}
+    [row] = [h for h in engine.store.history(iid) if h.source == "prep"]
+    assert sorted(row.delta) == ["meta", "n", "seen", "tags"]

@@ -444,7 +444,8 @@ def test_on_postgres_a_short_streamed_call_leaves_its_rows_to_its_history(pg_clu
 
 
 def test_rows_a_finished_event_loop_left_waiting_are_dropped_by_the_next(tmp_path) -> None:
-    from fsm_engine.runtime.streams import Batcher, ChunkWriter, StreamTarget
+    from fsm_engine.runtime.stream_writer import ChunkWriter
+    from fsm_engine.runtime.streams import Batcher, StreamTarget
     from fsm_engine.store import open_store
     store = open_store(str(tmp_path / "x.db"))
     batcher = Batcher(store)

@@ -118,3 +118,28 @@ def test_a_short_call_after_a_logged_one_supersedes_it_from_the_history(db_path,
         ("end", 2, None), ("step", 0, None), ("final", 0, None)]
     assert "".join(e.text for e in evs if e.attempt == 2) == "cd"
     engine.close()
+
+
+async def one(ctx: Ctx, step: Step) -> dict[str, Any]:
+    return {"answer": (await step.llm.stream([{"role": "user", "content": "hi"}],
+                                             max_tokens=8).text()).text}
+
+
+def test_a_batch_due_while_the_breaker_records_the_call_leaves_its_rows_to_the_step(
+        db_path, monkeypatch) -> None:
+    """The circuit breaker records a call's outcome on a later turn of the event loop:
+    after the provider's stream has ended, before the call returns.  A batch due in that
+    turn (here: every turn) leaves the ending call's rows waiting, so its step's history
+    holds them and the stream log gets no write of its own (W1 found one call in six
+    written by a batch, 3 rows and a transaction each)."""
+    monkeypatch.setattr(streams, "FLUSH_S", 0.0)
+    engine = Engine(db_path, llm=Scripted.from_replies([{"text": "hello"}]), seed=1)
+    assert engine.breaker_policy is not None  # (the default: one breaker per model)
+    iid = engine.start(machine(one), {})
+    rec = asyncio.run(engine.run(iid))
+    assert rec.status == "completed" and rec.context["answer"] == "hello"
+    [call] = [c for h in engine.store.history(iid) for c in h.detail.get("llm_calls", ())]
+    assert call["stream"] == {"json": False}
+    assert engine.store.stream_read(iid) == []
+    assert [(e.kind, e.text) for e in collect(engine.store, iid) if e.kind != "step"] == [
+        ("open", ""), ("chunk", "hello"), ("end", ""), ("final", "")]

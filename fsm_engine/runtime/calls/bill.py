@@ -2,41 +2,54 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from types import AsyncGeneratorType
 from typing import Any
 
 from ...errors import ProviderError, ServerError
-from ...llm.base import CALLER_INPUT, Completion, Message, Provider
+from ...llm.base import CALLER_INPUT, Completion, Message, Piece, Provider
 from .layer import Layer
 from .meter import Call, Meter, current_call
 
 __all__ = ["BillLayer"]
 
+Sink = Callable[[str], None]
+
 
 async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str, Any],
                    call: Call) -> Completion:
-    """``provider.stream``'s pieces handed to ``call.sink``; its ``Completion``.  A provider
-    that does not stream (no ``stream`` of its own) is called with ``complete`` and its
-    whole reply handed over as one piece.  ``ServerError`` for a stream that ends without
-    its completion."""
+    """``provider.stream``'s pieces handed to ``call.sink``; its ``Completion`` (then
+    ``call.done``, when set, is called).  A provider that does not stream (no ``stream``
+    of its own) is called with ``complete`` and its whole reply handed over as one piece.
+    ``ServerError`` for a stream that ends without its completion."""
     assert call.sink is not None
     call.streamed = True
     if getattr(type(provider), "stream", Provider.stream) is Provider.stream:
-        whole = await provider.complete(messages, **kwargs)
-        if whole.text:
-            call.sink(whole.text)
-        return whole
+        out = await provider.complete(messages, **kwargs)
+        if out.text:
+            call.sink(out.text)
+    else:
+        out = await _read(provider, provider.stream(messages, **kwargs), call.sink)
+    if call.done is not None:
+        call.done()
+    return out
+
+
+async def _read(provider: Provider, pieces: AsyncIterator[Piece], sink: Sink) -> Completion:
+    """Each text piece of ``pieces`` handed to ``sink``; the ``Completion`` that ends them."""
     out: Completion | None = None
-    pieces = provider.stream(messages, **kwargs)
+    ended = False
     try:
         async for piece in pieces:
             if isinstance(piece, Completion):
                 out = piece
             elif piece:
-                call.sink(piece)
+                sink(piece)
+        ended = True
     finally:  # closed at once if the step gives up: the provider's slot is freed
         close = getattr(pieces, "aclose", None)
-        if close is not None:
-            await close()
+        if close is not None and not (ended and isinstance(pieces, AsyncGeneratorType)):
+            await close()  # (an async generator run to its end is closed already)
     if out is None:
         raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
     return out

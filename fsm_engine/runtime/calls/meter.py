@@ -36,7 +36,9 @@ class Call:
     ``entry``: its ``detail.llm_calls`` entry once billed (None: not yet);
     ``sink``: set for a streamed call (``MeteredLLM.stream``): ``BillLayer`` then reads the
     provider's ``stream`` and hands each text piece to it, and sets ``streamed`` (a call
-    answered above the provider, from a cache or a fork's record, never reaches it).
+    answered above the provider, from a cache or a fork's record, never reaches it);
+    ``done``: called once the provider's stream has ended with its reply (before the
+    layers above return).
     """
 
     key: str
@@ -44,6 +46,7 @@ class Call:
     entry: dict[str, Any] | None = None
     sink: Callable[[str], None] | None = None
     streamed: bool = False
+    done: Callable[[], None] | None = None
 
 
 _CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("fsm_call", default=None)
