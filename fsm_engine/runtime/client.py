@@ -7,6 +7,7 @@ runner (``runtime.runner``) or a worker then takes the instance up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -149,8 +150,17 @@ class Client:
 
     def pause(self, instance_id: str, *, by: str | None, reason: str = "paused"
               ) -> InstanceRecord:
-        """See ``Engine.pause``."""
-        reason = reason[:pausing.MAX_TEXT]
+        """See ``Engine.pause``: ``instance_id``, then each of its children still running
+        (and theirs), with the reason ``pausing.with_parent``."""
+        rec = self._pause_one(instance_id, by, reason[:pausing.MAX_TEXT])
+        for child in self.store.children(instance_id):
+            if not child.final and child.status != PAUSED:
+                with contextlib.suppress(InstanceFinished):  # (it ended meanwhile)
+                    self.pause(child.id, by=by, reason=pausing.with_parent(instance_id))
+        return rec
+
+    def _pause_one(self, instance_id: str, by: str | None, reason: str) -> InstanceRecord:
+        """Pause ``instance_id`` alone (a request when a live worker holds it)."""
         while True:
             rec = self.store.get(instance_id)
             if rec.final:
@@ -198,7 +208,19 @@ class Client:
         return self.ledger.apply_one(StepCommit(touch, rec.version, before=rec))
 
     def unpause(self, instance_id: str, *, by: str | None) -> InstanceRecord:
-        """See ``Engine.unpause``."""
+        """See ``Engine.unpause``: ``instance_id``, then each of its children its pause
+        paused (``pause``; not one paused on its own), and theirs."""
+        rec = self._unpause_one(instance_id, by)
+        cascade = pausing.with_parent(instance_id)
+        for child in self.store.children(instance_id):
+            if child.reason == cascade or (child.reason == pausing.REQUESTED and _asked(
+                    self.store.get_meta(pausing.key(child.id)), cascade)):
+                with contextlib.suppress(InvalidInput):  # (its pause ended meanwhile)
+                    self.unpause(child.id, by=by)
+        return rec
+
+    def _unpause_one(self, instance_id: str, by: str | None) -> InstanceRecord:
+        """End ``instance_id``'s pause alone (withdraw a request not applied yet)."""
         while True:
             rec = self.store.get(instance_id)
             if rec.status != PAUSED:
@@ -379,3 +401,9 @@ class Client:
         if operator is not None and commit.history:
             commit.history[0].detail["operator"] = operator
         return await self.driver.commit(rec, commit)
+
+
+def _asked(meta: str | None, reason: str) -> bool:
+    """True when the pause request stored as ``meta`` asks with ``reason``."""
+    req = pausing.decode(meta)
+    return req is not None and req.reason == reason

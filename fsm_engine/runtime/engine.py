@@ -296,13 +296,16 @@ class Engine:
         the time they had left; one ``kind: pause`` history row naming ``by``
         (``detail.operator``).  One a live worker holds finishes its running step first:
         the pause is then a request the ledger applies at that step's commit (the record
-        returned is still ``running``).  Idempotent; ``InstanceFinished`` when final."""
+        returned is still ``running``).  A fan-out parent's children still running are
+        paused with it (and theirs), each with its own row and the reason ``paused with
+        its parent ID``.  Idempotent; ``InstanceFinished`` when final."""
         return self.client.pause(instance_id, by=by, reason=reason)
 
     def unpause(self, instance_id: str, *, by: str | None = None) -> InstanceRecord:
         """End a pause: the status and reason the instance had come back, its timers run
         on with the time they had left (one paused by ``on_retries_exhausted`` gets a fresh
-        set of attempts); a request not yet applied is withdrawn.  ``InvalidInput`` when it
+        set of attempts); a request not yet applied is withdrawn.  The children its pause
+        paused are unpaused with it (not one paused on its own).  ``InvalidInput`` when it
         is neither paused nor asked to pause."""
         return self.client.unpause(instance_id, by=by)
 

@@ -46,6 +46,12 @@ class PauseRequest:
     withdrawn: bool = False
 
 
+def with_parent(parent_id: str) -> str:
+    """The pause reason of a child paused with its parent ``parent_id`` (``Client.pause``;
+    ``Client.unpause`` ends exactly those pauses)."""
+    return f"paused with its parent {parent_id}"[:MAX_TEXT]
+
+
 def key(instance_id: str) -> str:
     """The ``fsm_meta`` key of ``instance_id``'s pause request."""
     return PREFIX + instance_id

@@ -14,6 +14,7 @@ from fsm_engine import (
     InstanceFinished,
     InvalidInput,
     Machine,
+    Map,
     RetryPolicy,
     ServerError,
     State,
@@ -261,3 +262,60 @@ def test_two_operators_asking_at_once_make_one_request_not_a_pause_mid_step(
     assert (rec.status, rec.reason, rec.owner) == ("pending", "pause_requested",
                                                     holder.worker.id)
     assert bob.store.history(iid) == []  # nothing paused under the holder's feet
+
+
+class Parent(BaseModel):
+    items: list[str] = []
+    outs: list[Any] = []
+
+
+class Kid(BaseModel):
+    item: str = ""
+    n: int = 0
+
+
+def kid_step(ctx: Kid) -> dict[str, Any]:
+    CALLS.append(f"kid:{ctx.item}")
+    return {"n": 1}
+
+
+KID = Machine(name="pausing_kid", initial="work", context=Kid,
+              states=[State("work", action=kid_step), State("done", final=True)],
+              transitions=[Transition("next", "work", "done")])
+FAMILY = Machine(
+    name="pausing_family", initial="fan", context=Parent,
+    states=[State("fan", fan_out=Map(items="items", machine=KID, into="outs", item_field="item")),
+            State("end", final=True), State("failed", final=True, failure=True)],
+    transitions=[Transition("joined", "fan", "end"), Transition("branch_failed", "fan", "failed")])
+
+
+def test_pausing_a_parent_pauses_its_running_children_and_unpausing_it_ends_only_theirs(
+        engine_factory: Any) -> None:
+    """A fan-out parent paused while its children wait to run: each child still running is
+    paused with it (its own ``pause`` row, by the same operator), so no child step runs
+    and no tokens are spent; unpausing the parent ends those pauses, not one an operator
+    set on a child by itself, and the family then finishes."""
+    eng = engine_factory()
+    iid = eng.start(FAMILY, {"items": ["x", "y", "z"]})
+    asyncio.run(eng.step(iid))  # the parent's fan-out: three children, not yet run
+    kids = {c.context["item"]: c.id for c in eng.store.children(iid)}
+    assert sorted(kids) == ["x", "y", "z"]
+    eng.pause(kids["z"], by="bob", reason="look at z first")  # paused on its own
+    rec = eng.pause(iid, by="ann", reason="budget review")
+    assert rec.status == "paused"
+    for item in ("x", "y"):
+        kid = eng.store.get(kids[item])
+        assert kid.status == "paused" and kid.reason == f"paused with its parent {iid}"
+        [row] = [h for h in eng.store.history(kid.id) if h.kind == "pause"]
+        assert row.detail["operator"] == "ann"
+    assert eng.store.get(kids["z"]).reason == "look at z first"
+    asyncio.run(eng.resume())
+    assert CALLS == []  # nothing of the family ran while it was paused
+    eng.unpause(iid, by="ann")
+    assert [eng.store.get(kids[i]).status for i in ("x", "y", "z")][2] == "paused"
+    assert all(eng.store.get(kids[i]).status != "paused" for i in ("x", "y"))
+    eng.unpause(kids["z"], by="bob")
+    asyncio.run(eng.resume())
+    final = eng.store.get(iid)
+    assert final.status == "completed", (final.status, final.reason)
+    assert sorted(CALLS) == ["kid:x", "kid:y", "kid:z"]
