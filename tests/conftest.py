@@ -12,8 +12,9 @@ TESTS = ROOT / "tests"
 HELPERS = TESTS / "helpers"  # shared helper modules (machines, harnesses), imported by bare name
 # tests/ mirrors the package (tests/cli/, tests/runtime/kinds/, ...), no folder a package:
 # each module is imported by its basename (unique across tests/), so every folder goes on
-# sys.path for helpers and for the tests that borrow from another test module
-# (``from test_cli import run_main``), whichever folder pytest collected first.
+# sys.path for the helpers (``from cli import run_main``), whichever folder pytest collected
+# first.  No test module imports another (tests/test_architecture.py checks): what two share
+# lives in tests/helpers/.
 _FOLDERS = [ROOT, TESTS, *sorted(d for d in TESTS.rglob("*") if d.is_dir() and d.name != "__pycache__")]
 for _path in reversed(_FOLDERS):
     if str(_path) not in sys.path:

@@ -3,17 +3,20 @@
 Each known exception is listed with the redesign step that removes it; a new circle or a
 module growing past 500 lines fails here.  The graph is read from source
 (``fsm_engine.testing.architecture``), so the tests import nothing of the package's
-runtime.
+runtime.  Test modules import no other test module: what two of them share lives in
+``tests/helpers/``.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import fsm_engine
 from fsm_engine.testing.architecture import circles, import_graph
 
 PACKAGE = Path(fsm_engine.__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent
 MAX_LINES = 500
 
 #: Circles allowed: none since issue 20's rooms step (a new one fails; list one only with the
@@ -57,3 +60,36 @@ def test_the_graph_reader_sees_a_circle_and_skips_type_only_imports(tmp_path: Pa
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
     assert graph["pkg.c"] == set()
     assert circles(graph) == [frozenset({"pkg.a", "pkg.b"})]
+
+
+def imports_of_test_modules(root: Path) -> list[str]:
+    """``"path:line: name"`` for each ``import`` / ``from … import`` (module level or inside
+    a function) in a ``.py`` file under ``root`` that names a ``test_*`` module: any dotted
+    part of the module, or an imported name (``from tests.cli import test_cli``)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(a.name for a in node.names)]
+            else:
+                continue
+            found += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in names
+                      if any(part.startswith("test_") for part in name.split("."))]
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    found = imports_of_test_modules(TESTS)
+    assert not found, f"move what these share into tests/helpers/: {found}"
+
+
+def test_the_test_import_reader_sees_both_forms_inside_functions_too(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("import test_x\nimport helpers.cli\n")
+    (tmp_path / "sub" / "b.py").write_text("def f():\n    from test_y import z\n")
+    (tmp_path / "c.py").write_text("from tests.cli import test_cli\nfrom procs import stop\n"
+                                   "from fsm_engine.testing import contract\n")
+    assert imports_of_test_modules(tmp_path) == ["a.py:1: test_x", "c.py:1: test_cli",
+                                                 "sub/b.py:2: test_y"]

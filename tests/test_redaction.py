@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plain_source import PLAIN
 
 from fsm_engine.errors import StoreError
 from fsm_engine.store import InstanceFilter, open_store
@@ -46,24 +47,6 @@ machine = Machine(name="leaky", initial="ask", context=C, max_transitions=5, sta
     State("done", final=True), State("failed", final=True, failure=True)],
     transitions=[Transition("next", "ask", "done")])
 '''
-
-
-PLAIN = """
-from pydantic import BaseModel
-
-from fsm_engine import Machine, State, Transition, fire
-
-
-class C(BaseModel):
-    note: str = ""
-
-
-def go(ctx, step):
-    return fire("next")
-
-machine = Machine(name="plain", initial="go", context=C, states=[State("go", action=go),
-                  State("done", final=True)], transitions=[Transition("next", "go", "done")])
-"""
 
 
 def query_password_url(cluster: PostgresCluster) -> str:

@@ -14,7 +14,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,45 +21,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MACHINES, ROOT, license_files
+from cli import (
+    BROKEN_MODULE,
+    ENTRY,
+    MODERATION,
+    ROUTER,
+    VERDICT_LINE,
+    finished_instance,
+    inputs,
+    run_main,
+    write_script,
+)
+from conftest import ROOT
 from typer.testing import CliRunner
 
-from fsm_engine import Engine, SqliteStore
+from fsm_engine import Engine
 from fsm_engine.cli import app
-from fsm_engine.store import InstanceRecord
 
-MODERATION = str(MACHINES / "moderation.py")
-ROUTER = str(MACHINES / "router.py")
-ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
-VERDICT_LINE = json.dumps({"text": json.dumps({"decision": "approve", "categories": [],
-                                               "summary": "ok"}),
-                           "prompt_tokens": 10, "completion_tokens": 5})
 GARBAGE_LINE = json.dumps({"text": "I think it is fine, no JSON here.", "prompt_tokens": 40,
                            "completion_tokens": 30})
-
-BROKEN_MODULE = '''
-from pydantic import BaseModel
-from fsm_engine import Machine, State, Transition
-
-class C(BaseModel):
-    n: int = 0
-
-machine = Machine(name="broken", context=C, initial="a",
-                  states=[State("a"), State("island"), State("z", final=True)],
-                  transitions=[Transition("go", "a", "z"), Transition("leap", "a", "void")])
-'''
-
-
-def inputs(n: int = 2) -> list[str]:
-    files = license_files(n)
-    if len(files) < n:
-        pytest.skip("needs /usr/share/common-licenses")
-    return files
-
-
-def write_script(path: Path, *lines: str) -> str:
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 def foreign_sqlite(path: Path) -> str:
@@ -69,17 +48,6 @@ def foreign_sqlite(path: Path) -> str:
     conn.commit()
     conn.close()
     return str(path)
-
-
-def finished_instance(db: str) -> str:
-    """A database holding one completed instance; returns its id."""
-    store = SqliteStore(db)
-    store.create(InstanceRecord(
-        id="finished1", machine="moderation", module=MODERATION, fingerprint="x",
-        state="done", status="completed", context={"path": "/x"}, input={"path": "/x"},
-        max_transitions=30, token_budget=None, created_at=1.0, updated_at=2.0))
-    store.close()
-    return "finished1"
 
 
 # -- error paths --------------------------------------------------------------------------
@@ -174,21 +142,6 @@ def error_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
         return Ran(argv, proc.returncode, proc.stdout, proc.stderr, needle)
     with ThreadPoolExecutor(max_workers=3) as pool:
         return dict(zip(SUBPROCESS_CASES, pool.map(one, SUBPROCESS_CASES), strict=False))
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Call ``fsm_engine.cli.main`` in-process with ``argv``; return (code, stdout, stderr)."""
-    from fsm_engine.cli import main
-    old_argv, old_hook = sys.argv, sys.excepthook  # typer installs its own excepthook
-    sys.argv = ["fsm", *argv]
-    try:
-        with pytest.raises(SystemExit) as info:
-            main()
-    finally:
-        sys.argv, sys.excepthook = old_argv, old_hook
-    captured = capsys.readouterr()
-    code = info.value.code
-    return (code if isinstance(code, int) else 1), captured.out, captured.err
 
 
 def assert_one_line_error(r: Ran, case: str) -> None:

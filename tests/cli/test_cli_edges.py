@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_cli import MODERATION, ROUTER, VERDICT_LINE, finished_instance, inputs, run_main, write_script
+from cli import MODERATION, ROUTER, VERDICT_LINE, finished_instance, inputs, run_main, write_script
 
 from fsm_engine import Engine
 from fsm_engine.sinks import append_jsonl
@@ -146,7 +146,7 @@ def test_file_sink_writes_each_key_once(tmp_path):
 
 
 def test_a_broken_definition_creates_no_database(tmp_path, capsys, llm):
-    from test_cli import BROKEN_MODULE
+    from cli import BROKEN_MODULE
     broken = tmp_path / "broken.py"
     broken.write_text(BROKEN_MODULE)
     db = tmp_path / "x.db"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent import LOOP
+from agent_replies import KEYED
 
 from fsm_engine.runtime.invariants import check
 from fsm_engine.store import open_store
@@ -42,10 +42,6 @@ asyncio.run(eng.resume())
 eng.close()
 '''
 
-#: ``LOOP`` keyed by what each turn's prompt holds, so a resumed process's model answers
-#: the turn it is at (a new process's script starts again from its first line).
-KEYED = [{**LOOP[2], "match": '"result": "sent"'}, {**LOOP[1], "match": '"result": "hi"'},
-         LOOP[0]]
 
 #: (name, environment): every place a process can die in the loop.
 POINTS: list[tuple[str, dict[str, str]]] = [

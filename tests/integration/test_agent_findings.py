@@ -21,7 +21,7 @@ from typing import Any
 
 import agent_machine
 import pytest
-from test_agent import calls
+from agent_replies import calls
 
 from fsm_engine.errors import StaleWrite
 from fsm_engine.llm import Scripted

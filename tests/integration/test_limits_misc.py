@@ -37,7 +37,7 @@ def _deep(depth: int = DEPTH) -> Any:
 
 
 def _machine(tmp_path: Path) -> Path:
-    from test_redaction import PLAIN
+    from plain_source import PLAIN
     module = tmp_path / "plain.py"
     module.write_text(PLAIN.replace('note: str = ""', 'note: object = None'))
     return module

@@ -13,7 +13,7 @@ import matrix_check
 import pytest
 from matrix_harness import Lab
 from matrix_kinds import ref
-from test_matrix_check import Tampered
+from tampered_store import Tampered
 
 from fsm_engine import Engine
 from fsm_engine.llm import Scripted

@@ -4,7 +4,6 @@ in a real store's family (a fan-out of two children, each delivering once)."""
 from __future__ import annotations
 
 import asyncio
-import builtins
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,29 +13,11 @@ import matrix_check
 import pytest
 from matrix_harness import Lab
 from matrix_kinds import ref
+from tampered_store import Tampered
 
 from fsm_engine import Engine
 from fsm_engine.store import open_store
 from fsm_engine.testing.crash import CrashPoint
-
-
-class Tampered:
-    """A store whose reads are the real store's, changed by the test."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.extra: list[Any] = []
-        self.rows: dict[str, list[Any]] = {}
-
-    def list(self) -> builtins.list[Any]:
-        return [*self.store.list(), *self.extra]
-
-    def history(self, iid: str) -> builtins.list[Any]:
-        return self.rows.get(iid) or (self.store.history(iid) if iid in
-                                      {r.id for r in self.store.list()} else [])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from background_worker import Background, until
 from pydantic import BaseModel
-from test_lease_loss import Background, until
 
 from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import InvalidInput

@@ -8,13 +8,13 @@ import json
 import random
 import time
 
+import crash_runner
 import pytest
-import test_crash
-from test_crash import Runner, kill
+from crash_runner import Runner, kill
 
 from fsm_engine.store import open_store
 
-RUNNER = test_crash.RUNNER.replace(
+RUNNER = crash_runner.RUNNER.replace(
     "asyncio.run(eng.resume())",
     "out = asyncio.run(eng.resume())\n"
     "print('resumed', [(getattr(r, 'id', None), getattr(r, 'status', repr(r))) for r in out],"

@@ -17,24 +17,13 @@ from pathlib import Path
 
 import pytest
 from conftest import MACHINES, license_files
+from instance_audit import check_instance
 from llm_fixtures import gemma_path, qwen_path  # noqa: F401  (fixtures)
 
 from fsm_engine import Engine
 from fsm_engine.llm import FaultInjector
-from fsm_engine.views import context_after
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
-
-
-def check_instance(eng: Engine, rec) -> None:
-    """Final, gap-free history that replays to the stored context, tokens that add up."""
-    assert rec.final and (rec.status == "completed" or rec.reason), (rec.status, rec.reason)
-    rows = eng.store.history(rec.id)
-    assert [h.seq for h in rows] == list(range(1, rec.seq + 1))
-    assert rows[-1].dest == rec.state
-    assert context_after(rec, rows)[-1] == rec.context
-    billed = sum(h.tokens for h in rows) + sum(a.tokens for a in eng.store.attempts(rec.id))
-    assert billed == rec.tokens_used > 0
 
 
 def run_three(db_path: str, llm) -> tuple[Engine, list]:

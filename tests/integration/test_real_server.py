@@ -13,8 +13,8 @@ import asyncio
 
 import pytest
 from conftest import MACHINES, license_files
+from instance_audit import check_instance
 from llm_fixtures import gemma_path, llama_server  # noqa: F401  (fixtures)
-from test_real_model import check_instance
 
 from fsm_engine import Engine
 from fsm_engine.llm import OpenAICompatible

@@ -89,7 +89,7 @@ def test_fork_and_rerun_by_query_make_each_fork_once(engine_factory: Any) -> Non
 
 def test_resume_by_query_restarts_cancelled_and_failed_ones_where_they_stopped(
         engine_factory: Any) -> None:
-    from test_pause import FAULTY, retrying
+    from pause_machine import FAULTY, retrying
     eng = engine_factory(llm=None)
     FAULTY["on"] = True  # a module global: each backend's run starts faulty
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT
-from test_review_family import MACHINE as REVIEW_FAMILY
+from review_family_source import MACHINE as REVIEW_FAMILY
 
 from fsm_engine import Engine
 from fsm_engine.runtime.kinds import reviews

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_store_contract import moved, record
 
 from fsm_engine import SqliteStore, StoreError
 from fsm_engine.runtime.commit import GroupCommitter
 from fsm_engine.store import HistoryRow, InstanceRecord, StepCommit
+from fsm_engine.testing.contract import moved, record
 
 
 class Recording:

@@ -10,42 +10,12 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from streamed_machine import CHUNKS, Ctx, ask, machine, rows, run
 
 from fsm_engine import CachePolicy, Engine, Machine, State, Step, Transition
 from fsm_engine.errors import InstanceNotFound, InvalidInput, ProviderTimeout
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RetryPolicy
-
-CHUNKS = ["Wri", "ting ", "as ", "it ", "goes."]
-
-
-class Ctx(BaseModel):
-    topic: str
-    answer: str = ""
-    seen: list[str] = []
-
-
-async def ask(ctx: Ctx, step: Step) -> dict[str, Any]:
-    reply = step.llm.stream([{"role": "user", "content": f"About {ctx.topic}"}], max_tokens=32)
-    seen = [piece async for piece in reply]
-    assert reply.completion is not None
-    return {"answer": reply.completion.text, "seen": seen}
-
-
-def machine(**state: Any) -> Machine:
-    return Machine(name="streamed", context=Ctx, initial="ask", states=[
-        State("ask", action=ask, **state), State("done", final=True)],
-        transitions=[Transition("ok", "ask", "done")])
-
-
-def rows(engine: Engine, iid: str) -> list[tuple[Any, ...]]:
-    return [(r.pos, r.seq, r.attempt, r.kind, r.text, r.offset) for r in
-            engine.store.stream_read(iid)]
-
-
-def run(engine: Engine, m: Machine, topic: str = "cats") -> tuple[str, Any]:
-    iid = engine.start(m, {"topic": topic})
-    return iid, asyncio.run(engine.run(iid))
 
 
 def collect(engine: Engine, iid: str, from_offset: int | str = 0) -> list[Any]:
@@ -211,7 +181,7 @@ def test_a_fork_reusing_the_model_replays_the_recorded_reply_as_its_stream(db_pa
 
 
 def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, capsys) -> None:
-    from test_cli import run_main
+    from cli import run_main
     engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
     iid, _ = run(engine, machine())
     engine.close()

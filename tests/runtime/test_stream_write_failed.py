@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_stream import CHUNKS, machine, rows, run
+from streamed_machine import CHUNKS, machine, rows, run
 
 from fsm_engine import Engine
 from fsm_engine.errors import StoreError

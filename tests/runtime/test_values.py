@@ -154,7 +154,7 @@ def test_every_json_output_is_strict(eng: Engine, db_path: str) -> None:
 
 
 def test_fsm_run_names_the_input_file_at_fault(tmp_path, db_path: str, capsys) -> None:
-    from test_cli import run_main
+    from cli import run_main
     good, bad, script = tmp_path / "good.json", tmp_path / "bad.json", tmp_path / "s.jsonl"
     good.write_text('{"path": "x"}')
     script.write_text('{"text": "{}"}\n')

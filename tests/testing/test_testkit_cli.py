@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import run_main
+from cli import run_main
 
 from fsm_engine import Engine
 from fsm_engine.llm.scripted import Scripted

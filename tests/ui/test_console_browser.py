@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import CHROMIUM, DRIVER, _need_browser, load, navigate, read
+from cli import ENTRY
 from conftest import ROOT
 from procs import stop
-from test_ui_browser import CHROMIUM, DRIVER, ENTRY, _need_browser, load, navigate, read
 
 from fsm_engine import Engine, load_machine
 from fsm_engine.runtime.kinds import review_links

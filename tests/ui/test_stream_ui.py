@@ -113,7 +113,7 @@ def test_sse_refuses_an_unknown_instance_and_a_bad_offset(procs: Any) -> None:
 
 
 def test_chromium_shows_the_live_text_before_the_commit(procs: Any) -> None:
-    from test_ui_browser import CHROMIUM, DRIVER, _need_browser, load
+    from browser import CHROMIUM, DRIVER, _need_browser, load
     _need_browser()
     import shutil
     import tempfile

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import run_main
-from test_queues import MACHINE, replies
+from cli import run_main
+from queued_machine import MACHINE, replies
 
 from fsm_engine.errors import StoreError
 from fsm_engine.policies import RateLimit
@@ -144,7 +144,7 @@ def test_stored_limits_refuse_infinite_windows() -> None:
 def test_a_limit_named_for_a_states_model_binds_the_default_provider(engine_factory) -> None:
     """`llm="primary"` on a state, one unnamed provider serving it: a limit named
     `primary` (the README's example) applies to it."""
-    from test_queues import Ctx, ask
+    from queued_machine import Ctx, ask
 
     from fsm_engine import Machine, State, Transition
     named = Machine(name="named", context=Ctx, initial="ask",

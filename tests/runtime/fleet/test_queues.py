@@ -9,31 +9,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
-from test_cli import run_main
+from cli import run_main
+from queued_machine import MACHINE, Ctx, fetch, replies
 
 from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import InvalidInput
-from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RateLimit
 from fsm_engine.runtime.fleet.queues import QueueClaim, QueuePlan, parse_counts
 from fsm_engine.runtime.fleet.rates import limits_from_specs
 from fsm_engine.store import ClaimRequest
 from fsm_engine.store.claims import share
-
-
-class Ctx(BaseModel):
-    n: int = 0
-    answer: str = ""
-
-
-def fetch(ctx: Ctx) -> dict:
-    return {"n": ctx.n + 1}
-
-
-async def ask(ctx: Ctx, step) -> dict:
-    out = await step.llm.complete([{"role": "user", "content": "hi"}], max_tokens=20)
-    return {"answer": out.text}
 
 
 def swallow(ctx: Ctx, step) -> dict:
@@ -44,19 +29,10 @@ def swallow(ctx: Ctx, step) -> dict:
     return {"answer": "guessed"}
 
 
-MACHINE = Machine(
-    name="queued", context=Ctx, initial="fetch",
-    states=[State("fetch", action=fetch, queue="io"), State("ask", action=ask, queue="llm"),
-            State("done", final=True)],
-    transitions=[Transition("next", "fetch", "ask"), Transition("next", "ask", "done")])
 SWALLOW = Machine(
     name="swallow", context=Ctx, initial="ask",
     states=[State("ask", action=swallow, queue="llm"), State("done", final=True)],
     transitions=[Transition("next", "ask", "done")])
-
-
-def replies(n: int = 1) -> Scripted:
-    return Scripted.from_replies([{"text": "ok", "prompt_tokens": 5, "completion_tokens": 10}] * n)
 
 
 # -- the pure parts ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import agent_machine
 import pytest
+from agent_replies import LOOP, calls, final
 from pydantic import BaseModel
 
 from fsm_engine import Agent, DefinitionError, Engine, Machine, State, Transition
@@ -20,24 +21,6 @@ from fsm_engine.runtime.compiled import compile_machine
 from fsm_engine.store.records import TOOL
 
 Q = {"question": "what is 2 + 3?"}
-
-
-def calls(*pairs: tuple[str, dict[str, Any]], tokens: int = 10) -> dict[str, Any]:
-    """A scripted turn calling ``(tool, arguments)`` pairs."""
-    return {"tool_calls": [{"name": n, "arguments": a} for n, a in pairs],
-            "prompt_tokens": tokens, "completion_tokens": tokens}
-
-
-def final(answer: str, tokens: int = 10) -> dict[str, Any]:
-    return {"text": json.dumps({"final": {"answer": answer}}), "prompt_tokens": tokens,
-            "completion_tokens": tokens}
-
-
-#: The 3-turn, 4-call loop of the issue: two calls, then two (one a side effect), then
-#: the final answer.
-LOOP = [calls(("add", {"a": 2, "b": 3}), ("echo", {"text": "hi"})),
-        calls(("echo", {"text": "again"}), ("send_report", {"text": "2+3=5"})),
-        final("5")]
 
 
 def _tool_rows(engine: Engine, iid: str) -> list[Any]:

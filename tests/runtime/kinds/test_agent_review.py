@@ -15,8 +15,8 @@ from typing import Any
 
 import agent_machine
 import pytest
+from agent_replies import calls, final
 from procs import wait_until
-from test_agent import calls, final
 
 from fsm_engine import Engine
 from fsm_engine.errors import ReviewRefused

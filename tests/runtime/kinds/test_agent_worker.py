@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from agent_replies import KEYED
 from procs import alive, wait_until
-from test_agent_crash import KEYED
 
 from fsm_engine.store import open_store
 from fsm_engine.store.records import TOOL

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from pause_machine import CALLS, FAULTY, Ctx, retrying
 from pydantic import BaseModel
 
 from fsm_engine import (
@@ -15,19 +16,12 @@ from fsm_engine import (
     InvalidInput,
     Machine,
     Map,
-    RetryPolicy,
-    ServerError,
     State,
     Transition,
 )
 from fsm_engine.store.records import InstanceFilter
 
 GATE: dict[str, Any] = {}
-CALLS: list[str] = []
-
-
-class Ctx(BaseModel):
-    n: int = 0
 
 
 async def slow(ctx: Ctx) -> dict[str, Any]:
@@ -42,31 +36,11 @@ async def after(ctx: Ctx) -> dict[str, Any]:
     return {"n": ctx.n + 10}
 
 
-FAULTY = {"on": True}
-
-
-async def flaky(ctx: Ctx) -> dict[str, Any]:
-    CALLS.append("flaky")
-    if FAULTY["on"]:
-        raise ServerError("upstream 503")
-    return {"n": 1}
-
-
 def machine(**kw: Any) -> Machine:
     return Machine(
         name="pausing", initial="a", context=Ctx, **kw,
         states=[State("a", action=slow), State("b", action=after), State("done", final=True)],
         transitions=[Transition("next", "a", "b"), Transition("next", "b", "done")])
-
-
-def retrying(state_policy: str | None = None, machine_policy: str | None = "pause",
-             name: str = "retrying") -> Machine:
-    return Machine(
-        name=name, initial="a", context=Ctx, on_retries_exhausted=machine_policy,
-        states=[State("a", action=flaky, on_exhausted=state_policy,
-                      retry=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=0.0)),
-                State("done", final=True)],
-        transitions=[Transition("next", "a", "done")])
 
 
 @pytest.fixture(autouse=True)

@@ -16,44 +16,10 @@ from typing import Any
 
 import pytest
 from conftest import ROOT
+from review_family_source import MACHINE
 
 from fsm_engine import Engine
 from fsm_engine.runtime.loader import load_machine
-
-MACHINE = '''
-from pydantic import BaseModel
-from fsm_engine import Machine, State, Transition
-from fsm_engine.definition.fanout import Map
-from fsm_engine.definition.review import Review
-
-
-class Item(BaseModel):
-    n: int
-    seen: bool = False
-
-
-def look(ctx):
-    return {"seen": True}
-
-
-item = Machine(name="rf_item", context=Item, initial="look", states=[
-    State("look", action=look),
-    State("review", review=Review(prompt="ok?", show=["n"], choices=["approve", "reject"])),
-    State("done", final=True), State("rejected", final=True, failure=True)],
-    transitions=[Transition("ok", "look", "review"), Transition("approve", "review", "done"),
-                 Transition("reject", "review", "rejected")])
-
-
-class Job(BaseModel):
-    ns: list[int] = []
-    got: list = []
-
-
-machine = Machine(name="rf", context=Job, initial="fan", states=[
-    State("fan", fan_out=Map(items="ns", machine=item, item_field="n", into="got")),
-    State("done", final=True)],
-    transitions=[Transition("joined", "fan", "done")])
-'''
 
 ITEMS = [1, 2]
 
