@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..store.streams import FENCED, ROW_CHARS, StreamOp, StreamRow
-from . import stream_inline
-from .streams import FLUSH_CHARS, Batcher, maybe_prune
+from . import stream_inline, streams
+from .streams import Batcher, maybe_prune
 
 if TYPE_CHECKING:
     from ..llm.base import Completion
@@ -96,7 +96,7 @@ class ChunkWriter:
         self._waiting += len(piece)
         if not self.odd and ("\x00" in piece or not piece.isascii()):
             self.odd = _odd(piece)
-        if self._waiting >= FLUSH_CHARS:
+        if self._waiting >= streams.FLUSH_CHARS:  # (read here: set once, in ``streams``)
             self._ready(True)
         elif first and not self.busy and not self.queued:  # (``_ready``, inline: each call's
             self.batcher.wake(self)                         # first piece; then woken already)
