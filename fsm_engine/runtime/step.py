@@ -110,9 +110,8 @@ class MeteredLLM:
         ``(seq, n)`` of this step (``runtime.streams``).  Raises as ``complete``, possibly
         after some pieces.  ``json_reply`` (implied by ``json_schema``): the reply is JSON,
         so subscribers also get the partial object parsed from it so far."""
-        return ReplyStream(self._begin, (self._stack or self._main(), self.provider), messages,
-                           kwargs, self.settings.stream_to,
-                           json_reply or kwargs.get("json_schema") is not None)
+        return self._streaming(self._stack or self._main(), self.provider, messages, kwargs,
+                               json=json_reply or kwargs.get("json_schema") is not None)
 
     def _streaming(self, stack: Provider | None, provider: Provider | None,
                    messages: list[dict[str, str]], kwargs: dict[str, Any], *,

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from .calls.meter import current_call, end_call
+from .calls.meter import Sink, current_call, end_call
 from .stream_writer import ChunkWriter
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ReplyStream", "Sink"]
 
-Sink = Callable[[str], None]
 #: ``MeteredLLM._begin``'s shape: ``(stack, provider, messages, kwargs, sink)`` → the top
 #: layer and the token ending the call.
 Begin = Callable[[Any, Any, "list[Message]", "dict[str, Any]", Sink],

@@ -117,12 +117,7 @@ class ChunkWriter:
         self._end = (out.text, out.finish_reason)
         if self._broken and not self._retried:
             self._anew()
-        if self._broken or self.closed:  # (``_close``, inline: every call ends here)
-            return
-        self._last = ("end", {"finish": out.finish_reason, "chars": self.chars}, time.time())
-        self.closed = True
-        if not self.busy and not self.queued:
-            self.batcher.wake(self)
+        self._close("end", {"finish": out.finish_reason, "chars": self.chars})
 
     def inlinable(self, calls: list[dict[str, Any]]) -> bool:
         """True when the step's history can hold this attempt's rows (``stream_inline``):

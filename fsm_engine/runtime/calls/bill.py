@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from types import AsyncGeneratorType
 from typing import Any
 
 from ...errors import ProviderError, ServerError
 from ...llm.base import CALLER_INPUT, Completion, Message, Piece, Provider
 from .layer import Layer
-from .meter import Call, Meter, current_call
+from .meter import Call, Meter, Sink, current_call
 
 __all__ = ["BillLayer"]
-
-Sink = Callable[[str], None]
 
 
 async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str, Any],

@@ -21,10 +21,14 @@ from typing import Any, TypeVar
 from ...errors import RateLimitWait
 from ...llm.base import estimate_prompt_tokens
 
-__all__ = ["Meter", "Call", "current_call", "count_prompt", "store_io"]
+__all__ = ["Meter", "Call", "Sink", "current_call", "count_prompt", "store_io"]
 
 T = TypeVar("T")
 log = logging.getLogger("fsm_engine")
+
+
+#: What a streamed call hands each text piece to (``Call.sink``).
+Sink = Callable[[str], None]
 
 
 @dataclass(slots=True)
@@ -44,7 +48,7 @@ class Call:
     key: str
     prompt: int | None = None
     entry: dict[str, Any] | None = None
-    sink: Callable[[str], None] | None = None
+    sink: Sink | None = None
     streamed: bool = False
     done: Callable[[], None] | None = None
 
@@ -83,7 +87,7 @@ class Meter:
         self.calls.append(entry)
         return entry
 
-    def calling(self, key: str, sink: Callable[[str], None] | None = None
+    def calling(self, key: str, sink: Sink | None = None
                 ) -> contextvars.Token[Call | None]:
         """Start a call with reply ``key`` (``_CALL.reset(token)`` ends it); ``sink``: see
         ``Call``."""
