@@ -10,14 +10,13 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from .calls.meter import Sink, current_call, end_call
-from .stream_writer import ChunkWriter
+from .calls.meter import Call, Sink, current_call, end_call
+from .stream_writer import ChunkWriter, next_serial
 
 if TYPE_CHECKING:
     from contextvars import Token
 
     from ..llm.base import Completion, Message, Provider
-    from .calls.meter import Call
     from .streams import StreamTarget
 
 __all__ = ["ReplyStream", "Sink"]
@@ -34,7 +33,8 @@ class ReplyStream:
     cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
     ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
 
-    __slots__ = ("_begin", "_head", "_messages", "_kwargs", "_to", "_json", "completion")
+    __slots__ = ("_begin", "_head", "_messages", "_kwargs", "_to", "_json", "completion",
+                 "_writer", "_serial", "_call")
 
     def __init__(self, begin: Begin, head: tuple[Any, Any], messages: list[Message],
                  kwargs: dict[str, Any], to: StreamTarget | None, json: bool) -> None:
@@ -43,6 +43,9 @@ class ReplyStream:
         self._begin, self._head, self._messages, self._kwargs = begin, head, messages, kwargs
         self._to, self._json = to, json
         self.completion: Completion | None = None
+        self._writer: ChunkWriter | None = None  # (``text``: opened by its first row)
+        self._serial = 0
+        self._call: Call | None = None
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._pieces()
@@ -63,24 +66,43 @@ class ReplyStream:
     async def text(self) -> Completion:
         """Run the stream to its end without looking at the pieces (they are still written
         for subscribers); its ``Completion``.  Awaited in the caller's task: no task, queue
-        or coroutine of its own."""
-        to = self._to
-        writer = None if to is None else ChunkWriter(to, json=self._json)
+        or coroutine of its own.  The stream's own sink is this object (``__call__``): its
+        writer is opened by its first row (a piece, the end or an error; numbered in the
+        order the calls began all the same), so a call waiting for the model's first token
+        holds no writer, list or bound method meanwhile."""
         token = None
+        if self._to is not None:
+            self._serial = next_serial()
         try:
             top, token = self._begin(*self._head, self._messages, self._kwargs,
-                                     _drop if writer is None else writer.add)
-            call = current_call()
-            if writer is not None:
-                call.done = writer.provider_done
+                                     _drop if self._to is None else self)
+            call = self._call = current_call()
             out = await top.complete(self._messages, **self._kwargs)
         except BaseException as exc:
-            _failed(writer, exc)
+            _failed(self._open(), exc)
             raise
         finally:
             if token is not None:
                 end_call(token)
-        return self._ended(writer, out, call)
+        return self._ended(self._open(), out, call)
+
+    def __call__(self, piece: str) -> None:
+        """``text``'s sink for the call's first piece: opens the writer and hands it the
+        call's later pieces directly (``Call.sink``), and the provider's end
+        (``Call.done``)."""
+        writer = self._open()
+        call = self._call
+        if writer is None or call is None:
+            return
+        call.sink, call.done = writer.add, writer.provider_done
+        writer.add(piece)
+
+    def _open(self) -> ChunkWriter | None:
+        """``text``'s writer, opened now if it was not (None: no stream target)."""
+        writer = self._writer
+        if writer is None and self._to is not None:
+            writer = self._writer = ChunkWriter(self._to, json=self._json, serial=self._serial)
+        return writer
 
     def _ended(self, writer: ChunkWriter | None, out: Completion, call: Call) -> Completion:
         """After the call: a reply answered from the store written as one piece, the

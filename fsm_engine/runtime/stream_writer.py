@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..llm.base import Completion
     from .streams import StreamTarget
 
-__all__ = ["ChunkWriter"]
+__all__ = ["ChunkWriter", "next_serial"]
 
 log = logging.getLogger("fsm_engine")
 
@@ -60,10 +60,11 @@ class ChunkWriter:
                  "_last", "busy", "closed", "odd", "queued", "held", "_broken", "_end",
                  "_retried", "_settle", "entry", "finishing")
 
-    def __init__(self, to: StreamTarget, *, json: bool = False) -> None:
+    def __init__(self, to: StreamTarget, *, json: bool = False, serial: int | None = None) -> None:
         self.to, self.json = to, json
         self.batcher: Batcher = to.batcher if to.batcher is not None else Batcher(to.store)
-        self.serial = next(_serials)  # writers' rows are written in the order they began
+        #: writers' rows are written in the order their calls began (``next_serial``)
+        self.serial = next(_serials) if serial is None else serial
         self.attempt = 0
         self.chars = 0  # characters queued so far: the next chunk's offset
         self._pieces: list[str] = []  # text waiting (it starts at chars - _waiting)
@@ -229,7 +230,13 @@ class ChunkWriter:
             self._settle = None
 
 
-_serials = itertools.count()
+_serials = itertools.count(1)
+
+
+def next_serial() -> int:
+    """The place of a call beginning now among this process's streamed calls (ascending): a
+    writer opened later for it (``ChunkWriter(serial=…)``) is still written in that order."""
+    return next(_serials)
 
 
 def _chunks(to: StreamTarget, pieces: list[str], offset: int, attempt: int,

@@ -477,3 +477,33 @@ def test_a_store_refusing_the_streamed_rows_too_still_records_the_failure(
     assert (done.status, done.reason) == ("failed", "store_rejected")
     assert engine.store.get(iid).status == "failed" and rows(engine, iid) == []
     engine.close()
+
+
+async def side_by_side(ctx: Ctx, step: Step) -> dict[str, Any]:
+    """Two streamed calls of one step at once (``text``): the first begun answers later."""
+    first = step.llm.stream([{"role": "user", "content": "first"}], max_tokens=8)
+    second = step.llm.stream([{"role": "user", "content": "second"}], max_tokens=8)
+    a, b = await asyncio.gather(first.text(), second.text())
+    return {"answer": f"{a.text}|{b.text}"}
+
+
+def test_calls_of_one_step_are_numbered_in_the_order_they_began_not_by_their_first_piece(
+        db_path, monkeypatch) -> None:
+    """A ``text()`` call opens its writer at its first piece, yet its attempt keeps the place
+    of the call's beginning: the first call, whose first piece comes after the second's
+    (both before the batch), is attempt 1, superseded by the second."""
+    from fsm_engine.runtime import streams
+    monkeypatch.setattr(streams, "FLUSH_S", 0.3)  # one batch, after both first pieces
+    replies = [{"chunks": ["a1", "a2"], "delay_s": 0.05, "chunk_delay_s": 0.6},
+               {"chunks": ["b1", "b2"], "chunk_delay_s": 0.6}]
+    engine = Engine(db_path, llm=Scripted.from_replies(replies), seed=1)
+    iid, done = run(engine, Machine(name="side", context=Ctx, initial="ask", states=[
+        State("ask", action=side_by_side), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")]))
+    assert done.context["answer"] == "a1a2|b1b2"
+    log = engine.store.stream_read(iid)
+    first = next(r for r in log if r.kind == "chunk")
+    assert (first.attempt, first.text) == (1, "a1")  # written by the batch, in call order
+    assert [(r.attempt, r.kind) for r in log if r.kind in ("open", "superseded")][:3] == [
+        (1, "open"), (1, "superseded"), (2, "open")]
+    engine.close()

@@ -9,48 +9,50 @@ from typing import Any
 from ...errors import ProviderError, ServerError
 from ...llm.base import CALLER_INPUT, Completion, Message, Piece, Provider
 from .layer import Layer
-from .meter import Call, Meter, Sink, current_call
+from .meter import Call, Meter, current_call
 
 __all__ = ["BillLayer"]
 
 
 async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str, Any],
                    call: Call) -> Completion:
-    """``provider.stream``'s pieces handed to ``call.sink``; its ``Completion`` (then
-    ``call.done``, when set, is called).  A provider that does not stream (no ``stream``
-    of its own) is called with ``complete`` and its whole reply handed over as one piece.
-    ``ServerError`` for a stream that ends without its completion."""
+    """``provider.stream``'s pieces handed to ``call.sink`` (read again for each piece: a
+    sink may hand the call's later pieces to another, ``ReplyStream``); its ``Completion``
+    (then ``call.done``, when set, is called).  A provider that does not stream (no
+    ``stream`` of its own) is called with ``complete`` and its whole reply handed over as
+    one piece.  ``ServerError`` for a stream that ends without its completion."""
     assert call.sink is not None
     call.streamed = True
     if getattr(type(provider), "stream", Provider.stream) is Provider.stream:
-        out = await provider.complete(messages, **kwargs)
-        if out.text:
+        out: Completion | None = await provider.complete(messages, **kwargs)
+        if out is not None and out.text:
             call.sink(out.text)
-    else:
-        out = await _read(provider, provider.stream(messages, **kwargs), call.sink)
+    else:  # (read here, not in a coroutine of its own: one frame less per streamed call)
+        pieces: AsyncIterator[Piece] = provider.stream(messages, **kwargs)
+        out = None
+        ended = False
+        try:
+            async for piece in pieces:
+                if isinstance(piece, Completion):
+                    out = piece
+                elif piece and (sink := call.sink) is not None:
+                    sink(piece)
+            ended = True
+        finally:  # closed at once if the step gives up: the provider's slot is freed
+            if not (ended and isinstance(pieces, AsyncGeneratorType)):  # (one run to its
+                await _close(pieces)                                     # end is closed)
+    if out is None:
+        raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
     if call.done is not None:
         call.done()
     return out
 
 
-async def _read(provider: Provider, pieces: AsyncIterator[Piece], sink: Sink) -> Completion:
-    """Each text piece of ``pieces`` handed to ``sink``; the ``Completion`` that ends them."""
-    out: Completion | None = None
-    ended = False
-    try:
-        async for piece in pieces:
-            if isinstance(piece, Completion):
-                out = piece
-            elif piece:
-                sink(piece)
-        ended = True
-    finally:  # closed at once if the step gives up: the provider's slot is freed
-        close = getattr(pieces, "aclose", None)
-        if close is not None and not (ended and isinstance(pieces, AsyncGeneratorType)):
-            await close()  # (an async generator run to its end is closed already)
-    if out is None:
-        raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
-    return out
+async def _close(pieces: AsyncIterator[Piece]) -> None:
+    """Close the provider's ``pieces`` when they can be closed (``aclose``)."""
+    close = getattr(pieces, "aclose", None)
+    if close is not None:
+        await close()
 
 
 class BillLayer(Layer):

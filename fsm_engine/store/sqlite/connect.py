@@ -10,8 +10,8 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from ...errors import NotAnFsmDatabase, StoreError
 from ..codec import (
@@ -36,6 +36,23 @@ from ..records import (
 from ..schema import migrate, read_version, refuse_foreign
 
 _HEADER = b"SQLite format 3\x00"
+
+
+def _bind_none_directly() -> None:
+    """Register the identity adapter for ``None`` parameters (``{}.get``, a builtin: ``None``
+    in, ``None`` out), unless one is registered already.  CPython's ``sqlite3`` binds only
+    exact ``int``/``float``/``str`` without its adapter protocol (``need_adapt`` in
+    ``Modules/_sqlite/cursor.c``): every other value, ``None`` included, looks up
+    ``PrepareProtocol.__adapt__`` and ``None.__conform__``, two ``AttributeError``s raised
+    and cleared per NULL parameter (~0.4 µs each, measured; a step's rows bind several).
+    With an adapter registered for its type the lookup ends at the registry.  Nothing a
+    caller sees changes: ``None`` is still bound as SQL NULL."""
+    key = (type(None), sqlite3.PrepareProtocol)
+    if key not in sqlite3.adapters:
+        sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
+
+
+_bind_none_directly()
 
 #: History delta values whose JSON is longer than this (characters) are stored
 #: once in ``blobs`` by SHA-256 and referenced as ``{"$blob": hash}``.
