@@ -84,16 +84,15 @@ class ReplyStream:
         finally:
             if token is not None:
                 end_call(token)
-        return self._ended(self._open(), out, call)
+        return self._ended(self._writer or self._open(), out, call)
 
     def __call__(self, piece: str) -> None:
         """``text``'s sink for the call's first piece: opens the writer and hands it the
         call's later pieces directly (``Call.sink``), and the provider's end
         (``Call.done``)."""
-        writer = self._open()
-        call = self._call
-        if writer is None or call is None:
-            return
+        to, call = self._to, self._call  # (the sink only with a target, once the call began)
+        assert to is not None and call is not None and self._writer is None
+        writer = self._writer = ChunkWriter(to, json=self._json, serial=self._serial)
         call.sink, call.done = writer.add, writer.provider_done
         writer.add(piece)
 

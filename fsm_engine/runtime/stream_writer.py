@@ -98,8 +98,9 @@ class ChunkWriter:
         if not self.odd and ("\x00" in piece or not piece.isascii()):
             self.odd = _odd(piece)
         if self._waiting >= streams.FLUSH_CHARS:  # (read here: set once, in ``streams``)
-            self._ready(True)
-        elif first and not self.busy and not self.queued:  # (``_ready``, inline: each call's
+            if not self.busy:  # (rows queued while a write is in flight wait for it)
+                self.batcher.wake(self, soon=True)
+        elif first and not self.busy and not self.queued:  # (a wake, inline: each call's
             self.batcher.wake(self)                         # first piece; then woken already)
 
     def provider_done(self) -> None:
@@ -158,7 +159,8 @@ class ChunkWriter:
             return
         self._last = (kind, info, time.time())
         self.closed = True
-        self._ready(soon)
+        if not self.busy and (soon or not self.queued):  # (else: the write in flight, or the
+            self.batcher.wake(self, soon=soon)          # batch it is queued for, takes it)
 
     def _anew(self) -> None:
         """After a failed write: the complete reply waits as a new attempt's rows (once)."""
@@ -169,11 +171,6 @@ class ChunkWriter:
         self.chars = self._waiting = len(text)
         self.odd = _odd(text)
         self.held = self in self.batcher.held.get(self.to.instance_id, ())
-
-    def _ready(self, soon: bool) -> None:
-        # (rows queued while a write is in flight wait for it to settle)
-        if not self.busy and (soon or not self.queued):
-            self.batcher.wake(self, soon=soon)
 
     def settling(self) -> asyncio.Future[None]:
         """Done when this writer's write in flight (or the next one) settles."""
