@@ -58,7 +58,7 @@ class ChunkWriter:
 
     __slots__ = ("to", "json", "batcher", "serial", "attempt", "chars", "_pieces", "_waiting",
                  "_last", "busy", "closed", "odd", "queued", "held", "_broken", "_end",
-                 "_retried", "_settle", "entry", "finishing")
+                 "_retried", "_settle", "entry", "finishing", "spared")
 
     def __init__(self, to: StreamTarget, *, json: bool = False, serial: int | None = None) -> None:
         self.to, self.json = to, json
@@ -81,6 +81,7 @@ class ChunkWriter:
         self._settle: asyncio.Future[None] | None = None
         self.entry: dict[str, Any] | None = None  # the call's ``llm_calls`` entry, once ended
         self.finishing = False  # the provider's stream ended; the call has not yet
+        self.spared = False  # a batch left its ended call's rows to its step's commit once
 
     @property
     def waiting(self) -> bool:

@@ -143,3 +143,53 @@ def test_a_batch_due_while_the_breaker_records_the_call_leaves_its_rows_to_the_s
     assert engine.store.stream_read(iid) == []
     assert [(e.kind, e.text) for e in collect(engine.store, iid) if e.kind != "step"] == [
         ("open", ""), ("chunk", "hello"), ("end", ""), ("final", "")]
+
+
+def _writer(closed: bool) -> Any:
+    """A writer of a step's call with one piece queued (its call ended when ``closed``)."""
+    from fsm_engine.runtime.stream_writer import ChunkWriter
+    w = ChunkWriter(streams.StreamTarget(None, "i", 1, 1, batcher=streams.Batcher(None)))
+    w._pieces, w.chars, w._waiting = ["text"], 4, 4
+    if closed:
+        w._last, w.closed = ("end", {}, 0.0), True
+    return w
+
+
+def test_a_batch_spares_an_ended_call_once_then_writes_it() -> None:
+    """A batch finding a call ended with nothing of it written leaves it to its step's
+    commit; the next batch writes it (the action may still be running); an open call's
+    pieces are written at once."""
+    ended, open_ = _writer(closed=True), _writer(closed=False)
+    assert streams._due([ended]) == ([], {ended: None})
+    assert streams._due([ended]) == ([ended], {})
+    assert streams._due([open_]) == ([open_], {})
+
+
+class Seen(BaseModel):
+    answer: str = ""
+    rows_before_commit: int = 0
+
+
+STORE: list[Any] = []
+
+
+async def goes_on(ctx: Seen, step: Step) -> dict[str, Any]:
+    """A streamed call, then more work before the step returns."""
+    out = await step.llm.stream([{"role": "user", "content": "go"}], max_tokens=8).text()
+    await asyncio.sleep(0.6)  # (twelve batch windows)
+    return {"answer": out.text, "rows_before_commit": len(STORE[0].stream_read(step.instance_id))}
+
+
+def test_an_ended_call_whose_action_goes_on_is_written_by_the_next_batch(
+        db_path, monkeypatch) -> None:
+    monkeypatch.setattr(streams, "FLUSH_S", 0.05)
+    engine = Engine(db_path, llm=Scripted.from_replies([{"text": "hello"}]), seed=1)
+    STORE[:] = [engine.store]
+    m = Machine(name="goes_on", context=Seen, initial="ask", states=[
+        State("ask", action=goes_on), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+    rec = asyncio.run(engine.run(engine.start(m, {})))
+    assert rec.status == "completed" and rec.context["answer"] == "hello"
+    assert rec.context["rows_before_commit"] == 3  # open, chunk and end, before the commit
+    assert [r.kind for r in engine.store.stream_read(rec.id)] == ["open", "chunk", "end"]
+    engine.close()
