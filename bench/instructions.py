@@ -65,14 +65,8 @@ def child_stream(variant: str, pieces: int, n: int) -> None:
     from bench import stream_w12
 
     async def main() -> None:
-        from bench.common import INFER
-        from bench.peers.fsm import abump, linear
-        from fsm_engine import Engine, SqliteStore
-        from fsm_engine.llm.scripted import Scripted
-        action = stream_w12.ask_streamed if variant == "stream" else stream_w12.ask
-        machine = linear(f"bench_stream_{variant}", {INFER: action}, abump)
-        engine = Engine(SqliteStore(os.path.join(tempfile.mkdtemp(), "s.db"), synchronous="FULL"),
-                        llm=Scripted.from_replies([stream_w12.reply(pieces, 0.2)]))
+        engine, machine = stream_w12.setup(variant, "FULL", 0.2, pieces,
+                                           os.path.join(tempfile.mkdtemp(), "s.db"))
         for count in (WARMUP, n):
             if count:
                 await stream_w12.run(engine, machine, "W2", count)

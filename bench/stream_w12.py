@@ -80,13 +80,22 @@ async def run(engine: Engine, machine: Any, workload: str, n: int) -> None:
         assert all(r.status == "completed" for r in recs)
 
 
-def child(workload: str, synchronous: str, delay: float, pieces: int, variant: str,
-          n: int, path: str) -> tuple[float, float]:
-    """(process CPU, user CPU) seconds per transition of ``n`` instances in this process."""
+def setup(variant: str, synchronous: str, delay: float, pieces: int,
+          path: str) -> tuple[Engine, Any]:
+    """The engine on a SQLite file at ``path`` and the machine of ``variant`` (``plain``:
+    ``complete``; ``stream``: ``stream(...).text()``), the scripted model answering
+    ``reply(pieces, delay)``."""
     action = ask_streamed if variant == "stream" else ask
     machine = linear(f"bench_stream_{variant}", {INFER: action}, abump)
     engine = Engine(SqliteStore(path, synchronous=synchronous),
                     llm=Scripted.from_replies([reply(pieces, delay)]))
+    return engine, machine
+
+
+def child(workload: str, synchronous: str, delay: float, pieces: int, variant: str,
+          n: int, path: str) -> tuple[float, float]:
+    """(process CPU, user CPU) seconds per transition of ``n`` instances in this process."""
+    engine, machine = setup(variant, synchronous, delay, pieces, path)
 
     async def main() -> tuple[float, float]:
         await run(engine, machine, workload, WARMUP)

@@ -90,9 +90,8 @@ class ReplyStream:
         """``text``'s sink for the call's first piece: opens the writer and hands it the
         call's later pieces directly (``Call.sink``), and the provider's end
         (``Call.done``)."""
-        to, call = self._to, self._call  # (the sink only with a target, once the call began)
-        assert to is not None and call is not None and self._writer is None
-        writer = self._writer = ChunkWriter(to, json=self._json, serial=self._serial)
+        writer, call = self._open(), self._call  # (the sink only with a target, once the
+        assert writer is not None and call is not None  # call began)
         call.sink, call.done = writer.add, writer.provider_done
         writer.add(piece)
 

@@ -24,25 +24,26 @@ async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str
     assert call.sink is not None
     call.streamed = True
     if getattr(type(provider), "stream", Provider.stream) is Provider.stream:
-        out: Completion | None = await provider.complete(messages, **kwargs)
-        if out is not None and out.text:
+        out = await provider.complete(messages, **kwargs)
+        if out.text:
             call.sink(out.text)
     else:  # (read here, not in a coroutine of its own: one frame less per streamed call)
         pieces: AsyncIterator[Piece] = provider.stream(messages, **kwargs)
-        out = None
+        last: Completion | None = None
         ended = False
         try:
             async for piece in pieces:
                 if isinstance(piece, Completion):
-                    out = piece
+                    last = piece
                 elif piece and (sink := call.sink) is not None:
                     sink(piece)
             ended = True
         finally:  # closed at once if the step gives up: the provider's slot is freed
             if not (ended and isinstance(pieces, AsyncGeneratorType)):  # (one run to its
                 await _close(pieces)                                     # end is closed)
-    if out is None:
-        raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
+        if last is None:
+            raise ServerError(f"the stream of model {provider.model!r} ended without its reply")
+        out = last
     if call.done is not None:
         call.done()
     return out
