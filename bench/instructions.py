@@ -2,7 +2,7 @@
 
     python bench/instructions.py trees --base /path/to/other/checkout --base-python /its/venv/bin/python
                                        [--workload W2|W1N|W1F] [--n 1000]
-    python bench/instructions.py stream [--n 1000] [--pieces 1]
+    python bench/instructions.py stream [--n 1000] [--pieces 1] [--workload W2|W1]
 
 CPU time on a shared 2-core VM swings ±10 % between runs of the same code (steal, other jobs,
 fsync latency), so a 5 % bar (issue 20: the redesign within 5 % of the code before it; issue
@@ -18,8 +18,11 @@ and divides the difference by the transitions, so start-up and imports cancel ou
   running at once so W2's group-commit batches form under the same load.  ``W2``: ``--n``
   instances in flight, ``s2`` sleeping 0.2 s; ``W1N``/``W1F``: one after another,
   ``synchronous=NORMAL``/``FULL``.
-- ``stream``: ``bench/stream_w12.py``'s W2 machine, ``s2`` calling the scripted model with
-  ``complete`` against ``stream(...).text()`` (a reply after 0.2 s, ``--pieces`` pieces).
+- ``stream``: ``bench/stream_w12.py``'s machine, ``s2`` calling the scripted model with
+  ``complete`` against ``stream(...).text()`` (``--pieces`` pieces, arriving together);
+  ``W2``: ``--n`` instances in flight, the reply after 0.2 s; ``W1``: one instance after
+  another, the reply at once (``synchronous=FULL``; no batching to vary: the count is the
+  same run to run, so a streamed call's fixed cost shows to a few hundred instructions).
 
 Prints one line per side (instructions per transition) and the ratio.  Needs Debian's
 ``valgrind``; a run takes about two minutes (the workload runs ~50× slower under it).
@@ -59,17 +62,20 @@ def child_trees(tree: str, workload: str, n: int) -> None:
     asyncio.run(main())
 
 
-def child_stream(variant: str, pieces: int, n: int) -> None:
-    """``bench/stream_w12.py``'s W2 machine, ``variant`` ``plain`` or ``stream``."""
+def child_stream(variant: str, pieces: int, n: int, workload: str = "W2") -> None:
+    """``bench/stream_w12.py``'s machine, ``variant`` ``plain`` or ``stream``: ``W2`` (the
+    reply after 0.2 s, instances in flight) or ``W1`` (the reply at once, one instance after
+    another: the same instructions run to run)."""
     sys.path.insert(0, str(ROOT))
     from bench import stream_w12
 
     async def main() -> None:
-        engine, machine = stream_w12.setup(variant, "FULL", 0.2, pieces,
+        engine, machine = stream_w12.setup(variant, "FULL", 0.2 if workload == "W2" else 0.0,
+                                           pieces,
                                            os.path.join(tempfile.mkdtemp(), "s.db"))
         for count in (WARMUP, n):
             if count:
-                await stream_w12.run(engine, machine, "W2", count)
+                await stream_w12.run(engine, machine, workload, count)
         await engine.aclose()
     asyncio.run(main())
 
@@ -106,12 +112,14 @@ def main() -> None:
     stream = sub.add_parser("stream", help="a streamed call against a plain one, W2")
     stream.add_argument("--n", type=int, default=1000)
     stream.add_argument("--pieces", type=int, default=1)
+    stream.add_argument("--workload", default="W2", choices=("W2", "W1"))
     if len(sys.argv) > 1 and sys.argv[1] == "--child":  # (one side's run: kind, 2 args, n)
         kind, a, b, n = sys.argv[2:6]
         if kind == "trees":
             child_trees(a, b, int(n))
         else:
-            child_stream(a, int(b), int(n))
+            variant, _, workload = a.partition(":")
+            child_stream(variant, int(b), int(n), workload or "W2")
         return
     args = ap.parse_args()
     me = [sys.executable, str(Path(__file__).resolve()), "--child"]
@@ -121,9 +129,10 @@ def main() -> None:
                                 "trees", str(Path(args.base).resolve()), args.workload]}, args.n)
         label = f"{args.workload}, {args.n} instances"
     else:
-        got = counted({"plain": [*me, "stream", "plain", str(args.pieces)],
-                       "stream": [*me, "stream", "stream", str(args.pieces)]}, args.n)
-        label = f"W2 s2 calling the model, {args.n} instances, {args.pieces} piece(s)"
+        got = counted({v: [*me, "stream", f"{v}:{args.workload}", str(args.pieces)]
+                       for v in ("plain", "stream")}, args.n)
+        label = (f"{args.workload} s2 calling the model, {args.n} instances, "
+                 f"{args.pieces} piece(s)")
     first, second = got
     for side, per in got.items():
         print(f"{label}: {side} {per / 1000:.1f}k instructions per transition")

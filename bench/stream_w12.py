@@ -13,7 +13,8 @@ bump.  W1: ``--n1`` instances one after another, the reply at once, SQLite
 Each run is a fresh child process (5 untimed instances first, as ``bench/run.py`` warms
 up), the variants interleaved in pairs; it prints the process CPU (user + system, threads
 included, as ``bench/run.py`` counts it) per transition, medians of ``--repeat`` runs, and
-the ratio stream / complete: the median of the pairs' ratios (with its quartiles), for the
+the ratio stream / complete: the median of the pairs' ratios (with its quartiles and its
+95 % confidence interval, from 6 pairs), for the
 process CPU and for the user CPU alone (the system part, mostly the store's writes and
 fsyncs, is the same work in both variants and swings most between runs).  Timings on a
 shared machine vary; read the ratios.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import statistics
@@ -77,7 +79,7 @@ async def run(engine: Engine, machine: Any, workload: str, n: int) -> None:
             assert rec.status == "completed", rec
     else:
         recs = await engine.run_many(engine.start_many(machine, [None] * n))
-        assert all(r.status == "completed" for r in recs)
+        assert all(not isinstance(r, Exception) and r.status == "completed" for r in recs)
 
 
 def setup(variant: str, synchronous: str, delay: float, pieces: int,
@@ -114,11 +116,30 @@ def spawn(args: list[str]) -> tuple[float, float]:
     return float(got["cpu"]), float(got["user"])
 
 
+def median_ci(n: int, level: float = 0.95) -> tuple[int, int] | None:
+    """The 0-based ranks (lo, hi) of the sorted sample of ``n`` bounding a distribution-free
+    ``level`` confidence interval of its median (None: ``n`` too small for one): the
+    largest ``k`` with P(Binomial(n, 1/2) < k) <= (1 - level) / 2 gives ranks ``k - 1``
+    and ``n - k`` (the sign-test interval: W. J. Conover, *Practical Nonparametric
+    Statistics*, 3rd ed., 1999, section 3.2)."""
+    tail, k, cdf = (1 - level) / 2, 0, 0.0
+    while k < n:
+        p = math.comb(n, k) / 2 ** n  # P(X = k)
+        if cdf + p > tail:
+            break
+        cdf += p
+        k += 1
+    return (k - 1, n - k) if k >= 1 else None
+
+
 def ratios(plain: list[float], stream: list[float]) -> str:
-    """The median of the pairs' ratios stream / plain, and its quartiles."""
+    """The median of the pairs' ratios stream / plain, its quartiles, and (from 6 pairs)
+    the 95 % confidence interval of that median (``median_ci``)."""
     r = sorted(s / p for p, s in zip(plain, stream, strict=True))
     q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
-    return f"{statistics.median(r):.3f} ({q[0]:.3f}–{q[2]:.3f})"
+    ci = median_ci(len(r))
+    tail = "" if ci is None else f"; 95 % CI of the median {r[ci[0]]:.3f}–{r[ci[1]]:.3f}"
+    return f"{statistics.median(r):.3f} (quartiles {q[0]:.3f}–{q[2]:.3f}{tail})"
 
 
 def main() -> None:
@@ -127,16 +148,20 @@ def main() -> None:
     ap.add_argument("--n2", type=int, default=2000, help="W2 instances per run")
     ap.add_argument("--repeat", type=int, default=5, help="runs of each variant")
     ap.add_argument("--pieces", default="1,30", help="comma-separated pieces per reply")
+    ap.add_argument("--only", default="W1,W2", help="comma-separated workloads (W1, W2)")
+    ap.add_argument("--save", help="append each case's raw CPU figures to this JSON-lines file")
     ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         w, sync, delay, pieces, variant, n, path = a.child
-        cpu, user = child(w, sync, float(delay), int(pieces), variant, int(n), path)
-        print(json.dumps({"cpu": cpu, "user": user}))
+        spent, user_s = child(w, sync, float(delay), int(pieces), variant, int(n), path)
+        print(json.dumps({"cpu": spent, "user": user_s}))
         return
     tmp = tempfile.mkdtemp(prefix="fsm-stream-w12-")
     for pieces in (int(p) for p in a.pieces.split(",")):
         for workload, sync, delay in CASES:
+            if workload not in a.only.split(","):
+                continue
             n = a.n1 if workload == "W1" else a.n2
             runs: dict[str, list[tuple[float, float]]] = {"plain": [], "stream": []}
             for r in range(a.repeat):
@@ -146,6 +171,10 @@ def main() -> None:
                                                 variant, str(n), path]))
             cpu = {v: [c for c, _ in got] for v, got in runs.items()}
             user = {v: [u for _, u in got] for v, got in runs.items()}
+            if a.save:
+                with open(a.save, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"workload": workload, "synchronous": sync,
+                                        "pieces": pieces, "cpu": cpu, "user": user}) + "\n")
             print(f"{workload} {sync:6s} {pieces:2d} piece(s), {a.repeat} pairs: complete "
                   f"{1e6 * statistics.median(cpu['plain']):.1f} µs CPU/transition, stream "
                   f"{1e6 * statistics.median(cpu['stream']):.1f}; stream/complete: CPU "

@@ -127,9 +127,10 @@ class Provider(Protocol):
                temperature: float = 0.0, json_schema: JsonSchema | None = None,
                stop: list[str] | None = None) -> AsyncIterator[Piece]:
         """``complete`` as it is generated: an async iterator of the reply's text pieces
-        (``str``, in order, joined they are the reply) ending with its ``Completion``
-        (whole text, usage), the last item.  Same keywords and errors as ``complete``; an
-        error may come after some pieces (the reply was cut).  The default yields the
+        (``str``; or a ``list`` of ``str``, pieces that reached the process together, such
+        as the events of one network read; in order, joined they are the reply) ending
+        with its ``Completion`` (whole text, usage), the last item.  Same keywords and
+        errors as ``complete``; an error may come after some pieces (the reply was cut).  The default yields the
         whole reply of ``complete`` as one piece (a provider that cannot stream)."""
         return _whole(self, messages, {"max_tokens": max_tokens, "temperature": temperature,
                                        "json_schema": json_schema, "stop": stop})
@@ -146,8 +147,10 @@ class Provider(Protocol):
         return None
 
 
-Piece = str | Completion
-"""What ``Provider.stream`` yields: text pieces (``str``), then the ``Completion``."""
+Piece = str | list[str] | Completion
+"""What ``Provider.stream`` yields: text pieces (``str``, or a ``list`` of the pieces that
+arrived together: the engine hands such a list on in one step, not one async-iteration
+step per piece), then the ``Completion``."""
 
 
 async def _whole(provider: Provider, messages: list[Message],

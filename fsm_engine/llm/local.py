@@ -202,7 +202,8 @@ class LocalLlama(Provider):
                      stop: list[str] | None = None, timeout: float | None = None
                      ) -> AsyncIterator[Piece]:
         """``complete`` as llama.cpp generates it: the child's Server-Sent Events (one piece
-        per token or so), then the ``Completion``.  The child's server sends no usage while
+        per token or so; a ``list`` of those that came in one read), then the
+        ``Completion``.  The child's server sends no usage while
         streaming: the prompt is counted by the model's own tokenizer (``count_tokens``, not
         the client's estimate, which overshot by half), the reply one token per piece.
         Bounds and errors as ``complete``."""

@@ -266,8 +266,9 @@ class OpenAICompatible(Provider):
                      stop: list[str] | None = None, timeout: float | None = None
                      ) -> AsyncIterator[Piece]:
         """``complete`` over Server-Sent Events (``stream: true``): the reply's text pieces
-        as the server sends them, then its ``Completion``.  The size cap and the deadline
-        of ``llm.http`` bound the whole stream.  Usage is the server's last event when it
+        as the server sends them (a ``list`` of those that came in one read), then its
+        ``Completion``.  The size cap and the deadline of ``llm.http`` bound the whole
+        stream.  Usage is the server's last event when it
         sends one (``stream_options.include_usage``), else counted like a reply without
         ``usage``: the prompt by :meth:`count_tokens`, the reply one token per piece or
         the estimate, whichever is more (``usage_missing``).  Errors as ``complete``,
@@ -279,8 +280,10 @@ class OpenAICompatible(Provider):
             seen = SseEvents(f"{self.name} model {self.model!r} at {self.shown_url}")
             try:  # parsed here: the SDK's event objects cost several times the bytes
                 async for pieces in seen.read(opened.iter_text()):
-                    for piece in pieces:
-                        yield piece
+                    if len(pieces) > 1:  # (the events of one read: handed on together)
+                        yield pieces
+                    elif pieces:
+                        yield pieces[0]
             except ProviderError:
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped like a completion's failure

@@ -296,17 +296,27 @@ class Scripted(Provider):
                      temperature: float = 0.0, json_schema: JsonSchema | None = None,
                      stop: list[str] | None = None) -> AsyncIterator[Piece]:
         """The next scripted reply as pieces: its ``chunks`` (``chunk_delay_s`` apart, after
-        ``delay_s``; else its ``text`` as one piece), then its ``Completion``; a line with
-        an ``error`` raises it after its chunks."""
+        ``delay_s``: each a ``str``; with no ``chunk_delay_s`` they arrive together, one
+        ``list``, as the events of one network read do; else its ``text`` as one piece),
+        then its ``Completion``; a line with an ``error`` raises it after its chunks."""
         reply = self._next(messages)
         start = time.time()
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
-        for n, piece in enumerate(reply.chunks if reply.chunks is not None else (reply.text,)):
-            if n and reply.chunk_delay_s:
-                await asyncio.sleep(reply.chunk_delay_s)
-            if piece and not (reply.error and reply.chunks is None):
-                yield piece
+        chunks = reply.chunks
+        if chunks is None:
+            if reply.text and not reply.error:
+                yield reply.text
+        elif not reply.chunk_delay_s:
+            got = [c for c in chunks if c]
+            if got:
+                yield got if len(got) > 1 else got[0]
+        else:
+            for n, piece in enumerate(chunks):
+                if n:
+                    await asyncio.sleep(reply.chunk_delay_s)
+                if piece:
+                    yield piece
         self._log(start, reply)
         if reply.error:
             raise reply.exception(self.model)

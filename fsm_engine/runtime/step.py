@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..definition.spec import RunInfo
 from ..errors import FsmError, RateLimitWait, StructuredOutputError
 from .calls import Call, CallSettings, Meter, compose, count_prompt
-from .calls.meter import end_call
+from .calls.meter import Sink, end_call
 from .reply_cache import reply_key
 from .stream_reply import ReplyStream
 
@@ -131,7 +130,7 @@ class MeteredLLM:
 
     def _begin(self, stack: Provider | None, provider: Provider | None,
                messages: list[dict[str, str]], kwargs: dict[str, Any],
-               sink: Callable[[str], None] | None = None) -> tuple[Provider, Token[Call | None]]:
+               sink: Sink | None = None) -> tuple[Provider, Token[Call | None]]:
         """Start a call down ``stack``: its reply key (of the call as the action made it, before
         any layer changes ``kwargs``) in context; ``FsmError`` when there is no provider."""
         if stack is None or provider is None:

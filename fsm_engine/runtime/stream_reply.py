@@ -86,7 +86,7 @@ class ReplyStream:
                 end_call(token)
         return self._ended(self._writer or self._open(), out, call)
 
-    def __call__(self, piece: str) -> None:
+    def __call__(self, piece: str | list[str]) -> None:
         """``text``'s sink for the call's first piece: opens the writer and hands it the
         call's later pieces directly (``Call.sink``), and the provider's end
         (``Call.done``)."""
@@ -117,8 +117,12 @@ class ReplyStream:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         writer = None if self._to is None else ChunkWriter(self._to, json=self._json)
 
-        def sink(piece: str) -> None:
-            queue.put_nowait(piece)
+        def sink(piece: str | list[str]) -> None:
+            if isinstance(piece, str):
+                queue.put_nowait(piece)
+            else:  # (pieces that arrived together: the caller still gets each one)
+                for p in piece:
+                    queue.put_nowait(p)
             if writer is not None:
                 writer.add(piece)
         call = asyncio.get_running_loop().create_task(self._send(sink))
@@ -136,7 +140,7 @@ class ReplyStream:
         self._ended(writer, out, made)
 
 
-def _drop(piece: str) -> None:
+def _drop(piece: str | list[str]) -> None:
     """A sink that keeps nothing (a step with no stream target)."""
 
 

@@ -88,14 +88,21 @@ class ChunkWriter:
         """Rows wait to be written."""
         return bool(self._pieces) or self._last is not None
 
-    def add(self, piece: str) -> None:
-        """Queue ``piece`` (its offset is the characters queued before it)."""
+    def add(self, piece: str | list[str]) -> None:
+        """Queue ``piece`` (its offset is the characters queued before it; a ``list``: the
+        pieces that arrived together, in order)."""
         if self._broken or not piece:
             return
         first = not self._pieces
-        self._pieces.append(piece)
-        self.chars += len(piece)
-        self._waiting += len(piece)
+        if piece.__class__ is str:
+            self._pieces.append(piece)
+        else:  # (kept apart, empty ones left out: rows are cut at pieces, ``_chunks``)
+            self._pieces += [p for p in piece if p]
+            if not (piece := "".join(piece)):
+                return
+        size = len(piece)
+        self.chars += size
+        self._waiting += size
         if not self.odd and ("\x00" in piece or not piece.isascii()):
             self.odd = _odd(piece)
         if self._waiting >= streams.FLUSH_CHARS:  # (read here: set once, in ``streams``)

@@ -50,11 +50,20 @@ def stream_of(words: list[str], usage: bool = True, gap: float = 0.0) -> Any:
 
 
 def pieces(peer: Peer, **kwargs: Any) -> list[Any]:
+    """The pieces ``stream`` yields, a list of those that came in one read taken apart
+    (each such list holds two or more ``str``), then its ``Completion``."""
     async def go() -> list[Any]:
         llm = OpenAICompatible(base_url=f"{peer.url}/v1", model="m", api_key="sk-test-streams",
                                timeout=5)
         try:
-            return [p async for p in llm.stream(MSG, **kwargs)]
+            out: list[Any] = []
+            async for p in llm.stream(MSG, **kwargs):
+                if isinstance(p, list):
+                    assert len(p) > 1 and all(isinstance(s, str) for s in p)
+                    out += p
+                else:
+                    out.append(p)
+            return out
         finally:
             await llm.aclose()
     return asyncio.run(go())

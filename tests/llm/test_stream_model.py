@@ -41,7 +41,8 @@ class Counting(Provider):
         at = len(self.pieces)  # this call's counter (calls may overlap)
         self.pieces.append(0)
         async for piece in self.inner.stream(messages, **kwargs):
-            self.pieces[at] += isinstance(piece, str)
+            self.pieces[at] += 1 if isinstance(piece, str) else len(piece) \
+                if isinstance(piece, list) else 0  # (a list: the pieces of one read)
             yield piece
 
     async def count_tokens(self, messages: Any) -> int:  # type: ignore[override]

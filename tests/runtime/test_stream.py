@@ -25,16 +25,35 @@ def collect(engine: Engine, iid: str, from_offset: int | str = 0) -> list[Any]:
 
 
 def test_scripted_chunks_stream_in_order_then_the_completion() -> None:
-    llm = Scripted.from_replies([{"chunks": CHUNKS, "completion_tokens": 5}])
+    """Chunks ``chunk_delay_s`` apart come one by one; with no delay they arrive together,
+    as one list (the events of one network read)."""
+    llm = Scripted.from_replies([{"chunks": CHUNKS, "completion_tokens": 5,
+                                  "chunk_delay_s": 0.001},
+                                 {"chunks": CHUNKS, "completion_tokens": 5}])
 
     async def go() -> list[Any]:
         return [p async for p in llm.stream([{"role": "user", "content": "x"}])]
     *pieces, done = asyncio.run(go())
     assert pieces == CHUNKS and done.text == "".join(CHUNKS) and done.completion_tokens == 5
+    *pieces, done = asyncio.run(go())
+    assert pieces == [CHUNKS] and done.text == "".join(CHUNKS)
     with pytest.raises(InvalidInput, match="concatenation"):
         Scripted.from_replies([{"chunks": ["a", "b"], "text": "abc"}])
     with pytest.raises(InvalidInput, match="list of strings"):
         Scripted.from_replies([{"chunks": "ab"}])
+
+
+def test_pieces_that_arrive_together_reach_the_action_one_by_one_and_the_log_whole(
+        db_path) -> None:
+    """The provider hands the step's call a list (chunks with no delay between them): the
+    action's ``async for`` still gets each piece, and the log and history hold the reply."""
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": CHUNKS}]), seed=1)
+    iid, done = run(engine, machine())
+    assert done.context["seen"] == CHUNKS and done.context["answer"] == "".join(CHUNKS)
+    got = collect(engine, iid)
+    assert "".join(e.text for e in got if e.kind == "chunk") == "".join(CHUNKS)
+    assert [e.kind for e in got][-3:] == ["end", "step", "final"]
+    engine.close()
 
 
 def test_a_streamed_step_writes_its_chunks_and_the_history_keeps_the_reply(db_path) -> None:
@@ -507,3 +526,23 @@ def test_calls_of_one_step_are_numbered_in_the_order_they_began_not_by_their_fir
     assert [(r.attempt, r.kind) for r in log if r.kind in ("open", "superseded")][:3] == [
         (1, "open"), (1, "superseded"), (2, "open")]
     engine.close()
+
+
+def test_pieces_handed_over_together_are_rows_cut_at_their_own_boundaries() -> None:
+    """A list (pieces of one read) is queued piece by piece, empty ones left out: rows are
+    cut where the pieces end (a 16 MB burst is not one 16 MB row) and offsets run on."""
+    from fsm_engine.runtime.stream_writer import ChunkWriter
+    from fsm_engine.runtime.streams import Batcher, StreamTarget
+    from fsm_engine.store.streams import ROW_CHARS
+    big = "b" * (ROW_CHARS - 1)
+
+    async def go() -> Any:
+        w = ChunkWriter(StreamTarget(None, "i", 1, 1, batcher=Batcher(None)))
+        w.add("ab")
+        w.add(["", "cd", big, "ef"])
+        w.add(["", ""])  # nothing at all: no row, no offset
+        return w.chars, w.take()
+    chars, op = asyncio.run(go())
+    assert chars == 2 + 2 + len(big) + 2
+    assert [(r.kind, r.text, r.offset) for r in op.rows] == [
+        ("chunk", "abcd", 0), ("chunk", big, 4), ("chunk", "ef", 4 + len(big))]

@@ -289,3 +289,36 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
     assert pg_cluster.sql(options) == [([f"fillfactor={FILLFACTOR}"],)]
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
                           "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]
+
+
+def test_creating_a_database_imports_neither_numpy_nor_pandas(tmp_path) -> None:
+    """sqlite-utils imports numpy and pandas when installed (numpy is, with the local
+    model's llama-cpp-python): the migration's import of it refuses them to its own
+    thread, so a process creating a database does not load them; imported later, they
+    work; a thread importing numpy meanwhile is not refused."""
+    import subprocess
+    import sys
+    pytest.importorskip("numpy")
+    code = (
+        "import sys, threading\n"
+        "from fsm_engine.store import schema\n"
+        "finder = schema._WithoutArrays(threading.get_ident())\n"
+        "other = []\n"
+        "t = threading.Thread(target=lambda: other.append(finder.find_spec('numpy', None)))\n"
+        "t.start(); t.join()\n"
+        "assert other == [None], other\n"
+        "from fsm_engine import SqliteStore\n"
+        f"SqliteStore({str(tmp_path / 'fresh.db')!r}).close()\n"
+        "assert 'sqlite_utils' in sys.modules\n"
+        "print(sorted(m for m in ('numpy', 'pandas') if m in sys.modules))\n"
+        "import numpy\n"
+        "print(numpy.arange(3).sum())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "3"]
+    store = SqliteStore(str(tmp_path / "fresh.db"))  # the schema whole: it opens and reads
+    try:
+        assert store.list() == []
+    finally:
+        store.close()

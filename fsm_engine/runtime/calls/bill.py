@@ -17,7 +17,8 @@ __all__ = ["BillLayer"]
 async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str, Any],
                    call: Call) -> Completion:
     """``provider.stream``'s pieces handed to ``call.sink`` (read again for each piece: a
-    sink may hand the call's later pieces to another, ``ReplyStream``); its ``Completion``
+    sink may hand the call's later pieces to another, ``ReplyStream``; a ``list`` of
+    pieces that arrived together is handed on as it is, in one call); its ``Completion``
     (then ``call.done``, when set, is called).  A provider that does not stream (no
     ``stream`` of its own) is called with ``complete`` and its whole reply handed over as
     one piece.  ``ServerError`` for a stream that ends without its completion."""

@@ -27,8 +27,9 @@ T = TypeVar("T")
 log = logging.getLogger("fsm_engine")
 
 
-#: What a streamed call hands each text piece to (``Call.sink``).
-Sink = Callable[[str], None]
+#: What a streamed call hands each text piece to (``Call.sink``): a ``str``, or a ``list`` of
+#: the pieces that arrived together (``llm.base.Piece``), in order.
+Sink = Callable[[str | list[str]], None]
 
 
 @dataclass(slots=True)
