@@ -21,13 +21,18 @@ and divides the difference by the transitions, so start-up and imports cancel ou
 - ``stream``: ``bench/stream_w12.py``'s machine, ``s2`` calling the scripted model with
   ``complete`` against ``stream(...).text()`` (``--pieces`` pieces, arriving together);
   ``W2``: ``--n`` instances in flight, the reply after 0.2 s; ``W1``: one instance after
-  another, the reply at once (``synchronous=FULL``; no batching to vary: the count is the
-  same run to run, so a streamed call's fixed cost shows to a few hundred instructions).
+  another, the reply at once (``synchronous=FULL``; no group-commit batches to vary, so
+  the count moves ~1 % run to run: the lease heartbeat thread's share grows with the
+  run's wall time under valgrind).
 
 Prints one line per side (instructions per transition) and the ratio.  Needs Debian's
 ``valgrind``; a run takes about two minutes (the workload runs ~50× slower under it).
-What it does not see: cache misses and memory stalls (the garbage collector's walks, in
-W2's 2,000 instances in flight), which CPU time includes.
+Each run has ``OPENBLAS_NUM_THREADS=1``: creating a database imports sqlite-utils, which
+imports numpy when installed (it comes with llama-cpp-python), whose OpenBLAS worker thread
+spins for a while under valgrind and counted on one side more than the other (41k
+instructions per instance in one W1 run).  What it does not see: cache misses and memory
+stalls (the garbage collector's walks, in W2's 2,000 instances in flight), which CPU time
+includes.
 """
 
 from __future__ import annotations
@@ -91,7 +96,8 @@ def counted(runs: dict[str, list[str]], n: int) -> dict[str, float]:
             out = os.path.join(folder, f"{side}.{size}.out")
             procs[side] = subprocess.Popen(
                 ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd, str(size)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=folder)
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=folder,
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         for side, proc in procs.items():
             _, err = proc.communicate()
             found = re.search(r"Collected : (\d+)", err)

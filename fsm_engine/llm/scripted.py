@@ -22,9 +22,10 @@ Tool calls (an agent state's turn, ``fsm_engine.definition.agent``)::
 
 Streamed replies (``Provider.stream``): ``chunks`` (a list of strings; ``text`` may be left
 out, else it must equal their concatenation) are yielded one by one, ``chunk_delay_s``
-seconds apart (after ``delay_s``); a line without ``chunks`` streams its ``text`` as one
-piece.  A line with both ``chunks`` and ``error`` yields its chunks, then raises: a reply
-cut mid-stream.
+seconds apart (after ``delay_s``), or, with no ``chunk_delay_s``, together as one list (the
+pieces of one network read; a step's ``async for`` still gets each); a line without
+``chunks`` streams its ``text`` as one piece.  A line with both ``chunks`` and ``error``
+yields its chunks, then raises: a reply cut mid-stream.
 
 Keyed replies, so that concurrent instances each get theirs::
 

@@ -122,7 +122,8 @@ class ReplyStream:
                 queue.put_nowait(piece)
             else:  # (pieces that arrived together: the caller still gets each one)
                 for p in piece:
-                    queue.put_nowait(p)
+                    if p:
+                        queue.put_nowait(p)
             if writer is not None:
                 writer.add(piece)
         call = asyncio.get_running_loop().create_task(self._send(sink))

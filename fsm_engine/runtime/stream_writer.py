@@ -94,7 +94,7 @@ class ChunkWriter:
         if self._broken or not piece:
             return
         first = not self._pieces
-        if piece.__class__ is str:
+        if isinstance(piece, str):
             self._pieces.append(piece)
         else:  # (kept apart, empty ones left out: rows are cut at pieces, ``_chunks``)
             self._pieces += [p for p in piece if p]

@@ -4,17 +4,13 @@
 in order inside one transaction.  A database with tables but no
 ``fsm_meta`` is someone else's: it is refused, never modified.  Reading the
 version needs only ``sqlite3``: sqlite-utils is imported when a migration
-runs, so opening a current database (``fsm list``) stays light, and without the
-numpy and pandas it would otherwise import when installed (``_sqlite_utils``).
+runs, so opening a current database (``fsm list``) stays light.
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import sqlite3
-import sys
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -242,34 +238,6 @@ def refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
     _version(conn, path)
 
 
-class _WithoutArrays(importlib.abc.MetaPathFinder):
-    """Refuses numpy and pandas to one thread (``ident``) while it imports sqlite-utils."""
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
-        if name in ("numpy", "pandas") and threading.get_ident() == self.ident:
-            raise ImportError(f"{name} is not needed by fsm_engine's migrations")
-
-
-def _sqlite_utils() -> Any:
-    """The ``sqlite_utils`` module.  At its import sqlite-utils imports numpy and pandas when
-    they are installed (for inserting their values, which the schema's migrations never
-    do): numpy (a dependency of llama-cpp-python) cost 0.12 s of CPU and an OpenBLAS
-    thread on each process that created a database, pandas more.  Those two are refused
-    to this thread for that import (other threads import them as usual; already imported,
-    they are used)."""
-    if "sqlite_utils" not in sys.modules:
-        finder = _WithoutArrays(threading.get_ident())
-        sys.meta_path.insert(0, finder)
-        try:
-            import sqlite_utils  # noqa: F401
-        finally:
-            sys.meta_path.remove(finder)
-    return sys.modules["sqlite_utils"]
-
-
 def migrate(conn: sqlite3.Connection, path: str) -> None:
     """Bring the schema to ``FORMAT_VERSION``; refuse foreign or newer databases."""
     version = _version(conn, path)
@@ -278,7 +246,8 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
                          f"up to {FORMAT_VERSION}: upgrade fsm_engine")
     if version == FORMAT_VERSION:
         return
-    db = _sqlite_utils().Database(conn)
+    import sqlite_utils
+    db = sqlite_utils.Database(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
         current = _version(conn, path)  # again, under the write lock

@@ -14,6 +14,7 @@ from streamed_machine import CHUNKS, Ctx, ask, machine, rows, run
 
 from fsm_engine import CachePolicy, Engine, Machine, State, Step, Transition
 from fsm_engine.errors import InstanceNotFound, InvalidInput, ProviderTimeout
+from fsm_engine.llm.base import Completion
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RetryPolicy
 
@@ -546,3 +547,35 @@ def test_pieces_handed_over_together_are_rows_cut_at_their_own_boundaries() -> N
     assert chars == 2 + 2 + len(big) + 2
     assert [(r.kind, r.text, r.offset) for r in op.rows] == [
         ("chunk", "abcd", 0), ("chunk", big, 4), ("chunk", "ef", 4 + len(big))]
+
+
+class _Grouping(Scripted):
+    """A provider handing over the pieces of one read together, an empty one among them
+    (a role-only event's delta), then its completion."""
+
+    async def stream(self, messages: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        yield ["Hel", "", "lo"]
+        yield ["", ""]
+        yield Completion("Hello", 1, 2, "stop", "g")
+
+
+def test_empty_pieces_of_a_list_reach_neither_the_action_nor_the_log(db_path) -> None:
+    engine = Engine(db_path, llm=_Grouping.from_replies([{"text": "Hello"}]), seed=1)
+    iid, done = run(engine, machine())
+    assert done.context["seen"] == ["Hel", "lo"] and done.context["answer"] == "Hello"
+    assert "".join(e.text for e in collect(engine, iid) if e.kind == "chunk") == "Hello"
+    engine.close()
+
+
+def test_a_str_subclass_piece_is_queued_whole() -> None:
+    from fsm_engine.runtime.stream_writer import ChunkWriter
+    from fsm_engine.runtime.streams import Batcher, StreamTarget
+
+    class Text(str):
+        pass
+
+    async def go() -> Any:
+        w = ChunkWriter(StreamTarget(None, "i", 1, 1, batcher=Batcher(None)))
+        w.add(Text("abc"))
+        return w.take()
+    assert [(r.kind, r.text) for r in asyncio.run(go()).rows] == [("chunk", "abc")]
