@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 import time
@@ -179,8 +180,9 @@ def _check_numbers(reply: Reply) -> None:
             raise ValueError(f"{key!r} must be an integer >= 0, got {value!r}")
     for key in ("delay_s", "retry_after", "chunk_delay_s"):
         value = getattr(reply, key)
-        if value is not None and (not isinstance(value, (int, float)) or value < 0):
-            raise ValueError(f"{key!r} must be a number of seconds >= 0, got {value!r}")
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{key!r} must be a finite number of seconds >= 0, got {value!r}")
 
 
 def _check_matching(reply: Reply) -> None:

@@ -82,16 +82,22 @@ class StreamEvent:
                 if v not in (None, "", {}) or k in ("kind", "seq", "offset")}
 
 
+#: The largest number a cursor part may hold: a signed 64-bit integer, what both stores'
+#: positions and seqs are (``OverflowError`` from sqlite3, a range error from PostgreSQL,
+#: past it).
+MAX_CURSOR = (1 << 63) - 1
+
+
 def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
     """``(position, last step delivered or None, inline rows of the next step delivered)``
     from an offset or a ``"P:S"`` / ``"P:S:K"`` cursor; ``InvalidInput`` for anything
     else."""
     text = str(value).strip()
     parts = text.split(":")
-    if len(parts) > 3 or not all(p.isdigit() for p in parts) or (len(parts) == 3 and
-                                                                 parts[2] == "0"):
+    if len(parts) > 3 or not all(p.isascii() and p.isdigit() and int(p) <= MAX_CURSOR
+                                 for p in parts) or (len(parts) == 3 and int(parts[2]) == 0):
         raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N, N:S or N:S:K "
-                           "(integers >= 0, K > 0)")
+                           f"(integers from 0 to {MAX_CURSOR}, K > 0)")
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else None,
             int(parts[2]) if len(parts) > 2 else 0)
 

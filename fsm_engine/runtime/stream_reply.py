@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import FsmError
 from .calls.meter import Call, Sink, current_call, end_call
 from .stream_writer import ChunkWriter, next_serial
 
@@ -29,12 +30,13 @@ Begin = Callable[[Any, Any, "list[Message]", "dict[str, Any]", Sink],
 
 class ReplyStream:
     """``step.llm.stream(...)``: iterate it for the reply's text pieces (``str``); then
-    ``completion`` holds the whole ``Completion``.  Iterate it once; leaving the loop early
-    cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
+    ``completion`` holds the whole ``Completion``.  Read it once (``async for`` or
+    ``text()``: one call; a second read raises ``FsmError``); leaving the loop early cancels
+    the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
     ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
 
     __slots__ = ("_begin", "_head", "_messages", "_kwargs", "_to", "_json", "completion",
-                 "_writer", "_serial", "_call")
+                 "_writer", "_serial", "_call", "_read")
 
     def __init__(self, begin: Begin, head: tuple[Any, Any], messages: list[Message],
                  kwargs: dict[str, Any], to: StreamTarget | None, json: bool) -> None:
@@ -46,9 +48,19 @@ class ReplyStream:
         self._writer: ChunkWriter | None = None  # (``text``: opened by its first row)
         self._serial = 0
         self._call: Call | None = None
+        self._read = False
 
     def __aiter__(self) -> AsyncIterator[str]:
+        self._once()
         return self._pieces()
+
+    def _once(self) -> None:
+        """Mark the stream read; ``FsmError`` when it was (a second read would be a second
+        call, and ``text()`` twice wrote both calls' pieces as one attempt)."""
+        if self._read:
+            raise FsmError("this step.llm.stream(...) was already read: it is one model "
+                           "call, read once (async for, or await .text())")
+        self._read = True
 
     async def _send(self, sink: Sink) -> tuple[Completion, Call]:
         """The call down the step's layers, each piece handed to ``sink``: its
@@ -70,6 +82,7 @@ class ReplyStream:
         writer is opened by its first row (a piece, the end or an error; numbered in the
         order the calls began all the same), so a call waiting for the model's first token
         holds no writer, list or bound method meanwhile."""
+        self._once()
         token = None
         if self._to is not None:
             self._serial = next_serial()

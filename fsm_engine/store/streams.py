@@ -44,11 +44,15 @@ TABLE = ("CREATE TABLE stream_rows (instance_id TEXT NOT NULL, pos BIGINT NOT NU
 #: Statements (``?`` placeholders) both backends run.
 NEXT_POS = ("SELECT COALESCE(MAX(pos), -1) + 1, (SELECT owner FROM instances WHERE id = ?) "
             "FROM stream_rows WHERE instance_id = ?")
-#: The attempts of steps ``seq`` in ``[?, ?]`` opened or superseded, and (kind ``''``, in
+#: The attempts opened or superseded of steps ``seq`` up to ``?`` and from ``?`` or whose
+#: seq a ``recovery`` history row holds (their step never committed), and (kind ``''``, in
 #: ``attempt``) the instance's next free position with its owner: what opening an attempt
 #: reads, in one statement (one round trip less on PostgreSQL).
 OPENED = ("SELECT seq, attempt, kind, NULL FROM stream_rows WHERE instance_id = ? "
-          "AND kind IN ('open', 'superseded') AND seq >= ? AND seq <= ? "
+          "AND kind IN ('open', 'superseded') AND seq <= ? AND (seq >= ? OR EXISTS ("
+          "SELECT 1 FROM history h JOIN instances i ON i.key = h.instance "
+          "WHERE i.id = stream_rows.instance_id AND h.seq = stream_rows.seq "
+          "AND h.kind = 'recovery')) "
           "UNION ALL SELECT -1, COALESCE(MAX(pos), -1) + 1, '', "
           "(SELECT owner FROM instances WHERE id = ?) FROM stream_rows WHERE instance_id = ?")
 INSERT = ("INSERT INTO stream_rows (instance_id, pos, seq, attempt, kind, char_offset, text, "
@@ -146,13 +150,15 @@ def _insert(execute: Execute, rows: Sequence[StreamRow], start: int, attempt: in
 def open_attempt(execute: Execute, instance_id: str, seq: int, since: int, info: dict[str, Any],
                  now: float, first: Sequence[StreamRow] = (), owner: str | None = None) -> int:
     """In the caller's (serialised) transaction: the new attempt's number (1 + the highest
-    of step ``seq``), after a ``superseded`` row for each attempt of a step in
-    ``[since, seq]`` not superseded yet, then the attempt's ``open`` row, then ``first``
+    of step ``seq``), after a ``superseded`` row for each attempt not superseded yet of a
+    step in ``[since, seq]`` or of an earlier one that never committed (a takeover's
+    ``recovery`` history row holds its seq: however the takeover counted, mid-step or
+    not), then the attempt's ``open`` row, then ``first``
     (rows of the attempt: those of attempt 0 are given its number here); ``FENCED``, and
     nothing written, when ``owner`` is given and does not hold the instance."""
     opened: dict[tuple[int, int], bool] = {}
     start = 0
-    for row_seq, attempt, kind, held in execute(OPENED, [instance_id, since, seq, instance_id,
+    for row_seq, attempt, kind, held in execute(OPENED, [instance_id, seq, since, instance_id,
                                                          instance_id]):
         if not kind:
             if owner is not None and held != owner:

@@ -89,6 +89,26 @@ class StreamContract:
         assert late == [("superseded", 1, 2, {"by": [3, 2]}), ("superseded", 3, 1, {"by": [3, 2]}),
                         ("open", 3, 2, {})]  # each superseded once: 1/1 was already
 
+    def test_a_new_attempt_supersedes_those_of_steps_a_takeover_cut_short(
+            self, store: Store) -> None:
+        """An attempt of a step that never committed (a ``recovery`` history row took its
+        seq) is superseded by the next attempt whatever its ``since``: the takeover may not
+        have counted as mid-step (an instance still ``pending`` in its first step, or taken
+        while its owner seemed asleep in a backoff).  Attempts of committed steps stay."""
+        store.create(record("r"))
+        assert _open(store, "r", 1, 1) == 1  # step 1 streams, then commits
+        rec = store.get("r")
+        assert store.commit([StepCommit(moved(rec, "b"), rec.version,
+                                        history=[hist("r", 1, "start", "b")])]) == [True]
+        assert _open(store, "r", 2, 2) == 1  # step 2 streams; its process dies
+        rec = store.get("r")
+        taken = replace(hist("r", 2, "b", "b"), kind="recovery", trigger="recovery")
+        assert store.commit([StepCommit(replace(rec, seq=2), rec.version,
+                                        history=[taken])]) == [True]
+        assert _open(store, "r", 3, 3) == 1  # the rerun, as step 3
+        late = [(r.kind, r.seq, r.attempt, r.info) for r in store.stream_read("r", 2)]
+        assert late == [("superseded", 2, 1, {"by": [3, 1]}), ("open", 3, 1, {})]
+
     def test_concurrent_writers_never_collide_on_a_position(self, store: Store) -> None:
         def write(n: int) -> None:
             for i in range(10):

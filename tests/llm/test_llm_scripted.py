@@ -93,6 +93,8 @@ def test_counter_is_safe_under_concurrency():
     ('{"text": "x", "prompt_tokens": -1}', "prompt_tokens"),
     ('{"text": "x", "error": "http418"}', "unknown error"),
     ('{"text": "x", "delay_s": "soon"}', "delay_s"),
+    ('{"chunks": ["x"], "chunk_delay_s": NaN}', "chunk_delay_s"),  # (it meant no delay)
+    ('{"text": "x", "delay_s": Infinity}', "delay_s"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     path = write_script(tmp_path, [{"text": "ok"}, "", bad])

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from streamed_machine import CHUNKS, Ctx, ask, machine, rows, run
 
 from fsm_engine import CachePolicy, Engine, Machine, State, Step, Transition
-from fsm_engine.errors import InstanceNotFound, InvalidInput, ProviderTimeout
+from fsm_engine.errors import FsmError, InstanceNotFound, InvalidInput, ProviderTimeout
 from fsm_engine.llm.base import Completion
 from fsm_engine.llm.scripted import Scripted
 from fsm_engine.policies import RetryPolicy
@@ -213,7 +213,9 @@ def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, 
     lines = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and lines[0]["offset"] == 1 and lines[-1]["kind"] == "final"
     for argv, needle in ((["stream", "nope", "--db", db_path], "nope"),
-                         (["stream", iid, "--db", db_path, "--from", "-3"], "bad stream offset")):
+                         (["stream", iid, "--db", db_path, "--from", "-3"], "bad stream offset"),
+                         (["stream", iid, "--db", db_path, "--from", "9223372036854775808"],
+                          "bad stream offset")):
         code, out, err = run_main(argv, capsys)
         lines = err.strip().splitlines()
         assert (code, out) == (2, "") and len(lines) == 1, err
@@ -350,7 +352,8 @@ def test_a_short_streamed_call_leaves_its_rows_to_its_steps_history(db_path, mon
     assert [e.cursor for e in events] == ["0:0:1", "0:0:2", "0:0:3", "0:1", "0:1"]
     for n, ev in enumerate(events[:-1]):  # no gap, no duplicate from any cursor
         assert collect(engine, iid, ev.cursor) == events[n + 1:]
-    for bad in ("0:0:0", "1:2:3:4", "0::1"):
+    for bad in ("0:0:0", "1:2:3:4", "0::1", "9223372036854775808", "0:1:99999999999999999999",
+                "²"):  # (past a 64-bit integer: sqlite3 raised OverflowError)
         with pytest.raises(InvalidInput, match="bad stream offset"):
             collect(engine, iid, bad)
     engine.close()
@@ -579,3 +582,30 @@ def test_a_str_subclass_piece_is_queued_whole() -> None:
         w.add(Text("abc"))
         return w.take()
     assert [(r.kind, r.text) for r in asyncio.run(go()).rows] == [("chunk", "abc")]
+
+
+async def read_twice(ctx: Ctx, step: Step) -> dict[str, Any]:
+    reply = step.llm.stream([{"role": "user", "content": "x"}], max_tokens=8)
+    first = (await reply.text()).text
+    try:
+        await reply.text()
+    except FsmError as exc:
+        return {"answer": first, "seen": [str(exc)]}
+    return {"answer": first, "seen": ["read twice"]}
+
+
+def test_a_reply_stream_is_read_once(db_path) -> None:
+    """A second ``text()`` (or ``async for``) of one ``step.llm.stream(...)`` raises: it
+    made a second model call, and its pieces were written into the first's attempt."""
+    engine = Engine(db_path, llm=Scripted.from_replies([{"chunks": ["Hel", "lo"],
+                                                         "chunk_delay_s": 0.05}]), seed=1)
+    m = Machine(name="twice", context=Ctx, initial="ask", states=[
+        State("ask", action=read_twice), State("done", final=True)],
+        transitions=[Transition("ok", "ask", "done")])
+    iid, done = run(engine, m)
+    assert done.context["answer"] == "Hello" and "already read" in done.context["seen"][0]
+    chunks = [e.text for e in collect(engine, iid) if e.kind == "chunk"]
+    assert "".join(chunks) == "Hello"
+    [row] = engine.store.history(iid)
+    assert len(row.detail["llm_calls"]) == 1  # one call, billed once
+    engine.close()

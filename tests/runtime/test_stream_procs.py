@@ -74,3 +74,55 @@ def test_a_sigkill_mid_stream_supersedes_the_attempt_and_the_new_owner_finishes(
     steps = [(e["seq"], e.get("step_kind")) for e in p.lines if e["kind"] == "step"]
     assert steps == [(1, "recovery"), (2, "transition")]
     assert p.lines[-1] == {**p.lines[-1], "kind": "final", "status": "completed"}
+
+
+def test_a_cli_run_killed_mid_stream_in_its_first_step_is_superseded_after_resume(
+        tmp_path: Any) -> None:
+    """``fsm run`` SIGKILLed while its first step streams (the instance still ``pending``:
+    the takeover does not count as mid-step), then ``fsm resume``: the rerun's attempt
+    supersedes the killed one, so the log never shows the cut reply as live or complete
+    (it used to stay open for good: the supersede range followed the mid-step count)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from stream_harness import MACHINE
+    (tmp_path / "writer.py").write_text(MACHINE)
+    (tmp_path / "in.json").write_text(json.dumps({"topic": "streams"}))
+    (tmp_path / "s.jsonl").write_text(json.dumps(
+        {"chunks": WORDS, "chunk_delay_s": 0.1, "completion_tokens": 24}) + "\n")
+    db = str(tmp_path / "fsm.db")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "fsm_engine.cli"]
+    first = subprocess.Popen([*cli, "run", "writer.py", "--input", "in.json", "--db", db,
+                              "--llm", "scripted:s.jsonl", "-q"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = None  # (opened once the run made it)
+    try:
+        wait_until(lambda: os.path.exists(db), 60, "the database", interval=0.01)
+        store = open_store(db)
+        wait_until(lambda: sum(r.kind == "chunk" for r in store.stream_read(
+            store.list()[0].id)) >= 3 if store.list() else False, 60, "three chunks",
+            interval=0.01)
+        iid = store.list()[0].id
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        done = subprocess.run([*cli, "resume", "--db", db, "--llm", "scripted:s.jsonl", "-q"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        rec, log = store.get(iid), store.stream_read(iid)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if store is not None:
+            store.close()
+    assert rec.status == "completed" and rec.context["answer"] == "".join(WORDS)
+    opened = [(r.seq, r.attempt) for r in log if r.kind == "open"]
+    ended = {(r.seq, r.attempt) for r in log if r.kind == "end"}
+    superseded = {(r.seq, r.attempt): tuple(r.info["by"]) for r in log if r.kind == "superseded"}
+    cut, last = opened[0], opened[-1]
+    assert cut != last and cut not in ended and superseded.get(cut) == last
+    assert last in ended and "".join(r.text for r in log if r.kind == "chunk"
+                                     and (r.seq, r.attempt) == last) == "".join(WORDS)
