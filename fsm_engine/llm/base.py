@@ -130,8 +130,9 @@ class Provider(Protocol):
         (``str``; or a ``list`` of ``str``, pieces that reached the process together, such
         as the events of one network read; in order, joined they are the reply) ending
         with its ``Completion`` (whole text, usage), the last item.  Same keywords and
-        errors as ``complete``; an error may come after some pieces (the reply was cut).  The default yields the
-        whole reply of ``complete`` as one piece (a provider that cannot stream)."""
+        errors as ``complete``; an error may come after some pieces (the reply was cut).
+        The default yields the whole reply of ``complete`` as one piece (a provider that
+        cannot stream)."""
         return _whole(self, messages, {"max_tokens": max_tokens, "temperature": temperature,
                                        "json_schema": json_schema, "stop": stop})
 

@@ -203,10 +203,10 @@ class LocalLlama(Provider):
                      ) -> AsyncIterator[Piece]:
         """``complete`` as llama.cpp generates it: the child's Server-Sent Events (one piece
         per token or so; a ``list`` of those that came in one read), then the
-        ``Completion``.  The child's server sends no usage while
-        streaming: the prompt is counted by the model's own tokenizer (``count_tokens``, not
-        the client's estimate, which overshot by half), the reply one token per piece.
-        Bounds and errors as ``complete``."""
+        ``Completion``.  The child's server sends no usage while streaming: the prompt is
+        counted by the model's own tokenizer (``count_tokens``, not the client's estimate,
+        which overshot by half), the reply one token per piece.  Bounds and errors as
+        ``complete``."""
         async with self._turn(timeout) as (client, left):
             async for piece in client.stream(messages, max_tokens=max_tokens,
                                              temperature=temperature, json_schema=json_schema,

@@ -268,8 +268,8 @@ class OpenAICompatible(Provider):
         """``complete`` over Server-Sent Events (``stream: true``): the reply's text pieces
         as the server sends them (a ``list`` of those that came in one read), then its
         ``Completion``.  The size cap and the deadline of ``llm.http`` bound the whole
-        stream.  Usage is the server's last event when it
-        sends one (``stream_options.include_usage``), else counted like a reply without
+        stream.  Usage is the server's last event when it sends one
+        (``stream_options.include_usage``), else counted like a reply without
         ``usage``: the prompt by :meth:`count_tokens`, the reply one token per piece or
         the estimate, whichever is more (``usage_missing``).  Errors as ``complete``,
         possibly after some pieces."""

@@ -86,6 +86,9 @@ class StreamEvent:
 #: positions and seqs are (``OverflowError`` from sqlite3, a range error from PostgreSQL,
 #: past it).
 MAX_CURSOR = (1 << 63) - 1
+#: Its digits: a longer part is refused before ``int`` reads it (CPython refuses strings of
+#: over 4,300 digits with a ``ValueError`` of its own).
+MAX_DIGITS = len(str(MAX_CURSOR))
 
 
 def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
@@ -94,8 +97,9 @@ def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
     else."""
     text = str(value).strip()
     parts = text.split(":")
-    if len(parts) > 3 or not all(p.isascii() and p.isdigit() and int(p) <= MAX_CURSOR
-                                 for p in parts) or (len(parts) == 3 and int(parts[2]) == 0):
+    if len(parts) > 3 or not all(p.isascii() and p.isdigit() and len(p) <= MAX_DIGITS
+                                 and int(p) <= MAX_CURSOR for p in parts) or (
+            len(parts) == 3 and int(parts[2]) == 0):
         raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N, N:S or N:S:K "
                            f"(integers from 0 to {MAX_CURSOR}, K > 0)")
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else None,

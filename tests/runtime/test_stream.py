@@ -353,7 +353,8 @@ def test_a_short_streamed_call_leaves_its_rows_to_its_steps_history(db_path, mon
     for n, ev in enumerate(events[:-1]):  # no gap, no duplicate from any cursor
         assert collect(engine, iid, ev.cursor) == events[n + 1:]
     for bad in ("0:0:0", "1:2:3:4", "0::1", "9223372036854775808", "0:1:99999999999999999999",
-                "²"):  # (past a 64-bit integer: sqlite3 raised OverflowError)
+                "²", "9" * 5000):  # (past a 64-bit integer: sqlite3 raised OverflowError; 5,000
+        # digits: int() raised its own ValueError)
         with pytest.raises(InvalidInput, match="bad stream offset"):
             collect(engine, iid, bad)
     engine.close()
