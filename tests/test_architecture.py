@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import fsm_engine
 from fsm_engine.testing.architecture import circles, import_graph
 
@@ -93,3 +95,13 @@ def test_the_test_import_reader_sees_both_forms_inside_functions_too(tmp_path: P
                                    "from fsm_engine.testing import contract\n")
     assert imports_of_test_modules(tmp_path) == ["a.py:1: test_x", "c.py:1: test_cli",
                                                  "sub/b.py:2: test_y"]
+
+
+def test_the_tower_holds_as_written_in_pyproject() -> None:
+    """The layering of ``[tool.importlinter]`` (pyproject.toml): cli and ui above the test
+    kit above runtime above definition and llm above store above the ground floor, and
+    runtime/'s own floors; no import climbs."""
+    importlinter_cli = pytest.importorskip("importlinter.cli", reason="the [test] extra brings import-linter")
+    code = importlinter_cli.lint_imports(config_filename=str(PACKAGE.parent / "pyproject.toml"),
+                                         no_cache=True, no_logo=True)
+    assert code == 0, "an import climbs the tower: see lint-imports' report above"

@@ -1,6 +1,6 @@
 """``fsm worker`` / ``start`` / ``wait`` / ``workers``: running work on many processes and hosts.
 
-A thin layer over ``runtime.fleet.worker.Worker`` and the store, registered on the
+A thin layer over ``runtime.worker.Worker`` and the store, registered on the
 ``fsm`` app by ``cli.py``.  ``wait`` exits as ``fsm run`` does: 0 when every
 instance completed, 1 when one failed or was cancelled, 3 when one is not final
 (waiting for an event) or ``--timeout`` passed first; 2 for a user error.
@@ -201,7 +201,7 @@ def worker(db: str | None = DB,
            poll: float = typer.Option(1.0, "--poll", min=0.01,
                                       help="Most seconds between claims while idle.")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
-    from ..runtime.fleet.worker import Worker
+    from ..runtime.worker import Worker
     safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
     from ..llm.select import providers_from_specs
     from ..runtime import Engine

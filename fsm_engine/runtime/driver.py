@@ -145,7 +145,7 @@ class Driver:
 
     #: ``hand_off(before, after)``: True when a step moving an instance into another queue
     #: must give it back in the same commit (owner cleared: claimed again under that
-    #: queue's limits); set by a worker (``runtime.fleet.worker``), None: never.
+    #: queue's limits); set by a worker (``runtime.worker``), None: never.
     hand_off: Callable[[InstanceRecord, InstanceRecord], bool] | None = None
 
     async def commit(self, rec: InstanceRecord, step: StepCommit) -> InstanceRecord:

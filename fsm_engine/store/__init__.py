@@ -88,14 +88,14 @@ def open_store(url: str | None = None, *, create: bool = True,
     Raises ``StoreError`` (unreachable, refused, newer schema, missing) or
     ``NotAnFsmDatabase`` (someone else's database), each one line.  With
     ``FSM_CRASH_AT`` set (fault-injection tests) the store is armed to stop its own
-    process at one write (``fsm_engine.testing.crash``).
+    process at one write (``fsm_engine.store.crash``).
     """
     from . import backends
     url = store_url(url)
     store = backends.opener_for(url)(url, create=create, synchronous=synchronous,
                                      readonly=readonly)
-    if os.environ.get("FSM_CRASH_AT"):  # the intersection tests' crash points (testing.crash)
-        from ..testing.crash import arm
+    if os.environ.get("FSM_CRASH_AT"):  # the intersection tests' crash points (store.crash)
+        from .crash import arm
         arm(store)
     return store
 

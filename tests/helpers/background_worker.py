@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsm_engine.runtime.fleet.worker import Worker
+from fsm_engine.runtime.worker import Worker
 
 
 def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

@@ -4,7 +4,7 @@ A ``Lab`` is one cell's store (SQLite file or PostgreSQL schema), its execution 
 sink (``tests/integration/matrix_machines.py`` appends to them) and the processes it starts: real
 ``python -m fsm_engine.cli`` commands (``worker``, ``review decide``, ``rerun``, ``fork``,
 ``migrate``) and a two-line ``Engine.send`` script, each given ``FSM_CRASH_AT``
-(``fsm_engine.testing.crash``) when it is the one to stop at the cell's commit point.
+(``fsm_engine.store.crash``) when it is the one to stop at the cell's commit point.
 ``matrix_check.check`` asserts the invariants once the cell has run.
 """
 

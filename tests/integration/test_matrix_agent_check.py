@@ -17,7 +17,7 @@ from tampered_store import Tampered
 
 from fsm_engine import Engine
 from fsm_engine.llm import Scripted
-from fsm_engine.testing.crash import labels
+from fsm_engine.store.crash import labels
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tampered_store import Tampered
 
 from fsm_engine import Engine
 from fsm_engine.store import open_store
-from fsm_engine.testing.crash import CrashPoint
+from fsm_engine.store.crash import CrashPoint
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def imported(name: str) -> set[str]:
 
 
 def test_the_worker_touches_no_private_state_of_the_engine_or_runner() -> None:
-    src = (RUNTIME / "fleet" / "worker.py").read_text(encoding="utf-8")
+    src = (RUNTIME / "worker.py").read_text(encoding="utf-8")
     assert private_reach_ins(src) == []
 
 

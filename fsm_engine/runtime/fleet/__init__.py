@@ -1,5 +1,6 @@
 """The fleet: what many workers share through the store. A worker's identity, liveness
 and lease (``liveness``, ``ownership``), the queues it serves (``queues``), the fleet's
 stored limits (``limits``), rate limits and circuit breakers per model (``rates``,
-``breaker``), and the long-running worker itself (``worker``: ``fsm worker``).
+``breaker``). The long-running worker that serves them (``fsm worker``) stands above the
+engine, in ``runtime.worker``.
 """

@@ -28,17 +28,25 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...errors import InvalidInput
-
-if TYPE_CHECKING:
-    from .limits import FleetLimits
 
 #: A queue's name: a letter, then up to 63 letters, digits, ``_`` or ``-``.
 QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 #: The largest count a limit may have (instances at once).
 MAX_COUNT = 1_000_000
+
+
+class StoredLimits(Protocol):
+    """What a plan is tightened by: the fleet's stored limits (``limits.FleetLimits``), per
+    queue and for partitions (counts are instances; ``None``: no limit)."""
+
+    @property
+    def queue_limits(self) -> Mapping[str, int]: ...
+
+    @property
+    def partition_limit(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +76,7 @@ class QueuePlan:
         """Queues with a limit of their own (claimed one by one), sorted."""
         return tuple(sorted(set(self.per_queue) | set(self.global_limits)))
 
-    def tightened(self, fleet: FleetLimits) -> QueuePlan:
+    def tightened(self, fleet: StoredLimits) -> QueuePlan:
         """This plan under the fleet's stored limits: per queue and for partitions, the
         smaller of this worker's limit and the stored one."""
         queues = sorted(set(self.global_limits) | set(fleet.queue_limits))

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import StoreError
-from fsm_engine.runtime.fleet.worker import Worker
+from fsm_engine.runtime.worker import Worker
 
 
 class Ctx(BaseModel):

@@ -13,7 +13,7 @@ from fsm_engine import DefinitionError, Machine, State, Transition, fire
 from fsm_engine.definition.fanout import Map, Parallel
 from fsm_engine.llm import Scripted
 from fsm_engine.policies import Completion
-from fsm_engine.runtime.fleet.worker import Worker
+from fsm_engine.runtime.worker import Worker
 
 
 def _run(engine, machine, words, **kw):

@@ -29,11 +29,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import FsmError, StaleWrite, StoreError
-from ...store.records import InstanceRecord
-from ..engine import Engine
-from . import limits as fleet
-from .queues import QueuePlan
+from ..errors import FsmError, StaleWrite, StoreError
+from ..store.records import InstanceRecord
+from .engine import Engine
+from .fleet import limits as fleet
+from .fleet.queues import QueuePlan
 
 log = logging.getLogger("fsm_engine")
 
