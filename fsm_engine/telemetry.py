@@ -1,16 +1,12 @@
 """OpenTelemetry traces (optional extra ``[otel]``): a span per instance run, per step and
 per model call.
 
-Off unless configured by the standard environment variables, and then free:
-the engine keeps ``tracer = None`` and each step costs one ``if``.
-:func:`tracer_from_env` turns tracing on when
-
-* the application already installed an SDK tracer provider (it is used as is), or
-* ``OTEL_TRACES_EXPORTER`` names exporters (``console``, ``otlp``; ``none`` is off), or
-* ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set (``otlp``),
-
-unless ``OTEL_SDK_DISABLED=true``.  Resource attributes come from
-``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` as usual.
+This module uses the OpenTelemetry API alone, as a library should: spans go to the tracer
+provider the process installed (:func:`installed_tracer`), and without one tracing is off
+and free (the engine keeps ``tracer = None``; each step costs one ``if``).  The SDK is set
+up only when asked: by the application itself, or by :func:`fsm_engine.telemetry_sdk.configure`
+from the standard ``OTEL_*`` variables, which the ``fsm`` commands call at start (they own
+their process; a library user's process is left as it is).
 
 Spans (attribute names: ``fsm.*`` for the engine's own, the GenAI semantic
 conventions for model calls):
@@ -38,83 +34,31 @@ No prompt or reply text is put in a span unless
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-log = logging.getLogger("fsm_engine")
-
-_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 
-def _exporter_names(env: os._Environ[str] | dict[str, str]) -> list[str]:
-    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
-    if not names and any(env.get(k) for k in _ENDPOINTS):
-        names = ["otlp"]
-    return [n for n in names if n != "none"]
+def installed_tracer(env: os._Environ[str] | dict[str, str] | None = None) -> Any:
+    """The ``fsm_engine`` tracer of the tracer provider this process installed, or None
+    (tracing off: no provider installed, ``OTEL_SDK_DISABLED=true``, or OpenTelemetry never
+    imported, in which case nothing is imported now either).
 
-
-def _exporter(name: str) -> Any:
-    if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-        return ConsoleSpanExporter()
-    if name == "otlp":
-        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                                  os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
-        try:
-            if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.warning("OTEL_TRACES_EXPORTER=otlp needs the opentelemetry-exporter-otlp package;"
-                        " traces are off")
-            return None
-        return OTLPSpanExporter()
-    log.warning("unknown OTEL_TRACES_EXPORTER %r ignored (fsm_engine knows console, otlp)", name)
-    return None
-
-
-def _installed_tracer() -> Any:
-    """A tracer of the SDK provider the application installed, or None."""
-    from opentelemetry import trace
-    provider = trace.get_tracer_provider()
-    if type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
-        return None
-    return provider.get_tracer("fsm_engine")
-
-
-def tracer_from_env(env: os._Environ[str] | dict[str, str] | None = None) -> Any:
-    """The tracer the environment asks for, or None (tracing off; nothing is imported
-    when no ``OTEL_*`` variable asks for traces and OpenTelemetry was never loaded)."""
+    Uses the OpenTelemetry API alone: the application (or :mod:`fsm_engine.telemetry_sdk`,
+    which ``fsm`` commands call when ``OTEL_*`` variables ask for traces) installs the SDK.
+    """
     import sys
     env = os.environ if env is None else env
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    names = _exporter_names(env)
-    if not names and "opentelemetry.trace" not in sys.modules:
+    if "opentelemetry.trace" not in sys.modules:
         return None  # nobody can have installed a provider: stay free
-    try:
-        installed = _installed_tracer()
-        if installed is not None or not names:
-            return installed
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        log.warning("OTEL_* asks for traces but OpenTelemetry is not installed "
-                    "(pip install 'fsm_engine[otel]'); traces are off")
+    from opentelemetry import trace
+    provider = trace.get_tracer_provider()
+    if type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
         return None
-    exporters = [e for e in map(_exporter, names) if e is not None]
-    if not exporters:
-        return None
-    provider = TracerProvider(resource=Resource.create())
-    for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    atexit.register(provider.shutdown)  # flush what is batched when the process ends
     return provider.get_tracer("fsm_engine")
 
 
@@ -219,6 +163,6 @@ def current_context() -> Any:
     return context.get_current()
 
 
-__all__ = ["tracer_from_env", "traced_run", "traced_step", "traced_call", "traced_tool",
+__all__ = ["installed_tracer", "traced_run", "traced_step", "traced_call", "traced_tool",
            "current_context",
            "outcome_attributes"]

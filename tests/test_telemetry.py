@@ -103,6 +103,9 @@ PROBE = textwrap.dedent("""
     from seven_machine import seven_steps
     from conftest import scripted
     from fsm_engine import Engine
+    if {configure!r}:
+        from fsm_engine import telemetry_sdk
+        telemetry_sdk.configure()
     engine = Engine({db!r}, llm=scripted({{"text": "x", "prompt_tokens": 1}}))
     iid = engine.start(seven_steps(), {{}})
     async def go():
@@ -116,11 +119,11 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(tmp_path, name: str, env: dict[str, str]) -> tuple[dict, str]:
+def probe(tmp_path, name: str, env: dict[str, str], configure: bool = False) -> tuple[dict, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     code = PROBE.format(tests=os.path.dirname(__file__),
                          helpers=os.path.join(os.path.dirname(__file__), "helpers"),
-                         db=str(tmp_path / f"{name}.db"))
+                         db=str(tmp_path / f"{name}.db"), configure=configure)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=clean | env, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -133,13 +136,69 @@ def test_without_configuration_nothing_is_created_or_imported(tmp_path) -> None:
     result, _ = probe(tmp_path, "off", {})
     assert result == {"tracer": False, "status": "completed", "otel": []}
     result, _ = probe(tmp_path, "disabled", {"OTEL_SDK_DISABLED": "true",
-                                             "OTEL_TRACES_EXPORTER": "console"})
+                                             "OTEL_TRACES_EXPORTER": "console"}, configure=True)
     assert result["tracer"] is False and result["otel"] == []
 
 
-def test_otel_traces_exporter_console_turns_spans_on(tmp_path) -> None:
+def test_a_library_process_is_left_as_it_is_whatever_the_variables_say(tmp_path) -> None:
+    """The engine uses the OpenTelemetry API alone: OTEL_* variables in an application's
+    process set nothing up unless the application asks (telemetry_sdk.configure)."""
+    result, stdout = probe(tmp_path, "lib", {"OTEL_TRACES_EXPORTER": "console"})
+    assert result == {"tracer": False, "status": "completed", "otel": []}
+    assert '"name": "fsm.step"' not in stdout
+
+
+def test_configure_sets_up_the_sdk_from_otel_traces_exporter(tmp_path) -> None:
     result, stdout = probe(tmp_path, "console", {"OTEL_TRACES_EXPORTER": "console",
-                                                 "OTEL_SERVICE_NAME": "fsm-test"})
+                                                 "OTEL_SERVICE_NAME": "fsm-test"}, configure=True)
     assert result["tracer"] is True and result["status"] == "completed"
     assert stdout.count('"name": "fsm.step"') == 7 and stdout.count('"name": "fsm.run"') == 1
     assert "fsm-test" in stdout
+
+
+def test_an_installed_provider_is_kept_by_configure() -> None:
+    from fsm_engine import telemetry_sdk
+    code = textwrap.dedent("""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from fsm_engine import telemetry, telemetry_sdk
+        mine = TracerProvider()
+        trace.set_tracer_provider(mine)
+        print(telemetry_sdk.configure(), trace.get_tracer_provider() is mine,
+              telemetry.installed_tracer() is not None)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env | {"OTEL_TRACES_EXPORTER": "console"}, timeout=120)
+    assert proc.stdout.split() == ["False", "True", "True"], proc.stderr
+    assert telemetry_sdk.exporter_names({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}) == ["otlp"]
+    assert telemetry_sdk.exporter_names({"OTEL_TRACES_EXPORTER": "none"}) == []
+
+
+def test_an_fsm_command_sets_up_the_sdk_when_the_variables_ask(tmp_path) -> None:
+    """``fsm run`` owns its process: OTEL_TRACES_EXPORTER=console prints its spans."""
+    machine = tmp_path / "m.py"
+    machine.write_text(textwrap.dedent("""
+        from pydantic import BaseModel
+        from fsm_engine import Machine, State, Transition
+
+        class Ctx(BaseModel):
+            n: int = 0
+
+        def bump(ctx, step):
+            return {"n": ctx.n + 1}
+
+        machine = Machine(name="tiny", context=Ctx, initial="a",
+                          states=[State("a", action=bump), State("done", final=True)],
+                          transitions=[Transition("next", "a", "done")])
+    """))
+    (tmp_path / "in.json").write_text('{"n": 1}')
+    (tmp_path / "replies.jsonl").write_text('{"text": "unused"}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run([sys.executable, "-m", "fsm_engine.cli", "run", str(machine), "-q",
+                           "--input", str(tmp_path / "in.json"), "--db", str(tmp_path / "f.db"),
+                           "--llm", f"scripted:{tmp_path / 'replies.jsonl'}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=env | {"OTEL_TRACES_EXPORTER": "console"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count('"name": "fsm.step"') == 1 and '"name": "fsm.run"' in proc.stdout

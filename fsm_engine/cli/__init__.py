@@ -16,6 +16,7 @@ import sys
 
 import typer
 
+from .. import telemetry_sdk
 from ..errors import FsmError
 from ..terminal import error_line, safe_logging
 
@@ -32,6 +33,8 @@ def main() -> None:
     """Entry point: run the app, turning every ``FsmError`` into one line and exit 2."""
     if not logging.getLogger().handlers:  # warnings print as Python would, but made safe
         safe_logging()
+    if telemetry_sdk.asked():  # OTEL_* variables: this process is ours to set up
+        telemetry_sdk.configure()
     try:
         code = app(standalone_mode=False)
     except FsmError as exc:

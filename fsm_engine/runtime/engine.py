@@ -72,8 +72,9 @@ class Engine:
         threads: most worker threads for sync actions without a timeout (a sync
             action with a timeout runs in a thread of its own, abandoned if it hangs).
         tracer: an OpenTelemetry tracer for ``fsm.run`` / ``fsm.step`` / model-call spans;
-            by default the one the standard ``OTEL_*`` variables configure, else None
-            (off: see ``fsm_engine.telemetry``).
+            by default (``"installed"``) one of the tracer provider this process installed,
+            else None (off: see ``fsm_engine.telemetry``; ``fsm`` commands install one
+            when the ``OTEL_*`` variables ask, ``fsm_engine.telemetry_sdk``).
         rate_limits: shared rate limits (``RateLimit``) by model name (``"*"``: the
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.fleet.rates`.
         trust: which modules stored instances name may be imported (``loader.Trust``:
@@ -85,7 +86,7 @@ class Engine:
                  concurrency: int | None = None,
                  breaker: BreakerPolicy | None = _BREAKER,
                  seed: int | None = None, threads: int = 32,
-                 clock: Callable[[], float] = time.time, tracer: Any = "env",
+                 clock: Callable[[], float] = time.time, tracer: Any = "installed",
                  rate_limits: Mapping[str, RateLimit] | None = None,
                  trust: Trust | None = None) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
@@ -104,9 +105,9 @@ class Engine:
         self.committer = GroupCommitter(self.ledger)  # ``solo``: the runner's, below
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,
                              rng=random.Random(seed), threads=self._threads)
-        if isinstance(tracer, str):  # "env": as the OTEL_* variables say
-            from ..telemetry import tracer_from_env
-            tracer = tracer_from_env()
+        if isinstance(tracer, str):  # "installed": the process's tracer provider, if any
+            from ..telemetry import installed_tracer
+            tracer = installed_tracer()
         self.driver.tracer = tracer
         self.registry = Registry(self.store, self.models, self.trust, clock, self.driver.upcasts)
         self.runner = Runner(self.store, self.registry, self.driver, self.ledger,
