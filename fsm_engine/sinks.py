@@ -14,9 +14,11 @@ whole exchange (the ``timeout``, capped by ``FSM_HTTP_DEADLINE``), at most
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
+from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,28 +32,41 @@ from .errors import (
     RateLimited,
     ServerError,
 )
-from .llm.http import bound
+from .llm.http import client_options
 
 #: the most of a webhook's reply body read (only its status counts); a longer one is cut
 #: and its connection closed, a shorter one read whole so the connection is reused
 BODY_BYTES = 64 * 1024
 
-_clients: dict[int, httpx.Client] = {}  # pid -> the process's client (a fork makes its own)
-_clients_lock = threading.Lock()
-
-
-def _client() -> httpx.Client:
+class _Courier:
     """This process's webhook client, shared by every thread: its connections and TLS
-    context are reused (``httpx.post`` built a new client, and loaded the CA bundle,
-    per call: about a third of a worker's CPU in ``bench/scale_out.py``)."""
+    context are reused (``httpx.post`` built a new client, and loaded the CA bundle, per
+    call: about a third of a worker's CPU in ``bench/scale_out.py``).  It is an
+    ``httpx.AsyncClient`` on an event loop of its own (a daemon thread), since the bounds
+    of ``llm.http`` hold on an event loop only; a caller's thread waits for its post."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.client = httpx.AsyncClient(**client_options(httpx))
+        threading.Thread(target=self.loop.run_forever, name="fsm-webhook", daemon=True).start()
+
+    def run(self, post: Coroutine[Any, Any, httpx.Response]) -> httpx.Response:
+        return asyncio.run_coroutine_threadsafe(post, self.loop).result()
+
+
+_couriers: dict[int, _Courier] = {}  # pid -> the process's courier (a fork makes its own)
+_couriers_lock = threading.Lock()
+
+
+def _courier() -> _Courier:
     pid = os.getpid()
-    client = _clients.get(pid)
-    if client is None:
-        with _clients_lock:
-            client = _clients.get(pid)
-            if client is None:
-                client = _clients[pid] = bound(httpx.Client(), httpx)
-    return client
+    courier = _couriers.get(pid)
+    if courier is None:
+        with _couriers_lock:
+            courier = _couriers.get(pid)
+            if courier is None:
+                courier = _couriers[pid] = _Courier()
+    return courier
 
 
 def post_webhook(url: str, payload: dict[str, Any], key: str, *,
@@ -62,10 +77,15 @@ def post_webhook(url: str, payload: dict[str, Any], key: str, *,
     Raises ProviderTimeout (DeadlineExceeded past the deadline), ProviderUnavailable,
     CertificateError, RateLimited (429), ServerError (5xx) or ClientError (a 3xx, not
     followed, or another 4xx)."""
+    courier = _courier()
+
+    async def post() -> httpx.Response:
+        async with courier.client.stream("POST", url, json=payload, timeout=timeout,
+                                         headers={"Idempotency-Key": key}) as resp:
+            await _drain(resp)
+        return resp
     try:
-        with _client().stream("POST", url, json=payload, headers={"Idempotency-Key": key},
-                              timeout=timeout) as resp:
-            _drain(resp)
+        resp = courier.run(post())
     except ProviderError:
         raise
     except httpx.TimeoutException as exc:
@@ -75,10 +95,10 @@ def post_webhook(url: str, payload: dict[str, Any], key: str, *,
     return _outcome(resp)
 
 
-def _drain(resp: httpx.Response) -> None:
+async def _drain(resp: httpx.Response) -> None:
     """Read at most :data:`BODY_BYTES` of the reply."""
     read = 0
-    for chunk in resp.iter_raw():
+    async for chunk in resp.aiter_raw():
         read += len(chunk)
         if read > BODY_BYTES:
             return

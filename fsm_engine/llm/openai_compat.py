@@ -80,7 +80,7 @@ from fsm_engine.llm.base import (
     Provider,
     estimate_tokens,
 )
-from fsm_engine.llm.http import Caps, bound, env_number
+from fsm_engine.llm.http import Caps, client_options, env_number
 from fsm_engine.llm.sse import SseEvents
 from fsm_engine.llm.tool_transcript import native_messages, tool_calls_text
 from fsm_engine.policies import parse_retry_after
@@ -158,8 +158,11 @@ class OpenAICompatible(Provider):
         self.caps = Caps.from_env()
         # a loopback server is reached directly, whatever HTTP(S)_PROXY says
         direct = is_loopback(self.base_url)
-        http = bound(openai.DefaultAsyncHttpxClient(timeout=self.timeout, trust_env=not direct),
-                     httpx2, self.caps)
+        # the pool the SDK's DefaultAsyncHttpxClient asks for, on the transport given to it
+        limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+        http = openai.DefaultAsyncHttpxClient(
+            timeout=self.timeout, **client_options(httpx2, self.caps, trust_env=not direct,
+                                                   limits=limits))
         self._client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url, http_client=http,
                                           timeout=self.timeout, max_retries=0)
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
@@ -213,10 +216,13 @@ class OpenAICompatible(Provider):
         import httpx
 
         url = f"{(self.base_url or '').rstrip('/')}/models"
+
+        async def get() -> Any:
+            async with httpx.AsyncClient(**client_options(httpx, self.caps)) as client:
+                return await client.get(url, headers={"Authorization": f"Bearer {self._secret}"},
+                                        timeout=min(self.timeout, 30.0))
         try:
-            with bound(httpx.Client(), httpx, self.caps) as client:
-                response = client.get(url, headers={"Authorization": f"Bearer {self._secret}"},
-                                      timeout=min(self.timeout, 30.0))
+            response = asyncio.run(get())  # bounded only on an event loop (llm.http)
             response.raise_for_status()
             listed = [str(m.get("id")) for m in response.json().get("data", [])]
         except (httpx.HTTPError, ValueError, AttributeError) as exc:

@@ -198,13 +198,17 @@ def test_proxies_from_the_environment_are_bounded_too(
         peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
     import httpx
 
-    from fsm_engine.llm.http import bound
+    from fsm_engine.llm.http import client_options
     monkeypatch.setenv("HTTP_PROXY", peer.url)
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
+
+    async def get() -> None:
+        async with httpx.AsyncClient(**client_options(httpx)) as client:
+            await client.get("http://198.51.100.1/never", timeout=1.5)  # TEST-NET: only the proxy
     started = time.monotonic()
-    with bound(httpx.Client(), httpx) as client, pytest.raises(ProviderError) as caught:
-        client.get("http://198.51.100.1/never", timeout=1.5)  # TEST-NET: only the proxy
+    with pytest.raises(ProviderError) as caught:
+        asyncio.run(get())
     assert type(caught.value).__name__ == "DeadlineExceeded", caught.value
     assert time.monotonic() - started < 3.5
     assert peer.requests[0].startswith(b"GET http://198.51.100.1/never")
@@ -313,3 +317,42 @@ def test_the_sync_model_listing_is_bounded_and_still_answers() -> None:
     finally:
         listing.close()
         slow.close()
+
+
+# -- public API only ---------------------------------------------------------------------------
+
+#: a named tuple's public methods (``urlsplit(...)._replace``): underscored to miss its fields
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def test_the_bounds_touch_no_private_part_of_httpx_or_the_sdk() -> None:
+    """llm/http.py, sinks.py and the provider reach httpx/httpx2 and openai through their
+    public API only: no ``x._name`` on anything but ``self``, no private module imported."""
+    import ast
+
+    import fsm_engine
+    root = Path(fsm_engine.__file__).parent
+    found = []
+    for name in ("llm/http.py", "sinks.py", "llm/openai_compat.py"):
+        tree = ast.parse((root / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                    and not node.attr.startswith("__") and node.attr not in NAMEDTUPLE_API \
+                    and ast.unparse(node.value) != "self":
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and any(
+                    part.startswith("_") and not part.startswith("__")
+                    for part in (node.module or "").split(".")):
+                found.append(f"{name}:{node.lineno}: from {node.module}")
+    assert found == []
+
+
+def test_proxies_of_the_environment_follow_httpx_rules() -> None:
+    from fsm_engine.llm.http import env_proxies
+    env = {"HTTP_PROXY": "proxy.corp:3128", "https_proxy": "http://p:1",
+           "NO_PROXY": "localhost, 10.0.0.1,::1,.internal,http://direct.example"}
+    assert env_proxies(env) == {
+        "http://": "http://proxy.corp:3128", "https://": "http://p:1",
+        "all://localhost": None, "all://10.0.0.1": None, "all://[::1]": None,
+        "all://*.internal": None, "http://direct.example": None}
+    assert env_proxies({"ALL_PROXY": "http://p:2", "NO_PROXY": "*"}) == {}
