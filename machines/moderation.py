@@ -280,6 +280,7 @@ machine = Machine(
     max_transitions=30,
     token_budget=6000,
     tally=("verdict_source",),
+    outcome=("verdict.decision", "verdict_source"),
     states=[
         State("init"),
         State("collect", action=collect, queue="io"),
