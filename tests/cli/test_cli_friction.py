@@ -156,6 +156,7 @@ def test_a_machine_importing_a_sibling_runs_by_either_entry_point(tmp_path, entr
 
 def test_only_a_named_machine_file_puts_its_folder_on_sys_path(tmp_path, monkeypatch):
     from fsm_engine.runtime import load_machine
+    from fsm_engine.runtime.loader import reference
     monkeypatch.setattr(sys, "path", list(sys.path))
     stored = tmp_path / "stored"
     stored.mkdir()
@@ -165,6 +166,8 @@ def test_only_a_named_machine_file_puts_its_folder_on_sys_path(tmp_path, monkeyp
     named.mkdir()
     load_machine(module(named, PLAIN.replace('"plain"', '"named"')), named=True)
     assert str(named) in sys.path
+    sibling = module(named, PLAIN.replace('"plain"', '"sibling"'), "sibling.py")
+    assert reference(sibling) != "sibling"  # the added folder never names a stored module
 
 
 def test_set_reads_each_value_as_its_field_type(tmp_path, capsys):
