@@ -217,7 +217,8 @@ class Machine:
             (``fsm run`` prints the counts at its end, e.g. where verdicts came from).
         outcome: context fields that sum up an instance's result, each a field name or a
             dotted path into a dict or model field (``"verdict.decision"``): ``fsm run``'s
-            closing table shows them per instance (``()``: the final state).
+            closing table shows them per instance, each named by its last part
+            (``decision=approve``; ``()``: the final state).
         on_loop_limit: a review state the instance goes to when it reaches
             ``max_transitions`` instead of failing (``None``: fail with ``loop_limit``);
             the reviewer's decision grants another ``max_transitions`` transitions.

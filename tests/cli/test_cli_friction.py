@@ -72,6 +72,24 @@ machine = Machine(name="labels", context=C, initial="wait",
                   transitions=[Transition("label", "wait", "done")])
 '''
 
+REVIEWED = '''
+from pydantic import BaseModel
+from fsm_engine import Machine, Review, State, Transition
+
+class Edit(BaseModel):
+    label: str = ""
+
+class C(BaseModel):
+    path: str = ""
+    label: str = ""
+
+machine = Machine(name="reviewed", context=C, initial="check",
+                  states=[State("check", review=Review(prompt="ok?", editable=Edit,
+                                                       choices=["approve"])),
+                          State("done", final=True)],
+                  transitions=[Transition("approve", "check", "done")])
+'''
+
 FAILING = '''
 from pydantic import BaseModel
 from fsm_engine import Machine, State, Transition
@@ -182,6 +200,28 @@ def test_set_reads_each_value_as_its_field_type(tmp_path, capsys):
     code, out, _ = run_main(["show", iid, "--db", db, "--json"], capsys)
     context = json.loads(out)["context"]
     assert (context["label"], context["count"]) == ("5", 7)
+
+
+def test_a_review_edit_reads_each_value_as_its_field_type(tmp_path, capsys):
+    db, mod = str(tmp_path / "x.db"), module(tmp_path, REVIEWED)
+    code, out, err = run_main(["run", mod, "--input", an_input(tmp_path), "--db", db, "--json"],
+                              capsys)
+    assert code == 3, err
+    iid = json.loads(out)[0]["id"]
+    item = json.loads(run_main(["review", "list", "--db", db, "--json"], capsys)[1])[0]["id"]
+    code, _, err = run_main(["review", "decide", item, "approve", "--set", "label=5", "--as", "t",
+                             "--db", db, "--machines", mod], capsys)
+    assert code == 0, err
+    code, out, _ = run_main(["show", iid, "--db", db, "--json"], capsys)
+    assert json.loads(out)["context"]["label"] == "5"
+
+
+def test_an_outcome_naming_no_context_field_is_a_definition_error(tmp_path, capsys, llm):
+    mod = module(tmp_path, PLAIN.replace('transitions=[', 'outcome=("nope",), transitions=['))
+    code, _, err = run_main(["run", mod, "--input", an_input(tmp_path), "--db",
+                             str(tmp_path / "x.db"), *llm], capsys)
+    assert code == 2 and "outcome 'nope' is not a field of the context" in err, err
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_a_set_that_fits_no_type_is_still_one_line(tmp_path, capsys):
