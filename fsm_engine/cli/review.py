@@ -37,9 +37,12 @@ def _value(text: str, annotation: Any = None) -> Any:
     a ``str`` one; ``true`` is True for a ``bool``), in JSON form; with no type, or when
     neither fits (the update's validation then says why): JSON when it parses (``3``,
     ``true``, ``"x"``, ``[…]``), else text."""
-    if annotation is not None:
-        from pydantic import TypeAdapter, ValidationError
-        adapter = TypeAdapter(annotation)
+    from pydantic import PydanticUserError, TypeAdapter, ValidationError
+    try:
+        adapter = None if annotation is None else TypeAdapter(annotation)
+    except PydanticUserError:  # a type only its model's config admits: read as untyped
+        adapter = None
+    if adapter is not None:
         for parse in (adapter.validate_json, adapter.validate_python):
             try:
                 return adapter.dump_python(parse(text), mode="json")

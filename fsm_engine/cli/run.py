@@ -166,7 +166,7 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         at = getattr(exc, "index", None)
         raise InvalidInput(f"{shown(input[at])}: {exc}" if at is not None else str(exc)) from None
     if not quiet:
-        typer.echo(header, err=True)
+        typer.echo(shown(header), err=True)
     from .observe import viewer_hint
     _finish(_drive(engine, ids, False, quiet), as_json, machine.tally,
             None if quiet else viewer_hint(db), outcome=machine.outcome)
