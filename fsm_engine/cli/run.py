@@ -148,6 +148,8 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     from ..store import is_postgres, store_url
     machine, ref = load_machine(module, named=True)
     use = compile_machine(machine).model_use()  # a broken definition creates no database
+    if use == "maybe" and llm:  # the model a user names is demanded like a declared one
+        use = "declared"
     if is_postgres(store_url(db)) and not local:
         from .scale import enqueue_and_wait
         enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
