@@ -56,23 +56,34 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
             await engine.models.aclose()
 
 
-def _preload(engine: Engine) -> None:
+def _preload(engine: Engine, lazy: bool = False) -> None:
     """Start the local models (load + self-test) before any instance depends on them, so a
-    broken native build or a refused model is one ``fsm: error:`` line, nothing run."""
-    loads = [getattr(getattr(p, "inner", p), "load", None) for p in engine.models.unique()]
-    if not any(loads):
+    broken native build or a refused model is one ``fsm: error:`` line, nothing run.
+    ``lazy`` (a machine whose states only may call a model): a model that fails to load is
+    replaced by an ``Unavailable`` one naming why, which fails only a state calling it."""
+    loads = [(p, getattr(getattr(p, "inner", p), "load", None)) for p in engine.models.unique()]
+    if not any(load for _, load in loads):
         return
 
-    async def go() -> None:
-        try:
-            for load in loads:  # through FaultInjector's ``inner``
+    async def go() -> list[tuple[Any, FsmError]]:
+        failed = []
+        for provider, load in loads:  # through FaultInjector's ``inner``
+            try:
                 if load is not None:
                     await load()
-        except FsmError:
-            await engine.models.aclose()
-            raise
+            except FsmError as exc:
+                if not lazy:
+                    await engine.models.aclose()
+                    raise
+                failed.append((provider, exc))
+                await provider.aclose()
+        return failed
     import asyncio
-    asyncio.run(go())
+
+    from ..llm.select import Unavailable
+    from ..runtime.model_registry import model_key
+    for provider, exc in asyncio.run(go()):
+        engine.models.replace(provider, Unavailable(model_key(provider), str(exc)))
 
 
 def _drive(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[Any]:
@@ -157,8 +168,8 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         return
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True, models=use)
     engine.concurrency = concurrency or _default_concurrency(engine)
-    if use == "declared":  # "maybe": each model loads when a state first calls it
-        _preload(engine)
+    if use != "none":  # "maybe": a model that fails to load fails only a state calling it
+        _preload(engine, lazy=use == "maybe")
     engine.register(machine, ref)
     header = _header(machine.name, len(inputs), engine, use)  # a model it can't name: no instance
     try:

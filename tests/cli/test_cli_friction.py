@@ -151,6 +151,34 @@ def test_a_state_calling_a_missing_model_fails_naming_why(tmp_path, capsys, no_m
     assert "unavailable: the local extra is not installed" in rec["last_error"]
 
 
+class Unloadable:
+    """A local-like model whose load (before the run) fails; counts calls it was asked."""
+
+    name, model, calls = "local", "tiny", 0
+
+    async def load(self) -> None:
+        raise ClientError("model file not found: tiny.gguf")
+
+    async def complete(self, messages, **kwargs):
+        Unloadable.calls += 1
+        raise AssertionError("an unloaded model was called")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_model_that_fails_to_load_fails_only_the_state_calling_it(tmp_path, capsys,
+                                                                      monkeypatch):
+    monkeypatch.setattr(fsm_engine.llm.select, "provider_from_spec", lambda spec, **_: Unloadable())
+    code, out, err = run_main(["run", module(tmp_path, MAYBE), "--input", an_input(tmp_path),
+                               "--db", str(tmp_path / "x.db"), "--json"], capsys)
+    assert code == 1, err
+    [rec] = json.loads(out)
+    assert rec["status"] == "failed" and rec["context"]["noted"] is True
+    assert "model file not found: tiny.gguf" in rec["last_error"] and Unloadable.calls == 0
+    assert "unavailable: model file not found" in err  # the header says so
+
+
 @pytest.mark.parametrize("entry", ["fsm", "python -m fsm_engine"])
 def test_a_machine_importing_a_sibling_runs_by_either_entry_point(tmp_path, entry, llm):
     script = Path(sys.executable).with_name("fsm")
