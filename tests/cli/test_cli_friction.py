@@ -179,6 +179,7 @@ def test_a_model_that_fails_to_load_fails_only_the_state_calling_it(tmp_path, ca
     assert "unavailable: model file not found" in err  # the header says so
 
 
+@pytest.mark.slow  # four fsm processes
 @pytest.mark.parametrize("entry", ["fsm", "python -m fsm_engine"])
 def test_a_machine_importing_a_sibling_runs_by_either_entry_point(tmp_path, entry, llm):
     script = Path(sys.executable).with_name("fsm")
