@@ -52,7 +52,7 @@ async def plain(ctx: Ctx, step: Step) -> dict[str, Any]:
 
 
 async def streamed(ctx: Ctx, step: Step) -> dict[str, Any]:
-    return {"said": (await step.llm.stream(MSG, max_tokens=64).text()).text}
+    return {"said": await step.llm.stream(MSG, max_tokens=64).text()}
 
 
 def machine(action: Any, name: str) -> Machine:

@@ -141,7 +141,7 @@ async def infer(ctx: Moderation, step: Step) -> dict[str, Any]:
     """Ask the model for a verdict (raw text; validate parses it), streamed: ``fsm stream``,
     ``engine.stream`` and the viewer show it, and the fields it decides, as it is written."""
     out = await step.llm.stream(_messages(ctx), max_tokens=VERDICT_TOKENS, temperature=0.0,
-                                json_reply=True).text()
+                                json_reply=True).complete()
     return {"raw": out.text, "finish_reason": out.finish_reason,
             "infer_attempts": ctx.infer_attempts + 1}
 
@@ -280,6 +280,7 @@ machine = Machine(
     max_transitions=30,
     token_budget=6000,
     tally=("verdict_source",),
+    outcome=("verdict.decision", "verdict_source"),
     states=[
         State("init"),
         State("collect", action=collect, queue="io"),

@@ -83,13 +83,17 @@ def _open(db: str | None, *, create: bool = False) -> Store:
 
 def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None = None,
             seed: int | None = None, create: bool = False,
-            machines: Sequence[str] = ()) -> Engine:
+            machines: Sequence[str] = (), models: str = "declared") -> Engine:
     """An engine on ``db`` with the selected providers by model name (local ones load
-    lazily) and the ``machines`` modules loaded (``trusting``)."""
+    lazily) and the ``machines`` modules loaded (``trusting``).  ``models``: how its
+    machine calls models (``CompiledMachine.model_use``): ``"none"`` builds no provider at
+    all, ``"maybe"`` one that cannot be set up as ``Unavailable`` (the state calling it
+    fails, naming why), ``"declared"`` demands them (``ClientError``)."""
     from ..llm.select import providers_from_specs
     from ..runtime import Engine
     from ..runtime.fleet.rates import limits_from_specs
-    providers = providers_from_specs(llm, faults=faults, seed=seed)
+    providers = None if models == "none" else providers_from_specs(
+        llm, faults=faults, seed=seed, lazy=models == "maybe")
     limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
     engine = Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
     return trusting(engine, machines)

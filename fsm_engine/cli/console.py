@@ -66,7 +66,7 @@ def _act(action: str, ids: list[str] | None, where: Any, *, yes: bool, batch: in
          machines: list[str] | None = None) -> None:
     """``action`` on each of ``ids``, or on every instance ``where`` matches."""
     if bool(ids) == (where is not None):
-        _fail(f"give instance ids or a query (--machine/--status/…) to {action}, not "
+        _fail(f"give instance ids or a query (--machine/--status/…) to {_command(action)}, not "
               f"{'both' if ids else 'neither'}")
     engine = trusting(_new_engine(_open(db), llm=None), machines or [])
     try:
@@ -100,6 +100,14 @@ def _single(engine: Engine, action: str, iid: str, by: str | None, reason: str |
 #: What the dry run says ``--yes`` does.
 _VERBS = {"cancel": "cancels", "pause": "pauses", "unpause": "unpauses", "fork": "forks",
           "rerun": "reruns", "resume": "restarts"}
+#: The command that runs an ``Engine.bulk`` action, where their names differ (``fsm
+#: restart`` is the bulk ``resume``; ``fsm resume`` is another command).
+_COMMANDS = {"resume": "restart"}
+
+
+def _command(action: str) -> str:
+    """The ``fsm`` command running the bulk ``action``: what its messages call it."""
+    return _COMMANDS.get(action, action)
 
 
 def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
@@ -109,13 +117,13 @@ def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
     plan = engine.bulk_plan(action, where, preview=not yes)
     if not yes:
         for rec in plan.sample:
-            typer.echo(shown(f"would {action} {rec.id} ({rec.machine}, {rec.status}, "
+            typer.echo(shown(f"would {_command(action)} {rec.id} ({rec.machine}, {rec.status}, "
                              f"{rec.state}, {rec.reason or '-'})"))
         more = f" (first {len(plan.sample)} shown)" if plan.count > len(plan.sample) else ""
         typer.echo(f"{plan.count} instance(s) match{more}; --yes {_VERBS[action]} them")
         return
     done = engine.bulk(plan, by=operator(by), reason=reason, batch=batch, **options)
-    typer.echo(f"{action}: {done.changed} changed, {done.skipped} skipped (already done or "
+    typer.echo(f"{_command(action)}: {done.changed} changed, {done.skipped} skipped (already done or "
                f"no longer applies), {done.requested} requested, in {done.batches} "
                "transaction(s)")
     for line in done.errors:
@@ -184,11 +192,12 @@ def send(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     machine's context model, in one transaction; a worker (or `fsm resume`) continues it."""
     import asyncio
 
-    from .review import _update
-    update = _update(sets, json_file)
+    from .review import _types, _update
+    _update(sets, json_file)  # a malformed --set or file: refused before the store is opened
     engine = trusting(_new_engine(_open(db), llm=None), machines)
     try:
         iid = _find(engine.store, instance_id).id
+        update = _update(sets, json_file, _types(engine, iid) if sets else None)
         rec = asyncio.run(engine.signal(iid, trigger, update, operator=operator(by)))
     finally:
         engine.close()

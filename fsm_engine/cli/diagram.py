@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 from .common import DB, _fail, _find, _open, app, out
@@ -24,10 +22,11 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
     """Render a machine's diagram, optionally overlaid with one instance's path or with
     the statistics of all its instances."""
     from ..diagram import build_graph, render, to_dot, to_mermaid
+    from ..diagram.dot import output_file
     from ..runtime import load_machine
     if instance and stats:
         _fail("give --instance or --stats, not both")
-    machine, _ = load_machine(module)
+    machine, _ = load_machine(module, named=True)
     from ..runtime.compiled import compile_machine
     compile_machine(machine)
     overlay = None
@@ -51,10 +50,8 @@ def diagram(module: str = typer.Argument(..., help="Machine module: path/to/file
         typer.echo(to_mermaid(graph) if mermaid else to_dot(graph))
         return
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         if mermaid:  # Mermaid text whatever the file's extension
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(to_mermaid(graph))
+            output_file(output).write_text(to_mermaid(graph), encoding="utf-8")
         else:
             render(graph, output)
     except (ValueError, RuntimeError, OSError) as exc:

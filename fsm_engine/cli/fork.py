@@ -130,7 +130,7 @@ def replay(instance_id: str = typer.Argument(..., help="Instance id (or a prefix
         store.close()
     if module is None:  # the row's own: imported only from under the machines root
         Trust().check(rec.module, rec.id)
-    machine, _ = load_machine(module or rec.module)
+    machine, _ = load_machine(module or rec.module, named=module is not None)
     report = run_replay(compile_machine(machine), rec, history, attempts)
     if as_json:
         from .common import _print_json

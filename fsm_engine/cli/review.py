@@ -31,15 +31,40 @@ def _engine(db: str | None, machines: list[str] | None = None) -> Engine:
     return trusting(_new_engine(_open(db), llm=None), machines or [])
 
 
-def _value(text: str) -> Any:
-    """A ``--set`` value: JSON when it parses (``3``, ``true``, ``"x"``, ``[…]``), else text."""
+def _value(text: str, annotation: Any = None) -> Any:
+    """A ``--set`` value.  For a field of declared type ``annotation``, what pydantic makes
+    of it as JSON, else as the text itself (``5`` is 5 for an ``int`` field and ``"5"`` for
+    a ``str`` one; ``true`` is True for a ``bool``), in JSON form; with no type, or when
+    neither fits (the update's validation then says why): JSON when it parses (``3``,
+    ``true``, ``"x"``, ``[…]``), else text."""
+    from pydantic import PydanticUserError, TypeAdapter, ValidationError
+    try:
+        adapter = None if annotation is None else TypeAdapter(annotation)
+    except PydanticUserError:  # a type only its model's config admits: read as untyped
+        adapter = None
+    if adapter is not None:
+        for parse in (adapter.validate_json, adapter.validate_python):
+            try:
+                return adapter.dump_python(parse(text), mode="json")
+            except (ValidationError, ValueError, RecursionError):
+                continue
     try:
         return json.loads(text)
     except ValueError:
         return text
 
 
-def _update(sets: list[str], edit: str | None) -> dict[str, Any]:
+def _types(engine: Engine, instance_id: str) -> dict[str, Any]:
+    """The declared type of each context field of instance ``instance_id``'s machine."""
+    context = engine.registry.definition(engine.store.get(instance_id)).spec.context
+    return {name: f.annotation for name, f in context.model_fields.items()}
+
+
+def _update(sets: list[str], edit: str | None,
+            types: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The context update of ``--edit FILE`` (a JSON object) and ``--set FIELD=VALUE``s,
+    each value read as its field's type in ``types`` (``_value``).  ``InvalidInput``
+    for a file that is not a JSON object, a ``--set`` that is not ``FIELD=VALUE``."""
     update: dict[str, Any] = {}
     if edit is not None:
         try:
@@ -53,7 +78,7 @@ def _update(sets: list[str], edit: str | None) -> dict[str, Any]:
         field, eq, value = item.partition("=")
         if not eq or not field:
             raise InvalidInput(f"--set wants FIELD=VALUE, not {item!r}")
-        update[field] = _value(value)
+        update[field] = _value(value, (types or {}).get(field))
     return update
 
 
@@ -139,11 +164,12 @@ def decide(item: str = typer.Argument(..., help="Review item id (an unambiguous 
     """Decide an item; the instance continues with the next worker step (`fsm resume`,
     `fsm worker`)."""
     import os
-    update = _update(sets, edit)
+    _update(sets, edit)  # a malformed --set or --edit: refused before the store is opened
     who = by or os.environ.get("USER") or "operator"
     engine = _engine(db, machines)
     try:
         found = engine.review(item)
+        update = _update(sets, edit, _types(engine, found.instance_id) if sets else None)
         rec = engine.decide(found, choice, by=who, update=update, note=note)
     finally:
         engine.close()

@@ -56,23 +56,34 @@ async def _run_all(engine: Engine, ids: list[str], resume: bool, quiet: bool) ->
             await engine.models.aclose()
 
 
-def _preload(engine: Engine) -> None:
+def _preload(engine: Engine, lazy: bool = False) -> None:
     """Start the local models (load + self-test) before any instance depends on them, so a
-    broken native build or a refused model is one ``fsm: error:`` line, nothing run."""
-    loads = [getattr(getattr(p, "inner", p), "load", None) for p in engine.models.unique()]
-    if not any(loads):
+    broken native build or a refused model is one ``fsm: error:`` line, nothing run.
+    ``lazy`` (a machine whose states only may call a model): a model that fails to load is
+    replaced by an ``Unavailable`` one naming why, which fails only a state calling it."""
+    loads = [(p, getattr(getattr(p, "inner", p), "load", None)) for p in engine.models.unique()]
+    if not any(load for _, load in loads):
         return
 
-    async def go() -> None:
-        try:
-            for load in loads:  # through FaultInjector's ``inner``
+    async def go() -> list[tuple[Any, FsmError]]:
+        failed = []
+        for provider, load in loads:  # through FaultInjector's ``inner``
+            try:
                 if load is not None:
                     await load()
-        except FsmError:
-            await engine.models.aclose()
-            raise
+            except FsmError as exc:
+                if not lazy:
+                    await engine.models.aclose()
+                    raise
+                failed.append((provider, exc))
+                await provider.aclose()
+        return failed
     import asyncio
-    asyncio.run(go())
+
+    from ..llm.select import Unavailable
+    from ..runtime.model_registry import model_key
+    for provider, exc in asyncio.run(go()):
+        engine.models.replace(provider, Unavailable(model_key(provider), str(exc)))
 
 
 def _drive(engine: Engine, ids: list[str], resume: bool, quiet: bool) -> list[Any]:
@@ -97,16 +108,19 @@ def _tally(records: list[Any], fields: Sequence[str]) -> list[str]:
 
 
 def _finish(records: list[Any], as_json: bool, tally: Sequence[str] = (),
-            hint: str | None = None) -> None:
+            hint: str | None = None, outcome: Sequence[str] | None = None) -> None:
     """Print the closing table and tally (or JSON), then ``hint`` (unless JSON); exit with
-    ``exit_code``."""
+    ``exit_code``.  ``outcome`` (the machine's ``outcome`` fields; ``()``: the final state):
+    the table shows what each instance came to."""
     from ..views import instance_json
     if as_json:
         _print_json([instance_json(r) if not isinstance(r, FsmError) else
                              {"error": str(r), "id": r.instance_id} for r in records])
     else:
-        from .tables import print_records
-        print_records(out, records)
+        from .tables import outcome_cell, print_records
+        fields = outcome
+        print_records(out, records, outcome=None if fields is None
+                      else (lambda rec: outcome_cell(rec, fields)))
         for line in _tally(records, tally):
             out.print(shown(line), highlight=False)
         if hint:
@@ -143,18 +157,21 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     from ..runtime import load_machine
     from ..runtime.compiled import compile_machine
     from ..store import is_postgres, store_url
-    machine, ref = load_machine(module)
-    compile_machine(machine)  # a broken module or definition creates no database
+    machine, ref = load_machine(module, named=True)
+    use = compile_machine(machine).model_use()  # a broken definition creates no database
+    if use == "maybe" and llm:  # the model a user names is demanded like a declared one
+        use = "declared"
     if is_postgres(store_url(db)) and not local:
         from .scale import enqueue_and_wait
         enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
                          as_json=as_json, quiet=quiet)
         return
-    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True)
+    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True, models=use)
     engine.concurrency = concurrency or _default_concurrency(engine)
-    _preload(engine)
+    if use != "none":  # "maybe": a model that fails to load fails only a state calling it
+        _preload(engine, lazy=use == "maybe")
     engine.register(machine, ref)
-    header = _header(machine.name, len(inputs), engine)  # a model it can't name: no instance
+    header = _header(machine.name, len(inputs), engine, use)  # a model it can't name: no instance
     try:
         ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)
     except InvalidInput as exc:
@@ -162,32 +179,43 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         at = getattr(exc, "index", None)
         raise InvalidInput(f"{shown(input[at])}: {exc}" if at is not None else str(exc)) from None
     if not quiet:
-        typer.echo(header, err=True)
+        typer.echo(shown(header), err=True)
     from .observe import viewer_hint
     _finish(_drive(engine, ids, False, quiet), as_json, machine.tally,
-            None if quiet else viewer_hint(db))
+            None if quiet else viewer_hint(db), outcome=machine.outcome)
 
 
-def _header(machine: str, count: int, engine: Engine) -> str:
+def _header(machine: str, count: int, engine: Engine, use: str = "declared") -> str:
     """``fsm run``'s first line: the machine, how many instances, which model serves them
     (per model name when states name several; an OpenAI-compatible server named no model
-    is asked for its only one)."""
+    is asked for its only one).  ``use``: ``CompiledMachine.model_use`` ("maybe": a model
+    that cannot be described is shown as unavailable, not refused)."""
     from ..runtime.model_registry import DEFAULT
-    named = [(name, _describe(p)) for name, p in engine.models.by_name.items()]
+    if use == "none":
+        return f"fsm: {machine}: {count} instance(s); llm: none (no state calls a model)"
+    named = [(name, _describe(p, lazy=use == "maybe")) for name, p in engine.models.by_name.items()]
     llm = "; ".join(d if name == DEFAULT else f"{name} = {d}" for name, d in named) or "none"
     return f"fsm: {machine}: {count} instance(s); llm: {llm}"
 
 
-def _describe(provider: Any) -> str:
+def _describe(provider: Any, lazy: bool = False) -> str:
+    """One line naming ``provider``'s model; ``FsmError`` when it cannot be resolved (a
+    missing model file, a server listing no model), unless ``lazy``: then the line says
+    so, and the call that needs it fails."""
     inner = provider
     while getattr(inner, "inner", None) is not None:  # a FaultInjector wraps the real one
         inner = inner.inner
-    resolve = getattr(inner, "resolve_model_sync", None)
-    if resolve is not None:
-        resolve()
-    describe = getattr(inner, "describe", None)
-    text = describe() if callable(describe) else (
-        f"{getattr(inner, 'name', 'llm')} model {getattr(inner, 'model', '?')!r}")
+    try:
+        resolve = getattr(inner, "resolve_model_sync", None)
+        if resolve is not None:
+            resolve()
+        describe = getattr(inner, "describe", None)
+        text = describe() if callable(describe) else (
+            f"{getattr(inner, 'name', 'llm')} model {getattr(inner, 'model', '?')!r}")
+    except FsmError as exc:
+        if not lazy:
+            raise
+        text = f"{getattr(inner, 'name', 'llm')} model (unavailable: {exc})"
     return text + (" (with injected faults)" if getattr(provider, "rates", None) else "")
 
 

@@ -131,7 +131,7 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
     inputs = [_input_for(f) for f in files]
     from ..runtime import Engine, load_machine
     from ..runtime.compiled import compile_machine
-    machine, ref = load_machine(module)
+    machine, ref = load_machine(module, named=True)
     compile_machine(machine)  # a broken module creates nothing
     engine = Engine(_open(db, create=True))
     try:

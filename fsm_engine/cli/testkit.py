@@ -22,7 +22,7 @@ FAIL_UNDER = typer.Option(None, "--fail-under", min=0.0, max=100.0, metavar="PCT
 def _machine(module: str) -> Any:
     from ..runtime import load_machine
     from ..runtime.compiled import compile_machine
-    machine, _ = load_machine(module)
+    machine, _ = load_machine(module, named=True)
     compile_machine(machine)  # a broken definition: one error line, nothing read
     return machine
 

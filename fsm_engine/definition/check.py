@@ -317,6 +317,14 @@ def _routes(m: Machine, problems: list[str]) -> None:
             problems.append(f"{key} {name!r} is not a review state of the machine")
 
 
+def _outcome(m: Machine, problems: list[str]) -> None:
+    """``outcome`` names context fields (a dotted path starts at one)."""
+    fields = getattr(m.context, "model_fields", {})
+    for path in m.outcome:
+        if not isinstance(path, str) or path.partition(".")[0] not in fields:
+            problems.append(f"outcome {path!r} is not a field of the context")
+
+
 _MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
@@ -354,6 +362,7 @@ def check(machine: Machine) -> Checked:
     _states(machine, names, problems, actions)
     _guards(machine, problems, guards)
     _routes(machine, problems)
+    _outcome(machine, problems)
     _versions(machine, names, problems)
     for s in machine.states:
         if s.fan_out is not None:

@@ -215,6 +215,10 @@ class Machine:
             globals of the module that created the machine.
         tally: context fields whose values are counted over the instances of a run
             (``fsm run`` prints the counts at its end, e.g. where verdicts came from).
+        outcome: context fields that sum up an instance's result, each a field name or a
+            dotted path into a dict or model field (``"verdict.decision"``): ``fsm run``'s
+            closing table shows them per instance, each named by its last part
+            (``decision=approve``; ``()``: the final state).
         on_loop_limit: a review state the instance goes to when it reaches
             ``max_transitions`` instead of failing (``None``: fail with ``loop_limit``);
             the reviewer's decision grants another ``max_transitions`` transitions.
@@ -247,6 +251,7 @@ class Machine:
     description: str = ""
     namespace: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     tally: Sequence[str] = ()
+    outcome: Sequence[str] = ()
     on_loop_limit: str | None = None
     on_circuit_open: str | None = None
     on_retries_exhausted: str | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import graphviz
 
 from ..coverage import Coverage, Edge, verdict
-from .dot import _EDGE_STYLE, _NODE_STYLE, _RED, _graph_id, _lines, pipe
+from .dot import _EDGE_STYLE, _NODE_STYLE, _RED, _graph_id, _lines, output_file, pipe
 from .model import EdgeKind, build_graph, node_ids
 
 __all__ = ["coverage_dot", "render_coverage"]
@@ -80,10 +80,12 @@ def coverage_dot(export: Mapping[str, Any], cov: Coverage) -> str:
 
 def render_coverage(export: Mapping[str, Any], cov: Coverage, path: str) -> None:
     """Write the coverage diagram to ``path`` (``.svg``/``.png`` through Graphviz,
-    ``.dot``/``.gv`` as source); ValueError for another extension, ``GraphvizNotFound``
-    without ``dot``."""
+    ``.dot``/``.gv`` as source), its missing parent folders created; ValueError for another
+    extension, ``GraphvizNotFound`` without ``dot``."""
     source = coverage_dot(export, cov)
     ext = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+    if ext in ("dot", "gv", "svg", "png"):
+        output_file(path)
     if ext in ("dot", "gv"):
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(source)

@@ -108,20 +108,30 @@ def render(graph: Graph, path: str) -> None:
 
     ``.svg`` and ``.png`` are drawn by Graphviz's ``dot`` program; ``.dot``
     (or ``.gv``) writes the DOT source and ``.mmd`` the Mermaid source, both
-    UTF-8.  Any other extension raises ValueError; a missing ``dot`` program
-    raises :class:`GraphvizNotFound`.
+    UTF-8.  Missing parent folders are created (``output_file``).  Any other extension
+    raises ValueError; a missing ``dot`` program raises :class:`GraphvizNotFound`.
     """
     target = Path(path)
     ext = target.suffix.lower()
     if ext not in _WRITERS:
         raise ValueError(f"cannot render diagram to {path!r}: unknown extension "
                          f"{ext or '(none)'!r}; use one of {', '.join(_WRITERS)}")
+    output_file(path)
     if ext in (".dot", ".gv"):
         target.write_text(to_dot(graph), encoding="utf-8")
     elif ext == ".mmd":
         target.write_text(to_mermaid(graph), encoding="utf-8")
     else:
         target.write_bytes(pipe(to_dot(graph), ext[1:]))
+
+
+def output_file(path: str) -> Path:
+    """``path``, its missing parent folders created (every diagram writer: ``fsm diagram
+    -o``, ``fsm coverage --diagram``, ``fsm test --diagram``); ``OSError`` when they
+    cannot be."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
 
 
 def pipe(source: str, fmt: str) -> bytes:

@@ -224,7 +224,9 @@ class Scripted(Provider):
 
     def __init__(self, path: str | Path, *, model: str | None = None) -> None:
         path = Path(path)
-        self._init(_load_jsonl(path), model or f"scripted:{path.name}", str(path))
+        # (the model is the file's name: an ``llm_calls`` entry, a breaker or a header names
+        # it ``scripted:FILE``, the provider's kind once)
+        self._init(_load_jsonl(path), model or path.name, str(path))
 
     @classmethod
     def from_replies(cls, replies: list[dict[str, Any]], *, model: str = "scripted") -> Scripted:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
-from fsm_engine.errors import InvalidInput
-from fsm_engine.llm.base import Provider
+from fsm_engine.errors import ClientError, InvalidInput
+from fsm_engine.llm.base import Completion, Message, Provider
 from fsm_engine.llm.faults import FaultInjector, parse_fault_spec
 
-__all__ = ["provider_from_spec", "providers_from_specs", "default_spec"]
+__all__ = ["provider_from_spec", "providers_from_specs", "default_spec", "Unavailable"]
 
 SPECS = ("local, local:NAME (gemma-3-270m), local:PATH.gguf, openai, openai:MODEL, "
          "scripted:FILE.jsonl")
@@ -61,9 +62,40 @@ KINDS = ("local", "openai", "scripted")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
+class Unavailable(Provider):
+    """A model that could not be set up (``providers_from_specs(lazy=True)``): nothing
+    fails until a state calls it, and then that call raises ``ClientError`` naming the
+    spec and why (not retryable: the state fails, or takes its fallback)."""
+
+    name = "unavailable"
+
+    def __init__(self, spec: str, reason: str) -> None:
+        self.model, self.reason = spec, reason
+
+    def describe(self) -> str:
+        """One line for a run's header."""
+        return f"{self.model} (unavailable: {self.reason})"
+
+    async def complete(self, messages: list[Message], **kwargs: Any) -> Completion:
+        """Raise ``ClientError``: the model named ``self.model`` could not be set up."""
+        raise ClientError(f"model {self.model!r} is unavailable: {self.reason}")
+
+
+def _built(spec: str, faults: str | None, seed: int | None, lazy: bool) -> Provider:
+    """``provider_from_spec(spec)``; with ``lazy`` a provider that cannot be set up
+    (``ClientError``: an extra not installed, no API key) is ``Unavailable`` instead."""
+    try:
+        return provider_from_spec(spec, faults=faults, seed=seed)
+    except ClientError as exc:
+        if not lazy:
+            raise
+        return Unavailable(spec, str(exc))
+
+
 def providers_from_specs(specs: list[str] | None, *, faults: str | None = None,
                          seed: int | None = None,
-                         environ: Mapping[str, str] | None = None) -> dict[str, Provider]:
+                         environ: Mapping[str, str] | None = None,
+                         lazy: bool = False) -> dict[str, Provider]:
     """Providers by model name for ``Engine(llm=...)`` from ``--llm`` values.
 
     Each value is ``SPEC`` (the default provider, key ``"*"``) or ``NAME=SPEC``
@@ -73,7 +105,9 @@ def providers_from_specs(specs: list[str] | None, *, faults: str | None = None,
     provider spec, like ``FSM_LLM_CONCURRENCY``, is a setting, not a name).
     The default is :func:`default_spec` when no value names one.  Equal specs
     share one provider (one local model process for two names).  Raises
-    InvalidInput for a malformed value or a name given twice.
+    InvalidInput for a malformed value or a name given twice, ``ClientError`` when a
+    provider cannot be set up (``lazy``: that name gets an ``Unavailable`` provider, which
+    raises it when a state calls it).
     """
     env = os.environ if environ is None else environ
     wanted: dict[str, str] = {}
@@ -95,6 +129,6 @@ def providers_from_specs(specs: list[str] | None, *, faults: str | None = None,
     for name, spec in wanted.items():
         key = spec.strip()
         if key not in built:
-            built[key] = provider_from_spec(key, faults=faults, seed=seed)
+            built[key] = _built(key, faults, seed, lazy)
         out[name] = built[key]
     return out

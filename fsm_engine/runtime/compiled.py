@@ -141,6 +141,21 @@ class CompiledMachine:
                 out += cm.family()
         return out
 
+    def model_use(self) -> str:
+        """Whether its states may call a model, as far as the definition tells (this machine
+        and its fan-outs' branch machines): ``"declared"`` when a state says so (it names
+        its model, ``llm`` or ``repair_llm``, caches its calls or is an agent),
+        ``"maybe"`` when an action takes ``step`` (it may call ``step.llm``), else
+        ``"none"`` (every action takes ``ctx`` alone: no state can call one)."""
+        use = "none"
+        for cm in self.family():
+            if any(s.agent is not None or s.llm or s.repair_llm or s.cache is not None
+                   for s in cm.states.values()):
+                return "declared"
+            if any(arity == 2 for _, arity, _ in cm.actions.values()):
+                use = "maybe"
+        return use
+
     def has_trigger(self, state: str, trigger: str) -> bool:
         """True when ``trigger`` is declared from ``state``."""
         return trigger in self.triggers.get(state, ())

@@ -14,6 +14,11 @@ it was named explicitly (a command line's ``MODULE`` or ``--machines``, a progra
 ``Engine.load``), or when every file importing it would execute lies under the
 machines root (symlinks followed, ``..`` resolved); anything else is refused with
 ``MachineRefused`` and never imported.  The viewer imports nothing at all.
+
+A machine file named explicitly (``load_machine(ref, named=True)``) has its folder put on
+``sys.path``, as ``python FILE`` would, so it can import its sibling modules whichever
+way the process started (the ``fsm`` script, ``python -m fsm_engine``, a program).  A
+reference read from the store never adds a folder.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from ..errors import DefinitionError, MachineLoadError, MachineRefused
 #: The environment variable naming the directory machine paths are relative to.
 ROOT_ENV = "FSM_MACHINES_ROOT"
 
+#: Folders put on ``sys.path`` for machine files named explicitly (``_add_folder``); never
+#: used to name a file by a dotted reference (``_dotted``): another process lacks them.
+_FOLDERS: set[str] = set()
+
 
 def machines_root() -> str:
     """The directory relative machine paths are resolved against (absolute)."""
@@ -48,7 +57,8 @@ def _dotted(path: str) -> str | None:
     """``path``'s dotted module name via a ``sys.path`` entry whose packages lead to it."""
     stem = os.path.splitext(path)[0]
     for entry in sys.path[1:]:  # [0] is the script's own folder
-        rel = _under(stem, os.path.abspath(entry or os.curdir)) if entry else None
+        rel = (_under(stem, os.path.abspath(entry or os.curdir))
+               if entry and entry not in _FOLDERS else None)
         if not rel or os.path.basename(stem) == "__init__":
             continue
         parts = rel.split(os.sep)
@@ -77,6 +87,15 @@ def resolve(target: str) -> str:
     under_root = os.path.join(machines_root(), target)
     return under_root if os.path.exists(under_root.partition(":")[0]) or os.path.exists(
         under_root) else os.path.abspath(target)
+
+
+def _add_folder(path: str) -> None:
+    """Put the folder of the machine file ``path`` on ``sys.path`` (once, after the
+    script's own folder), so the module imports its siblings."""
+    folder = os.path.dirname(path)
+    if folder not in _FOLDERS and folder not in sys.path:
+        _FOLDERS.add(folder)
+        sys.path.insert(1, folder)
 
 
 def _import_path(path: str) -> ModuleType:
@@ -193,10 +212,13 @@ class Trust:
                                  "--machines MODULE, or set FSM_MACHINES_ROOT to its folder)")
 
 
-def load_machine(ref: str) -> tuple[Machine, str]:
+def load_machine(ref: str, *, named: bool = False) -> tuple[Machine, str]:
     """Load ``ref`` — ``path/to/file.py``, ``package.module`` or either with ``:attr``.
 
-    Returns the machine and a portable reference to store with instances
+    ``named``: the user named ``ref`` (a command line's ``MODULE`` or ``--machines``, a
+    program's ``Engine.load``), not the store: a file's folder is put on ``sys.path``
+    first, so it imports its sibling modules.  Returns the machine and a portable
+    reference to store with instances
     (``reference``: a path relative to the machines root, or a dotted name).  Raises
     ``MachineLoadError`` (one line) when
     the module is missing, fails to import or defines no machine;
@@ -210,7 +232,10 @@ def load_machine(ref: str) -> tuple[Machine, str]:
                 raise MachineLoadError(ref, f"{target} is a directory, not a Python file")
             if not os.path.isfile(path):
                 raise MachineLoadError(ref, f"no such file {target}")
-            module, canonical = _import_path(path), reference(path)
+            canonical = reference(path)  # (before its folder joins sys.path)
+            if named:
+                _add_folder(path)
+            module = _import_path(path)
         else:
             module, canonical = importlib.import_module(target), target
     except DefinitionError:

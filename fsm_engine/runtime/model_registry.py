@@ -65,6 +65,14 @@ class Models:
         if rates != self.rate_limits:
             self.rate_limits, self._limiters = rates, {}
 
+    def replace(self, old: Any, new: Any) -> None:
+        """Serve every name that ``old`` served with ``new`` (the default too)."""
+        for name, provider in list(self.by_name.items()):
+            if provider is old:
+                self.by_name[name] = new
+        if self.default is old:
+            self.default = new
+
     def set_default(self, provider: Any) -> None:
         """Make ``provider`` the default (key ``"*"``)."""
         self.by_name[DEFAULT] = self.default = provider

@@ -63,10 +63,11 @@ class Registry:
         self.store.put_definitions(definitions.rows(cm.family(), self.clock()))
         return cm
 
-    def load(self, ref: str) -> CompiledMachine:
+    def load(self, ref: str, *, named: bool = True) -> CompiledMachine:
         """Load, check and register the machine in module ``ref`` (path or dotted name),
-        which is then trusted wherever an instance names it."""
-        machine, canonical = load_machine(ref)
+        which is then trusted wherever an instance names it.  ``named``: given by the user,
+        not read from the store (``load_machine``: its folder joins ``sys.path``)."""
+        machine, canonical = load_machine(ref, named=named)
         self.trust.allow(canonical)
         return self.register(machine, canonical)
 
@@ -82,7 +83,7 @@ class Registry:
         cm = self.machines.get(rec.machine)
         if cm is None:
             self.check_module(rec)
-            cm = self.load(rec.module)
+            cm = self.load(rec.module, named=False)  # stored data: no folder on sys.path
             if cm.name != rec.machine:  # a branch machine: registered with its parent
                 cm = self.machines.get(rec.machine) or _no_branch(rec)
         return cm

@@ -102,6 +102,8 @@ class MeteredLLM:
             async for piece in reply:   # text pieces, in order
                 ...
             reply.completion            # the whole Completion, as complete() returns it
+            await step.llm.stream(messages).complete()   # or no loop: that Completion
+            await step.llm.stream(messages).text()       # or just its text (str)
 
         The call goes down the same layers as ``complete`` (budgets, breaker, rate limit,
         reply cache, a fork's recorded replies, billing), and its pieces are appended to the
@@ -181,7 +183,7 @@ class MeteredLLM:
         history = list(messages)
         while True:
             stack, provider = self._reasker()
-            out = (await self._streaming(stack, provider, history, dict(kwargs), json=True).text()
+            out = (await self._streaming(stack, provider, history, dict(kwargs), json=True).complete()
                    if stream else await self._send(stack, provider, history, dict(kwargs)))
             try:
                 parsed = parse_structured(out.text, target, finish_reason=out.finish_reason)

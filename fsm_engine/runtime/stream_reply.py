@@ -1,7 +1,9 @@
 """What ``step.llm.stream(...)`` returns: ``ReplyStream``, an async iterator of the reply's
-text pieces, with ``completion`` set once it ends.  Below it the call goes down the step's
-call layers like any other (``runtime.calls``: ``Call.sink`` receives the pieces); beside it
-a ``runtime.stream_writer.ChunkWriter`` queues them for the store's stream log.
+text pieces, with ``completion`` set once it ends (or, without the loop, ``await
+.complete()`` for the ``Completion``, ``await .text()`` for its text).  Below it the call
+goes down the step's call layers like any other (``runtime.calls``: ``Call.sink`` receives
+the pieces); beside it a ``runtime.stream_writer.ChunkWriter`` queues them for the store's
+stream log.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ Begin = Callable[[Any, Any, "list[Message]", "dict[str, Any]", Sink],
 
 class ReplyStream:
     """``step.llm.stream(...)``: iterate it for the reply's text pieces (``str``); then
-    ``completion`` holds the whole ``Completion``.  Read it once (``async for`` or
-    ``text()``: one call; a second read raises ``FsmError``); leaving the loop early cancels
-    the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
+    ``completion`` holds the whole ``Completion``.  Or no loop: ``await .complete()`` returns
+    the ``Completion`` (as ``step.llm.complete`` does), ``await .text()`` its text (``str``);
+    the pieces are streamed to subscribers all the same.  Read it once (``async for``,
+    ``complete()`` or ``text()``: one call; a second read raises ``FsmError``); leaving the
+    loop early cancels the call.  Raises what the call raises (``BudgetExhausted``, ``CircuitOpen``,
     ``RateLimitWait``, a ``ProviderError``), possibly after some pieces."""
 
     __slots__ = ("_begin", "_head", "_messages", "_kwargs", "_to", "_json", "completion",
@@ -45,7 +49,7 @@ class ReplyStream:
         self._begin, self._head, self._messages, self._kwargs = begin, head, messages, kwargs
         self._to, self._json = to, json
         self.completion: Completion | None = None
-        self._writer: ChunkWriter | None = None  # (``text``: opened by its first row)
+        self._writer: ChunkWriter | None = None  # (``complete``: opened by its first row)
         self._serial = 0
         self._call: Call | None = None
         self._read = False
@@ -59,7 +63,7 @@ class ReplyStream:
         call, and ``text()`` twice wrote both calls' pieces as one attempt)."""
         if self._read:
             raise FsmError("this step.llm.stream(...) was already read: it is one model "
-                           "call, read once (async for, or await .text())")
+                           "call, read once (async for, await .complete() or await .text())")
         self._read = True
 
     async def _send(self, sink: Sink) -> tuple[Completion, Call]:
@@ -75,13 +79,19 @@ class ReplyStream:
         finally:
             end_call(token)
 
-    async def text(self) -> Completion:
+    async def text(self) -> str:
+        """The whole reply's text (``str``; ``completion`` then holds its ``Completion``):
+        ``complete()``'s ``.text``."""
+        return (await self.complete()).text
+
+    async def complete(self) -> Completion:
         """Run the stream to its end without looking at the pieces (they are still written
-        for subscribers); its ``Completion``.  Awaited in the caller's task: no task, queue
-        or coroutine of its own.  The stream's own sink is this object (``__call__``): its
-        writer is opened by its first row (a piece, the end or an error; numbered in the
-        order the calls began all the same), so a call waiting for the model's first token
-        holds no writer, list or bound method meanwhile."""
+        for subscribers); its ``Completion``, as ``step.llm.complete`` returns it.  Awaited
+        in the caller's task: no task, queue or coroutine of its own.  The stream's own sink
+        is this object (``__call__``): its writer is opened by its first row (a piece, the
+        end or an error; numbered in the order the calls began all the same), so a call
+        waiting for the model's first token holds no writer, list or bound method
+        meanwhile."""
         self._once()
         token = None
         if self._to is not None:
@@ -100,7 +110,7 @@ class ReplyStream:
         return self._ended(self._writer or self._open(), out, call)
 
     def __call__(self, piece: str | list[str]) -> None:
-        """``text``'s sink for the call's first piece: opens the writer and hands it the
+        """``complete``'s sink for the call's first piece: opens the writer and hands it the
         call's later pieces directly (``Call.sink``), and the provider's end
         (``Call.done``)."""
         writer, call = self._open(), self._call  # (the sink only with a target, once the
@@ -109,7 +119,7 @@ class ReplyStream:
         writer.add(piece)
 
     def _open(self) -> ChunkWriter | None:
-        """``text``'s writer, opened now if it was not (None: no stream target)."""
+        """``complete``'s writer, opened now if it was not (None: no stream target)."""
         writer = self._writer
         if writer is None and self._to is not None:
             writer = self._writer = ChunkWriter(self._to, json=self._json, serial=self._serial)

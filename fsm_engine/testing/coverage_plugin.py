@@ -29,7 +29,7 @@ class Collector:
     def __init__(self, module: str) -> None:
         from ..runtime import load_machine
         try:
-            self.machine, _ = load_machine(module)
+            self.machine, _ = load_machine(module, named=True)
         except Exception as exc:  # noqa: BLE001 - a usage error, reported as one
             raise pytest.UsageError(f"--fsm-coverage {module}: {exc}") from None
         self.rows: dict[str, list[Any]] = {}

@@ -48,7 +48,7 @@ class Ctx(BaseModel):
 
 async def write(ctx: Ctx, step: Step) -> dict[str, Any]:
     reply = step.llm.stream([{"role": "user", "content": ctx.topic}], max_tokens=64)
-    out = await reply.text()
+    out = await reply.complete()
     gate = os.environ.get("GATE")
     while gate and not os.path.exists(gate):  # the test opens it: the step commits after
         await asyncio.sleep(0.01)

@@ -37,7 +37,7 @@ def test_serves_in_order_with_usage_and_cycles(tmp_path):
 
     got = run(four())
     assert [c.text for c in got] == ["one", "two", "one", "two"]
-    assert got[0] == Completion("one", 12, 30, "stop", "scripted:script.jsonl")
+    assert got[0] == Completion("one", 12, 30, "stop", "script.jsonl")
     assert got[1].finish_reason == "length" and got[1].truncated
     assert got[0].total_tokens == 42
     assert provider.calls == 4 and provider.requests[0] == MSG

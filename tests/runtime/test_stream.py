@@ -323,7 +323,7 @@ def test_a_subscription_in_the_engines_own_process_follows_the_run_live(db_path)
 async def twice(ctx: Ctx, step: Step) -> dict[str, Any]:
     first = await step.llm.stream([{"role": "user", "content": "one"}], max_tokens=32).text()
     second = await step.llm.stream([{"role": "user", "content": "two"}], max_tokens=32).text()
-    return {"answer": first.text + "|" + second.text}
+    return {"answer": first + "|" + second}
 
 
 def twice_machine() -> Machine:
@@ -508,7 +508,7 @@ async def side_by_side(ctx: Ctx, step: Step) -> dict[str, Any]:
     first = step.llm.stream([{"role": "user", "content": "first"}], max_tokens=8)
     second = step.llm.stream([{"role": "user", "content": "second"}], max_tokens=8)
     a, b = await asyncio.gather(first.text(), second.text())
-    return {"answer": f"{a.text}|{b.text}"}
+    return {"answer": f"{a}|{b}"}
 
 
 def test_calls_of_one_step_are_numbered_in_the_order_they_began_not_by_their_first_piece(
@@ -587,7 +587,7 @@ def test_a_str_subclass_piece_is_queued_whole() -> None:
 
 async def read_twice(ctx: Ctx, step: Step) -> dict[str, Any]:
     reply = step.llm.stream([{"role": "user", "content": "x"}], max_tokens=8)
-    first = (await reply.text()).text
+    first = await reply.text()
     try:
         await reply.text()
     except FsmError as exc:

@@ -36,9 +36,9 @@ def facts(evs: list[Any]) -> list[tuple[Any, ...]]:
 
 
 async def three(ctx: Ctx, step: Step) -> dict[str, Any]:
-    texts = [(await step.llm.stream([{"role": "user", "content": str(n)}], max_tokens=32,
-                                    **({"json_schema": {"type": "object"}} if n == 1 else {})
-                                    ).text()).text for n in range(3)]
+    texts = [await step.llm.stream([{"role": "user", "content": str(n)}], max_tokens=32,
+                                   **({"json_schema": {"type": "object"}} if n == 1 else {})
+                                   ).text() for n in range(3)]
     return {"answer": "|".join(texts)}
 
 
@@ -97,7 +97,7 @@ async def slow_then_short(ctx: Ctx, step: Step) -> dict[str, Any]:
         await asyncio.sleep(0.005)
     streams.FLUSH_S = 3600.0  # (the test's monkeypatch restores it) no batch from here on
     second = await step.llm.stream([{"role": "user", "content": "2"}], max_tokens=32).text()
-    return {"answer": first.text + "|" + second.text}
+    return {"answer": first + "|" + second}
 
 
 def test_a_short_call_after_a_logged_one_supersedes_it_from_the_history(db_path,
@@ -121,8 +121,8 @@ def test_a_short_call_after_a_logged_one_supersedes_it_from_the_history(db_path,
 
 
 async def one(ctx: Ctx, step: Step) -> dict[str, Any]:
-    return {"answer": (await step.llm.stream([{"role": "user", "content": "hi"}],
-                                             max_tokens=8).text()).text}
+    return {"answer": await step.llm.stream([{"role": "user", "content": "hi"}],
+                                            max_tokens=8).text()}
 
 
 def test_a_batch_due_while_the_breaker_records_the_call_leaves_its_rows_to_the_step(
@@ -177,7 +177,7 @@ async def goes_on(ctx: Seen, step: Step) -> dict[str, Any]:
     """A streamed call, then more work before the step returns."""
     out = await step.llm.stream([{"role": "user", "content": "go"}], max_tokens=8).text()
     await asyncio.sleep(0.6)  # (twelve batch windows)
-    return {"answer": out.text, "rows_before_commit": len(STORE[0].stream_read(step.instance_id))}
+    return {"answer": out, "rows_before_commit": len(STORE[0].stream_read(step.instance_id))}
 
 
 def test_an_ended_call_whose_action_goes_on_is_written_by_the_next_batch(
