@@ -222,3 +222,36 @@ def test_stored_values_cannot_put_code_into_the_exported_file(
     assert case["input"]["text"] == evil and case["output"]["reply"] == evil
     _replay(out_file, iid)
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
+
+
+def test_a_replayed_tool_call_with_other_arguments_fails_the_case_and_sends_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "tools.jsonl"
+    monkeypatch.setenv("AGENT_TOOL_LOG", str(log))
+    vc, engine, db = _engine(tmp_path, LOOP)
+    iid = engine.start(load_machine(AGENT)[0], Q)
+    vc.run(engine.run(iid))
+    engine.close()
+    case = _case(_export(tmp_path, capsys, db, iid, AGENT))
+    case["tool_results"]["research"][0]["arguments"] = {"text": "something else"}
+    got = run_case(load_machine(AGENT)[0], case, str(tmp_path / "replay.db"))
+    assert got.problems[0] == (
+        "state 'research': tool send_report call 2.2 (visit 1): recorded with arguments "
+        '{"text": "something else"}, now {"text": "2+3=5"}'), got.problems
+    ran = [json.loads(x)["tool"] for x in log.read_text().splitlines()]
+    assert ran.count("send_report") == 1  # the original's only
+
+
+def test_a_cancelled_instance_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    vc, engine, db, iid = _waiting_in_review(tmp_path)
+    engine.cancel(iid, operator="ops")
+    engine.close()
+    target = tmp_path / "t.py"
+    code, out, err = run_main(["export-test", iid, "-o", str(target), "--db", db,
+                               "--machine", EXPORTED], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"fsm: error: instance {iid} was cancelled (history row 2): an exported test cannot "
+        "replay when a cancel came"], err
+    assert not target.exists()
