@@ -13,7 +13,8 @@ side-effect tool call of an agent returned (``tool_results``: the tool is never 
 with fan-out children brings their replies and decisions too, each keyed by its caller's
 input (``input`` in the script line and the decision), since children run at once.  An
 instance an operator cancelled is refused (``InvalidInput``, one line): when the cancel came
-is not something a replay can reproduce.
+is not something a replay can reproduce; so is one whose fan-out child delivered a side
+effect (a child's actions and tools run again in a replay).
 ``write_test`` writes a pytest file holding that case as JSON, which replays it through
 the current machine on the virtual clock (``cases.assert_case``) and fails naming the
 first divergent transition.
@@ -182,6 +183,17 @@ def _tool_results(history: Sequence[HistoryRow]) -> dict[str, list[dict[str, Any
     return out
 
 
+def _refuse_delivering_children(rec: InstanceRecord, family: list[InstanceRecord],
+                                store: Any) -> None:
+    """``InvalidInput`` when a fan-out descendant delivered a side effect: a replay runs a
+    child's actions and tools again (only the case instance's own are replayed)."""
+    for one in family[1:]:
+        if store.outbox(one.id):
+            raise InvalidInput(f"instance {rec.id}: its fan-out child {one.id} delivered side "
+                               "effects, which an exported test would deliver again (a "
+                               "child's recorded results are not replayed)")
+
+
 def _refuse_cancelled(rec: InstanceRecord, history: Sequence[HistoryRow]) -> None:
     for h in history:
         if h.kind == "cancel":
@@ -194,6 +206,7 @@ def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
     history = store.history(rec.id)
     _refuse_cancelled(rec, history)
     family = _family(store, rec)
+    _refuse_delivering_children(rec, family, store)
     case: dict[str, Any] = {
         "name": f"instance {rec.id}", "input": rec.input,
         "replies": _family_replies(store, family),

@@ -255,3 +255,59 @@ def test_a_cancelled_instance_is_refused_in_one_line(
         f"fsm: error: instance {iid} was cancelled (history row 2): an exported test cannot "
         "replay when a cancel came"], err
     assert not target.exists()
+
+
+CHILDREN_DELIVER = '''
+import os
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+from fsm_engine.definition.fanout import Map
+
+
+class Item(BaseModel):
+    n: int
+
+
+def notify(ctx):
+    with open(os.environ["KIDS_SINK"], "a") as fh:
+        fh.write(f"{ctx.n}\\n")
+    return {}
+
+
+item = Machine(name="kid", context=Item, initial="notify", states=[
+    State("notify", action=notify, side_effect=True), State("done", final=True)],
+    transitions=[Transition("sent", "notify", "done")])
+
+
+class Job(BaseModel):
+    ns: list[int] = []
+    got: list = []
+
+
+machine = Machine(name="kids", context=Job, initial="fan", states=[
+    State("fan", fan_out=Map(items="ns", machine=item, item_field="n", into="got")),
+    State("done", final=True)],
+    transitions=[Transition("joined", "fan", "done")])
+'''
+
+
+def test_children_that_delivered_side_effects_are_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sink = tmp_path / "kids.txt"
+    monkeypatch.setenv("KIDS_SINK", str(sink))
+    module = tmp_path / "kids_machine.py"
+    module.write_text(CHILDREN_DELIVER)
+    vc, engine, db = _engine(tmp_path, [])
+    iid = engine.start(load_machine(str(module))[0], {"ns": [1, 2]})
+    assert vc.run(engine.run(iid)).state == "done"
+    kid = engine.store.children(iid)[0].id
+    engine.close()
+    assert len(sink.read_text().splitlines()) == 2
+    target = tmp_path / "t.py"
+    code, out, err = run_main(["export-test", iid, "-o", str(target), "--db", db,
+                               "--machine", str(module)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, (code, err)
+    assert err.startswith(f"fsm: error: instance {iid}: its fan-out child {kid} delivered "
+                          "side effects"), err
+    assert not target.exists() and len(sink.read_text().splitlines()) == 2
