@@ -163,8 +163,13 @@ def _family_decisions(store: Any, family: list[InstanceRecord]) -> list[Any]:
     """The decisions of ``family[0]``, then each descendant's keyed by its ``input``."""
     out = _decisions(store, store.history(family[0].id))
     for one in family[1:]:
-        out += [{**d, "input": one.input} for d in _decisions(store, store.history(one.id))
-                if isinstance(d, dict)]
+        for d in _decisions(store, store.history(one.id)):
+            if not isinstance(d, dict) or "choice" not in d:
+                what = "its SLA timer decided a review" if d == "timeout" else \
+                    "an operator moved it (fsm send / fsm rerun)"
+                raise InvalidInput(f"instance {family[0].id}: in its fan-out child {one.id} "
+                                   f"{what}, which an exported test does not replay")
+            out.append({**d, "input": one.input})
     return out
 
 

@@ -311,3 +311,23 @@ def test_children_that_delivered_side_effects_are_refused_in_one_line(
     assert err.startswith(f"fsm: error: instance {iid}: its fan-out child {kid} delivered "
                           "side effects"), err
     assert not target.exists() and len(sink.read_text().splitlines()) == 2
+
+
+def test_a_child_moved_by_send_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "rf_machine.py"
+    module.write_text(FAMILY)
+    vc, engine, db = _engine(tmp_path, [])
+    iid = engine.start(load_machine(str(module))[0], {"ns": [1]})
+    vc.run(engine.run(iid))
+    [kid] = engine.store.children(iid)
+    vc.run(engine.signal(kid.id, "approve", {}, operator="ops"))
+    assert vc.run(engine.run(iid)).state == "done"
+    engine.close()
+    target = tmp_path / "t.py"
+    code, out, err = run_main(["export-test", iid, "-o", str(target), "--db", db,
+                               "--machine", str(module)], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"fsm: error: instance {iid}: in its fan-out child {kid.id} an operator moved it "
+        "(fsm send / fsm rerun), which an exported test does not replay"], err
+    assert not target.exists()
