@@ -22,16 +22,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidInput
+from ..errors import ActionError, InvalidInput
 
 __all__ = ["stubbed"]
 
 #: The parameter a replayed tool takes its ``ToolCall`` by (never an argument).
 _CALL = "_fsm_case_call"
-
-
-class RecordedToolError(Exception):
-    """The error a recorded tool call ended with, raised again by its replay."""
 
 
 def _recorded(state: Any, results: Sequence[Mapping[str, Any]]) -> Any:
@@ -66,15 +62,15 @@ def _replayed_tool(state: str, tool: Any, calls: Sequence[Mapping[str, Any]],
         if recorded is None:
             problems.append(f"{where}: no recorded result (a side effect is never run by a "
                             "case)")
-            raise RecordedToolError("no recorded result for this call")
+            raise ActionError("no recorded result for this call", state=state)
         args = tool.args.model_validate(kwargs).model_dump(mode="json")
         if args != recorded.get("arguments"):
             problems.append(f"{where}: recorded with arguments "
                             f"{json.dumps(recorded.get('arguments'), sort_keys=True)}, "
                             f"now {json.dumps(args, sort_keys=True)}")
-            raise RecordedToolError("the recorded call had other arguments")
+            raise ActionError("the recorded call had other arguments", state=state)
         if "error" in recorded:
-            raise RecordedToolError(str(recorded["error"]))
+            raise ActionError(str(recorded["error"]), state=state)  # as it ended
         return recorded.get("result")
 
     new = dataclasses.replace(tool, fn=replayed)
