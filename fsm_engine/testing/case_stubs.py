@@ -63,7 +63,8 @@ def _replayed_tool(state: str, tool: Any, calls: Sequence[Mapping[str, Any]],
             problems.append(f"{where}: no recorded result (a side effect is never run by a "
                             "case)")
             raise ActionError("no recorded result for this call", state=state)
-        args = tool.args.model_validate(kwargs).model_dump(mode="json")
+        from .export import scrub  # the recorded arguments were written masked
+        args = scrub(tool.args.model_validate(kwargs).model_dump(mode="json"))
         if args != recorded.get("arguments"):
             problems.append(f"{where}: recorded with arguments "
                             f"{json.dumps(recorded.get('arguments'), sort_keys=True)}, "

@@ -42,7 +42,7 @@ from ..errors import InvalidInput
 from ..redaction import MASK, redact, secret_name
 from ..store.records import NOT_MOVES, TOOL, AttemptRow, HistoryRow, InstanceRecord
 
-__all__ = ["case_from_store", "write_test"]
+__all__ = ["case_from_store", "write_test", "scrub"]
 
 #: Provider error classes → the scripted provider's ``error`` kinds.
 _ERRORS = {"ProviderTimeout": "timeout", "ProviderUnavailable": "unavailable",
@@ -50,15 +50,15 @@ _ERRORS = {"ProviderTimeout": "timeout", "ProviderUnavailable": "unavailable",
 _SLA = "sla-timer"  # runtime.kinds.reviews.SLA
 
 
-def _scrub(value: Any) -> Any:
-    """``value`` with every string passed through ``redact`` (keys too), and the scalar
-    value of a key whose name says it holds a secret masked."""
+def scrub(value: Any) -> Any:
+    """``value`` (JSON) with every string passed through ``redact`` (keys too), and the
+    scalar value of a key whose name says it holds a secret masked (``MASK``)."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {redact(k): MASK if _masked(k, v) else _scrub(v) for k, v in value.items()}
+        return {redact(k): MASK if _masked(k, v) else scrub(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_scrub(v) for v in value]
+        return [scrub(v) for v in value]
     return value
 
 
@@ -229,8 +229,8 @@ def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
         case["deadline_s"] = max(0.0, rec.deadline - rec.created_at)
     if rec.token_budget is not None:
         case["token_budget"] = rec.token_budget
-    case = _scrub(case)
-    case["output"] = {k: v for k, v in _scrub(rec.context).items()
+    case = scrub(case)
+    case["output"] = {k: v for k, v in scrub(rec.context).items()
                       if k in rec.context and v == rec.context[k]}  # a masked field: unasserted
     return case
 

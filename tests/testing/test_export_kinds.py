@@ -102,6 +102,7 @@ def test_an_agent_whose_tool_call_was_approved(
     out_file = _export(tmp_path, capsys, db, iid, AGENT + ":approved")
     assert [d["choice"] for d in _case(out_file)["decisions"]] == ["approve"]
     _replay(out_file, iid)  # before the fix: no decision, the replay stopped waiting
+    assert len((tmp_path / "sink.jsonl").read_text().splitlines()) == 1  # approved once
 
 
 def test_an_agent_whose_tool_call_was_rejected(
@@ -331,3 +332,56 @@ def test_a_child_moved_by_send_is_refused_in_one_line(
         f"fsm: error: instance {iid}: in its fan-out child {kid.id} an operator moved it "
         "(fsm send / fsm rerun), which an exported test does not replay"], err
     assert not target.exists()
+
+
+KEYED_TOOL = '''
+import os
+from pydantic import BaseModel
+from fsm_engine import Agent, Machine, State, Transition, tool
+
+
+class Ctx(BaseModel):
+    question: str
+    answer: str = ""
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+@tool(side_effect=True)
+def store_value(key: str, value: str) -> str:
+    """Store a value under a key (an external effect)."""
+    with open(os.environ["STORE_SINK"], "a") as fh:
+        fh.write(f"{key}={value}\\n")
+    return "stored"
+
+
+machine = Machine(name="keyed", context=Ctx, initial="work", states=[
+    State("work", agent=Agent(tools=[store_value], output=Answer, max_turns=3)),
+    State("answered", final=True), State("turns_exhausted", final=True),
+    State("budget_exhausted", final=True)],
+    transitions=[Transition("done", "work", "answered"),
+                 Transition("turns_exhausted", "work", "turns_exhausted"),
+                 Transition("budget_exhausted", "work", "budget_exhausted")])
+'''
+
+
+def test_a_side_effect_tool_whose_argument_is_named_key_replays(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sink = tmp_path / "store.txt"
+    monkeypatch.setenv("STORE_SINK", str(sink))
+    module = tmp_path / "keyed_machine.py"
+    module.write_text(KEYED_TOOL)
+    vc, engine, db = _engine(tmp_path, [calls(("store_value", {"key": "colour",
+                                                                "value": "blue"})),
+                                        final("stored")])
+    iid = engine.start(load_machine(str(module))[0], {"question": "remember blue"})
+    assert vc.run(engine.run(iid)).state == "answered"
+    engine.close()
+    out_file = _export(tmp_path, capsys, db, iid, str(module))
+    [recorded] = _case(out_file)["tool_results"]["work"]
+    assert recorded["arguments"] == {"key": "***", "value": "blue"}  # a field named key
+    _replay(out_file, iid)  # before the fix: recorded with other arguments
+    assert sink.read_text() == "colour=blue\n"  # delivered once, by the original
