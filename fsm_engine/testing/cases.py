@@ -19,8 +19,10 @@ A case is a plain-JSON object:
   machine's side-effect states, so a replay never delivers again); a stubbed action
   called more often than recorded fails its step; ``tool_results``: the recorded calls of
   agents' side-effect tools, ``{state: [{"visit", "call", "tool", "arguments", "result"
-  | "error"}, …]}``: with it, every side-effect tool is answered from them and never run
-  (``case_stubs``);
+  | "error"}, …]}``: with it, every side-effect tool is answered from them and never run;
+  ``branch_results``: ``[{"input", "results", "tool_results"}, …]``, the same for the
+  fan-out descendant started with that input: with it, every branch machine's
+  side-effect states and tools are answered from them (``case_stubs``);
 * what to expect, each optional: ``path`` (the states entered, initial first), ``moves``
   (``[source, trigger, dest]`` per transition), ``final`` (the last state), ``status``
   and ``output`` (context fields and their values).
@@ -55,7 +57,8 @@ __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
            "first_divergence"]
 
 _KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
-         "moves", "final", "status", "output", "results", "stub", "tool_results"}
+         "moves", "final", "status", "output", "results", "stub", "tool_results",
+         "branch_results"}
 #: A script no call fits: a case without ``replies`` fails any model call it makes.
 _NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
 
@@ -140,7 +143,8 @@ def _check(case: Any, where: str) -> None:
               ("decisions", list, "'decisions' must be a list"),
               ("results", dict, "'results' is an object of lists"),
               ("stub", list, "'stub' is a list of states"),
-              ("tool_results", dict, "'tool_results' is an object of lists"))
+              ("tool_results", dict, "'tool_results' is an object of lists"),
+              ("branch_results", list, "'branch_results' is a list of objects"))
     for key, kind, why in shapes:
         if key in case and not isinstance(case[key], kind):
             raise InvalidInput(f"{where}: {why}")
@@ -283,12 +287,14 @@ async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) 
 def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock."""
     from ..llm.scripted import Scripted
-    from .case_stubs import stubbed
+    from .case_stubs import Inputs, stubbed
     replayed: list[str] = []  # what a replayed tool call found different
-    machine = stubbed(machine, case, replayed)
+    inputs = Inputs()
+    machine = stubbed(machine, case, replayed, inputs)
     vc = VirtualClock()
     engine = vc.engine(store, llm=Scripted.from_replies(list(case.get("replies") or _NO_MODEL)),
                        breaker=None)
+    inputs.store = engine.store
     try:
         iid = engine.start(machine, dict(case.get("input") or {}),
                            deadline_s=case.get("deadline_s"),

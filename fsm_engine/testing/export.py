@@ -13,8 +13,9 @@ side-effect tool call of an agent returned (``tool_results``: the tool is never 
 with fan-out children brings their replies and decisions too, each keyed by its caller's
 input (``input`` in the script line and the decision), since children run at once.  An
 instance an operator cancelled is refused (``InvalidInput``, one line): when the cancel came
-is not something a replay can reproduce; so is one whose fan-out child delivered a side
-effect (a child's actions and tools run again in a replay).
+is not something a replay can reproduce.  A fan-out descendant that delivered a side
+effect brings what its actions and side-effect tools returned (``branch_results``, keyed
+by its input): a replay delivers none of them again.
 ``write_test`` writes a pytest file holding that case as JSON, which replays it through
 the current machine on the virtual clock (``cases.assert_case``) and fails naming the
 first divergent transition.
@@ -188,15 +189,25 @@ def _tool_results(history: Sequence[HistoryRow]) -> dict[str, list[dict[str, Any
     return out
 
 
-def _refuse_delivering_children(rec: InstanceRecord, family: list[InstanceRecord],
-                                store: Any) -> None:
-    """``InvalidInput`` when a fan-out descendant delivered a side effect: a replay runs a
-    child's actions and tools again (only the case instance's own are replayed)."""
+def _branch_results(store: Any, family: list[InstanceRecord]) -> list[dict[str, Any]]:
+    """For each fan-out descendant that delivered a side effect (its outbox holds a row):
+    its input, what its actions returned and its side-effect tool calls (``cases``)."""
+    out = []
     for one in family[1:]:
         if store.outbox(one.id):
-            raise InvalidInput(f"instance {rec.id}: its fan-out child {one.id} delivered side "
-                               "effects, which an exported test would deliver again (a "
-                               "child's recorded results are not replayed)")
+            history = store.history(one.id)
+            out.append({"input": one.input, "results": _results(history),
+                        "tool_results": _tool_results(history)})
+    return out
+
+
+def _results(history: Sequence[HistoryRow]) -> dict[str, list[dict[str, Any]]]:
+    """What each successful action returned, by state in visit order."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for h in history:
+        if h.kind == "transition":
+            results.setdefault(h.source, []).append(h.delta)
+    return results
 
 
 def _refuse_cancelled(rec: InstanceRecord, history: Sequence[HistoryRow]) -> None:
@@ -211,7 +222,6 @@ def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
     history = store.history(rec.id)
     _refuse_cancelled(rec, history)
     family = _family(store, rec)
-    _refuse_delivering_children(rec, family, store)
     case: dict[str, Any] = {
         "name": f"instance {rec.id}", "input": rec.input,
         "replies": _family_replies(store, family),
@@ -219,12 +229,11 @@ def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
         "moves": [[h.source, h.trigger, h.dest] for h in history if h.kind not in NOT_MOVES],
         "final": rec.state, "status": rec.status, "tool_results": _tool_results(history),
     }
-    results: dict[str, list[dict[str, Any]]] = {}
-    for h in history:  # what each successful action returned (side effects replay from it)
-        if h.kind == "transition":
-            results.setdefault(h.source, []).append(h.delta)
+    results = _results(history)  # side-effect states replay from it
     if results:
         case["results"] = results
+    if len(family) > 1:  # with it, no child's side effect runs in the replay
+        case["branch_results"] = _branch_results(store, family)
     if rec.deadline is not None:
         case["deadline_s"] = max(0.0, rec.deadline - rec.created_at)
     if rec.token_budget is not None:
