@@ -34,12 +34,17 @@ MASK = "***"
 #: A name's words (lower-case, split at ``-_.``, spaces and camelCase) say it holds a
 #: secret when one of them ends in a word of ``_SECRET_WORDS`` (``sslpassword``,
 #: ``client_secret``, ``password_hash``), or its last word (the compound's head:
-#: ``api_key``, ``access_token``; not ``token_budget``) is one of ``_SECRET_HEADS`` or ends
-#: in one of ``_SECRET_HEAD_ENDS``, or its first word is ``auth``/``authorization``.
+#: ``api_key``, ``access_token``; not ``token_budget``) is one of ``_SECRET_HEADS``, ends in
+#: one of ``_SECRET_HEAD_ENDS`` or is a ``_KEY_KINDS`` key (``sessionkey``), or its first
+#: word is ``auth``/``authorization``.
 _SECRET_WORDS = ("password", "passwd", "passphrase", "pwd", "secret", "secrets",
                  "credential", "credentials", "privatekey", "apikey")
 _SECRET_HEADS = frozenset({"key", "token", "auth", "sig", "pass", "signature", "bearer",
-                           "authorization", "accesskey", "secretkey", "signingkey"})
+                           "authorization"})
+#: What a one-word ``…key`` head begins with to be a secret (``apikey``, ``sessionkey``;
+#: not ``monkey``, ``hockey``).
+_KEY_KINDS = frozenset({"api", "access", "secret", "signing", "session", "master", "private",
+                        "encryption", "license", "client", "app", "auth", "ssh", "gpg"})
 _SECRET_HEAD_ENDS = ("token", "auth", "signature")
 _SECRET_FIRST = frozenset({"auth", "authorization"})
 #: Names whose words read like a secret but are not one (words joined).
@@ -75,7 +80,7 @@ def secret_name(name: str) -> bool:
         return True
     head = words[-1]
     return (head in _SECRET_HEADS or head.endswith(_SECRET_HEAD_ENDS)
-            or words[0] in _SECRET_FIRST)
+            or (head.endswith("key") and head[:-3] in _KEY_KINDS) or words[0] in _SECRET_FIRST)
 
 
 def credential_like(text: str) -> bool:

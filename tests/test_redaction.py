@@ -83,8 +83,8 @@ def query_password_url(cluster: PostgresCluster) -> str:
     # credential-looking names, as words or snake/camel segments
     ("db_pass=s3cret clientSecret=s3cret X-Api-Key=s3cret authToken=s3cret", "s3cret",
      "db_pass=*** clientSecret=*** X-Api-Key=*** authToken=***"),
-    ("PGPASSWORD=s3cret auth_header=s3cret private_key=s3cret", "s3cret",
-     "PGPASSWORD=*** auth_header=*** private_key=***"),
+    ("PGPASSWORD=s3cret auth_header=s3cret private_key=s3cret sessionkey=s3cret", "s3cret",
+     "PGPASSWORD=*** auth_header=*** private_key=*** sessionkey=***"),
     # values shaped like well-known credentials, wherever they stand
     ("the model said sk-proj-abcdefghijklmnop1234 and ghp_abcdefghijklmnopqrstuvwxyz0123",
      "abcdefghijklmnop", "the model said *** and ***"),
