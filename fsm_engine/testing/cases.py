@@ -10,9 +10,10 @@ A case is a plain-JSON object:
   "update", "note"}`` decides the case instance's open review item (a tool call's
   approval included), and with ``"input"`` (and ``"state"``) the item of the fan-out
   descendant started with that input (in whichever order they wait); ``"timeout"`` lets
-  the review's SLA timer decide; ``{"send": TRIGGER, "update", "by"}`` fires a trigger on
-  the waiting instance (``fsm send``); ``{"rerun": STATE, "by"}`` reruns the ended
-  instance in place from ``STATE`` (``fsm rerun --in-place``);
+  the review's SLA timer decide (``{"timeout": true, "input"}``: a descendant's);
+  ``{"send": TRIGGER, "update", "by"}`` fires a trigger on the waiting instance
+  (``fsm send``); ``{"rerun": STATE, "by"}`` reruns the ended instance in place from
+  ``STATE`` (``fsm rerun --in-place``);
 * ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them;
 * ``results``: recorded action results, ``{state: [update, …]}`` in visit order, and
   ``stub``: the states whose action is replaced by them (default: with ``results``, the
@@ -150,8 +151,8 @@ def _check(case: Any, where: str) -> None:
             raise InvalidInput(f"{where}: {why}")
     _check_replies(case, where)
     for d in case.get("decisions", []):
-        if d != "timeout" and not (isinstance(d, dict) and any(
-                isinstance(d.get(k), str) for k in ("choice", "send", "rerun"))):
+        if d != "timeout" and not (isinstance(d, dict) and (d.get("timeout") is True or any(
+                isinstance(d.get(k), str) for k in ("choice", "send", "rerun")))):
             raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
                                "'choice' (or 'send', 'rerun')")
     for key in ("deadline_s", "token_budget"):
@@ -268,10 +269,27 @@ async def _operate(engine: Any, iid: str, rec: Any, decisions: list[Any]) -> boo
     return True
 
 
+async def _child_timer(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) -> bool:
+    """Let the SLA timer of the descendant a ``{"timeout": true, "input"}`` decision names
+    decide (the clock advanced to it, that child run); False when none waits on one."""
+    for n, d in enumerate(decisions):
+        if not (isinstance(d, dict) and d.get("timeout") is True):
+            continue
+        for one in _family(engine, iid)[1:]:
+            if one.status == "waiting" and one.next_attempt_at is not None \
+                    and one.input == d.get("input"):
+                decisions.pop(n)
+                vc.advance(max(0.0, one.next_attempt_at - vc.now()) + 0.001)
+                await engine.run(one.id)
+                return True
+    return False
+
+
 async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) -> Any:
     rec = await engine.run(iid)
     for _ in range(1000):  # a bound: a review loop that never ends is the case's fault
-        if await _operate(engine, iid, rec, decisions):
+        if await _operate(engine, iid, rec, decisions) or (
+                rec.status == "waiting" and await _child_timer(engine, iid, decisions, vc)):
             rec = engine.store.get(iid)
         elif not rec.final and rec.status == "waiting" and rec.next_attempt_at is not None:
             if decisions and decisions[0] == "timeout":  # else a retry or rate wait ends

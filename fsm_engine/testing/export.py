@@ -165,11 +165,12 @@ def _family_decisions(store: Any, family: list[InstanceRecord]) -> list[Any]:
     out = _decisions(store, store.history(family[0].id))
     for one in family[1:]:
         for d in _decisions(store, store.history(one.id)):
-            if not isinstance(d, dict) or "choice" not in d:
-                what = "its SLA timer decided a review" if d == "timeout" else \
-                    "an operator moved it (fsm send / fsm rerun)"
-                raise InvalidInput(f"instance {family[0].id}: in its fan-out child {one.id} "
-                                   f"{what}, which an exported test does not replay")
+            if d == "timeout":
+                d = {"timeout": True}
+            elif "choice" not in d:
+                raise InvalidInput(f"instance {family[0].id}: an operator moved its fan-out "
+                                   f"child {one.id} (fsm send / fsm rerun), which an exported "
+                                   "test does not replay")
             out.append({**d, "input": one.input})
     return out
 

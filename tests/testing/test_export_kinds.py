@@ -330,8 +330,8 @@ def test_a_child_moved_by_send_is_refused_in_one_line(
     code, out, err = run_main(["export-test", iid, "-o", str(target), "--db", db,
                                "--machine", str(module)], capsys)
     assert code == 2 and err.strip().splitlines() == [
-        f"fsm: error: instance {iid}: in its fan-out child {kid.id} an operator moved it "
-        "(fsm send / fsm rerun), which an exported test does not replay"], err
+        f"fsm: error: instance {iid}: an operator moved its fan-out child {kid.id} (fsm send "
+        "/ fsm rerun), which an exported test does not replay"], err
     assert not target.exists()
 
 
@@ -386,3 +386,24 @@ def test_a_side_effect_tool_whose_argument_is_named_key_replays(
     assert recorded["arguments"] == {"key": "***", "value": "blue"}  # a field named key
     _replay(out_file, iid)  # before the fix: recorded with other arguments
     assert sink.read_text() == "colour=blue\n"  # delivered once, by the original
+
+
+def test_a_fan_out_parent_whose_children_were_decided_by_their_sla_timer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "rf_sla_machine.py"
+    module.write_text(FAMILY.replace('choices=["approve", "reject"])',
+                                     'choices=["approve", "reject"], sla_s=60.0, '
+                                     'on_timeout="reject")'))
+    vc, engine, db = _engine(tmp_path, [])
+    iid = engine.start(load_machine(str(module))[0], {"ns": [1, 2]})
+    vc.run(engine.run(iid))
+    kids = engine.store.children(iid)
+    engine.decide(engine.reviews(instance_id=kids[0].id)[0], "approve", by="ann")
+    vc.advance(61)  # the second child's hour passes undecided: its timer rejects
+    vc.run(engine.run(kids[1].id))
+    rec = vc.run(engine.run(iid))
+    engine.close()
+    assert (rec.state, rec.status, rec.reason) == ("fan", "failed", "branch_failed")
+    out_file = _export(tmp_path, capsys, db, iid, str(module))
+    assert {"timeout": True, "input": {"n": 2, "seen": False}} in _case(out_file)["decisions"]
+    _replay(out_file, iid)  # before the fix: the export refused (first: left it out)
