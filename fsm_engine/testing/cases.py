@@ -223,15 +223,16 @@ def _family(engine: Any, iid: str) -> list[Any]:
 
 def _pick(engine: Any, iid: str, decisions: list[Any]) -> tuple[Any, int] | None:
     """The open review item the next decision decides and that decision's index: the
-    head decision (no ``input``) for the case instance's item; else the first decision
-    naming the ``input`` (and ``state``) of a descendant whose item is open."""
+    head decision (no ``input``) for the case instance's open item; else the first
+    decision naming the ``input`` (and ``state``) of a descendant whose item is open (a
+    parent's own review after its join waits for its children's)."""
     from ..runtime.kinds.reviews import stale
     open_items = [(item, one) for one in _family(engine, iid)
                   for item in engine.reviews(instance_id=one.id) if stale(item, one) is None]
     head = decisions[0] if decisions else None
-    if isinstance(head, dict) and "choice" in head and "input" not in head:
-        own = [item for item, one in open_items if one.id == iid]
-        return (own[0], 0) if own else None
+    own = [item for item, one in open_items if one.id == iid]
+    if isinstance(head, dict) and "choice" in head and "input" not in head and own:
+        return own[0], 0
     for n, d in enumerate(decisions):
         if not (isinstance(d, dict) and "choice" in d and "input" in d):
             continue

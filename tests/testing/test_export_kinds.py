@@ -407,3 +407,26 @@ def test_a_fan_out_parent_whose_children_were_decided_by_their_sla_timer(
     out_file = _export(tmp_path, capsys, db, iid, str(module))
     assert {"timeout": True, "input": {"n": 2, "seen": False}} in _case(out_file)["decisions"]
     _replay(out_file, iid)  # before the fix: the export refused (first: left it out)
+
+
+def test_a_parent_reviewed_after_its_children_were(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tail = '''    State("done", final=True)],
+    transitions=[Transition("joined", "fan", "done")])'''
+    assert tail in FAMILY
+    module = tmp_path / "rf_check_machine.py"
+    module.write_text(FAMILY.replace(tail, '''    State("check", review=Review(prompt="all ok?", choices=["accept"])),
+    State("done", final=True)],
+    transitions=[Transition("joined", "fan", "check"), Transition("accept", "check", "done")])'''))
+    vc, engine, db = _engine(tmp_path, [])
+    iid = engine.start(load_machine(str(module))[0], {"ns": [1, 2]})
+    vc.run(engine.run(iid))
+    for kid in engine.store.children(iid):
+        engine.decide(engine.reviews(instance_id=kid.id)[0], "approve", by="ann")
+    assert vc.run(engine.run(iid)).state == "check"
+    rec = engine.decide(engine.reviews(instance_id=iid)[0], "accept", by="bo")
+    engine.close()
+    assert rec.state == "done"
+    out_file = _export(tmp_path, capsys, db, iid, str(module))
+    assert _case(out_file)["decisions"][0]["choice"] == "accept"  # the parent's first
+    _replay(out_file, iid)  # before the fix: the parent's decision blocked its children's
