@@ -76,6 +76,20 @@ def query_password_url(cluster: PostgresCluster) -> str:
     ("basic information and tokens_used=5 token_budget=9", "",
      "basic information and tokens_used=5 token_budget=9"),
     ("nothing here: a=1 b=two", "", "nothing here: a=1 b=two"),
+    # English words that merely contain pass/key/auth/token are not secrets (issue 36)
+    ("author=Bob; passage=Call me Ishmael; keyboard=qwerty monkey=1 authored_by=ann",
+     "", "author=Bob; passage=Call me Ishmael; keyboard=qwerty monkey=1 authored_by=ann"),
+    ("http://h/a?author=bob&passage=x&tokens=3", "", "http://h/a?author=bob&passage=x&tokens=3"),
+    # credential-looking names, as words or snake/camel segments
+    ("db_pass=s3cret clientSecret=s3cret X-Api-Key=s3cret authToken=s3cret", "s3cret",
+     "db_pass=*** clientSecret=*** X-Api-Key=*** authToken=***"),
+    ("PGPASSWORD=s3cret auth_header=s3cret private_key=s3cret sessionkey=s3cret", "s3cret",
+     "PGPASSWORD=*** auth_header=*** private_key=*** sessionkey=***"),
+    # values shaped like well-known credentials, wherever they stand
+    ("the model said sk-proj-abcdefghijklmnop1234 and ghp_abcdefghijklmnopqrstuvwxyz0123",
+     "abcdefghijklmnop", "the model said *** and ***"),
+    ("AKIAABCDEFGHIJKLMNOP eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.c2lnbmF0dXJlX3g", "AKIAAB",
+     "*** ***"),
 ])
 def test_redact_every_form(text: str, gone: str, kept: str) -> None:
     from fsm_engine.redaction import redact

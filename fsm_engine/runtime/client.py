@@ -398,6 +398,8 @@ class Client:
         rec = self.registry.upcast(cm, rec)
         commit = self.driver.advance(cm, rec, cm.states[rec.state], None, trigger,
                                      update or {}, 0.0)
+        if commit.history:  # an operator's move, not the machine's (an exported test sends it)
+            commit.history[0].detail["sent"] = True
         if operator is not None and commit.history:
             commit.history[0].detail["operator"] = operator
         return await self.driver.commit(rec, commit)

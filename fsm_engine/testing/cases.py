@@ -6,13 +6,24 @@ A case is a plain-JSON object:
 * ``replies``: the scripted model replies, in order (``fsm_engine.llm.scripted`` lines:
   ``text``, ``error``, ``delay_s`` …; ``delay_s`` is virtual); without it a model call
   fails (``ClientError``), so a case that calls the model must script it;
-* ``decisions``: review decisions, in order, each ``{"choice", "by", "update", "note"}``
-  or ``"timeout"`` (let the review's SLA timer decide);
+* ``decisions``: review decisions and operator moves, in order: ``{"choice", "by",
+  "update", "note"}`` decides the case instance's open review item (a tool call's
+  approval included), and with ``"input"`` (and ``"state"``) the item of the fan-out
+  descendant started with that input (in whichever order they wait); ``"timeout"`` lets
+  the review's SLA timer decide (``{"timeout": true, "input"}``: a descendant's);
+  ``{"send": TRIGGER, "update", "by"}`` fires a trigger on the waiting instance
+  (``fsm send``); ``{"rerun": STATE, "by"}`` reruns the ended instance in place from
+  ``STATE`` (``fsm rerun --in-place``);
 * ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them;
 * ``results``: recorded action results, ``{state: [update, …]}`` in visit order, and
   ``stub``: the states whose action is replaced by them (default: with ``results``, the
   machine's side-effect states, so a replay never delivers again); a stubbed action
-  called more often than recorded fails its step;
+  called more often than recorded fails its step; ``tool_results``: the recorded calls of
+  agents' side-effect tools, ``{state: [{"visit", "call", "tool", "arguments", "result"
+  | "error"}, …]}``: with it, every side-effect tool is answered from them and never run;
+  ``branch_results``: ``[{"input", "results", "tool_results"}, …]``, the same for the
+  fan-out descendant started with that input: with it, every branch machine's
+  side-effect states and tools are answered from them (``case_stubs``);
 * what to expect, each optional: ``path`` (the states entered, initial first), ``moves``
   (``[source, trigger, dest]`` per transition), ``final`` (the last state), ``status``
   and ``output`` (context fields and their values).
@@ -47,7 +58,8 @@ __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
            "first_divergence"]
 
 _KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
-         "moves", "final", "status", "output", "results", "stub"}
+         "moves", "final", "status", "output", "results", "stub", "tool_results",
+         "branch_results"}
 #: A script no call fits: a case without ``replies`` fails any model call it makes.
 _NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
 
@@ -131,15 +143,18 @@ def _check(case: Any, where: str) -> None:
               ("replies", list, "'replies' must be a list of script lines"),
               ("decisions", list, "'decisions' must be a list"),
               ("results", dict, "'results' is an object of lists"),
-              ("stub", list, "'stub' is a list of states"))
+              ("stub", list, "'stub' is a list of states"),
+              ("tool_results", dict, "'tool_results' is an object of lists"),
+              ("branch_results", list, "'branch_results' is a list of objects"))
     for key, kind, why in shapes:
         if key in case and not isinstance(case[key], kind):
             raise InvalidInput(f"{where}: {why}")
     _check_replies(case, where)
     for d in case.get("decisions", []):
-        if d != "timeout" and not (isinstance(d, dict) and isinstance(d.get("choice"), str)):
+        if d != "timeout" and not (isinstance(d, dict) and (d.get("timeout") is True or any(
+                isinstance(d.get(k), str) for k in ("choice", "send", "rerun")))):
             raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
-                               "'choice'")
+                               "'choice' (or 'send', 'rerun')")
     for key in ("deadline_s", "token_budget"):
         value = case.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -196,66 +211,109 @@ def _problems(case: Mapping[str, Any], got: CaseResult) -> list[str]:
     return out
 
 
+def _family(engine: Any, iid: str) -> list[Any]:
+    """The records of ``iid`` and its fan-out descendants, parents first."""
+    out, todo = [], [engine.store.get(iid)]
+    while todo:
+        one = todo.pop(0)
+        out.append(one)
+        todo += engine.store.children(one.id)
+    return out
+
+
+def _pick(engine: Any, iid: str, decisions: list[Any]) -> tuple[Any, int] | None:
+    """The open review item the next decision decides and that decision's index: the
+    head decision (no ``input``) for the case instance's open item; else the first
+    decision naming the ``input`` (and ``state``) of a descendant whose item is open (a
+    parent's own review after its join waits for its children's)."""
+    from ..runtime.kinds.reviews import stale
+    open_items = [(item, one) for one in _family(engine, iid)
+                  for item in engine.reviews(instance_id=one.id) if stale(item, one) is None]
+    head = decisions[0] if decisions else None
+    own = [item for item, one in open_items if one.id == iid]
+    if isinstance(head, dict) and "choice" in head and "input" not in head and own:
+        return own[0], 0
+    for n, d in enumerate(decisions):
+        if not (isinstance(d, dict) and "choice" in d and "input" in d):
+            continue
+        for item, one in open_items:
+            if one.id != iid and one.input == d["input"] \
+                    and d.get("state", item.state) == item.state:
+                return item, n
+    return None
+
+
+async def _operate(engine: Any, iid: str, rec: Any, decisions: list[Any]) -> bool:
+    """Do the next recorded operator move or decision that applies to ``rec`` now; False
+    when none does."""
+    head = decisions[0] if decisions else None
+    if isinstance(head, dict) and "rerun" in head:
+        if not rec.final:
+            return False
+        decisions.pop(0)
+        engine.rerun(iid, str(head["rerun"]), in_place=True, by=head.get("by"))
+        return True
+    if rec.final or rec.status != "waiting":
+        return False
+    if isinstance(head, dict) and "send" in head:
+        decisions.pop(0)
+        await engine.signal(iid, str(head["send"]), dict(head.get("update") or {}),
+                            operator=head.get("by"))
+        return True
+    picked = _pick(engine, iid, decisions)
+    if picked is None:
+        return False
+    item, n = picked
+    d = decisions.pop(n)
+    engine.decide(item, d["choice"], by=d.get("by", "case"), update=d.get("update"),
+                  note=d.get("note"))
+    return True
+
+
+async def _child_timer(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) -> bool:
+    """Let the SLA timer of the descendant a ``{"timeout": true, "input"}`` decision names
+    decide (the clock advanced to it, that child run); False when none waits on one."""
+    for n, d in enumerate(decisions):
+        if not (isinstance(d, dict) and d.get("timeout") is True):
+            continue
+        for one in _family(engine, iid)[1:]:
+            if one.status == "waiting" and one.next_attempt_at is not None \
+                    and one.input == d.get("input"):
+                decisions.pop(n)
+                vc.advance(max(0.0, one.next_attempt_at - vc.now()) + 0.001)
+                await engine.run(one.id)
+                return True
+    return False
+
+
 async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) -> Any:
     rec = await engine.run(iid)
     for _ in range(1000):  # a bound: a review loop that never ends is the case's fault
-        if rec.final or rec.status != "waiting":
-            return rec
-        items = engine.reviews(instance_id=iid)
-        if items and decisions and decisions[0] != "timeout":
-            d = decisions.pop(0)
-            rec = engine.decide(items[0], d["choice"], by=d.get("by", "case"),
-                                update=d.get("update"), note=d.get("note"))
-            if rec.final:  # the decision's own move ended it
-                return rec
-        elif rec.next_attempt_at is not None and (not items or decisions):
-            if decisions:
+        if await _operate(engine, iid, rec, decisions) or (
+                rec.status == "waiting" and await _child_timer(engine, iid, decisions, vc)):
+            rec = engine.store.get(iid)
+        elif not rec.final and rec.status == "waiting" and rec.next_attempt_at is not None:
+            if decisions and decisions[0] == "timeout":  # else a retry or rate wait ends
                 decisions.pop(0)
             vc.advance(max(0.0, rec.next_attempt_at - vc.now()) + 0.001)  # one renewal
         else:
             return rec
-        rec = await engine.run(iid)
+        if not rec.final:
+            rec = await engine.run(iid)
     return rec
-
-
-def _recorded(state: Any, results: Sequence[Mapping[str, Any]]) -> Any:
-    """An action answering each visit of ``state`` with its recorded update (sync for an
-    ``inline`` state, else async: no thread either way)."""
-    left = list(results)
-
-    def answer(ctx: Any) -> dict[str, Any]:
-        if not left:
-            raise InvalidInput(f"state {state.name!r}: no recorded result left for this visit")
-        return dict(left.pop(0))
-
-    async def recorded(ctx: Any) -> dict[str, Any]:
-        return answer(ctx)
-    fn = answer if state.inline else recorded
-    fn.__name__ = f"recorded_{state.name.replace('-', '_')}"
-    return fn
-
-
-def _stubbed(machine: Any, case: Mapping[str, Any]) -> Any:
-    """``machine`` with the ``stub`` states' actions answered from ``results``."""
-    import dataclasses
-    results = case.get("results") or {}
-    stub = case.get("stub")
-    names = set(stub) if stub is not None else {s.name for s in machine.states
-                                                 if s.side_effect and s.name in results}
-    if not names:
-        return machine
-    states = [dataclasses.replace(s, action=_recorded(s, results.get(s.name, ())))
-              if s.name in names and s.action is not None else s for s in machine.states]
-    return dataclasses.replace(machine, states=states)
 
 
 def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock."""
     from ..llm.scripted import Scripted
-    machine = _stubbed(machine, case)
+    from .case_stubs import Inputs, stubbed
+    replayed: list[str] = []  # what a replayed tool call found different
+    inputs = Inputs()
+    machine = stubbed(machine, case, replayed, inputs)
     vc = VirtualClock()
     engine = vc.engine(store, llm=Scripted.from_replies(list(case.get("replies") or _NO_MODEL)),
                        breaker=None)
+    inputs.store = engine.store
     try:
         iid = engine.start(machine, dict(case.get("input") or {}),
                            deadline_s=case.get("deadline_s"),
@@ -266,7 +324,7 @@ def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
         engine.close()
     got = CaseResult(str(case.get("name", iid)), [machine.initial, *(m[2] for m in moves)],
                      moves, rec.state, rec.status, dict(rec.context))
-    got.problems = _problems(case, got)
+    got.problems = replayed + _problems(case, got)
     if got.problems and rec.last_error:
         got.problems.append(f"its last error: {rec.last_error}")
     return got

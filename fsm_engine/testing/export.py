@@ -3,17 +3,29 @@
 ``case_from_store`` reads the instance's input, its recorded model replies (the
 ``llm_calls`` entries of its history rows: ``reply`` text and token counts; a call that
 failed becomes a scripted ``error`` of its kind), the provider errors of its failed
-attempts (``Store.attempts``), its review decisions (``"timeout"`` for one its SLA timer
-took), its deadline and token budget, what each successful action returned (its row's
-``delta``: side-effect states replay from it, never delivering again), and what it did:
-its transitions, final state, status and context.  An instance with fan-out children brings their replies too, each
-keyed by its caller's input (``input`` in the script line), since children run at once.
+attempts (``Store.attempts``), its review decisions (an agent's tool-call approvals and
+rejections included, each with the choice its item recorded; ``"timeout"`` for one its SLA
+timer took), the operator moves of ``fsm send`` and ``fsm rerun --in-place`` (in order
+among the decisions), its deadline and token budget, what each successful action returned
+(its row's ``delta``: side-effect states replay from it, never delivering again), what each
+side-effect tool call of an agent returned (``tool_results``: the tool is never run again,
+``cases``), and what it did: its transitions, final state, status and context.  An instance
+with fan-out children brings their replies and decisions too, each keyed by its caller's
+input (``input`` in the script line and the decision), since children run at once.  An
+instance an operator cancelled is refused (``InvalidInput``, one line): when the cancel came
+is not something a replay can reproduce.  A fan-out descendant that delivered a side
+effect brings what its actions and side-effect tools returned (``branch_results``, keyed
+by its input): a replay delivers none of them again.
 ``write_test`` writes a pytest file holding that case as JSON, which replays it through
 the current machine on the virtual clock (``cases.assert_case``) and fails naming the
 first divergent transition.
 
-Every string written passes through ``fsm_engine.redaction.redact``: a credential in an
-input, a reply or a context value is masked, never written.  Other actions run again
+Every string written passes through ``fsm_engine.redaction.redact``, and the value of a
+field whose name says it holds a secret (``secret_name``: ``password``, ``api_key``, …, not
+``author`` or ``passage``) is masked: a credential in an input, a reply or a context value
+is never written.  An output field a mask changed is not asserted (the replay cannot know
+the secret).  The file holds the case as one JSON string literal (``repr``): no stored
+value is ever spliced into it as source.  Other actions run again
 (what they read from the world — files, tools, HTTP — is not replayed unless the case's
 ``stub`` names them); an attempt that failed in the action itself (not in a model call)
 is not replayed either.
@@ -27,10 +39,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..redaction import redact
-from ..store.records import NOT_MOVES, AttemptRow, HistoryRow, InstanceRecord
+from ..errors import InvalidInput
+from ..redaction import MASK, redact, secret_name
+from ..store.records import NOT_MOVES, TOOL, AttemptRow, HistoryRow, InstanceRecord
 
-__all__ = ["case_from_store", "write_test"]
+__all__ = ["case_from_store", "write_test", "scrub"]
 
 #: Provider error classes → the scripted provider's ``error`` kinds.
 _ERRORS = {"ProviderTimeout": "timeout", "ProviderUnavailable": "unavailable",
@@ -38,15 +51,21 @@ _ERRORS = {"ProviderTimeout": "timeout", "ProviderUnavailable": "unavailable",
 _SLA = "sla-timer"  # runtime.kinds.reviews.SLA
 
 
-def _scrub(value: Any) -> Any:
-    """``value`` with every string passed through ``redact`` (keys too)."""
+def scrub(value: Any) -> Any:
+    """``value`` (JSON) with every string passed through ``redact`` (keys too), and the
+    scalar value of a key whose name says it holds a secret masked (``MASK``)."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {redact(k): _scrub(v) for k, v in value.items()}
+        return {redact(k): MASK if _masked(k, v) else scrub(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_scrub(v) for v in value]
+        return [scrub(v) for v in value]
     return value
+
+
+def _masked(key: Any, value: Any) -> bool:
+    return (isinstance(key, str) and secret_name(key) and value not in ("", None)
+            and isinstance(value, str | int | float) and not isinstance(value, bool))
 
 
 def _error_kind(text: str | None) -> str | None:
@@ -84,16 +103,40 @@ def _replies(history: Sequence[HistoryRow], attempts: Sequence[AttemptRow]) -> l
     return [line for _, _, lines in events for line in lines]
 
 
-def _decisions(history: Sequence[HistoryRow]) -> list[Any]:
+def _choice(store: Any, h: HistoryRow, review: dict[str, Any]) -> str:
+    """The choice a review row recorded: its item's (an agent's ``reject`` moves on the
+    trigger ``rejected``), else the row's trigger (an item pruned)."""
+    item = review.get("item")
+    found = store.reviews(id_prefix=item) if isinstance(item, str) and item else []
+    choice = next((i.choice for i in found if i.id == item and i.choice), None)
+    return choice or h.trigger
+
+
+def _operator_move(h: HistoryRow) -> dict[str, Any] | None:
+    """The decision replaying an operator's move (``fsm send``, ``fsm rerun --in-place``)."""
+    if h.kind == "rerun":
+        return {"rerun": h.dest, "by": h.detail.get("operator")}
+    if h.kind == "transition" and (h.detail.get("sent") or "operator" in h.detail):
+        return {"send": h.trigger, "update": dict(h.delta), "by": h.detail.get("operator")}
+    return None
+
+
+def _decisions(store: Any, history: Sequence[HistoryRow]) -> list[Any]:
+    """One instance's decisions and operator moves, in order (``cases``)."""
     out: list[Any] = []
     for h in history:
-        review = h.detail.get("review") if h.kind == "review" else None
+        review = h.detail.get("review") if h.kind in ("review", TOOL) else None
+        if h.kind == TOOL and h.detail.get("agent") != "decision":
+            review = None
         if review is None:
-            continue
-        if review.get("by") == _SLA:
+            move = _operator_move(h)
+            if move is not None:
+                out.append(move)
+        elif review.get("by") == _SLA:
             out.append("timeout")
         else:
-            out.append({"choice": h.trigger, "by": review.get("by") or "case",
+            choice = h.detail["choice"] if h.kind == TOOL else _choice(store, h, review)
+            out.append({"choice": choice, "by": review.get("by") or "case",
                         "update": review.get("edit") or None, "note": review.get("note")})
     return out
 
@@ -108,36 +151,98 @@ def _family(store: Any, rec: InstanceRecord) -> list[InstanceRecord]:
     return out
 
 
-def _family_replies(store: Any, rec: InstanceRecord) -> list[dict[str, Any]]:
-    """The replies of ``rec`` and, when it has fan-out children, of each of them, keyed by
-    the calling instance's input (children run at once: each must get its own)."""
-    family = _family(store, rec)
+def _family_replies(store: Any, family: list[InstanceRecord]) -> list[dict[str, Any]]:
+    """The replies of ``family[0]`` and, when it has fan-out children, of each of them,
+    keyed by the calling instance's input (children run at once: each must get its own)."""
     if len(family) == 1:
-        return _replies(store.history(rec.id), store.attempts(rec.id))
+        return _replies(store.history(family[0].id), store.attempts(family[0].id))
     return [{**line, "input": one.input} for one in family
             for line in _replies(store.history(one.id), store.attempts(one.id))]
+
+
+def _family_decisions(store: Any, family: list[InstanceRecord]) -> list[Any]:
+    """The decisions of ``family[0]``, then each descendant's keyed by its ``input``."""
+    out = _decisions(store, store.history(family[0].id))
+    for one in family[1:]:
+        for d in _decisions(store, store.history(one.id)):
+            if d == "timeout":
+                d = {"timeout": True}
+            elif "choice" not in d:
+                raise InvalidInput(f"instance {family[0].id}: an operator moved its fan-out "
+                                   f"child {one.id} (fsm send / fsm rerun), which an exported "
+                                   "test does not replay")
+            out.append({**d, "input": one.input})
+    return out
+
+
+def _tool_results(history: Sequence[HistoryRow]) -> dict[str, list[dict[str, Any]]]:
+    """What each delivered side-effect tool call returned, by state (``cases``)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for h in history:
+        d = h.detail
+        if h.kind != TOOL or d.get("agent") != "call" or not (
+                d.get("idempotency_key") or d.get("delivered_by_original")):
+            continue
+        entry = {"visit": d.get("visit"), "call": d.get("call"), "tool": d.get("tool"),
+                 "arguments": d.get("arguments")}
+        entry.update({"error": d["error"]} if "error" in d else {"result": d.get("result")})
+        out.setdefault(h.source, []).append(entry)
+    return out
+
+
+def _branch_results(store: Any, family: list[InstanceRecord]) -> list[dict[str, Any]]:
+    """For each fan-out descendant that delivered a side effect (its outbox holds a row):
+    its input, what its actions returned and its side-effect tool calls (``cases``)."""
+    out = []
+    for one in family[1:]:
+        if store.outbox(one.id):
+            history = store.history(one.id)
+            out.append({"input": one.input, "results": _results(history),
+                        "tool_results": _tool_results(history)})
+    return out
+
+
+def _results(history: Sequence[HistoryRow]) -> dict[str, list[dict[str, Any]]]:
+    """What each successful action returned, by state in visit order."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for h in history:
+        if h.kind == "transition":
+            results.setdefault(h.source, []).append(h.delta)
+    return results
+
+
+def _refuse_cancelled(rec: InstanceRecord, history: Sequence[HistoryRow]) -> None:
+    for h in history:
+        if h.kind == "cancel":
+            raise InvalidInput(f"instance {rec.id} was cancelled (history row {h.seq}): an "
+                               "exported test cannot replay when a cancel came")
 
 
 def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
     """The case replaying ``rec`` (see the module docstring), secrets masked."""
     history = store.history(rec.id)
+    _refuse_cancelled(rec, history)
+    family = _family(store, rec)
     case: dict[str, Any] = {
         "name": f"instance {rec.id}", "input": rec.input,
-        "replies": _family_replies(store, rec), "decisions": _decisions(history),
+        "replies": _family_replies(store, family),
+        "decisions": _family_decisions(store, family),
         "moves": [[h.source, h.trigger, h.dest] for h in history if h.kind not in NOT_MOVES],
-        "final": rec.state, "status": rec.status, "output": rec.context,
+        "final": rec.state, "status": rec.status, "tool_results": _tool_results(history),
     }
-    results: dict[str, list[dict[str, Any]]] = {}
-    for h in history:  # what each successful action returned (side effects replay from it)
-        if h.kind == "transition":
-            results.setdefault(h.source, []).append(h.delta)
+    results = _results(history)  # side-effect states replay from it
     if results:
         case["results"] = results
+    if len(family) > 1:  # with it, no child's side effect runs in the replay
+        case["branch_results"] = _branch_results(store, family)
     if rec.deadline is not None:
         case["deadline_s"] = max(0.0, rec.deadline - rec.created_at)
     if rec.token_budget is not None:
         case["token_budget"] = rec.token_budget
-    return _scrub(case)
+    case = scrub(case)
+    case["output"] = {k: v for k, v in scrub(rec.context).items()
+                      if k in rec.context and v == rec.context[k]}  # a masked field: unasserted
+    return case
 
 
 _TEMPLATE = '''"""Replays instance {iid} (written by ``fsm export-test``).
