@@ -95,6 +95,18 @@ def test_every_capability_has_a_how_to_page_whose_code_runs():
     assert pages == set(CAPABILITIES.values())
 
 
+def test_the_environment_reference_names_every_variable_the_code_reads():
+    """Every ``FSM_*`` name in the package and the reference machines is on the page (a prefix
+    such as ``FSM_LLM_<NAME>`` stands for its family)."""
+    page = (DOCS / "reference" / "environment.md").read_text(encoding="utf-8")
+    sources = [*(ROOT / "fsm_engine").rglob("*.py"), *(ROOT / "machines").glob("*.py")]
+    names = {n for path in sources for n in re.findall(r"\bFSM_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8"))}
+    names -= {"FSM_MIGR"}  # the PostgreSQL migration lock's name, spelled out in a comment
+    missing = [n for n in sorted(names) if f"`{n}`" not in page and not any(
+        n.startswith(prefix) for prefix in re.findall(r"`(FSM_[A-Z_]+_)<", page))]
+    assert not missing
+
+
 def test_pages_show_only_diagrams_that_diagrams_holds():
     for page in DOCS.rglob("*.md"):
         for svg in re.findall(r"\]\((?:\.\./)*diagrams/([^)]+)\)", page.read_text(encoding="utf-8")):
