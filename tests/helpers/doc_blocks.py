@@ -7,7 +7,8 @@ A page's fenced blocks run in order in one working folder (a copy of the reposit
   with this interpreter's ``bin/`` first on ``PATH`` (so ``fsm`` is the tree under test) and must
   exit 0;
 - ``<!-- docs: file=NAME -->`` just before a block writes the block to ``NAME`` instead (any
-  language; a Python file is compiled, so a syntax error fails the page);
+  language; a Python file is compiled, so a syntax error fails the page); the fence shows the
+  name to the reader with ``title="NAME"`` after its language;
 - ``<!-- docs: exit=N -->`` before a bash block: it must exit ``N``;
 - ``<!-- docs: skip=REASON -->`` before a block: not run (the reason is required);
 - ``<!-- docs: slow -->`` anywhere: the page's test is marked slow;
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-FENCE = re.compile(r"(?:<!-- docs: (?P<marks>[^>]*?) -->\n)?^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$", re.S | re.M)
+FENCE = re.compile(r"(?:<!-- docs: (?P<marks>[^>]*?) -->\n)?^```(?P<lang>[\w-]*)(?: [^\n]*)?\n(?P<body>.*?)^```$",
+                   re.S | re.M)
 MARK = re.compile(r"(\w+)(?:=(.*?))?(?=\s+\w+=|\s*$)")
 
 

@@ -81,7 +81,7 @@ def test_skipped_blocks_say_why_and_are_few():
 
 
 def test_the_block_reader_sees_markers_and_languages():
-    text = ("<!-- docs: file=a.py -->\n```python\nx = 1\n```\n\n```text\nshown\n```\n"
+    text = ('<!-- docs: file=a.py -->\n```python title="a.py"\nx = 1\n```\n\n```text\nshown\n```\n'
             "<!-- docs: skip=needs a real model download -->\n```bash\nfsm run m.py\n```\n"
             "<!-- docs: exit=3 -->\n```bash\nexit 3\n```\n")
     found = blocks(text)
@@ -89,6 +89,13 @@ def test_the_block_reader_sees_markers_and_languages():
         ("python", {"file": "a.py"}, True), ("text", {}, False),
         ("bash", {"skip": "needs a real model download"}, False), ("bash", {"exit": "3"}, True)]
     assert found[0].body == "x = 1\n" and found[1].line == 6
+
+
+def test_files_a_page_writes_are_named_to_the_reader():
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for name, title in re.findall(r"<!-- docs: file=(\S+) -->\n```[\w-]*(.*)\n", text):
+            assert title == f' title="{name}"', f"{page.name}: {name}"
 
 
 def _page_param(page: Path):
