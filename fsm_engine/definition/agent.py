@@ -192,8 +192,9 @@ class Agent:
         max_errors: invalid calls (unknown tool, bad arguments, unreadable reply) in a
             row that end the loop with ``turns_exhausted``.
         max_result_chars: a tool result whose JSON is longer is an error result.
-        sla_s / on_timeout: an approval not decided within ``sla_s`` seconds takes
-            ``on_timeout`` (``"approve"`` or ``"reject"``); both or neither.
+        sla_s: seconds an approval may stay undecided before ``on_timeout`` is taken
+            (give both or neither).
+        on_timeout: the choice taken past ``sla_s``: ``"approve"`` or ``"reject"``.
         done: the trigger the final output fires.
         min_calls: tool calls made before a final output is accepted: until then the
             reply schema (or ``tool_choice="required"``) allows only calls, and a final

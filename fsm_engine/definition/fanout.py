@@ -55,7 +55,8 @@ class Branch:
         run: the branch machine, or an action (callable or name) on the parent's context.
         skippable: when the branch fails, count it as skipped and use ``default_output``.
         default_output: the output of a skipped branch (required with ``skippable``).
-        retry / timeout: the wrapped action's retry policy and timeout (seconds).
+        retry: the wrapped action's retry policy.
+        timeout: the wrapped action's timeout (seconds).
         fallback: an action run when the wrapped action fails for good (retries
             exhausted, timeout, open breaker, budget).
         llm: the model name the wrapped action calls (``State.llm``).
@@ -106,7 +107,9 @@ class Map:
         input: ``fn(parent_ctx, item) -> dict``, the child input (overrides ``item_field``).
         max_concurrency: most children running at once (``None``: all); the rest are
             created as running ones finish.
-        into / reducer / completion: see the module docstring.
+        into: the parent context field the merged outputs go to (see the module docstring).
+        reducer: merges the outputs (default: a list in item order).
+        completion: the join's completion policy (default ``all_successful``).
     """
 
     items: str

@@ -76,12 +76,13 @@ def test_concurrent_instances_get_the_reply_keyed_by_their_input(db_path, notify
     assert all(r.context["verdict_source"] == "model" for r in records)
 
 
-def test_the_readme_script_example_is_a_valid_script(tmp_path) -> None:
+def test_the_docs_script_example_is_a_valid_script(tmp_path) -> None:
+    """The example script of docs/how-to/models.md (it was the README's) loads as written."""
     from conftest import ROOT
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text.split("**Scripted replies**", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    text = (ROOT / "docs" / "how-to" / "models.md").read_text(encoding="utf-8")
+    block = text.split("## Scripted replies", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "readme.jsonl"
     path.write_text(block, encoding="utf-8")
     provider = Scripted(path)
-    assert len(provider.replies) == len(block.strip().splitlines()) == 5
+    assert len(provider.replies) == len(block.strip().splitlines()) == 6
     assert sum(r.keyed for r in provider.replies) == 2
