@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
+from .. import json_input
 from ..errors import InvalidInput
 from ..terminal import shown
 from ..views import when
@@ -31,29 +32,31 @@ def _engine(db: str | None, machines: list[str] | None = None) -> Engine:
     return trusting(_new_engine(_open(db), llm=None), machines or [])
 
 
-def _value(text: str) -> Any:
-    """A ``--set`` value: JSON when it parses (``3``, ``true``, ``"x"``, ``[…]``), else text."""
+def _value(field: str, text: str) -> Any:
+    """A ``--set`` value: JSON when it parses (``3``, ``true``, ``"x"``, ``[…]``), else
+    text; ``InvalidInput`` when it nests too deep (``json_input``)."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return json_input.parse(text, f"--set {field}")
+    except InvalidInput:
+        json_input.check_depth(text, f"--set {field}")  # too deep: refused, not text
         return text
 
 
 def _update(sets: list[str], edit: str | None) -> dict[str, Any]:
     update: dict[str, Any] = {}
     if edit is not None:
+        name = shown(edit)
         try:
-            with open(edit, encoding="utf-8") as fh:
-                update = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise InvalidInput(f"cannot read edit file {edit}: {exc}") from None
-        if not isinstance(update, dict):
-            raise InvalidInput(f"edit file {edit} must hold a JSON object")
+            with open(edit, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise InvalidInput(f"cannot read file {name}: {exc.strerror or exc}") from None
+        update = json_input.parse_object(raw, f"file {name}")
     for item in sets:
         field, eq, value = item.partition("=")
         if not eq or not field:
             raise InvalidInput(f"--set wants FIELD=VALUE, not {item!r}")
-        update[field] = _value(value)
+        update[field] = _value(field, value)
     return update
 
 
