@@ -402,16 +402,19 @@ class Engine:
         return self.client.claim_review(item, by)
 
     def decide(self, item: ReviewItem | str, choice: str, *, by: str,
-               update: dict[str, Any] | None = None, note: str | None = None) -> InstanceRecord:
+               update: dict[str, Any] | None = None, note: str | None = None,
+               link: dict[str, Any] | None = None) -> InstanceRecord:
         """Record ``by``'s decision ``choice`` on the review item, with the edit ``update``
         (context fields the review's ``editable`` model allows) and ``note``, in one
         transaction; the instance then continues when a worker (``fsm worker``,
-        ``resume``, ``run``) steps it.  Returns the instance after the decision.
+        ``resume``, ``run``) steps it.  ``link``: the signed link it came by
+        (``review_links.Link.record()``), kept in the row's ``detail.review.link``.
+        Returns the instance after the decision.
 
         Raises ``ReviewRefused`` (nothing written) for a stale, second, unoffered,
         claimed-by-another or invalid answer.
         """
-        return self.client.decide(item, choice, by=by, update=update, note=note)
+        return self.client.decide(item, choice, by=by, update=update, note=note, link=link)
 
     async def aclose(self) -> None:
         """Stop the heartbeat, deregister this worker and close the store."""
