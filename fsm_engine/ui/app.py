@@ -97,6 +97,8 @@ class TokenGate:
     """ASGI middleware: 401 unless the request carries the token (see the module doc)."""
 
     def __init__(self, app: Any, token: str | None, open_prefix: str | None = None) -> None:
+        if token is not None and (not token or any(c.isspace() for c in token)):
+            raise InvalidInput("a viewer token is one word: no spaces, not blank")
         self.app = app
         self.token = token
         self.session = session_value(token) if token is not None else None

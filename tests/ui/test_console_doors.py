@@ -184,3 +184,27 @@ def test_a_signed_links_use_is_in_the_decisions_history_row(s: Setup) -> None:
     assert sig not in repr(row.detail)  # which link, never its secret
     other = review_links.sign(s.store, item, "rita", 7200, s.now)  # another link, another id
     assert review_links.link_id(other.sig) != used["id"] == review_links.link_id(sig)
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_a_blank_token_is_refused_at_start_up_in_one_line(tmp_path: Path, how: str) -> None:
+    import os
+    import subprocess
+    import sys
+    db = str(tmp_path / "fsm.db")
+    Engine(db, llm=None).close()
+    for token in (" " * 12, "\t" * 9, "good-part  more"):
+        args = ["--token", token] if how == "option" else []
+        env = {**os.environ, "FSM_UI_TOKEN": token} if how == "env" else dict(os.environ)
+        done = subprocess.run([sys.executable, "-m", "fsm_engine.cli", "ui", "--write", "--db",
+                               db, "--port", "0", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2 and done.stdout == "", (token, done.stdout)
+        assert done.stderr.startswith("fsm: error: --token") and done.stderr.count("\n") == 1
+    from fsm_engine.errors import InvalidInput
+    engine = Engine(db, llm=None)
+    try:
+        with pytest.raises(InvalidInput, match="no spaces"):
+            create_app(engine.store, token="        ")
+    finally:
+        engine.close()
