@@ -78,6 +78,8 @@ class Engine:
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.fleet.rates`.
         trust: which modules stored instances name may be imported (``loader.Trust``:
             those ``load``-ed here, files under the machines root; else ``MachineRefused``).
+        keep_definitions: False: machines registered or loaded are kept in memory only,
+            no ``definitions`` row written (the engine of a dry run, which writes nothing).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -87,7 +89,7 @@ class Engine:
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time, tracer: Any = "env",
                  rate_limits: Mapping[str, RateLimit] | None = None,
-                 trust: Trust | None = None) -> None:
+                 trust: Trust | None = None, keep_definitions: bool = True) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.trust = trust or Trust()
         self.lease_seconds = lease_seconds
@@ -108,7 +110,8 @@ class Engine:
             from ..telemetry import tracer_from_env
             tracer = tracer_from_env()
         self.driver.tracer = tracer
-        self.registry = Registry(self.store, self.models, self.trust, clock, self.driver.upcasts)
+        self.registry = Registry(self.store, self.models, self.trust, clock, self.driver.upcasts,
+                                 keep_definitions=keep_definitions)
         self.runner = Runner(self.store, self.registry, self.driver, self.ledger,
                              self.ownership, self.models, clock, lease_seconds=lease_seconds,
                              concurrency=concurrency, tracer=tracer)
