@@ -103,6 +103,17 @@ class DeadlineProtocol(H11Protocol):
         if not cycle.more_body and not cycle.response_complete:
             self._disarm()  # whole: its answer may take as long as it takes (a stream)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot read, with the security headers."""
+        import h11
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+                   *((k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items())]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=msg.encode("ascii", "replace")), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self._disarm()
+        self.transport.close()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():

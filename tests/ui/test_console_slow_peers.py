@@ -101,6 +101,10 @@ def test_a_link_post_is_refused_before_its_body_and_a_slow_body_is_cut(tmp_path:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(_head(port, "POST", target, body_head) + b"choice=appr")
             assert b" 200 " not in _answer(sock)  # cut at the deadline, nothing decided
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")  # uvicorn's own 400 is secured too
+            got = _answer(sock)
+        assert got.startswith(b"HTTP/1.1 400 ") and b"content-security-policy" in got.lower()
         store = open_store(db)
         try:
             assert store.get_meta(review_links.USED + sig) is None  # the link is not spent
