@@ -286,8 +286,8 @@ class Console:
             rec = await run_in_threadpool(lambda: self.engine.decide(
                 item, form.get("choice", ""), by=by, update=edit,
                 note=form.get("note") or None, link=link and link.record()))
-        except InvalidInput:
-            if link is not None:  # a fault the reviewer can fix: the link works again
+        except Exception:
+            if link is not None:  # nothing was decided: the link works again
                 await run_in_threadpool(review_links.unuse, self.store, link)
             raise
         return {"message": f"review {item}: {form.get('choice')} by {by}; instance {rec.id} "
