@@ -180,7 +180,8 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
         if tool.side_effect else None
     if prior is not None:  # a fork: the original delivered this very call
         return journal.entry(rec, {**base, "arguments": args, "result": prior.get("result"),
-                                   "delivered_by_original": prior.get("idempotency_key")},
+                                   "delivered_by_original": prior.get(
+                                       "idempotency_key", prior.get("delivered_by_original"))},
                              now)
     driver._check_lease(rec)  # no tool starts under a lease that ran out (a model turn took)
     if tool.side_effect:
@@ -218,20 +219,21 @@ async def _begin_delivery(driver: Driver, rec: InstanceRecord, state: str, visit
 
 def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visit: int,
                            call: str, args: dict[str, Any]) -> dict[str, Any] | None:
-    """For a fork (not ``redeliver``): the original's journaled call ``call`` of this visit
-    when it delivered with the same arguments (``None``: deliver anew)."""
+    """For a fork (not ``redeliver``): the journaled call ``call`` of this visit of the
+    nearest ancestor up its lineage (``fork.ancestors``) that delivered it with the same
+    arguments (``None``: deliver anew)."""
     if rec.forked_from is None or rec.fork_options.get("redeliver"):
         return None
     from ...errors import FsmError
-    try:
-        rows = driver.store.history(rec.forked_from)
-    except FsmError:  # the original was pruned: deliver anew
-        return None
-    j = journal.read(rows, state, visit)
-    prior = j.done.get(call)
-    if prior is None or prior.get("arguments") != args or "error" in prior:
-        return None
-    return prior
+    for up in fork.ancestors(rec, driver.store.get):
+        try:
+            rows = driver.store.history(up)
+        except FsmError:  # that ancestor was pruned: look further up
+            continue
+        prior = journal.read(rows, state, visit).done.get(call)
+        if prior is not None and prior.get("arguments") == args and "error" not in prior:
+            return prior
+    return None
 
 
 def _await_review(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, agent: Agent,

@@ -257,6 +257,13 @@ def test_fork_reuse_llm_replays_recorded_turns_and_never_redelivers(
               and r.detail.get("agent") == "call"]
     assert call.detail["delivered_by_original"] == f"{orig.id}:research:1:2:2.2"
     assert rec.tokens_used == orig.tokens_used - 20  # the final turn came back at 0 tokens
+    unrun = engine.fork(orig.id, from_seq=second_turn)  # never run: it never made the call
+    grand = engine.fork(unrun, from_seq=second_turn)  # a fork of a fork (issue 36 item 6)
+    assert asyncio.run(engine.run(grand)).state == "answered"
+    assert len(sink.read_text().splitlines()) == 1  # still delivered once, by the first
+    [call] = [r for r in engine.store.history(grand) if r.detail.get("tool") == "send_report"
+              and r.detail.get("agent") == "call"]
+    assert call.detail["delivered_by_original"] == f"{orig.id}:research:1:2:2.2"
 
 
 def test_replay_of_an_agent_history_is_identical(engine_factory: Any) -> None:
