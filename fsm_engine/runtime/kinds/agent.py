@@ -239,9 +239,12 @@ def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visi
 def _await_review(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, agent: Agent,
                   j: journal.Journal, call: dict[str, Any], args: dict[str, Any], visit: int,
                   now: float) -> StepCommit:
-    """A call waiting for approval: its item opened, the wait kept, or the SLA's choice."""
+    """A call waiting for approval: its item opened, the wait kept, or the SLA's choice.
+    An ``ask`` row naming another instance's item (a fork copied it from its original)
+    opens this instance's own: nothing else could end its wait."""
     asked = j.asked.get(call["id"])
-    if asked is None:
+    if asked is None or asked.get("item") != agent_review.item_id(rec.id, rec.state, visit,
+                                                                  call["id"]):
         return agent_review.ask(rec, agent, call, args, visit, now)
     if reviews.timer_due(rec, now) and agent.on_timeout is not None:
         items = driver.store.reviews(id_prefix=asked["item"])
