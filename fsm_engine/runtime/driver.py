@@ -312,8 +312,10 @@ class Driver:
 
     def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
-        store only after a first attempt (``replay.visit_tokens``)."""
-        if rec.attempt <= 1:
+        store only after a first attempt (``replay.visit_tokens``), or in an agent state,
+        whose visit goes on over many commits (each journaled turn starts again at
+        attempt 1: a turn that failed before it still counts)."""
+        if rec.attempt <= 1 and state.agent is None:
             return 0
         return visit_tokens(self.store.attempts(rec.id), state.name, visit)
 

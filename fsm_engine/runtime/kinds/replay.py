@@ -47,6 +47,8 @@ class Rebuilt:
     loops: int = 0
     tokens: int = 0
     _billed: int = 0  # attempts counted in ``tokens`` so far (``attempts`` by time)
+    #: Tokens of an agent state's journal rows, by (state, visit).
+    _journaled: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @classmethod
     def start(cls, cm: CompiledMachine, rec: InstanceRecord,
@@ -65,6 +67,9 @@ class Rebuilt:
         self.until(h.at)
         self.context.update(h.delta)
         self.state = h.dest
+        if h.kind == TOOL:  # an agent's journal row: its visit goes on
+            at = (h.source, self.visits.get(h.source, 1))
+            self._journaled[at] = self._journaled.get(at, 0) + h.tokens
         if h.dest != h.source or h.kind in CHOSEN:
             self.visits[h.dest] = self.visits.get(h.dest, 0) + 1
         self.loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in CHOSEN else \
@@ -76,9 +81,12 @@ class Rebuilt:
         self.until(h.at)
         state = cm.states[h.source]
         at = replace(rec, loop_count=self.loops, tokens_used=self.tokens)
-        earlier = 0
-        if int(h.detail.get("attempt", 1)) > 1:
-            earlier = visit_tokens(self.attempts, h.source, self.visits.get(h.source, 1))
+        earlier, visit = 0, self.visits.get(h.source, 1)
+        if state.agent is not None:  # its journaled turns, and every failed one (as the driver)
+            earlier = self._journaled.get((h.source, visit), 0) + \
+                visit_tokens(self.attempts, h.source, visit)
+        elif int(h.detail.get("attempt", 1)) > 1:
+            earlier = visit_tokens(self.attempts, h.source, visit)
         return run_info(at, state, h.tokens, earlier)
 
 

@@ -305,6 +305,39 @@ def test_each_tool_call_is_an_execute_tool_span_under_its_step(db_path: str) -> 
     assert sum(s.name.startswith("chat ") for s in found) == 2
 
 
+@pytest.mark.parametrize("level", ["instance", "state"])
+def test_a_failed_turn_counts_against_the_budget_at_every_level(
+        engine_factory: Any, level: str) -> None:
+    """Issue 36 item 2: the tokens a failed turn was billed (retried) still count once a
+    later turn is journaled: the same 2000 on the state refuses the third turn, as on the
+    instance (400 + 1000 failed + 400 leave 200, the prompt needs ~300)."""
+    from fsm_engine import RetryPolicy
+    n = 2000
+    m = Machine(name=f"agent-failed-turn-{level}", context=agent_machine.Ctx,
+                initial="research", max_transitions=50,
+                token_budget=n if level == "instance" else None, states=[
+                    State("research", token_budget=n if level == "state" else None,
+                          retry=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=0.0),
+                          agent=Agent(tools=agent_machine.TOOLS, output=agent_machine.Answer,
+                                      max_turns=8)),
+                    State("answered", final=True), State("out", final=True)],
+                transitions=[Transition("done", "research", "answered"),
+                             Transition("turns_exhausted", "research", "out"),
+                             Transition("budget_exhausted", "research", "out")])
+    model = Scripted.from_replies([
+        calls(("add", {"a": 1, "b": 2}), tokens=200),
+        {"text": "", "error": "http500", "prompt_tokens": 1000},
+        calls(("add", {"a": 2, "b": 2}), tokens=200), final("4")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    [attempt] = engine.store.attempts(rec.id)
+    assert attempt.tokens == 1000
+    last = engine.store.history(rec.id)[-1]
+    assert (rec.state, last.trigger, last.tokens) == ("out", "budget_exhausted", 0)
+    assert f"200 of {n} left" in (last.error or "")
+    assert model.calls == 3 and rec.tokens_used == 1800
+
+
 def test_a_credential_in_a_tool_result_is_neither_stored_nor_shown_the_model() -> None:
     from fsm_engine.runtime.kinds.agent_tools import as_json
     value, error = as_json({"dsn": "postgresql://app:hunter2@db/x", "n": 1}, 1000)
