@@ -41,6 +41,7 @@ from ..store.records import (
 )
 from ..views import context_after
 from .kinds import agent_journal, fanout
+from .kinds.agent_review import item_id
 
 
 def check(store: Store) -> list[str]:
@@ -113,11 +114,12 @@ def unending_wait(rec: InstanceRecord, rows: Sequence[HistoryRow], store: Store)
     asked = [a for c, a in j.asked.items() if c not in j.decided and c not in j.done]
     where = f"instance {rec.id}: waiting in state {rec.state!r}"
     if asked:
-        if asked[-1].get("item") in mine:
+        call = str(asked[-1].get("call"))
+        if item_id(rec.id, rec.state, visit, call) in mine:
             return []
-        return [f"{where} on the approval of call {asked[-1].get('call')} (tool "
-                f"{asked[-1].get('tool')}), but its item {asked[-1].get('item')} is not an open "
-                "review item of this instance: nothing can end the wait"]
+        return [f"{where} on the approval of call {call} (tool {asked[-1].get('tool')}), "
+                "but no open review item of this instance is there: nothing can end the "
+                "wait"]
     spec = _state_spec(store, rec)
     if spec is None or spec.get("wait") or spec.get("fan_out") or mine:
         return []

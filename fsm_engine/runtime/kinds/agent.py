@@ -241,13 +241,15 @@ def _await_review(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, agen
                   now: float) -> StepCommit:
     """A call waiting for approval: its item opened, the wait kept, or the SLA's choice.
     An ``ask`` row naming another instance's item (a fork copied it from its original)
-    opens this instance's own: nothing else could end its wait."""
+    opens this instance's own (``agent_review.reopened``): nothing else could end its wait."""
     asked = j.asked.get(call["id"])
-    if asked is None or asked.get("item") != agent_review.item_id(rec.id, rec.state, visit,
-                                                                  call["id"]):
+    if asked is None:
         return agent_review.ask(rec, agent, call, args, visit, now)
+    own = agent_review.item_id(rec.id, rec.state, visit, call["id"])
+    if asked.get("item") != own and not driver.store.reviews(id_prefix=own):
+        return agent_review.reopened(rec, agent, call, args, visit, now)
     if reviews.timer_due(rec, now) and agent.on_timeout is not None:
-        items = driver.store.reviews(id_prefix=asked["item"])
+        items = driver.store.reviews(id_prefix=own)
         if items:
             return reviews.decision(cm, rec, items[0], agent.on_timeout, by=reviews.SLA,
                                     now=now, advance=driver.advance,

@@ -211,6 +211,8 @@ def test_a_fork_of_a_call_waiting_for_approval_waits_on_its_own_item(
     assert (rec.status, rec.state, rec.owner) == ("waiting", "research", None)
     [mine] = engine.reviews(instance_id=fid)
     assert mine.id != item.id and mine.show == item.show
+    rows = engine.store.history(fid)  # the copied ask row, no second one
+    assert [h.seq for h in rows if h.detail.get("agent") == "ask"] == asked[-1:]
     assert engine.store.check() == [] and invariants.check(engine.store) == []  # fsm check
     assert engine.decide(mine, "approve", by="ann").status == "running"
     done = asyncio.run(engine.run(fid))
