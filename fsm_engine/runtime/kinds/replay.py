@@ -25,8 +25,9 @@ from ..compiled import CompiledMachine
 from ..step import run_info
 
 #: Recorded kinds whose transition the definition chose (forced moves are not replayed);
-#: they are the ones that count against ``max_transitions``.
-CHOSEN = frozenset({"transition", "fallback", "skip", "review"})
+#: they are the ones that count against ``max_transitions`` (a fan-out's join included:
+#: its guards choose its edge).
+CHOSEN = frozenset({"transition", "fallback", "skip", "review", "join"})
 
 
 def visit_tokens(attempts: Sequence[AttemptRow], state: str, visit: int) -> int:
@@ -126,7 +127,10 @@ def _missing(cm: CompiledMachine, history: Sequence[HistoryRow]) -> list[dict[st
 def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: Callable[[], RunInfo]) -> Any:
     """The definition's choice for recorded row ``h``: free selection first; a forced or
     fired trigger (fallback, skip, a review's choice, an action's ``fire``) when only
-    that reproduces the recorded move."""
+    that reproduces the recorded move; a join's trigger's edges only."""
+    if h.kind == "join":  # its trigger is the children's outcome: only that one's edges
+        return cm.choose(h.source, obj, run, h.trigger) \
+            if cm.has_trigger(h.source, h.trigger) else None
     free = cm.choose(h.source, obj, run)
     recorded = (h.trigger, h.dest)
     if h.kind == "transition" and free is not None and (free.trigger, free.dest) == recorded:

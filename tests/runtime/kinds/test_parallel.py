@@ -166,6 +166,20 @@ def test_the_joins_guards_route_on_the_childrens_results(engine_factory) -> None
     assert taken == {"big": 1, "done": 1}
     assert [(e.dest, g, dict(c)) for (e, g), c in cov.guards.items()] == \
         [("big", "many", {True: 1, False: 1})]
+    from fsm_engine.runtime.compiled import compile_machine
+    from fsm_engine.runtime.kinds.replay import Rebuilt, replay
+    for iid in (big, small):  # replay evaluates the join's guards again
+        report = replay(compile_machine(pm.fan_routed), engine.store.get(iid),
+                        engine.store.history(iid))
+        assert report.identical, report.as_json()
+    changed = replay(compile_machine(pm.fan_routed_only), engine.store.get(small),
+                     engine.store.history(small))
+    assert changed.divergence is not None and changed.divergence["recorded"] == \
+        ["joined", "done"] and changed.divergence["now"] is None
+    built = Rebuilt.start(compile_machine(pm.fan_routed), engine.store.get(big))
+    for h in engine.store.history(big):
+        built.after(h)
+    assert built.loops == engine.store.get(big).loop_count  # a fork counts the join too
     stuck, rec = _run(engine, pm.fan_routed_only, ["a"])
     assert (rec.status, rec.reason) == ("failed", "no_transition")
     last = engine.store.history(stuck)[-1]
