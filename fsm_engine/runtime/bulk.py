@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from ..errors import InstanceFinished, InstanceNotFound, InvalidInput
 from ..store.base import Store
 from ..store.records import (
-    PAUSE,
     PAUSED,
     HistoryRow,
     InstanceFilter,
@@ -33,7 +32,6 @@ from ..store.records import (
 )
 from . import outcome
 from .client import Client
-from .kinds import pausing
 
 #: The actions ``apply`` knows.
 ACTIONS = ("cancel", "pause", "unpause", "resume", "fork", "rerun")
@@ -121,8 +119,17 @@ class Bulk:
         for step, ok in zip(commits, results, strict=True):
             if ok:
                 done.changed += 1
+                self._cascade(action, step.record.id)
             else:
                 self._one(action, step.record.id, done)  # it moved: read again, alone
+
+    def _cascade(self, action: str, iid: str) -> None:
+        """After ``iid`` was paused or unpaused: its children too, as ``Engine.pause`` and
+        ``Engine.unpause`` do (a query of its children; none for most instances)."""
+        if action == "pause":
+            self.client.pause_children(iid, self.by)
+        elif action == "unpause":
+            self.client.unpause_children(iid, self.by)
 
     def _forks(self, ids: Sequence[str], done: Done) -> None:
         """The batch's forks, created in one transaction (those made before skipped)."""
@@ -156,10 +163,6 @@ class Bulk:
                 and self.client.held_live(rec):
             self._request(rec, done)  # its running step commits first
             return None
-        if action == "unpause" and rec.reason == pausing.REQUESTED:
-            self.client.unpause(rec.id, by=self.by)  # asked, not applied: withdrawn
-            done.changed += 1
-            return None
         step = self._build(action, rec)
         if step is None:
             done.skipped += 1
@@ -174,14 +177,14 @@ class Bulk:
             return None
         if action == "cancel":
             return outcome.cancelled(rec, now, self.reason or "cancelled", self.by)
-        if action == "pause":
+        if action == "pause":  # the same commit as one ``Engine.pause``
             if rec.status == PAUSED:
                 return None
-            return outcome.paused(rec, now, by=self.by, reason=self.reason or "paused")
-        if rec.status != PAUSED:
+            return self.client.pause_step(rec, self.by, reason=self.reason or "paused")
+        try:  # the same commit as one ``Engine.unpause`` (a request withdrawn)
+            return self.client.unpause_step(rec, self.by)
+        except InvalidInput:  # neither paused nor asked to: nothing to end
             return None
-        pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE), None)
-        return None if pause is None else outcome.unpaused(rec, pause, now, by=self.by)
 
     def _request(self, rec: InstanceRecord, done: Done) -> None:
         try:
@@ -208,5 +211,6 @@ class Bulk:
                 return
             if self.ledger.apply_one(step):
                 done.changed += 1
+                self._cascade(action, iid)
                 return
         done.errors.append(f"{iid}: kept moving; run the action again")

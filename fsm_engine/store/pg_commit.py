@@ -39,7 +39,7 @@ _TYPES = {
     "seq": "int4", "loop_count": "int4", "tokens_used": "int8", "attempt": "int4",
     "next_attempt_at": "float8", "deadline": "float8", "owner": "text", "recoveries": "int4",
     "recovered_seq": "int4", "machine_version": "int4", "queue": "text", "visits": "text",
-    "context": "text", "context_refs": "text",
+    "context": "text", "context_refs": "text", "pause_request": "text",
     # history
     "instance": "int8", "source": "text", "dest": "text", "trigger": "text", "at": "float8",
     "kind": "text", "guards": "text", "duration_ms": "float8", "tokens": "int8",

@@ -48,7 +48,7 @@ PAUSE, UNPAUSE = "pause", "unpause"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 12
+FORMAT_VERSION = 13
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"
@@ -122,6 +122,11 @@ class InstanceRecord:
     #: never rewrites it (keys ``"$input.FIELD"``: large ``input`` values). Maintained
     #: by the store; ``{}`` for small contexts.
     context_refs: dict[str, str] = field(default_factory=dict)
+    #: An operator's pause request not applied yet (format 13), as JSON text
+    #: (``runtime.kinds.pausing.PauseRequest``): set by the request's own write (its
+    #: *touch*, which bumps ``version`` so the holder's running step goes stale), dropped
+    #: by the commit that pauses or ends the instance; ``None``: no request.
+    pause_request: str | None = None
 
     @property
     def final(self) -> bool:
