@@ -19,11 +19,12 @@ transaction and a repeat finds them there and makes none twice.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import InstanceFinished, InstanceNotFound, InvalidInput
 from ..store.base import Store
 from ..store.records import (
+    FINAL_STATUSES,
     PAUSED,
     HistoryRow,
     InstanceFilter,
@@ -32,6 +33,7 @@ from ..store.records import (
 )
 from . import outcome
 from .client import Client
+from .ledger import Ledger
 
 #: The actions ``apply`` knows.
 ACTIONS = ("cancel", "pause", "unpause", "resume", "fork", "rerun")
@@ -73,6 +75,53 @@ def plan(store: Store, action: str, where: InstanceFilter, sample: int = 10, *,
         return Plan(action, store.count(where).get(None, 0), first)
     records = store.query(where, order="created", descending=False, limit=None)
     return Plan(action, len(records), records[:sample], [r.id for r in records])
+
+
+@dataclass(slots=True)
+class Pruned:
+    """What ``prune`` did: instances matching when it began, deleted, and skipped (they
+    moved on between their read and their delete, e.g. restarted), in ``batches``
+    transactions."""
+
+    matching: int
+    deleted: int = 0
+    skipped: int = 0
+    batches: int = 0
+
+
+def ended(where: InstanceFilter) -> InstanceFilter:
+    """``where`` limited to ended instances (completed, failed, cancelled: all three when it
+    names no status); ``InvalidInput`` when it names another."""
+    statuses = where.statuses or tuple(sorted(FINAL_STATUSES))
+    live = [s for s in statuses if s not in FINAL_STATUSES]
+    if live:
+        raise InvalidInput(f"prune deletes ended instances only: a status must be one of "
+                           f"{', '.join(sorted(FINAL_STATUSES))}, not {live[0]!r}")
+    return replace(where, statuses=statuses)
+
+
+def prune(ledger: Ledger, where: InstanceFilter, *, batch: int = BATCH,
+          dry_run: bool = False) -> Pruned:
+    """Delete the ended instances matching ``where`` with all their rows, ``batch`` per
+    transaction through ``ledger`` (``Ledger.delete``: each at the version read); with
+    ``dry_run`` only count them.  Stops when a batch deletes none (all of it moved on)."""
+    store, where = ledger.store, ended(where)
+    done = Pruned(store.count(where).get(None, 0))
+    if dry_run:
+        return done
+    seen: set[str] = set()
+    while True:  # small transactions: running engines wait for at most one batch
+        records = store.query(where, descending=False, limit=max(1, batch))
+        if not records:
+            break
+        seen.update(r.id for r in records)
+        gone = ledger.delete(records)
+        done.deleted += gone
+        done.batches += 1
+        if not gone:
+            break
+    done.skipped = len(seen) - done.deleted  # (one skipped, then deleted, counts once)
+    return done
 
 
 def _chunks(ids: Sequence[str], size: int) -> Iterator[Sequence[str]]:

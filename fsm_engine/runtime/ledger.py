@@ -15,6 +15,7 @@ implies for others and writes it:
 - **pause requests** (``runtime.kinds.pausing``): a step gone stale only because an operator
   asked to pause its instance mid-step is written anyway, the pause after it; a step that
   ends its instance drops a request it carries (``settle``);
+- **deletes** (``delete``: ``fsm prune``): ended instances only, each at the version read;
 - **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
   its own transaction (the store writes it with the step, or neither).
 
@@ -31,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import InstanceNotFound
 from ..store.base import Store
-from ..store.records import ReviewItem, StepCommit
+from ..store.records import InstanceRecord, ReviewItem, StepCommit
 from .kinds import fanout, pausing
 
 #: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
@@ -90,6 +91,13 @@ class Ledger:
         if not pausing.applies(stored, step):
             return False
         return self.store.commit([pausing.rebase(step, stored, self.clock())])[0]
+
+    def delete(self, records: Sequence[InstanceRecord]) -> int:
+        """Delete the ended instances ``records`` (a prune) with all their rows, in one
+        transaction, each only while still at the version read (compare-and-set): one that
+        moved on since (restarted, rerun in place) is left whole.  Returns how many were
+        deleted."""
+        return self.store.delete([r.id for r in records], versions=[r.version for r in records])
 
     def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
         """``settle`` each step, then ``write`` them together."""

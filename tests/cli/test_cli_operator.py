@@ -300,16 +300,17 @@ def test_prune_is_a_dry_run_unless_yes_and_leaves_no_orphans(fleet: Fleet, tmp_p
     before = table_counts(db)
     dry = invoke("prune", "--db", db, "--older-than", "0s", "--status", "failed", "--json")
     assert dry.exit_code == 0 and json.loads(dry.stdout) == {"matching": 2, "deleted": 0,
-                                                             "dry_run": True}
+                                                             "skipped": 0, "dry_run": True}
     assert table_counts(db) == before
     assert json.loads(invoke("prune", "--db", db, "--older-than", "30d", "--yes",
                              "--json").stdout)["deleted"] == 0  # nothing that old
     real = invoke("prune", "--db", db, "--older-than", "0s", "--yes", "--batch", "2", "--json")
-    assert json.loads(real.stdout) == {"matching": 9, "deleted": 9, "dry_run": False}
+    assert json.loads(real.stdout) == {"matching": 9, "deleted": 9, "skipped": 0,
+                                       "dry_run": False}
     assert table_counts(db) == {"instances": 0, "history": 0, "attempts": 0, "outbox": 0}
     assert invoke("check", "--db", db).exit_code == 0
     bad = invoke("prune", "--db", db, "--older-than", "0s", "--status", "running")
-    assert bad.exit_code != 0
+    assert bad.exit_code == 2 and "ended instances only" in bad.output
 
 
 def test_prune_keeps_unfinished_instances(fleet: Fleet, tmp_path: Path) -> None:
