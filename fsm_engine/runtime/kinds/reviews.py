@@ -17,6 +17,7 @@ from ...errors import ActionError, InvalidInput, ReviewRefused
 from ...store.base import Store
 from ...store.records import (
     FAILED,
+    PAUSED,
     REVIEW_OPEN,
     WAITING,
     InstanceRecord,
@@ -50,10 +51,14 @@ def find(store: Store, item_id: str) -> ReviewItem:
 
 
 def stale(item: ReviewItem, rec: InstanceRecord) -> str | None:
-    """Why ``item`` no longer applies to ``rec`` (the instance moved on), else None."""
-    if (rec.status == WAITING and rec.state == item.state
-            and rec.visits.get(item.state, 1) == item.visit):
+    """Why ``item`` does not apply to ``rec`` now (paused: not yet; moved on: no longer),
+    else None."""
+    here = rec.state == item.state and rec.visits.get(item.state, 1) == item.visit
+    if here and rec.status == WAITING:
         return None
+    if here and rec.status == PAUSED:
+        return (f"instance {rec.id} is paused ({rec.reason}): unpause it first "
+                f"(`fsm unpause {rec.id}`), then decide")
     return f"stale: instance {rec.id} moved on (now {rec.status} in state {rec.state!r})"
 
 

@@ -101,6 +101,24 @@ def test_a_stale_answer_is_refused(tmp_path) -> None:
     engine.close()
 
 
+def test_deciding_a_paused_instance_says_it_is_paused(tmp_path) -> None:
+    """Issue 36 (friction): an item of a paused instance is refused as paused (unpause it
+    first), not as "stale ... moved on"; once unpaused it is decided as usual."""
+    engine = Engine(str(tmp_path / "fsm.db"))
+    iid = _to_review(engine)
+    [item] = engine.reviews()
+    engine.pause(iid, by="ops", reason="audit")
+    for act in (lambda: engine.decide(item, "approve", by="ann"),
+                lambda: engine.claim_review(item, "ann")):
+        with pytest.raises(ReviewRefused, match=f"instance {iid} is paused \\(audit\\): "
+                                                "unpause it first") as refused:
+            act()
+        assert "stale" not in str(refused.value)
+    engine.unpause(iid, by="ops")
+    assert engine.decide(item, "approve", by="ann").state == "publish"
+    engine.close()
+
+
 def test_loop_cap_routes_to_review_and_the_decision_grants_more(tmp_path) -> None:
     engine = Engine(str(tmp_path / "fsm.db"))
     iid = engine.start(review_machine.spinner, {})
