@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from conftest import MACHINES, license_files, scripted
+from conftest import HELPERS, MACHINES, license_files, scripted
 from observe_fixtures import Fleet, hold_and_die
 from typer.testing import CliRunner
 
@@ -394,3 +394,23 @@ def test_unless_guards_read_naturally() -> None:
     assert guard_reading("has_text", True) == ("has_text", True)
     assert guard_reading("!has_text", True) == ("not has_text", False)  # the unless blocked
     assert guard_reading("!has_text", False) == ("not has_text", True)
+
+
+def test_history_shows_pause_rows_as_a_pause_and_its_end_not_as_an_error(tmp_path: Path) -> None:
+    """Issue 36 (friction): the last column of ``fsm history`` showed a pause row's reason
+    (``paused``) as if it were an error; it now says who paused it and why, and who ended
+    the pause after how long, in a column named for notes and errors alike."""
+    db = str(tmp_path / "p.db")
+    eng = Engine(db, llm=None)
+    [iid] = eng.start_many(load_machine(str(HELPERS / "console_machine.py"))[0], [{}],
+                           enqueue=True)
+    eng.pause(iid, by="ann", reason="paused")
+    eng.unpause(iid, by="bob")
+    eng.close()
+    table = invoke("history", iid, "--db", db, env={"COLUMNS": "200"}).stdout
+    pause, unpause = (next(line for line in table.splitlines() if f"│ {kind} " in line)
+                      for kind in ("pause", "unpause"))
+    assert "paused by ann: paused" in pause
+    assert "unpaused by bob after" in unpause
+    header = next(line for line in table.splitlines() if "trigger" in line)
+    assert "note" in header and " error " not in header
