@@ -354,7 +354,7 @@ class Client:
         found = self.review(item)
         if found.status != REVIEW_OPEN:
             raise review_queue.ReviewRefused(
-                f"review {found.id}: already decided: {found.choice} by {found.decided_by}",
+                f"review {found.id}: {review_queue.not_open(found)}",
                 item_id=found.id)
         why = review_queue.stale(found, self.store.get(found.instance_id))
         if why or not self.store.claim_review(found.id, by, self.clock()):
@@ -397,5 +397,7 @@ class Client:
                                      update or {}, 0.0)
         if operator is not None and commit.history:
             commit.history[0].detail["operator"] = operator
+        # the trigger moves it on without a decision: an open review item can never apply
+        commit.close_reviews = (operator or "fsm", f"instance sent {trigger!r}")
         return await self.driver.commit(rec, commit)
 

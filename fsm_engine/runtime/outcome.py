@@ -253,13 +253,17 @@ def rate_limited(rec: InstanceRecord, *, error: str, tokens: int, next_at: float
 def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled",
               operator: str | None = None) -> StepCommit:
     """Record a cancellation (the instance stays in its state, status ``cancelled``);
-    ``operator``: who asked (``detail.operator``)."""
+    ``operator``: who asked (``detail.operator``).  A waiting or paused instance's open
+    review items are closed undecided with it (``StepCommit.close_reviews``)."""
     new = clone(rec)
     row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason,
                detail={} if operator is None else {"operator": operator})
     new.status, new.reason, new.updated_at = CANCELLED, reason, now
     new.next_attempt_at = new.pause_request = None  # a pending pause request ends with it
-    return StepCommit(new, rec.version, [row], before=rec)
+    step = StepCommit(new, rec.version, [row], before=rec)
+    if rec.status in (WAITING, PAUSED):  # its open review items can no longer be decided
+        step.close_reviews = (operator or "fsm", f"instance cancelled: {reason}")
+    return step
 
 
 def claimed(rec: InstanceRecord, owner: str, now: float) -> StepCommit:

@@ -141,7 +141,7 @@ def plain(steps: Sequence[StepCommit]) -> bool:
     for s in steps:
         rec = s.record
         if (rec.key is None or s.review_close is not None or s.review_open is not None
-                or s.compound or s.wake or s.stream
+                or s.close_reviews is not None or s.compound or s.wake or s.stream
                 or (rec.owner is None and rec.status == "running")):
             return False
         keys.add(rec.key)

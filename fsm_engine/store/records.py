@@ -287,6 +287,9 @@ class BreakerRow:
 
 #: Review item statuses: ``open`` until a decision (a person's, or the SLA timer's).
 REVIEW_OPEN, REVIEW_DECIDED = "open", "decided"
+#: A review item closed undecided: its instance moved on without a decision (cancelled,
+#: sent a trigger, cancelled with its family); ``note`` says why (``StepCommit.close_reviews``).
+REVIEW_CLOSED = "closed"
 
 
 @dataclass(slots=True)
@@ -382,6 +385,10 @@ class StepCommit:
     review_open: ReviewItem | None = None
     #: A review item the step decides; the step applies only if the item's CAS holds.
     review_close: ReviewDecision | None = None
+    #: ``(by, note)``: every review item of this instance still open is closed undecided
+    #: (``REVIEW_CLOSED``) with this note, when the step applies (a cancel, a send: the
+    #: instance leaves its review without a decision).
+    close_reviews: tuple[str, str] | None = None
     #: New instances inserted with this step (a fan-out's children; a duplicate id makes
     #: the whole step not apply).
     create: Sequence[InstanceRecord] = ()

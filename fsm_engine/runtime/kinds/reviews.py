@@ -18,6 +18,7 @@ from ...store.base import Store
 from ...store.records import (
     FAILED,
     PAUSED,
+    REVIEW_CLOSED,
     REVIEW_OPEN,
     WAITING,
     InstanceRecord,
@@ -48,6 +49,14 @@ def find(store: Store, item_id: str) -> ReviewItem:
         return (exact or found)[0]
     what = "no review item" if not found else f"{len(found)} review items match"
     raise ReviewRefused(f"{what} {item_id!r}", item_id=item_id)
+
+
+def not_open(item: ReviewItem) -> str:
+    """Why ``item``, no longer open, cannot be decided: decided (by whom, what) or closed
+    undecided (by whom, why: ``StepCommit.close_reviews``)."""
+    if item.status == REVIEW_CLOSED:
+        return f"closed undecided by {item.decided_by}: {item.note}"
+    return f"already decided: {item.choice} by {item.decided_by}"
 
 
 def stale(item: ReviewItem, rec: InstanceRecord) -> str | None:
@@ -89,7 +98,7 @@ def decision(cm: CompiledMachine, rec: InstanceRecord, item: ReviewItem, choice:
     ``ReviewRefused``.  After a loop cap routed here, the decision grants another
     ``max_transitions`` transitions."""
     if item.status != REVIEW_OPEN:
-        raise _refuse(item, f"already decided: {item.choice} by {item.decided_by}")
+        raise _refuse(item, not_open(item))
     why = stale(item, rec)
     if why:
         raise _refuse(item, why)
