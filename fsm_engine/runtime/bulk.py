@@ -197,8 +197,8 @@ class Bulk:
             except InstanceNotFound:
                 made.append(fork)
         if made:
-            self.store.create(*[r for r, _ in made], history=[h for _, rows in made
-                                                                 for h in rows])
+            self.ledger.create([r for r, _ in made], history=[h for _, rows in made
+                                                               for h in rows])
             done.changed += len(made)
 
     def _commit(self, action: str, iid: str, done: Done) -> StepCommit | None:

@@ -1,7 +1,7 @@
 """The client: writes that run nothing (start, cancel, pause, fork, rerun, reviews, decide).
 
 Like a DBOS ``DBOSClient`` or a Temporal client, it manages instances without stepping
-them: every change is one ledger commit (``runtime.ledger``) or one ``Store.create``; a
+them: every change is one ledger commit (``runtime.ledger``) or one ``Ledger.create``; a
 runner (``runtime.runner``) or a worker then takes the instance up.
 """
 
@@ -97,7 +97,7 @@ class Client:
         owner = None if enqueue else self.ownership.worker.id
         records = [self._record(cm, i, data, token_budget, deadline_s, ids, owner, partition)
                    for i, data in enumerate(inputs)]
-        self.store.create(*records)
+        self.ledger.create(records)
         if not enqueue and len(self.known) + len(records) <= KNOWN_MAX:
             self.known.update((r.id, r) for r in records)  # run() needn't read them back
         return [r.id for r in records]
@@ -249,7 +249,7 @@ class Client:
         rec, rows = self.fork_record(self.store.get(instance_id), from_seq=from_seq,
                                      from_state=from_state, from_failure=from_failure,
                                      reuse_llm=reuse_llm, redeliver=redeliver, by=by)
-        self.store.create(rec, history=rows)
+        self.ledger.create([rec], history=rows)
         return rec.id
 
     def fork_record(self, orig: InstanceRecord, *, from_seq: int | None = None,

@@ -1,4 +1,4 @@
-"""The one writer: the only code that calls ``Store.commit``.
+"""The one writer: the only code that calls ``Store.commit``, ``create`` or ``delete``.
 
 Every change to an instance — a step (through the group committer), a review
 decision, a cancel, a send, an in-place rerun, a claim, a migration, a parked
@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import InstanceNotFound
 from ..store.base import Store
-from ..store.records import InstanceRecord, ReviewItem, StepCommit
+from ..store.records import HistoryRow, InstanceRecord, ReviewItem, StepCommit
 from .kinds import fanout, pausing
 
 #: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
@@ -91,6 +91,13 @@ class Ledger:
         if not pausing.applies(stored, step):
             return False
         return self.store.commit([pausing.rebase(step, stored, self.clock())])[0]
+
+    def create(self, records: Sequence[InstanceRecord], history: Sequence[HistoryRow] = ()
+               ) -> None:
+        """Insert new instances (started, forked) with ``history`` (a fork's copied rows)
+        in one transaction, all or none (``Store.create``: a duplicate id fails all; each
+        record's ``key`` is set)."""
+        self.store.create(*records, history=history)
 
     def delete(self, records: Sequence[InstanceRecord]) -> int:
         """Delete the ended instances ``records`` (a prune) with all their rows, in one

@@ -1,7 +1,7 @@
 """The one writer (issue 20, step 2; issue 37): only ``runtime/ledger.py`` calls a store's
-``commit`` or ``delete``.
+``commit``, ``create`` or ``delete``.
 
-An AST scan of the package: any attribute ``commit`` or ``delete`` read on an expression
+An AST scan of the package: any attribute ``commit``, ``create`` or ``delete`` read on an expression
 naming a store (``store.commit``, ``self.store.delete``, ``engine.store.commit``, passed or
 called) outside the ledger, the store backends themselves and the shipped contract suite
 fails the test.
@@ -20,7 +20,7 @@ PACKAGE = Path(fsm_engine.__file__).resolve().parent
 ALLOWED = {PACKAGE / "runtime" / "ledger.py"}
 EXEMPT_DIRS = (PACKAGE / "store", PACKAGE / "testing")
 #: The store's instance writes only the ledger makes.
-VERBS = frozenset({"commit", "delete"})
+VERBS = frozenset({"commit", "create", "delete"})
 
 
 def _names_store(node: ast.expr) -> bool:
@@ -45,7 +45,7 @@ def test_only_the_ledger_commits() -> None:
         if path in ALLOWED or any(d in path.parents for d in EXEMPT_DIRS):
             continue
         found += _store_commits(path, str(path.relative_to(PACKAGE.parent)))
-    assert found == [], ("Store.commit or Store.delete called outside runtime/ledger.py: "
+    assert found == [], ("Store.commit, create or delete called outside runtime/ledger.py: "
                          + ", ".join(found))
 
 
@@ -54,8 +54,8 @@ def test_the_scan_sees_a_commit(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("store.commit([s])\nself.store.commit([s])\n"
                       "to_thread(engine.store.commit, [s])\nconn.commit()\n"
-                      "store.delete(ids)\nstore.delete_worker(w)\n")
-    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3", "x:5"]
+                      "store.delete(ids)\nstore.delete_worker(w)\nself.store.create(r)\n")
+    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3", "x:5", "x:7"]
 
 
 def test_the_engine_writes_through_its_ledger(tmp_path: Path) -> None:
