@@ -339,3 +339,24 @@ def test_pausing_a_parent_pauses_its_running_children_and_unpausing_it_ends_only
     final = eng.store.get(iid)
     assert final.status == "completed", (final.status, final.reason)
     assert sorted(CALLS) == ["kid:x", "kid:y", "kid:z"]
+
+
+def test_a_bulk_pause_takes_the_same_path_as_one_and_pauses_a_parents_children(
+        engine_factory: Any) -> None:
+    """Issue 37 item 2: a bulk pause by query builds the same commit as ``Engine.pause``,
+    children included: a fan-out parent paused by ``fsm pause --machine`` pauses its
+    children still running (with its reason), and the bulk unpause ends those pauses."""
+    eng = engine_factory()
+    iid = eng.start(FAMILY, {"items": ["x", "y"]})
+    asyncio.run(eng.step(iid))  # the fan-out: two children, not yet run
+    where = InstanceFilter(machine="pausing_family")
+    done = eng.bulk(eng.bulk_plan("pause", where), by="ops", reason="audit")
+    assert done.changed == 1 and eng.store.get(iid).status == "paused"
+    kids = eng.store.children(iid)
+    assert {(k.status, k.reason) for k in kids} == {("paused", f"paused with its parent {iid}")}
+    asyncio.run(eng.resume())
+    assert CALLS == []  # nothing of the family ran while it was paused
+    eng.bulk(eng.bulk_plan("unpause", where), by="ops")
+    assert all(eng.store.get(k.id).status != "paused" for k in kids)
+    asyncio.run(eng.resume())
+    assert eng.store.get(iid).status == "completed"
