@@ -247,7 +247,7 @@ def resume(db: str = DB,
         raise typer.Exit(0)
     refuse_untrusted(engine, todo)
     _preload(engine)
-    _finish(_drive(engine, [], True, quiet), as_json)
+    _finish(_drive(engine, [r.id for r in todo], True, quiet), as_json)  # the count shown
 
 
 @app.command()
