@@ -277,6 +277,14 @@ def test_show_json(fleet: Fleet) -> None:
     assert shown["context"]["result"]["decision"] == "approve"
 
 
+def test_show_prints_each_field_on_one_line_whatever_the_width(fleet: Fleet) -> None:
+    iid = fleet.records[0]["id"]
+    result = invoke(["show", iid, "--db", fleet.db], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    fields = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert json.loads(fields["context"]) == fleet.records[0]["context"]  # not cut at 80
+
+
 def test_history_json(fleet: Fleet) -> None:
     rec = fleet.records[0]
     rows = ok_json(["history", rec["id"], "--db", fleet.db, "--json"])
