@@ -107,7 +107,11 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
     finally:
         engine.close()
     from .observe import viewer_hint
-    _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
+    hint = None if quiet else viewer_hint(db)
+    if not settled:
+        _exit_for(records, settled, as_json, hint)
+    from .run import _finish  # the closing table of a local run: outcome rows, tally
+    _finish(records, as_json, machine.tally, hint, outcome=machine.outcome)
 
 
 @app.command()
