@@ -4,9 +4,10 @@ Each event is one ``runtime.stream_read.StreamEvent`` as JSON in ``data:`` (its 
 inside: chunk, open, end, error, superseded, step, final), with ``id:`` its cursor, so a
 client that reconnects (``EventSource`` sends ``Last-Event-ID``; a plain client may give
 ``?from=N`` or ``?from=N:S``) resumes with no gap and no repeat.  The response ends after
-the ``final`` event.  Events are made as the client takes them: the response awaits each
-send, so a client that stops reading holds at most one batch of rows and the server's
-socket buffer, and slows nothing else.  A GET that changes nothing.
+the ``final`` event, or after one ``fsm-error`` event (``{"error": …}``: the database went
+away, or a stored row is malformed), on which the page's script stops.  Events are made
+as the client takes them: the response awaits each send, so a client that stops reading
+holds at most one batch of rows and the server's socket buffer, and slows nothing else.  A GET that changes nothing.
 """
 
 from __future__ import annotations
