@@ -200,7 +200,7 @@ def decode(rows: Sequence[Sequence[Any]]) -> list[StreamRow]:
     not a number); ``StoreError`` naming it when it comes first: a reader shows the rows
     before it, then reports it in one line (``fsm stream``) or one error event (the
     viewer) instead of failing half way."""
-    out = []
+    out: list[StreamRow] = []
     for instance_id, pos, seq, attempt, kind, offset, text, info, at in rows:
         why = _malformed(pos, seq, attempt, kind, offset, text, at)
         parsed: Any = None
