@@ -18,7 +18,9 @@ step's history holds.  A bare offset ``P`` resumes the log at ``P`` and repeats 
 of the step the log row ``P - 1`` belongs to (at least once).
 
 Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
-(``BATCH``), so a subscriber that stops reading holds nothing up.  Waiting for new rows is
+(``BATCH``) and, of a JSON reply, the first ``PARTIAL_CHARS`` (``Subscription.held``), so a
+subscriber that stops reading holds nothing up; a resume far into a long reply reads the
+log before it batch by batch, giving the event loop a turn after each on a local store.  Waiting for new rows is
 ``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on SQLite a look every
 ``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no thread is held).
 """
@@ -26,7 +28,7 @@ Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,7 +37,7 @@ from ..store.records import FINAL_STATUSES, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
 
-__all__ = ["StreamEvent", "events", "parse_cursor", "BATCH"]
+__all__ = ["StreamEvent", "Subscription", "events", "parse_cursor", "BATCH"]
 
 #: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
 #: of text, so a subscription holds at most about 512 KiB of rows).
@@ -119,6 +121,33 @@ class _Merge:
         self.opened: dict[int, list[int]] = {}
         self.top: dict[int, int] = {}
         self.skip = 0  # inline rows of the next step already delivered (a ``P:S:K`` cursor)
+        self.batch: list[StreamRow] = []  # the rows read last
+
+    async def start(self, from_offset: int | str) -> None:
+        """Begin at ``from_offset``: the instance checked, the attempts before it learnt;
+        with a bare offset, the commits from the step of the row before it on."""
+        pos, after, self.skip = parse_cursor(from_offset)
+        self.pos = pos
+        await self.call(self.store.get, self.instance_id)  # InstanceNotFound
+        if after is None and pos > 0:
+            before = await self.call(self.store.stream_read, self.instance_id, pos - 1, 1)
+            after = before[0].seq - 1 if before else 0
+        self.last_seq = after or 0
+        await self.resume()
+
+    async def read(self, pos: int, limit: int) -> list[StreamRow]:
+        """At most ``limit`` rows from ``pos``; on a local store, a turn of the event loop
+        given to others after it (reads there are inline: a long log read batch after
+        batch must not hold the loop)."""
+        rows: list[StreamRow] = await self.call(self.store.stream_read, self.instance_id, pos,
+                                                limit)
+        if not self.remote and rows:
+            await asyncio.sleep(0)
+        return rows
+
+    def held(self) -> int:
+        """Characters of reply text held (``Subscription.held``)."""
+        return sum(len(r.text) for r in self.batch) + sum(map(len, self.texts.values()))
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``: in a thread for a remote store, inline for a local file (a short
@@ -147,8 +176,11 @@ class _Merge:
                 self.json.add(key)
             self.opened.setdefault(row.seq, []).append(row.attempt)
             self.top[row.seq] = max(self.top.get(row.seq, 0), row.attempt)
-        elif row.kind == "chunk" and key in self.json:
-            self.texts[key] = self.texts.get(key, "") + row.text
+        elif row.kind == "chunk" and key in self.json:  # (its partial object: at most
+            if row.offset + len(row.text) <= PARTIAL_CHARS:  # ``PARTIAL_CHARS`` kept)
+                self.texts[key] = self.texts.get(key, "") + row.text
+            else:
+                self.texts.pop(key, None)
         elif row.kind == "superseded" and row.attempt in self.opened.get(row.seq, ()):
             self.opened[row.seq].remove(row.attempt)
 
@@ -180,6 +212,8 @@ class _Merge:
         for seq in [s for s in self.top if s <= h.seq]:  # (done with: what it holds is read)
             self.opened.pop(seq, None)
             del self.top[seq]
+        for key in [k for k in self.texts if k[0] <= h.seq]:
+            del self.texts[key]
         out.append(StreamEvent("step", h.seq, 0, self.pos, self.cursor(), source=h.source,
                                trigger=h.trigger, dest=h.dest, step_kind=h.kind,
                                info={"reason": h.reason} if h.reason else {}))
@@ -205,8 +239,7 @@ class _Merge:
         """Learn the attempts begun before ``pos`` (JSON or not, text so far)."""
         seen = 0
         while seen < self.pos:
-            rows = await self.call(self.store.stream_read, self.instance_id, seen,
-                                   min(BATCH, self.pos - seen))
+            rows = self.batch = await self.read(seen, min(BATCH, self.pos - seen))
             if not rows:
                 return
             for row in rows:
@@ -231,45 +264,67 @@ def _partial(text: str | None) -> Any:
         return None
 
 
-async def events(store: Any, instance_id: str, from_offset: int | str = 0
-                 ) -> AsyncIterator[StreamEvent]:
+class Subscription:
+    """What ``events`` returns: an async iterator of ``StreamEvent``s (``aclose`` ends it).
+    ``held``: the characters of reply text it holds now — the rows of one batch (at most
+    ``BATCH`` rows of ``ROW_CHARS``) and, per JSON attempt not done with, its reply so far
+    while that is at most ``PARTIAL_CHARS`` (what the partial object is parsed from) —
+    however long the reply or far the resume."""
+
+    __slots__ = ("_merge", "_events")
+
+    def __init__(self, store: Any, instance_id: str, from_offset: int | str) -> None:
+        self._merge: _Merge | None = None
+        self._events = self._run(store, instance_id, from_offset)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    def __anext__(self) -> Awaitable[StreamEvent]:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    @property
+    def held(self) -> int:
+        merge = self._merge
+        return 0 if merge is None else merge.held()
+
+    async def _run(self, store: Any, instance_id: str, from_offset: int | str
+                   ) -> AsyncGenerator[StreamEvent, None]:
+        merge = _Merge(store, instance_id, 0, 0)
+        self._merge = merge
+        await merge.start(from_offset)
+        while True:
+            rows = merge.batch = await merge.read(merge.pos, BATCH)
+            for row in rows:
+                if row.seq - 1 > merge.last_seq:
+                    for ev in await merge.steps(row.seq - 1):
+                        yield ev
+                yield merge.event(row)
+            if rows:
+                continue
+            rec = await merge.call(store.get, instance_id)
+            done = await merge.committed(rec)
+            if done is None:
+                continue
+            for ev in done:
+                yield ev
+            if rec.status not in FINAL_STATUSES:
+                await merge.wait()
+            elif not await merge.call(store.stream_read, instance_id, merge.pos, 1):
+                yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(),
+                                  status=rec.status)
+                return
+
+
+def events(store: Any, instance_id: str, from_offset: int | str = 0) -> Subscription:
     """The instance's events from ``from_offset`` (an offset or a cursor) until it is final:
-    log rows and committed steps in order, then one ``final`` event.  Raises
-    ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset, before
-    any event."""
-    merge = await _start(store, instance_id, from_offset)
-    while True:
-        rows = await merge.call(store.stream_read, instance_id, merge.pos, BATCH)
-        for row in rows:
-            if row.seq - 1 > merge.last_seq:
-                for ev in await merge.steps(row.seq - 1):
-                    yield ev
-            yield merge.event(row)
-        if rows:
-            continue
-        rec = await merge.call(store.get, instance_id)
-        done = await merge.committed(rec)
-        if done is None:
-            continue
-        for ev in done:
-            yield ev
-        if rec.status not in FINAL_STATUSES:
-            await merge.wait()
-        elif not await merge.call(store.stream_read, instance_id, merge.pos, 1):
-            yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(), status=rec.status)
-            return
+    log rows and committed steps in order, then one ``final`` event (a ``Subscription``).
+    Raises ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset,
+    at the first ``__anext__``, before any event; ``StoreError`` for a malformed row, when
+    it comes."""
+    return Subscription(store, instance_id, from_offset)
 
 
-async def _start(store: Any, instance_id: str, from_offset: int | str) -> _Merge:
-    """A subscription at ``from_offset``: the instance checked, the attempts before it
-    learnt; with a bare offset, the commits from the step of the row before it on."""
-    pos, after, merge_skip = parse_cursor(from_offset)
-    merge = _Merge(store, instance_id, pos, 0)
-    merge.skip = merge_skip
-    await merge.call(store.get, instance_id)  # InstanceNotFound
-    if after is None and pos > 0:
-        before = await merge.call(store.stream_read, instance_id, pos - 1, 1)
-        after = before[0].seq - 1 if before else 0
-    merge.last_seq = after or 0
-    await merge.resume()
-    return merge
