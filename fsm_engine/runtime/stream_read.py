@@ -122,6 +122,7 @@ class _Merge:
         self.top: dict[int, int] = {}
         self.skip = 0  # inline rows of the next step already delivered (a ``P:S:K`` cursor)
         self.batch: list[StreamRow] = []  # the rows read last
+        self.stopped = False  # ``Subscription.stop``
 
     async def start(self, from_offset: int | str) -> None:
         """Begin at ``from_offset``: the instance checked, the attempts before it learnt;
@@ -271,10 +272,11 @@ class Subscription:
     while that is at most ``PARTIAL_CHARS`` (what the partial object is parsed from) —
     however long the reply or far the resume."""
 
-    __slots__ = ("_merge", "_events")
+    __slots__ = ("_merge", "_events", "stopped")
 
     def __init__(self, store: Any, instance_id: str, from_offset: int | str) -> None:
         self._merge: _Merge | None = None
+        self.stopped = False
         self._events = self._run(store, instance_id, from_offset)
 
     def __aiter__(self) -> Subscription:
@@ -286,6 +288,13 @@ class Subscription:
     async def aclose(self) -> None:
         await self._events.aclose()
 
+    def stop(self) -> None:
+        """End the events at the next read of rows (within ``WAIT_REMOTE_S``): no ``final``
+        event (the viewer shutting down; a client resumes from its last cursor)."""
+        self.stopped = True
+        if self._merge is not None:
+            self._merge.stopped = True
+
     @property
     def held(self) -> int:
         merge = self._merge
@@ -294,9 +303,9 @@ class Subscription:
     async def _run(self, store: Any, instance_id: str, from_offset: int | str
                    ) -> AsyncGenerator[StreamEvent, None]:
         merge = _Merge(store, instance_id, 0, 0)
-        self._merge = merge
+        self._merge, merge.stopped = merge, self.stopped
         await merge.start(from_offset)
-        while True:
+        while not merge.stopped:
             rows = merge.batch = await merge.read(merge.pos, BATCH)
             for row in rows:
                 if row.seq - 1 > merge.last_seq:

@@ -4,7 +4,8 @@ Every connection must send a request's whole header within ``header_timeout_s``
 (``$FSM_UI_HEADER_TIMEOUT``, default 10 s) of opening or of its previous response,
 else it is closed: a half-sent request (a stalled or hostile client) holds nothing.
 An idle keep-alive connection is closed after 5 s, and a request header over 16 KB
-is refused (uvicorn's h11 limits).
+is refused (uvicorn's h11 limits).  SIGTERM or Ctrl-C stops it within ``GRACE_S`` seconds
+(responses still in flight then, such as open streams, are cut).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
 #: Most bytes of a request's header.
 MAX_HEADER_BYTES = 16 * 1024
+#: Seconds a stop (SIGTERM, Ctrl-C) waits for responses in flight before cancelling them:
+#: an instance's stream ends only when it is final, so without it an open stream held
+#: ``fsm ui`` (and its console's engine) running for good.
+GRACE_S = 2
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -71,6 +76,20 @@ class HeaderTimeoutProtocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, ending the open streams first when it stops (an unfinished
+        instance's stream never ends by itself)."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            from .stream import stop_all
+            stop_all()
+            await super().shutdown(sockets)
+    return Server
 
 
 def _header_timeout() -> float:
@@ -136,8 +155,9 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
                           hosts=HostRule(host, bound, tuple(allowed_hosts)), console=console)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             http=HeaderTimeoutProtocol, timeout_keep_alive=KEEP_ALIVE_S,
-                            h11_max_incomplete_event_size=MAX_HEADER_BYTES)
-    server = uvicorn.Server(config)
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                            timeout_graceful_shutdown=GRACE_S)
+    server = _server_class()(config)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

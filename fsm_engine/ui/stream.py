@@ -22,10 +22,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import InstanceNotFound, InvalidInput, StoreError
 from ..redaction import redact
-from ..runtime.stream_read import events, parse_cursor
+from ..runtime.stream_read import Subscription, events, parse_cursor
 from .headers import SECURITY_HEADERS
 
-__all__ = ["stream_endpoint", "RETRY_MS"]
+__all__ = ["stream_endpoint", "stop_all", "RETRY_MS"]
 
 #: How long an ``EventSource`` waits before reconnecting (milliseconds).
 RETRY_MS = 1000
@@ -34,16 +34,30 @@ RETRY_MS = 1000
 MAX_STREAMS = 32
 
 
+#: The streams being served in this process (``stop_all`` ends them).
+_SERVED: set[Subscription] = set()
+
+
+def stop_all() -> None:
+    """End every stream this process serves at its next wait for rows (the viewer is
+    stopping: its responses end, so the server's shutdown does not wait on them)."""
+    for sub in list(_SERVED):
+        sub.stop()
+
+
 async def _sse(store: Any, instance_id: str, start: str, open_: list[int]) -> AsyncIterator[str]:
     open_[0] += 1  # counted once running: a response never started holds nothing
+    sub = events(store, instance_id, start)
+    _SERVED.add(sub)
     try:
         yield f"retry: {RETRY_MS}\n\n"
-        async for ev in events(store, instance_id, start):
+        async for ev in sub:
             # ensure_ascii: no raw line break (nor anything else) can end a data line early
             yield f"id: {ev.cursor}\ndata: {json.dumps(ev.as_json(), ensure_ascii=True)}\n\n"
     except StoreError as exc:  # the database went away: say so, end the response
         yield f"event: fsm-error\ndata: {json.dumps({'error': redact(exc)})}\n\n"
     finally:
+        _SERVED.discard(sub)
         open_[0] -= 1
 
 
