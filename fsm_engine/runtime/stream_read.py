@@ -37,7 +37,7 @@ from ..store.records import FINAL_STATUSES, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
 
-__all__ = ["StreamEvent", "Subscription", "events", "parse_cursor", "BATCH"]
+__all__ = ["StreamEvent", "Subscription", "events", "parse_cursor", "check_start", "BATCH"]
 
 #: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
 #: of text, so a subscription holds at most about 512 KiB of rows).
@@ -108,6 +108,16 @@ def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
             int(parts[2]) if len(parts) > 2 else 0)
 
 
+def check_start(store: Any, instance_id: str, pos: int) -> None:
+    """``InvalidInput`` when log position ``pos`` is past the end of the instance's stream
+    log (no row before it, none at or after it: a subscription there would miss the rows
+    written next, at lower positions)."""
+    if pos > 0 and not store.stream_read(instance_id, pos - 1, 1) \
+            and not store.stream_read(instance_id, pos, 1):
+        raise InvalidInput(f"stream offset {pos} is past the end of instance {instance_id}'s "
+                           "stream log: start at 0, or resume from an event's cursor")
+
+
 class _Merge:
     """The state of one subscription: where it is and what it has seen."""
 
@@ -130,9 +140,12 @@ class _Merge:
         pos, after, self.skip = parse_cursor(from_offset)
         self.pos = pos
         await self.call(self.store.get, self.instance_id)  # InstanceNotFound
-        if after is None and pos > 0:
+        if pos > 0:
             before = await self.call(self.store.stream_read, self.instance_id, pos - 1, 1)
-            after = before[0].seq - 1 if before else 0
+            if not before:
+                await self.call(check_start, self.store, self.instance_id, pos)
+            if after is None:
+                after = before[0].seq - 1 if before else 0
         self.last_seq = after or 0
         await self.resume()
 

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import InstanceNotFound, InvalidInput, StoreError
 from ..redaction import redact
-from ..runtime.stream_read import Subscription, events, parse_cursor
+from ..runtime.stream_read import Subscription, check_start, events, parse_cursor
 from .headers import SECURITY_HEADERS
 
 __all__ = ["stream_endpoint", "stop_all", "RETRY_MS"]
@@ -62,7 +62,8 @@ async def _sse(store: Any, instance_id: str, start: str, open_: list[int]) -> As
 
 
 def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint over ``store``: 404 for an unknown instance, 400 for a bad offset, 503
+    """The endpoint over ``store``: 404 for an unknown instance, 400 for a bad offset (or
+    one past the end of the log), 503
     past ``MAX_STREAMS`` at once."""
     open_ = [0]  # streams being served
 
@@ -71,8 +72,9 @@ def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
         start = (request.headers.get("last-event-id")
                  or request.query_params.get("from") or "0")
         try:
-            parse_cursor(start)
+            pos = parse_cursor(start)[0]
             await run_in_threadpool(store.get, instance_id)
+            await run_in_threadpool(check_start, store, instance_id, pos)
         except (InstanceNotFound, InvalidInput, StoreError) as exc:
             code = 404 if isinstance(exc, InstanceNotFound) else (
                 400 if isinstance(exc, InvalidInput) else 503)

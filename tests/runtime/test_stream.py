@@ -209,9 +209,9 @@ def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, 
     assert code == 0, err
     assert "".join(CHUNKS) in out and out.rstrip().endswith("[completed]")
     assert "[step 1: ask --ok--> done]" in out
-    code, out, _ = run_main(["stream", iid, "--db", db_path, "--json", "--from", "1:0"], capsys)
+    code, out, _ = run_main(["stream", iid, "--db", db_path, "--json", "--from", "0:0:1"], capsys)
     lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and lines[0]["offset"] == 1 and lines[-1]["kind"] == "final"
+    assert code == 0 and lines[0]["kind"] == "chunk" and lines[-1]["kind"] == "final"
     for argv, needle in ((["stream", "nope", "--db", db_path], "nope"),
                          (["stream", iid, "--db", db_path, "--from", "-3"], "bad stream offset"),
                          (["stream", iid, "--db", db_path, "--from", "9223372036854775808"],

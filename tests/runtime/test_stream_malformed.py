@@ -1,7 +1,8 @@
 """A malformed stream row (issue 36 item 12): a value of the wrong type where the log holds
 a number, an object or a known kind is reported by every reader — ``engine.stream`` raises
 ``StoreError`` naming the row, ``fsm stream`` prints one ``fsm: error:`` line, the viewer's
-SSE response ends with one ``fsm-error`` event — never a traceback or a cut response."""
+SSE response ends with one ``fsm-error`` event — never a traceback or a cut response; and
+a stream offset past the end of the log is refused the same way."""
 
 from __future__ import annotations
 
@@ -74,3 +75,30 @@ def test_the_viewer_ends_a_stream_at_a_malformed_row_with_one_error_event(db_pat
     blocks = [b for b in body.split("\n\n") if b.strip()]
     assert blocks[-1].startswith("event: fsm-error\ndata: ") and "malformed" in blocks[-1]
     assert sum("fsm-error" in b for b in blocks) == 1
+
+
+def test_a_stream_offset_past_the_end_of_the_log_is_refused_in_one_line(db_path, capsys) -> None:
+    """``--from N`` past the log's end was accepted silently (and a live subscription there
+    would miss the rows written next); a position inside the log still resumes."""
+    from starlette.testclient import TestClient
+
+    from fsm_engine.store import open_store
+    from fsm_engine.ui import create_app
+    engine = Engine(db_path, llm=Scripted.from_replies(SLOW), seed=1)
+    iid, _ = run(engine, machine())
+    end = len(engine.store.stream_read(iid))
+    engine.close()
+    for start in (str(end + 1), f"{end + 5}:1"):
+        code, out, err = run_main(["stream", iid, "--db", db_path, "--from", start], capsys)
+        lines = err.strip().splitlines()
+        assert (code, out, len(lines)) == (2, "", 1), err
+        assert lines[0].startswith("fsm: error: ") and "past the end" in lines[0]
+    code, out, _ = run_main(["stream", iid, "--db", db_path, "--from", str(end)], capsys)
+    assert code == 0 and out.rstrip().endswith("[completed]")
+    store = open_store(db_path, readonly=True)
+    try:
+        with TestClient(create_app(store)) as client:
+            got = client.get(f"/instances/{iid}/stream", headers={"Last-Event-ID": str(end + 1)})
+            assert got.status_code == 400 and "past the end" in got.json()["error"]
+    finally:
+        store.close()
