@@ -20,9 +20,10 @@ of the step the log row ``P - 1`` belongs to (at least once).
 Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
 (``BATCH``) and, of a JSON reply, the first ``PARTIAL_CHARS`` (``Subscription.held``), so a
 subscriber that stops reading holds nothing up; a resume far into a long reply reads the
-log before it batch by batch, giving the event loop a turn after each on a local store.  Waiting for new rows is
-``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on SQLite a look every
-``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no thread is held).
+log before it batch by batch, giving the event loop a turn after each on a local store.
+Waiting for new rows is ``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on
+SQLite a look every ``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no
+thread is held).
 """
 
 from __future__ import annotations

@@ -155,7 +155,6 @@ class ReplyStream:
             yield out.text
         self._ended(writer, out, made)
 
-
     def _left(self, writer: ChunkWriter, call: asyncio.Task[tuple[Completion, Call]]) -> None:
         """``writer.ending`` of an ``async for`` its reader left, at its step's commit: the
         attempt ends as its call did (its reply, or its error); a call still running is

@@ -4,8 +4,9 @@ Every connection must send a request's whole header within ``header_timeout_s``
 (``$FSM_UI_HEADER_TIMEOUT``, default 10 s) of opening or of its previous response,
 else it is closed: a half-sent request (a stalled or hostile client) holds nothing.
 An idle keep-alive connection is closed after 5 s, and a request header over 16 KB
-is refused (uvicorn's h11 limits).  SIGTERM or Ctrl-C stops it within ``GRACE_S`` seconds
-(responses still in flight then, such as open streams, are cut).
+is refused (uvicorn's h11 limits).  SIGTERM or Ctrl-C ends the open streams first (they
+end at their next read, with no ``final`` event), then waits at most ``GRACE_S`` seconds
+for the other responses in flight before cutting them.
 """
 
 from __future__ import annotations
