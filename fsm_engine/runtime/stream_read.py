@@ -38,7 +38,9 @@ from ..store.records import FINAL_STATUSES, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
 
-__all__ = ["StreamEvent", "Subscription", "events", "parse_cursor", "check_start", "BATCH"]
+__all__ = ["StreamEvent", "Subscription", "events", "parse_cursor", "after_final", "ended",
+           "check_start",
+           "BATCH"]
 
 #: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
 #: of text, so a subscription holds at most about 512 KiB of rows).
@@ -96,17 +98,36 @@ MAX_DIGITS = len(str(MAX_CURSOR))
 
 def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
     """``(position, last step delivered or None, inline rows of the next step delivered)``
-    from an offset or a ``"P:S"`` / ``"P:S:K"`` cursor; ``InvalidInput`` for anything
-    else."""
+    from an offset or a ``"P:S"`` / ``"P:S:K"`` cursor (``"P:S:0"``: the ``final``
+    event's, ``after_final``); ``InvalidInput`` for anything else."""
     text = str(value).strip()
     parts = text.split(":")
     if len(parts) > 3 or not all(p.isascii() and p.isdigit() and len(p) <= MAX_DIGITS
-                                 and int(p) <= MAX_CURSOR for p in parts) or (
-            len(parts) == 3 and int(parts[2]) == 0):
+                                 and int(p) <= MAX_CURSOR for p in parts):
         raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N, N:S or N:S:K "
-                           f"(integers from 0 to {MAX_CURSOR}, K > 0)")
+                           f"(integers from 0 to {MAX_CURSOR})")
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else None,
             int(parts[2]) if len(parts) > 2 else 0)
+
+
+def after_final(value: int | str) -> bool:
+    """True for the ``final`` event's cursor, ``"P:S:0"`` (a valid cursor): a resume from it
+    gives nothing more while the instance stays final at step ``S`` with no row from
+    ``P`` on (the viewer answers 204)."""
+    parts = str(value).strip().split(":")
+    return len(parts) == 3 and parts[2].isdigit() and int(parts[2]) == 0
+
+
+def ended(store: Any, instance_id: str, cursor: int | str) -> bool:
+    """True when a subscription from ``cursor`` would end with no event: it is the
+    ``final`` event's (``after_final``) and the instance is still final at that step, with
+    no log row from its position on."""
+    if not after_final(cursor):
+        return False
+    pos, seq, _ = parse_cursor(cursor)
+    rec = store.get(instance_id)
+    return rec.status in FINAL_STATUSES and rec.seq <= (seq or 0) \
+        and not store.stream_read(instance_id, pos, 1)
 
 
 def check_start(store: Any, instance_id: str, pos: int) -> None:
@@ -250,6 +271,22 @@ class _Merge:
             return None
         return await self.steps(rec.seq)
 
+    async def after(self, rec: Any, start: tuple[int, int] | None) -> list[StreamEvent] | None:
+        """After the events of ``rec`` (the instance as read last): None to go on (it is
+        not final: waited for new rows; or rows came meanwhile), else the events to end
+        with — its ``final`` event (cursor ``P:S:0``), or none when the subscription
+        began at that very cursor (``start``: where a ``P:S:0`` cursor began it) and
+        nothing came since."""
+        if rec.status not in FINAL_STATUSES:
+            await self.wait()
+            return None
+        if await self.call(self.store.stream_read, self.instance_id, self.pos, 1):
+            return None
+        if start == (self.pos, self.last_seq):
+            return []
+        return [StreamEvent("final", rec.seq, 0, self.pos, f"{self.cursor()}:0",
+                            status=rec.status)]
+
     async def resume(self) -> None:
         """Learn the attempts begun before ``pos`` (JSON or not, text so far)."""
         seen = 0
@@ -319,6 +356,7 @@ class Subscription:
         merge = _Merge(store, instance_id, 0, 0)
         self._merge, merge.stopped = merge, self.stopped
         await merge.start(from_offset)
+        start = (merge.pos, merge.last_seq) if after_final(from_offset) else None
         while not merge.stopped:
             rows = merge.batch = await merge.read(merge.pos, BATCH)
             for row in rows:
@@ -334,11 +372,10 @@ class Subscription:
                 continue
             for ev in done:
                 yield ev
-            if rec.status not in FINAL_STATUSES:
-                await merge.wait()
-            elif not await merge.call(store.stream_read, instance_id, merge.pos, 1):
-                yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(),
-                                  status=rec.status)
+            last = await merge.after(rec, start)
+            if last is not None:
+                for ev in last:
+                    yield ev
                 return
 
 

@@ -4,10 +4,12 @@ Each event is one ``runtime.stream_read.StreamEvent`` as JSON in ``data:`` (its 
 inside: chunk, open, end, error, superseded, step, final), with ``id:`` its cursor, so a
 client that reconnects (``EventSource`` sends ``Last-Event-ID``; a plain client may give
 ``?from=N`` or ``?from=N:S``) resumes with no gap and no repeat.  The response ends after
-the ``final`` event, or after one ``fsm-error`` event (``{"error": …}``: the database went
-away, or a stored row is malformed), on which the page's script stops.  Events are made
-as the client takes them: the response awaits each send, so a client that stops reading
-holds at most one batch of rows and the server's socket buffer, and slows nothing else.  A GET that changes nothing.
+the ``final`` event (whose cursor, ``P:S:0``, is its own: a reconnect with it is answered
+204, which stops an ``EventSource``), or after one ``fsm-error`` event (``{"error": …}``:
+the database went away, or a stored row is malformed), on which the page's script stops.
+Events are made as the client takes them: the response awaits each send, so a client that
+stops reading holds at most one batch of rows and the server's socket buffer, and slows
+nothing else.  A GET that changes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import InstanceNotFound, InvalidInput, StoreError
 from ..redaction import redact
-from ..runtime.stream_read import Subscription, check_start, events, parse_cursor
+from ..runtime.stream_read import Subscription, check_start, ended, events, parse_cursor
 from .headers import SECURITY_HEADERS
 
 __all__ = ["stream_endpoint", "stop_all", "RETRY_MS"]
@@ -63,7 +65,8 @@ async def _sse(store: Any, instance_id: str, start: str, open_: list[int]) -> As
 
 def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
     """The endpoint over ``store``: 404 for an unknown instance, 400 for a bad offset (or
-    one past the end of the log), 503
+    one past the end of the log), 204 for a resume from the ``final`` event's cursor
+    (nothing more: an ``EventSource`` stops reconnecting), 503
     past ``MAX_STREAMS`` at once."""
     open_ = [0]  # streams being served
 
@@ -75,6 +78,8 @@ def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
             pos = parse_cursor(start)[0]
             await run_in_threadpool(store.get, instance_id)
             await run_in_threadpool(check_start, store, instance_id, pos)
+            if await run_in_threadpool(ended, store, instance_id, start):  # (past final)
+                return Response(status_code=204, headers=SECURITY_HEADERS)
         except (InstanceNotFound, InvalidInput, StoreError) as exc:
             code = 404 if isinstance(exc, InstanceNotFound) else (
                 400 if isinstance(exc, InvalidInput) else 503)
