@@ -421,6 +421,8 @@ class OpenAICompatible(Provider):
         if isinstance(exc, openai.APIStatusError):
             return ClientError(f"{where} rejected the request (HTTP {status}): {detail}",
                                status=status)
+        if isinstance(exc, RecursionError):  # the SDK's json read a reply nested too deep
+            return ServerError(f"{where} sent a reply that nests too deep to read")
         if isinstance(exc, (openai.OpenAIError, ValueError)) or _transport(exc):
             return ServerError(f"{where} failed: {type(exc).__name__}: {detail}")
         raise exc
