@@ -302,3 +302,18 @@ def test_native_tool_call_arguments_nested_5000_deep_stay_text() -> None:
     finally:
         peer.close()
     assert json.loads(out.text) == {"tool_calls": [{"name": "add", "arguments": DEEP}]}
+
+
+def test_a_model_list_nested_5000_deep_is_one_provider_error() -> None:
+    """(issue 36) ``GET /models`` answered 5,000 deep: the header's sync look-up and the
+    run's async one each end in one ProviderError, never a RecursionError."""
+    from fsm_engine.errors import ProviderError
+    peer = Peer(_answer(('{"object": "list", "data": ' + DEEP + "}").encode()))
+    try:
+        llm = OpenAICompatible(base_url=f"{peer.url}/v1", api_key="sk-test-deep", timeout=5)
+        with pytest.raises(ProviderError, match="cannot list the models"):
+            llm.resolve_model_sync()
+        with pytest.raises(ProviderError, match="nests too deep"):
+            asyncio.run(llm.resolve_model())
+    finally:
+        peer.close()
