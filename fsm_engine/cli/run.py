@@ -239,16 +239,41 @@ def resume(db: str = DB,
            machines: list[str] = MACHINES) -> None:
     """Continue every unfinished instance whose worker died (refused, nothing run, when
     one names a machine module neither under the machines root nor given with --machines)."""
-    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False, machines=machines)
-    engine.concurrency = concurrency or _default_concurrency(engine)
+    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False, machines=machines,
+                     models="deferred")
     todo = engine.resumable()
     if not todo:
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
         raise typer.Exit(0)
     refuse_untrusted(engine, todo)
-    _preload(engine)
+    use = _use_of(engine, todo)  # the models are built here, when one may be called
+    engine.concurrency = concurrency or _default_concurrency(engine)
+    if use != "none":
+        _preload(engine, lazy=use == "maybe" and not llm)
+    if not quiet:  # (a model it cannot name is shown as unavailable: the calls fail)
+        typer.echo(shown(_header("resume", len(todo), engine, "maybe" if use != "none"
+                                 else "none")), err=True)
     _finish(_drive(engine, [r.id for r in todo], True, quiet), as_json)  # the count shown
+
+
+def _use_of(engine: Engine, records: Sequence[Any]) -> str:
+    """The strongest ``CompiledMachine.model_use`` of ``records``' machines, each
+    registered now (so the deferred models are built: ``Models.defer``); a machine that
+    cannot load here is left to the run, which leaves its instance alone naming why."""
+    from ..errors import ProviderError
+    order = ("none", "maybe", "declared")
+    use = "none"
+    for rec in records:
+        try:
+            found = engine.registry.definition(rec).model_use()
+        except ProviderError:  # a model that cannot be set up: refused, nothing run
+            engine.close()
+            raise
+        except FsmError:
+            continue
+        use = max(use, found, key=order.index)
+    return use
 
 
 @app.command()
@@ -258,8 +283,8 @@ def step(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
          as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON."),
          machines: list[str] = MACHINES) -> None:
     """Run exactly one step of an instance."""
-    engine = _engine(db, llm=llm, create=False, machines=machines)
-    instance_id = _find(engine.store, instance_id).id
+    engine = _engine(db, llm=llm, create=False, machines=machines, models="deferred")
+    instance_id = _find(engine.store, instance_id).id  # its machine's use builds the model
 
     async def go() -> Any:
         try:

@@ -212,12 +212,15 @@ def worker(db: str | None = DB,
     from ..runtime.fleet.rates import limits_from_specs
     limits = limits_from_specs(rate_limit)
     store = _open(db, create=True)  # first: a bad store URL is the error to report
-    try:
-        provider = providers_from_specs(llm)
-    except BaseException:
-        store.close()
-        raise
-    engine = Engine(store, llm=provider, lease_seconds=lease, rate_limits=limits)
+    engine = Engine(store, lease_seconds=lease, rate_limits=limits)
+
+    def build(use: str) -> Any:  # when the first machine that may call a model comes
+        providers = providers_from_specs(llm, lazy=use == "maybe" and not llm)
+        named = "; ".join(k if n == "*" else f"{n} = {k}"
+                          for n, k in _keys(providers).items())
+        typer.echo(shown(f"fsm worker {engine.worker.id}: llm: {named}"), err=True)
+        return providers
+    engine.models.defer(build)  # a worker of ctx-only machines sets up no model
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
@@ -235,6 +238,11 @@ def worker(db: str | None = DB,
     typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
     _profiled(lambda: asyncio.run(serve()))
     typer.echo(f"fsm worker {engine.worker.id} stopped ({runner.completed} completed)", err=True)
+
+
+def _keys(providers: dict[str, Any]) -> dict[str, str]:
+    from ..runtime.model_registry import model_key
+    return {name: model_key(p) for name, p in providers.items()}
 
 
 def _plan(concurrency: list[str], queues: list[str], limits: list[str],

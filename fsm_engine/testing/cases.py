@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import json_input
 from ..errors import InvalidInput
 from .clock import VirtualClock
 
@@ -125,10 +125,7 @@ def _read_jsonl(path: Path) -> list[Any]:
     out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError as exc:
-                raise InvalidInput(f"{path.name} line {n}: not JSON ({exc})") from None
+            out.append(json_input.parse(line, f"{path.name} line {n}"))
     return out
 
 

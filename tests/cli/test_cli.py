@@ -71,6 +71,7 @@ SUBPROCESS_CASES = [
 INPROCESS_CASES = [
     "run-syntax-error", "run-missing-input", "step-finished", "outbox-missing-db",
     "list-default-db-missing", "diagram-broken-definition", "diagram-missing-module",
+    "run-deep-script",
 ]
 
 
@@ -116,6 +117,10 @@ def error_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "outbox-missing-db": (["outbox", "--db", str(tmp / "absent.db")], "no database at"),
         "diagram-broken-definition": (["diagram", str(broken)], "'void'"),
         "diagram-missing-module": (["diagram", str(tmp / "nope.py")], "nope.py"),
+        "run-deep-script": (["run", MODERATION, "--input", inp, "--db", str(tmp / "f.db"),
+                             "--llm", "scripted:" + write_script(
+                                 tmp / "deep.jsonl", "[" * 5000 + "]" * 5000)],
+                            "deep.jsonl:1: bad script line: nests deeper than"),
     }
 
 
