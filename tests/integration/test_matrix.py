@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import matrix_check
+import matrix_export
 import pytest
 from matrix_harness import LEASE, NEVER_CAME, Lab, Point, ended_for, until, wait_stopped
 from matrix_kinds import KINDS, Kind
@@ -126,7 +127,7 @@ def _forget_module() -> None:
 
 @pytest.mark.parametrize(("kind", "fault", "point", "backend"), _cells())
 def test_cell(lab: Lab, kind: str, fault: str, point: Point, backend: str,
-              monkeypatch: pytest.MonkeyPatch) -> None:
+              monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     spec = KINDS[kind]
     spec.setup(lab, N if FULL or spec.n is None else spec.n)
     if kind == "migration":  # from here on every process runs version 2
@@ -140,6 +141,8 @@ def test_cell(lab: Lab, kind: str, fault: str, point: Point, backend: str,
             print("==", f.name, f.read_text(errors="replace")[-8000:])  # room for stacks
         raise
     _assert_holds(lab, spec, lost_commits=1 if fault == "pg_restart" else 0)
+    exported = matrix_export.check(lab, capsys)  # every instance it ended, as a test
+    assert not exported, "\n".join(exported)
 
 
 def _assert_holds(lab: Lab, kind: Kind, lost_commits: int = 0) -> None:
