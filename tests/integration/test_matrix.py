@@ -18,7 +18,10 @@ writes, mid-stream). Faults, each at the kind's commit point
 - ``pg_restart`` (PostgreSQL only): SIGSTOP at the commit, ``pg_ctl restart`` of the
   cluster, SIGCONT: the owner meets a dropped connection at its commit and recovers.
 
-Then ``matrix_check.check`` asserts the same invariants in every cell. Default sizes
+Then ``matrix_check.check`` asserts the same invariants in every cell, and
+``matrix_export.check`` exports every instance the cell ended (``fsm export-test``) and runs
+each exported test: it passes, delivering nothing again, or the export refuses in one
+known line. Default sizes
 keep the matrix to a few minutes on 2 cores (2 instances, the first commit point of
 each kind, before/after for kills, one cell per backend for the kinds added to show a
 known bug); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
