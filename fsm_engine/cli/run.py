@@ -161,10 +161,12 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     use = compile_machine(machine).model_use()  # a broken definition creates no database
     if use == "maybe" and llm:  # the model a user names is demanded like a declared one
         use = "declared"
+    from .observe import viewer_hint
     if is_postgres(store_url(db)) and not local:
         from .scale import enqueue_and_wait
-        enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
-                         as_json=as_json, quiet=quiet)
+        _finish(enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
+                                 as_json=as_json, quiet=quiet), as_json, machine.tally,
+                None if quiet else viewer_hint(db), outcome=machine.outcome)  # as below
         return
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True, models=use)
     engine.concurrency = concurrency or _default_concurrency(engine)
@@ -180,7 +182,6 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         raise InvalidInput(f"{shown(input[at])}: {exc}" if at is not None else str(exc)) from None
     if not quiet:
         typer.echo(shown(header), err=True)
-    from .observe import viewer_hint
     _finish(_drive(engine, ids, False, quiet), as_json, machine.tally,
             None if quiet else viewer_hint(db), outcome=machine.outcome)
 
@@ -247,7 +248,7 @@ def resume(db: str = DB,
         raise typer.Exit(0)
     refuse_untrusted(engine, todo)
     _preload(engine)
-    _finish(_drive(engine, [], True, quiet), as_json)
+    _finish(_drive(engine, [r.id for r in todo], True, quiet), as_json)  # the count shown
 
 
 @app.command()

@@ -92,8 +92,9 @@ def _live_workers(store: Store) -> int:
 
 def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[str, Any]], *,
                      budget: int | None, deadline: float | None, as_json: bool,
-                     quiet: bool) -> None:
-    """``fsm run`` on a shared store: enqueue for the workers, then follow to the end."""
+                     quiet: bool) -> list[Any]:
+    """``fsm run`` on a shared store: enqueue for the workers, then follow to the end;
+    the final records (the caller prints them as a local run's)."""
     from ..runtime import Engine
     engine = Engine(_open(db, create=True))
     try:
@@ -106,8 +107,10 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
         records, settled = follow(engine.store, ids, timeout=None, quiet=quiet)
     finally:
         engine.close()
-    from .observe import viewer_hint
-    _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
+    if not settled:  # timed out (never without a timeout): exit 3 as `fsm wait` does
+        from .observe import viewer_hint
+        _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
+    return records
 
 
 @app.command()
