@@ -351,7 +351,8 @@ class StreamStore(Protocol):
     def stream_read(self, instance_id: str, from_pos: int = 0,
                     limit: int = 500) -> builtins.list[StreamRow]:
         """At most ``limit`` rows of the instance's log from position ``from_pos`` on, in
-        order (``[]``: none yet, or an unknown instance).
+        order (``[]``: none yet, or an unknown instance), up to a malformed row;
+        ``StoreError`` when the first is one (``streams.decode``).
 
         Status: none changes."""
 
