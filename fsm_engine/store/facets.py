@@ -210,9 +210,11 @@ class LeaseStore(Protocol):
 
         Status: none changes."""
 
-    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+    def release(self, owner: str, ids: Sequence[str] | None = None, *, now: float) -> int:
         """Give up ``owner``'s instances (only ``ids``, or all): owner cleared, version
-        bumped, workers waiting for work woken; returns how many were released.
+        bumped, ``updated_at`` set to ``now`` (epoch seconds, the releaser's clock: the
+        engine's, ``runtime.ledger``), workers waiting for work woken; returns how many
+        were released.
 
         Status: none changes (only the owner)."""
 
