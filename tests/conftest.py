@@ -23,10 +23,20 @@ for _path in reversed(_FOLDERS):
 from fsm_engine import Engine  # noqa: E402
 from fsm_engine.llm import Scripted  # noqa: E402
 
-pytest_plugins = ["fsm_engine.testing.plugin"]
+# llm_fixtures (tests/helpers/) as a plugin: its session-scoped ``llama_server`` is one
+# server for the whole run, not one per module that imports it
+pytest_plugins = ["fsm_engine.testing.plugin", "llm_fixtures"]
 
 MACHINES = ROOT / "machines"
 LICENSES = Path("/usr/share/common-licenses")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every ``model`` test on one xdist worker (``--dist loadgroup``): one model process
+    at a time, and the session-scoped model fixtures load once per run."""
+    for item in items:
+        if item.get_closest_marker("model"):
+            item.add_marker(pytest.mark.xdist_group("model"))
 
 
 @pytest.fixture
