@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,28 @@ pytest_plugins = ["fsm_engine.testing.plugin", "llm_fixtures"]
 
 MACHINES = ROOT / "machines"
 LICENSES = Path("/usr/share/common-licenses")
+
+
+#: What a terminal's size reads from; an xdist worker's own (GNU readline, imported in the
+#: worker, exports COLUMNS=80 LINES=24) would fix the width of the CLI's module-level console.
+TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+    """(xdist, in the controller) Send each worker the controller's terminal size variables."""
+    node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """(in an xdist worker) Set the terminal size variables back to the controller's, so a
+    test sees the same environment under ``-n`` as in one process."""
+    sent = getattr(config, "workerinput", {}).get("terminal_env")
+    for key, value in (sent or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
