@@ -54,31 +54,12 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[key] = value
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every ``model`` test on one xdist worker (``--dist loadgroup``): one model process
     at a time, and the session-scoped model fixtures load once per run."""
     for item in items:
         if item.get_closest_marker("model"):
             item.add_marker(pytest.mark.xdist_group("model"))
-    if config.getvalue("loadgroup") and hasattr(config, "workerinput"):
-        _suffix_groups(items)
-
-
-def _suffix_groups(items: list[pytest.Item]) -> None:
-    """(in an xdist worker) Suffix each grouped test's id with its group, as xdist means
-    to: xdist 3.8 sets ``item._nodeid``, which pytest 9 no longer reads (ids live in
-    ``item._id``), so every group was spread over the workers.  The scheduler reads the
-    suffixed ids; reports print them as ``test[param]@group]``."""
-    try:
-        from _pytest.nodeid import NodeId
-    except ImportError:  # an older pytest: xdist's own suffix works there
-        return
-    for item in items:
-        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                        for m in item.iter_markers("xdist_group")})
-        suffix = "@" + "_".join(names)
-        if names and hasattr(item, "_id") and not item.nodeid.endswith(suffix):
-            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture
