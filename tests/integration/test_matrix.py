@@ -90,9 +90,7 @@ def _cells() -> list[Any]:
 
 
 def _cell(kind: str, fault: str, point: Point, backend: str, rep: int, *, fast: bool = False) -> Any:
-    # one cell at a time (xdist --dist loadgroup: every cell on one worker), as the cells'
-    # leases and SIGSTOPs were sized for: two at once on 2 cores let a step run twice
-    marks = [pytest.mark.slow, pytest.mark.xdist_group("matrix"), *([pytest.mark.fast] if fast else [])]
+    marks = [pytest.mark.slow, *([pytest.mark.fast] if fast else [])]
     why = KNOWN.get((kind, fault, point.when)) or KNOWN.get(
         (kind, fault, f"{point.method}:{point.when}"))
     if why:
