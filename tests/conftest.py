@@ -55,8 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every ``model`` test on one xdist worker (``--dist loadgroup``): one model process
-    at a time, and the session-scoped model fixtures load once per run."""
+    """Every ``model`` test in xdist_group ``model`` (``--dist loadgroup``: one worker, one
+    model process at a time).  Not in effect with xdist 3.8 on pytest 9: xdist suffixes the
+    id through ``item._nodeid``, which pytest 9 no longer reads (issue 37 item 6)."""
     for item in items:
         if item.get_closest_marker("model"):
             item.add_marker(pytest.mark.xdist_group("model"))
