@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,10 +24,43 @@ for _path in reversed(_FOLDERS):
 from fsm_engine import Engine  # noqa: E402
 from fsm_engine.llm import Scripted  # noqa: E402
 
-pytest_plugins = ["fsm_engine.testing.plugin"]
+# llm_fixtures (tests/helpers/) as a plugin: its session-scoped ``llama_server`` is one
+# server for the whole run, not one per module that imports it
+pytest_plugins = ["fsm_engine.testing.plugin", "llm_fixtures"]
 
 MACHINES = ROOT / "machines"
 LICENSES = Path("/usr/share/common-licenses")
+
+
+#: What a terminal's size reads from; an xdist worker's own (GNU readline, imported in the
+#: worker, exports COLUMNS=80 LINES=24) would fix the width of the CLI's module-level console.
+TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+    """(xdist, in the controller) Send each worker the controller's terminal size variables."""
+    node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """(in an xdist worker) Set the terminal size variables back to the controller's, so a
+    test sees the same environment under ``-n`` as in one process."""
+    sent = getattr(config, "workerinput", {}).get("terminal_env")
+    for key, value in (sent or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every ``model`` test in xdist_group ``model`` (``--dist loadgroup``: one worker, one
+    model process at a time).  Not in effect with xdist 3.8 on pytest 9: xdist suffixes the
+    id through ``item._nodeid``, which pytest 9 no longer reads (issue 37 item 6)."""
+    for item in items:
+        if item.get_closest_marker("model"):
+            item.add_marker(pytest.mark.xdist_group("model"))
 
 
 @pytest.fixture

@@ -41,7 +41,9 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PostgresCluster]:
-    """One PostgreSQL server for the whole session (stopped and deleted at its end)."""
+    """One PostgreSQL server for the whole session (stopped and deleted at its end; one
+    per xdist worker), ``fsync`` off: no test crashes the server itself, and a restart
+    test's ``pg_ctl restart -m fast`` is a clean shutdown."""
     if bin_dir() is None:
         why = ("PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin): "
                "apt-get install postgresql")
@@ -55,7 +57,7 @@ def pg_cluster() -> Iterator[PostgresCluster]:
         if _in_ci():
             pytest.fail(why + " — required in CI")
         pytest.skip(why)
-    cluster = PostgresCluster().start()
+    cluster = PostgresCluster(durable=False).start()
     try:
         yield cluster
     finally:

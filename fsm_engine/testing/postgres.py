@@ -2,8 +2,12 @@
 
 ``PostgresCluster`` runs ``initdb`` and ``pg_ctl`` from the server's binaries
 (``/usr/lib/postgresql/*/bin``, or ``pg_config --bindir``) in a temporary
-directory, listening on a free port of 127.0.0.1 only, with ``fsync`` and
-``synchronous_commit`` on (a commit is durable, as in production).  PostgreSQL
+directory, listening on a free port of 127.0.0.1 only.  By default ``fsync`` and
+``synchronous_commit`` are on (a commit is durable, as in production: the benchmarks);
+``durable=False`` turns ``fsync`` off, as the test fixture ``pg_cluster`` does: a
+commit then survives its client's SIGKILL and a clean restart (``pg_ctl restart -m
+fast`` flushes everything), not a crash of the server or the machine, which no test
+makes.  PostgreSQL
 refuses to run as root: as root the server runs as the ``postgres`` user the
 package creates (``runuser``).  TCP logins need the password (scram-sha-256),
 so a wrong password is refused as on a real server.  ``database()`` hands out
@@ -54,13 +58,15 @@ class PostgresCluster:
     Raises ``RuntimeError`` (with the server's log tail) when it cannot start.
     """
 
-    def __init__(self, bindir: str | None = None, *, max_connections: int = 200) -> None:
+    def __init__(self, bindir: str | None = None, *, max_connections: int = 200,
+                 durable: bool = True) -> None:
         found = bindir or bin_dir()
         if found is None:
             raise RuntimeError("PostgreSQL server binaries not found "
                                "(apt-get install postgresql)")
         self.bindir: str = found
         self.max_connections = max_connections
+        self.durable = durable
         self.root = tempfile.mkdtemp(prefix="fsm-pg-")
         self.data = os.path.join(self.root, "data")
         self.log = os.path.join(self.root, "server.log")
@@ -100,8 +106,9 @@ class PostgresCluster:
                       "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}",
                       "-E", "UTF8", "--locale=C.UTF-8")
             os.remove(pwfile)
+        fsync = "on" if self.durable else "off"
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
-                   f"-c unix_socket_directories={self.root} -c fsync=on "
+                   f"-c unix_socket_directories={self.root} -c fsync={fsync} "
                    f"-c synchronous_commit=on -c max_connections={self.max_connections} "
                    "-c shared_buffers=64MB")
         self._cmd(os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-l", self.log,

@@ -2,8 +2,9 @@
 
 Import them into a test module (``from llm_fixtures import qwen_path, gemma_path, llama_server``);
 they skip, with the reason, when the ``[local]`` extra is missing.
-Only one model process may run at a time on small machines, so ``llama_server``
-is module-scoped: keep its tests in their own module.
+Only one model process may run at a time on small machines: every ``model`` test runs on
+one xdist worker (``tests/conftest.py``), and ``llama_server`` is session-scoped (one
+server for the run).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def _tail(path: Path, size: int = 2000) -> str:
     return path.read_bytes()[-size:].decode("utf-8", "replace")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_server(gemma_path: str, tmp_path_factory) -> Iterator[str]:
     """Run ``python -m llama_cpp.server`` on a free port; yields its base URL (``.../v1``)."""
     if importlib.util.find_spec("llama_cpp.server") is None:

@@ -24,7 +24,8 @@ each exported test: it passes, delivering nothing again, or the export refuses i
 known line. Default sizes
 keep the matrix to a few minutes on 2 cores (2 instances, the first commit point of
 each kind, before/after for kills, one cell per backend for the kinds added to show a
-known bug); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
+known bug; plain ``python -m pytest`` runs each kind's first cell, the second lane the
+rest); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
 after, at its 1st and (where one process makes several) 2nd occurrence, with 4
 instances; ``FSM_MATRIX_REPEATS=N`` runs each cell N times.
 """
@@ -74,6 +75,8 @@ def _points(kind: Kind, fault: str) -> list[Point]:
 
 
 def _cells() -> list[Any]:
+    """Every cell, each marked ``slow``; each kind's first (SIGKILL at its first commit
+    point, on SQLite) also ``fast``: plain ``python -m pytest`` runs one cell per kind."""
     cells = []
     for kind in KINDS.values():
         for fault in FAULTS:
@@ -85,12 +88,13 @@ def _cells() -> list[Any]:
                             fault, point.when, backend) not in kind.default_cells:
                         continue
                     for rep in range(REPEATS):
-                        cells.append(_cell(kind.name, fault, point, backend, rep))
+                        fast = not any(kind.name == c.values[0] for c in cells)
+                        cells.append(_cell(kind.name, fault, point, backend, rep, fast=fast))
     return cells
 
 
-def _cell(kind: str, fault: str, point: Point, backend: str, rep: int) -> Any:
-    marks = [pytest.mark.slow]
+def _cell(kind: str, fault: str, point: Point, backend: str, rep: int, *, fast: bool = False) -> Any:
+    marks = [pytest.mark.slow, *([pytest.mark.fast] if fast else [])]
     why = KNOWN.get((kind, fault, point.when)) or KNOWN.get(
         (kind, fault, f"{point.method}:{point.when}"))
     if why:

@@ -61,6 +61,34 @@ def _fsm_run(tmp_path: Path, files: list[str], *extra: str) -> tuple[subprocess.
     return ran, db, tag
 
 
+@pytest.mark.fast
+def test_three_documents_get_verdicts_from_the_default_model(tmp_path, notify_file, qwen_path,  # noqa: F811
+                                                             capsys, monkeypatch):
+    """The fast lane's real-model smoke: the README's `fsm run` (in this process) on 3
+    license files with the default model: every instance completes with a complete
+    history, at least 2 verdicts come from the model itself, no model process is left."""
+    from cli import run_main
+    tag = os.urandom(6).hex()
+    monkeypatch.setenv("FSM_TEST_TAG", tag)  # the model's child inherits it
+    db = str(tmp_path / "fsm.db")
+    code, out, err = run_main(["run", str(MACHINES / "moderation.py"), "--input",
+                               *license_files(3), "--db", db], capsys)
+    assert code == 0, err[-2000:]
+    assert "verdict_source: " in out
+    eng = Engine(db)
+    try:
+        records = eng.store.list()
+        assert [r.status for r in records] == ["completed"] * 3
+        for rec in records:
+            check_instance(eng, rec)
+        sources = [r.context["verdict_source"] for r in records]
+    finally:
+        eng.close()
+    assert sum(s in ("model", "constrained") for s in sources) >= 2, sources
+    assert len(notify_file.read_text().splitlines()) == 3
+    assert _serve_children(tag) == []  # the model's child stopped with the run
+
+
 def test_readme_main_command_gets_verdicts_from_the_default_model(tmp_path, notify_file,
                                                                   qwen_path):  # noqa: F811
     """The README's `fsm run` on the 17 license files with the default model, as a user runs

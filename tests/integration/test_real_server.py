@@ -14,7 +14,7 @@ import asyncio
 import pytest
 from conftest import MACHINES, license_files
 from instance_audit import check_instance
-from llm_fixtures import gemma_path, llama_server  # noqa: F401  (fixtures)
+from llm_fixtures import gemma_path  # noqa: F401  (fixture; llama_server: tests/conftest.py)
 
 from fsm_engine import Engine
 from fsm_engine.llm import OpenAICompatible
@@ -41,7 +41,7 @@ def check_path(eng: Engine, rec) -> None:
         assert row.detail.get("llm_calls")
 
 
-def test_moderation_through_openai_provider(db_path, notify_file, llama_server):  # noqa: F811
+def test_moderation_through_openai_provider(db_path, notify_file, llama_server):
     llm = OpenAICompatible(base_url=llama_server, api_key="sk-test-secret")  # no model named
     assert llm.concurrency == 1  # loopback: one request at a time
     eng = Engine(db_path, llm=llm, seed=7)

@@ -11,9 +11,9 @@ import pytest
 from fsm_engine.llm import OpenAICompatible
 
 try:  # pytest puts tests/ (rootless) or the repo root (tests as a package) on sys.path
-    from llm_fixtures import gemma_path, llama_server  # noqa: F401
+    from llm_fixtures import gemma_path  # noqa: F401
 except ImportError:
-    from tests.helpers.llm_fixtures import gemma_path, llama_server  # noqa: F401
+    from tests.helpers.llm_fixtures import gemma_path  # noqa: F401
 
 pytestmark = pytest.mark.model
 ASK = [{"role": "user", "content": "Name one colour."}]
@@ -34,19 +34,19 @@ def call(base_url: str, messages, **kwargs):
     return asyncio.run(go())
 
 
-def test_completion_over_http_reports_usage(llama_server):  # noqa: F811
+def test_completion_over_http_reports_usage(llama_server):
     done, _ = call(llama_server, ASK, max_tokens=16)
     assert done.text.strip() and done.prompt_tokens > 0 and done.completion_tokens > 0
     assert done.finish_reason in ("stop", "length")
 
 
-def test_max_tokens_gives_length(llama_server):  # noqa: F811
+def test_max_tokens_gives_length(llama_server):
     prompt = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
     done, _ = call(llama_server, prompt, max_tokens=6)
     assert done.finish_reason == "length" and done.completion_tokens == 6
 
 
-def test_json_schema_is_honoured_via_the_llama_cpp_form(llama_server):  # noqa: F811
+def test_json_schema_is_honoured_via_the_llama_cpp_form(llama_server):
     prompt = [{"role": "user", "content": "Invent a person. Reply in JSON with name and age."}]
     done, mode = call(llama_server, prompt, max_tokens=64, json_schema=PERSON)
     jsonschema.validate(json.loads(done.text), PERSON)

@@ -5,7 +5,9 @@ keeps state in one), and the order ``compose`` stacks them in."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -78,16 +80,30 @@ async def send(layer: Provider, meter: Meter, provider: Provider, **kwargs: Any)
 
 # -- the provider contract ------------------------------------------------------------
 
-def providers() -> list[Provider]:
+NO_LLAMA_CPP = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                  reason="llama_cpp is not installed (pip install -e '.[local]')")
+
+
+def _local_llama() -> Provider:
     from fsm_engine.llm.local import LocalLlama
-    inner = script("x")
-    return [inner, FaultInjector(inner, {}), LocalLlama(model_path="/nonexistent/m.gguf"),
-            OpenAICompatible(base_url="http://127.0.0.1:9/v1", model="m", api_key="k"),
-            BillLayer(inner, Meter(), None)]
+    return LocalLlama(model_path="/nonexistent/m.gguf")
 
 
-@pytest.mark.parametrize("provider", providers(), ids=lambda p: type(p).__name__)
-def test_every_provider_satisfies_the_provider_protocol(provider: Provider) -> None:
+#: Each provider by name, built when a test asks (``LocalLlama`` needs the [local] extra).
+PROVIDERS: dict[str, Callable[[], Provider]] = {
+    "Scripted": lambda: script("x"),
+    "FaultInjector": lambda: FaultInjector(script("x"), {}),
+    "LocalLlama": _local_llama,
+    "OpenAICompatible": lambda: OpenAICompatible(base_url="http://127.0.0.1:9/v1", model="m",
+                                                 api_key="k"),
+    "BillLayer": lambda: BillLayer(script("x"), Meter(), None),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n, marks=NO_LLAMA_CPP if n == "LocalLlama" else ())
+                                  for n in PROVIDERS])
+def test_every_provider_satisfies_the_provider_protocol(name: str) -> None:
+    provider = PROVIDERS[name]()
     assert isinstance(provider, Provider)
     assert isinstance(provider.name, str) and isinstance(provider.model, str)
     params = inspect.signature(provider.complete)
@@ -97,8 +113,9 @@ def test_every_provider_satisfies_the_provider_protocol(provider: Provider) -> N
     assert callable(provider.count_tokens)
 
 
+@NO_LLAMA_CPP
 def test_which_providers_take_a_timeout() -> None:
-    took = {type(p).__name__: accepts_timeout(p) for p in providers()}
+    took = {name: accepts_timeout(make()) for name, make in PROVIDERS.items()}
     assert took == {"Scripted": False, "FaultInjector": True, "LocalLlama": True,
                     "OpenAICompatible": True, "BillLayer": True}
 

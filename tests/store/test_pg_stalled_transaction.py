@@ -19,13 +19,16 @@ import sys
 import threading
 from collections.abc import Callable
 
+import pytest
 from procs import stopped, wait_until
 from pydantic import BaseModel
 
 from fsm_engine import Engine, Machine, State, Transition
 from fsm_engine.process import session_name
-from fsm_engine.store.pg_read import IDLE_IN_TRANSACTION_S
 from fsm_engine.testing.postgres import PostgresCluster
+
+pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'fsm_engine[postgres]'")
+from fsm_engine.store.pg_read import IDLE_IN_TRANSACTION_S  # noqa: E402 - imports psycopg
 
 #: The stalled process: our store, a transaction that locks one instance's row, a SIGSTOP
 #: between its statements, then the next statement.  ``pipeline``: the row is locked by

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 import uuid
 
-import psycopg
 import pytest
 
 from fsm_engine import StoreError
@@ -16,6 +15,7 @@ from fsm_engine.testing.contract import fleet
 
 
 def test_check_runs_amcheck_and_reports_an_invalid_index(pg_cluster) -> None:  # noqa: ANN001
+    import psycopg  # the [postgres] extra (pg_cluster skipped without it)
     name = "amck_" + uuid.uuid4().hex[:8]
     pg_cluster.sql(f"CREATE DATABASE {name}")
     pg_cluster.sql("CREATE EXTENSION amcheck", dbname=name)
@@ -93,6 +93,8 @@ def test_a_renewal_waiting_on_a_takeover_is_refused_once_it_commits(pg_cluster, 
     """The claim has ended the lease (the worker row is locked by its UPDATE) when the
     renewal comes: the renewal waits on the row lock (seen in ``pg_stat_activity``), then
     re-checks its WHERE on the ended row (EvalPlanQual) and updates nothing."""
+    import psycopg
+
     from fsm_engine.store import ClaimRequest
     from fsm_engine.testing.contract_leases import _renewed, in_thread, pause_claim
     url = pg_cluster.database()
@@ -156,6 +158,8 @@ def test_a_batchs_stream_rows_take_their_instances_locks_in_one_order(pg_cluster
     batch takes them), so it never holds one instance's lock while waiting for another's
     that sorts first: a stream batch taking them in order cannot deadlock with it."""
     import threading
+
+    import psycopg
 
     from fsm_engine.store import StepCommit
     from fsm_engine.store.postgres.streams import LOCK_SPACE

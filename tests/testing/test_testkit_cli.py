@@ -160,7 +160,9 @@ def test_the_pytest_option_collects_coverage_across_a_session(tmp_path: Path) ->
         "    e = Engine(str(tmp_path / 'b.db'))\n"
         "    asyncio.run(e.run(e.start(machine, {'n': 12})))\n"
         "    e.close()\n")
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "fsm_engine.testing.plugin",
+    # one process, whatever this repo's addopts say (-n auto: each xdist worker would report
+    # its own share of the session)
+    argv = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "fsm_engine.testing.plugin",
             "--fsm-coverage", COVER, str(tmp_path / "test_some.py"), "-p", "no:cacheprovider"]
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
     ran = subprocess.run([*argv, "--fsm-coverage-fail-under", "100"], capture_output=True,

@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from long_reply import write_long
+import pytest
 
-from fsm_engine import Engine
-from fsm_engine.store import open_store
-from fsm_engine.ui import create_app
+pytest.importorskip("starlette")
+pytest.importorskip("jinja2")
+from long_reply import write_long  # noqa: E402
+
+from fsm_engine import Engine  # noqa: E402
+from fsm_engine.store import open_store  # noqa: E402
+from fsm_engine.ui import create_app  # noqa: E402
 
 
 class Watched:

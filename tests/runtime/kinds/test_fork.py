@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -69,31 +68,34 @@ def test_fork_points(tmp_path) -> None:
     engine.close()
 
 
-def _fsm(*args: str, db: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fsm_engine.cli", *args, "--db", db],
-                          capture_output=True, text=True, timeout=60, check=check)
-
-
-def test_cli_fork_lineage_and_bulk_dry_run(tmp_path) -> None:
+def test_cli_fork_lineage_and_bulk_dry_run(tmp_path, capsys) -> None:
+    """``fsm fork``, ``show``, ``list --forks-of`` (in this process: the subprocess is not
+    the point, each command's output and exit code are)."""
+    from cli import run_main
     db = str(tmp_path / "fsm.db")
+
+    def fsm(*args: str) -> str:
+        code, out, err = run_main([*args, "--db", db], capsys)
+        assert code == 0, err
+        return out
     engine = Engine(db)
     iid = _completed(engine)
     failed = engine.start(review_machine.spinner, {})
     engine.cancel(failed)
     engine.close()
-    out = _fsm("fork", iid[:6], "--from-seq", "1", db=db).stdout
+    out = fsm("fork", iid[:6], "--from-seq", "1")
     new = out.split(":")[0]
     assert f"forked from {iid} at seq 1" in out
-    shown = json.loads(_fsm("show", new, "--json", db=db).stdout)
+    shown = json.loads(fsm("show", new, "--json"))
     assert (shown["forked_from"], shown["forked_at_seq"]) == (iid, 1)
-    listed = json.loads(_fsm("list", "--forks-of", iid, "--json", db=db).stdout)
+    listed = json.loads(fsm("list", "--forks-of", iid, "--json"))
     assert [r["id"] for r in listed] == [new]
-    before = json.loads(_fsm("list", "--json", db=db).stdout)
-    dry = _fsm("fork", "--status", "failed", db=db).stdout
+    before = json.loads(fsm("list", "--json"))
+    dry = fsm("fork", "--status", "failed")
     assert "0 instance(s) match; --yes forks them" in dry
-    assert json.loads(_fsm("list", "--json", db=db).stdout) == before
-    bad = _fsm("fork", iid, "--from-seq", "3", db=db, check=False)
-    assert bad.returncode == 2 and bad.stderr.startswith("fsm: error:") and "final" in bad.stderr
+    assert json.loads(fsm("list", "--json")) == before
+    code, _, err = run_main(["fork", iid, "--from-seq", "3", "--db", db], capsys)
+    assert code == 2 and err.startswith("fsm: error:") and "final" in err
 
 
 def test_rerun_in_place_appends_and_keeps_seq_gap_free(tmp_path, monkeypatch) -> None:

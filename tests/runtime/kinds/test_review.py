@@ -217,29 +217,33 @@ def test_sla_timer_survives_sigkill_and_fires_once(tmp_path) -> None:
         os.environ.pop("REVIEW_SLA_S", None)
 
 
-def test_cli_review_list_show_claim_decide(tmp_path) -> None:
-    db = str(tmp_path / "fsm.db")
-    env = {**os.environ, "FSM_DB": db}
+def test_cli_review_list_show_claim_decide(tmp_path, capsys, monkeypatch) -> None:
+    """``fsm review list/show/claim/decide`` (in this process: the subprocess is not the
+    point, each command's output and exit code are)."""
+    from cli import run_main
+    monkeypatch.setenv("FSM_DB", str(tmp_path / "fsm.db"))
+
+    def fsm(*args: str) -> tuple[int, str, str]:
+        return run_main(list(args), capsys)
     (tmp_path / "in.json").write_text(json.dumps({"text": "héllo"}))
-    run = _fsm("run", MODULE, "--input", str(tmp_path / "in.json"), "--llm", "scripted:" + SCRIPT,
-               env=env, check=False)
-    assert run.returncode == 3, run.stderr
-    [item] = json.loads(_fsm("review", "list", "--json", env=env).stdout)
+    code, _, err = fsm("run", MODULE, "--input", str(tmp_path / "in.json"), "--llm", "scripted:" + SCRIPT)
+    assert code == 3, err
+    [item] = json.loads(fsm("review", "list", "--json")[1])
     assert item["show"]["text"] == "héllo"
-    assert item["id"] in _fsm("review", "list", env=env).stdout
-    assert "Is this label right?" in _fsm("review", "show", item["id"][:5], env=env).stdout
-    _fsm("review", "claim", item["id"], "--as", "ann", env=env)
-    refused = _fsm("review", "decide", item["id"], "approve", "--as", "bob", env=env, check=False)
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert refused.stderr.startswith("fsm: error: review") and "claimed by ann" in refused.stderr
-    bad = _fsm("review", "decide", item["id"], "approve", "--as", "ann", "--set", "label=meh",
-               env=env, check=False)
-    assert bad.returncode == 2 and "edit rejected" in bad.stderr
-    ok = _fsm("review", "decide", item["id"], "approve", "--as", "ann", "--set", "label=ok",
-              "--note", "checked", env=env)
-    assert "instance" in ok.stdout and "publish" in ok.stdout
-    again = _fsm("review", "decide", item["id"], "reject", "--as", "ann", env=env, check=False)
-    assert again.returncode == 2 and "already decided" in again.stderr
+    assert item["id"] in fsm("review", "list")[1]
+    assert "Is this label right?" in fsm("review", "show", item["id"][:5])[1]
+    assert fsm("review", "claim", item["id"], "--as", "ann")[0] == 0
+    code, _, err = fsm("review", "decide", item["id"], "approve", "--as", "bob")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("fsm: error: review") and "claimed by ann" in err
+    code, _, err = fsm("review", "decide", item["id"], "approve", "--as", "ann", "--set", "label=meh")
+    assert code == 2 and "edit rejected" in err
+    code, out, err = fsm("review", "decide", item["id"], "approve", "--as", "ann", "--set", "label=ok",
+                         "--note", "checked")
+    assert code == 0, err
+    assert "instance" in out and "publish" in out
+    code, _, err = fsm("review", "decide", item["id"], "reject", "--as", "ann")
+    assert code == 2 and "already decided" in err
 
 
 MODERATION = str(Path(__file__).resolve().parents[3] / "machines" / "moderation.py")

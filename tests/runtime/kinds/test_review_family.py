@@ -87,6 +87,7 @@ def _cli(tmp: Path, db: str, *args: str, timeout: float = 30.0
     return proc, cpu
 
 
+@pytest.mark.slow  # two real fsm processes, their CPU the point: 40-50 s each at load 5-9
 def test_fsm_run_exits_3_then_resume_joins(tmp_path: Path, store_url: str,
                                            module: Path) -> None:
     data = tmp_path / "in.json"
