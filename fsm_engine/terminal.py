@@ -5,7 +5,8 @@ database, so:
 
 - :func:`shown` escapes the characters a terminal acts on — C0 controls except
   ``\\n`` and ``\\t``, ESC, DEL and the C1 range (``\\x1b`` becomes the four
-  characters ``\\x1b``) — and lone surrogates (``\\udcXX``);
+  characters ``\\x1b``), the bidirectional controls that reorder what it shows
+  (U+202E becomes ``\\u202e``) — and lone surrogates (``\\udcXX``);
 - :func:`console` is a rich ``Console`` that parses no markup (``[/oops]`` and
   ``[link=…]`` are printed as they are), no emoji codes and highlights nothing, and
   passes every string it renders (``print``, table cells, titles) through
@@ -30,8 +31,11 @@ from .redaction import redact
 __all__ = ["shown", "text", "console", "json_text", "SafeFormatter", "error_line",
            "safe_logging"]
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-_JSON_CONTROL = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+#: The bidirectional controls (ALM, LRM, RLM, the embeddings, overrides and isolates):
+#: shown raw they reorder the text around them (U+202E makes ``gnp.exe`` read ``exe.png``).
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
+_JSON_CONTROL = re.compile(rf"[\x7f-\x9f\u2028\u2029{_BIDI}]")
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -24,7 +24,10 @@ ENTRY = [sys.executable, "-m", "fsm_engine.cli"]
 #: C1 CSI that clears the screen, DEL and a bell.
 HOSTILE = ("[/oops] [link=https://evil.example/]click[/link] [bold]b "
            "\x1b]8;;https://evil.example/\x07L\x1b]8;;\x07 \x1b[31mred\x1b[0m \x9b2J \x7f \x07 "
-           ":smile:")
+           ":smile: \u202egnp.exe\u202c \u2066iso\u2069 \u200f\u061c")  # bidi controls too
+#: The bidirectional controls that reorder what a terminal shows (U+202E makes
+#: ``gnp.exe`` read ``exe.png``).
+BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 HID = "h[/oops]\x1b[2J"  # an instance id with markup and an escape in it
 
 
@@ -71,7 +74,9 @@ def _clean(got: subprocess.CompletedProcess[bytes], code: int = 0) -> str:
         assert b"\x1b" not in stream and b"\x07" not in stream and b"\x7f" not in stream
         assert b"\xc2\x9b" not in stream  # C1 CSI as UTF-8
         assert b"Traceback" not in stream
-    return (out + err).decode("utf-8")
+    text = (out + err).decode("utf-8")
+    assert not BIDI.intersection(text), "a raw bidi control reached the terminal"
+    return text
 
 
 @pytest.fixture
@@ -130,6 +135,9 @@ def test_helpers_escape_every_control() -> None:
     record_ = logging.LogRecord("x", logging.WARNING, __file__, 1, "bad %s", (HOSTILE,), None)
     line = SafeFormatter("%(message)s").format(record_)
     assert "\x1b" not in line and "\x9b" not in line and "[/oops]" in line
+    assert not BIDI.intersection(line + shown(HOSTILE) + json_text(json.dumps(HOSTILE, ensure_ascii=False)))
+    assert shown("a\u202eb") == "a\\u202eb"
+    assert json.loads(json_text(json.dumps("\u202e", ensure_ascii=False))) == "\u202e"
 
 
 LOGS = '''

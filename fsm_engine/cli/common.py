@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from .. import json_input
 from ..errors import FsmError, InstanceNotFound, InvalidInput
 from ..terminal import console, error_line, json_text, shown
 from .trust import MACHINES, refuse_untrusted, trusting
@@ -131,15 +132,11 @@ def _input_for(arg: str) -> dict[str, Any]:
         raise InvalidInput(f"input {name} is not a regular file")
     if arg.endswith(".json"):
         try:
-            with open(arg, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError) as exc:
+            with open(arg, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
             raise InvalidInput(f"cannot read JSON input {name}: {exc}") from None
-        except RecursionError:
-            raise InvalidInput(f"cannot read JSON input {name}: it nests too deep") from None
-        if not isinstance(data, dict):
-            raise InvalidInput(f"JSON input {arg} must hold an object")
-        return data
+        return json_input.parse_object(raw, f"JSON input {name}")
     return {"path": os.path.abspath(arg)}
 
 

@@ -68,7 +68,8 @@ def _act(action: str, ids: list[str] | None, where: Any, *, yes: bool, batch: in
     if bool(ids) == (where is not None):
         _fail(f"give instance ids or a query (--machine/--status/…) to {_command(action)}, not "
               f"{'both' if ids else 'neither'}")
-    engine = trusting(_new_engine(_open(db), llm=None), machines or [])
+    dry = not ids and not yes  # a dry run writes nothing, not even a definition
+    engine = trusting(_new_engine(_open(db), llm=None, keep_definitions=not dry), machines or [])
     try:
         if ids:
             for iid in ids:

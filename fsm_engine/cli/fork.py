@@ -48,7 +48,8 @@ def fork(instance_id: str | None = typer.Argument(None, help="Instance id (or a 
     """Fork an instance (the new one is runnable: `fsm resume` or a worker runs it); print the
     new id.  Side effects the original delivered are not repeated unless --redeliver."""
     from .console import operator
-    engine = trusting(_new_engine(_open(db)), machines)
+    dry = instance_id is None and not yes  # a dry run writes nothing, not even a definition
+    engine = trusting(_new_engine(_open(db), keep_definitions=not dry), machines)
     try:
         if instance_id is None:
             from .console import _query, _where
@@ -88,7 +89,8 @@ def rerun(instance_id: str | None = typer.Argument(None, help="Instance id (or a
     its latest visit, as a fork by default; the instance is then runnable (`fsm resume`).
     With a query instead of an id: as forks of every match, a dry run unless --yes."""
     from .console import operator
-    engine = trusting(_new_engine(_open(db)), machines)
+    dry = instance_id is None and not yes  # a dry run writes nothing, not even a definition
+    engine = trusting(_new_engine(_open(db), keep_definitions=not dry), machines)
     try:
         if instance_id is None:
             from .console import _query, _where

@@ -55,7 +55,7 @@ def migrate(db: str | None = DB,
     exit 2, nothing imported or written, when one names a machine module neither under the
     machines root nor given with --machines."""
     from ..runtime.kinds.migrate_batch import CURRENT, MIGRATE, NEEDS, apply, survey
-    engine = trusting(_new_engine(_open(db)), machines)
+    engine = trusting(_new_engine(_open(db), keep_definitions=not dry_run), machines)
     try:
         entries = survey(engine, machine)
         if not dry_run:

@@ -161,6 +161,9 @@ def ui(db: str = DB,
        machines: list[str] = MACHINES) -> None:
     """Serve a read-only web viewer of the database (instances, diagrams, statistics);
     with --write, the operator console."""
+    if token is not None and any(c.isspace() or not c.isprintable() for c in token):
+        _fail("--token (or FSM_UI_TOKEN) holds spaces or control characters: a bearer token "
+              "is one word of printable characters")
     if write and not token:
         _fail("--write needs --token (or FSM_UI_TOKEN), also on loopback")
     if not _loopback(host) and not token:

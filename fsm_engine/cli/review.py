@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
+from .. import json_input
 from ..errors import InvalidInput
 from ..terminal import shown
 from ..views import when
@@ -31,13 +32,15 @@ def _engine(db: str | None, machines: list[str] | None = None) -> Engine:
     return trusting(_new_engine(_open(db), llm=None), machines or [])
 
 
-def _value(text: str, annotation: Any = None) -> Any:
+def _value(field: str, text: str, annotation: Any = None) -> Any:
     """A ``--set`` value.  For a field of declared type ``annotation``, what pydantic makes
     of it as JSON, else as the text itself (``5`` is 5 for an ``int`` field and ``"5"`` for
     a ``str`` one; ``true`` is True for a ``bool``), in JSON form; with no type, or when
     neither fits (the update's validation then says why): JSON when it parses (``3``,
-    ``true``, ``"x"``, ``[…]``), else text."""
+    ``true``, ``"x"``, ``[…]``), else text.  ``InvalidInput`` when it nests too deep
+    (``json_input``), whatever the type."""
     from pydantic import PydanticUserError, TypeAdapter, ValidationError
+    json_input.check_depth(text, f"--set {field}")  # too deep: refused, not read as text
     try:
         adapter = None if annotation is None else TypeAdapter(annotation)
     except PydanticUserError:  # a type only its model's config admits: read as untyped
@@ -49,8 +52,8 @@ def _value(text: str, annotation: Any = None) -> Any:
             except (ValidationError, ValueError, RecursionError):
                 continue
     try:
-        return json.loads(text)
-    except ValueError:
+        return json_input.parse(text, f"--set {field}")
+    except InvalidInput:
         return text
 
 
@@ -67,18 +70,18 @@ def _update(sets: list[str], edit: str | None,
     for a file that is not a JSON object, a ``--set`` that is not ``FIELD=VALUE``."""
     update: dict[str, Any] = {}
     if edit is not None:
+        name = shown(edit)
         try:
-            with open(edit, encoding="utf-8") as fh:
-                update = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise InvalidInput(f"cannot read edit file {edit}: {exc}") from None
-        if not isinstance(update, dict):
-            raise InvalidInput(f"edit file {edit} must hold a JSON object")
+            with open(edit, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise InvalidInput(f"cannot read file {name}: {exc.strerror or exc}") from None
+        update = json_input.parse_object(raw, f"file {name}")
     for item in sets:
         field, eq, value = item.partition("=")
         if not eq or not field:
             raise InvalidInput(f"--set wants FIELD=VALUE, not {item!r}")
-        update[field] = _value(value, (types or {}).get(field))
+        update[field] = _value(field, value, (types or {}).get(field))
     return update
 
 

@@ -367,7 +367,8 @@ class Client:
         return self.review(found)
 
     def decide(self, item: ReviewItem | str, choice: str, *, by: str,
-               update: dict[str, Any] | None = None, note: str | None = None) -> InstanceRecord:
+               update: dict[str, Any] | None = None, note: str | None = None,
+               link: dict[str, Any] | None = None) -> InstanceRecord:
         """See ``Engine.decide``."""
         found = self.review(item)
         rec = self.store.get(found.instance_id)
@@ -378,6 +379,8 @@ class Client:
                                        claimer=by)
         for row in commit.history[:1]:
             row.detail["operator"] = by  # who did it, as every operator action names
+            if link is not None:  # the signed link it came by (its id, not its secret)
+                row.detail.setdefault("review", {})["link"] = dict(link)
         if not self.ledger.apply_one(self.driver.attach(commit)):  # ends a child: wakes its parent
             raise review_queue.ReviewRefused(
                 f"review {found.id}: the item or its instance changed meanwhile (decided, "

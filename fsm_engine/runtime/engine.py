@@ -79,6 +79,8 @@ class Engine:
             default provider) or ``"provider:model"``; see :mod:`fsm_engine.runtime.fleet.rates`.
         trust: which modules stored instances name may be imported (``loader.Trust``:
             those ``load``-ed here, files under the machines root; else ``MachineRefused``).
+        keep_definitions: False: machines registered or loaded are kept in memory only,
+            no ``definitions`` row written (the engine of a dry run, which writes nothing).
     """
 
     def __init__(self, store: Store | str = "fsm.db", *, llm: Any = None,
@@ -88,7 +90,7 @@ class Engine:
                  seed: int | None = None, threads: int = 32,
                  clock: Callable[[], float] = time.time, tracer: Any = "installed",
                  rate_limits: Mapping[str, RateLimit] | None = None,
-                 trust: Trust | None = None) -> None:
+                 trust: Trust | None = None, keep_definitions: bool = True) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.trust = trust or Trust()
         self.lease_seconds = lease_seconds
@@ -109,7 +111,8 @@ class Engine:
             from ..telemetry import installed_tracer
             tracer = installed_tracer()
         self.driver.tracer = tracer
-        self.registry = Registry(self.store, self.models, self.trust, clock, self.driver.upcasts)
+        self.registry = Registry(self.store, self.models, self.trust, clock, self.driver.upcasts,
+                                 keep_definitions=keep_definitions)
         self.runner = Runner(self.store, self.registry, self.driver, self.ledger,
                              self.ownership, self.models, clock, lease_seconds=lease_seconds,
                              concurrency=concurrency, tracer=tracer)
@@ -403,16 +406,19 @@ class Engine:
         return self.client.claim_review(item, by)
 
     def decide(self, item: ReviewItem | str, choice: str, *, by: str,
-               update: dict[str, Any] | None = None, note: str | None = None) -> InstanceRecord:
+               update: dict[str, Any] | None = None, note: str | None = None,
+               link: dict[str, Any] | None = None) -> InstanceRecord:
         """Record ``by``'s decision ``choice`` on the review item, with the edit ``update``
         (context fields the review's ``editable`` model allows) and ``note``, in one
         transaction; the instance then continues when a worker (``fsm worker``,
-        ``resume``, ``run``) steps it.  Returns the instance after the decision.
+        ``resume``, ``run``) steps it.  ``link``: the signed link it came by
+        (``review_links.Link.record()``), kept in the row's ``detail.review.link``.
+        Returns the instance after the decision.
 
         Raises ``ReviewRefused`` (nothing written) for a stale, second, unoffered,
         claimed-by-another or invalid answer.
         """
-        return self.client.decide(item, choice, by=by, update=update, note=note)
+        return self.client.decide(item, choice, by=by, update=update, note=note, link=link)
 
     async def aclose(self) -> None:
         """Stop the heartbeat, deregister this worker and close the store."""

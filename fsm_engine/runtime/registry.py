@@ -39,19 +39,23 @@ class Registry:
         trust: which modules stored instances name may be imported.
         clock: seconds since the epoch (the stored definitions' time, migration plans).
         upcasts: the driver's pending upcasts by instance id (``upcast`` fills it).
+        keep_definitions: False: ``register`` writes no ``definitions`` row (a dry run's
+            engine: it writes nothing).
     """
 
     def __init__(self, store: Store, models: Models, trust: Trust,
                  clock: Callable[[], float],
-                 upcasts: dict[str, migration.Upcast]) -> None:
+                 upcasts: dict[str, migration.Upcast], *, keep_definitions: bool = True) -> None:
         self.store, self.models, self.trust, self.clock = store, models, trust, clock
+        self.keep_definitions = keep_definitions
         self.machines: dict[str, CompiledMachine] = {}
         self.modules: dict[str, str] = {}
         self.upcasts = upcasts
 
     def register(self, machine: Machine, module: str | None = None) -> CompiledMachine:
         """Check and compile ``machine``, remember where it came from, and keep its export
-        in the store.  Raises ``DefinitionError`` listing every problem."""
+        in the store (unless ``keep_definitions`` is off).  Raises ``DefinitionError``
+        listing every problem."""
         cm = compile_machine(machine)
         if module is None and self.machines.get(machine.name) is cm:
             return cm  # already registered (start_many calls this for every batch)
@@ -60,7 +64,8 @@ class Registry:
             self.models.check(member.states)
             self.machines[member.name] = member
             self.modules[member.name] = ref
-        self.store.put_definitions(definitions.rows(cm.family(), self.clock()))
+        if self.keep_definitions:
+            self.store.put_definitions(definitions.rows(cm.family(), self.clock()))
         return cm
 
     def load(self, ref: str, *, named: bool = True) -> CompiledMachine:

@@ -48,9 +48,8 @@ import typing_extensions
 from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidInput
+from ..json_input import MAX_DEPTH  # most levels of containers (dicts, lists, models) in a value
 
-#: Most levels of containers (dicts, lists, models) inside one value.
-MAX_DEPTH = 100
 _PLAIN_SCALARS = (str, int, bool, type(None))
 _BYTES = (bytes, bytearray, memoryview)
 _OPAQUE = (io.IOBase, types.ModuleType, types.GeneratorType, types.CoroutineType,

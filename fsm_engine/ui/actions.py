@@ -13,11 +13,17 @@ that form does it.  Routes:
   (``runtime.kinds.review_links``), the one path the token does not guard.
 
 Defences on every ``POST``: the viewer's token (``app.TokenGate``; ``--write`` needs
-one, also on loopback); a CSRF token, HMAC of the path under a key made when the
-server starts, that a forged cross-site form cannot know (a form of one action or
-instance is refused on another); a cross-site ``Origin`` or ``Sec-Fetch-Site`` is
-refused; the body is capped at ``MAX_FORM`` bytes.  Each action's history row names
-who did it (``detail.operator``: the name typed in the form, or the link's reviewer); a
+one, also on loopback), or for ``/review/…`` the link's signature, checked before any
+of the body is read; a CSRF token, HMAC of the whole action (``action_key``: the path,
+the query in canonical order and, for a bulk action, the digest of the instances its
+confirmation counted) under a key made when the server starts, that a forged
+cross-site form cannot know (a form of one action, instance or filter is refused on
+another); a bulk ``POST`` plans again and is refused (409, nothing done) unless it
+finds exactly the instances its confirmation counted; a cross-site ``Origin`` or
+``Sec-Fetch-Site`` is refused; the body is capped at ``MAX_FORM`` bytes and
+``MAX_FIELDS`` fields, its JSON fields read by the bounded parser (``json_input``).  Each action's history row names
+who did it (``detail.operator``: the name typed in the form, or the link's reviewer; a
+link's decision also names the link, ``detail.review.link``: ``review_links.Link.record``); a
 fork (or a rerun, made as a fork) writes no row of its own: its record names them
 (``fork_options["by"]``).
 """
@@ -26,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import time
 import urllib.parse
@@ -34,17 +39,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import FsmError, InstanceNotFound, InvalidInput
+from .. import json_input
+from ..errors import FsmError, InstanceNotFound, InvalidInput, StaleWrite
 from ..redaction import redact
 from ..runtime.kinds import review_links
 from ..store.records import InstanceFilter
+from .headers import authenticated
 
-#: Largest form body accepted (bytes).
-MAX_FORM = 64 * 1024
+#: Largest form body accepted (bytes), most fields in it.
+MAX_FORM, MAX_FIELDS = 64 * 1024, 200
 #: The per-instance actions.
 INSTANCE_ACTIONS = ("pause", "unpause", "cancel", "resume", "send", "rerun", "fork")
 #: What each action changes, for the confirmation page.
@@ -70,15 +77,35 @@ def _status(exc: Exception) -> int:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """The urlencoded body, at most ``MAX_FORM`` bytes (``InvalidInput`` beyond)."""
+    """The urlencoded body, at most ``MAX_FORM`` bytes and ``MAX_FIELDS`` fields
+    (``InvalidInput`` beyond, or when the client left before sending it)."""
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM:
-            raise InvalidInput(f"a form is at most {MAX_FORM} bytes")
-    pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True,
-                                   max_num_fields=200)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM:
+                raise InvalidInput(f"a form is at most {MAX_FORM} bytes")
+    except ClientDisconnect:
+        raise InvalidInput("the form's body did not arrive") from None
+    try:
+        pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True,
+                                       max_num_fields=MAX_FIELDS)
+    except ValueError:
+        raise InvalidInput(f"a form has at most {MAX_FIELDS} fields") from None
     return dict(pairs)
+
+
+def action_key(request: Request, plan: str = "") -> str:
+    """The whole action a form confirms: its path, its query in canonical order (``token``
+    left out: it is no part of the action) and ``plan`` (a bulk action's digest)."""
+    pairs = sorted((k, v) for k, v in urllib.parse.parse_qsl(
+        request.url.query, keep_blank_values=True) if k != "token")
+    return "\n".join((request.url.path, urllib.parse.urlencode(pairs), plan))
+
+
+def plan_digest(ids: list[str]) -> str:
+    """The digest of a bulk plan's instances (in its order): what a confirmation counted."""
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
 
 
 def _same_site(request: Request) -> bool:
@@ -97,16 +124,11 @@ def _same_site(request: Request) -> bool:
 
 
 def _json_object(text: str | None, what: str) -> dict[str, Any] | None:
-    """``text`` as a JSON object (None when empty); ``InvalidInput`` when it is not one."""
+    """``text`` as a JSON object (None when empty) by the bounded parser; ``InvalidInput``
+    when it is not one or nests too deep."""
     if not text:
         return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise InvalidInput(f"the {what} must be a JSON object")
-    return value
+    return json_input.parse_object(text, f"the {what}")
 
 
 def _name(form: dict[str, str]) -> str:
@@ -132,30 +154,39 @@ class Console:
         self.engine, self.store, self.clock = engine, engine.store, clock
         self._csrf_key = os.urandom(32)
 
-    def csrf(self, path: str) -> str:
-        """The CSRF token of the form that posts to ``path``."""
-        return hmac.new(self._csrf_key, path.encode(), hashlib.sha256).hexdigest()
+    def csrf(self, action: str) -> str:
+        """The CSRF token of the form confirming ``action`` (``action_key``)."""
+        return hmac.new(self._csrf_key, action.encode(), hashlib.sha256).hexdigest()
 
     def _checked(self, request: Request, form: dict[str, str]) -> None:
         if not _same_site(request):
             raise PermissionError("a cross-site request: refused")
-        if not hmac.compare_digest(form.get("csrf", ""), self.csrf(request.url.path)):
-            raise PermissionError("this form's CSRF token is missing or wrong: open the "
-                                  "confirmation page again")
+        expected = self.csrf(action_key(request, form.get("plan", "")))
+        if not hmac.compare_digest(form.get("csrf", ""), expected):
+            raise PermissionError("this form's CSRF token is missing or wrong (or it was "
+                                  "confirmed for another action): open the confirmation "
+                                  "page again")
+
+    def _confirm(self, request: Request, data: dict[str, Any]) -> dict[str, Any]:
+        """A confirmation page's data: its form's CSRF token, bound to the whole action."""
+        plan = data.get("plan", "")
+        return data | {"csrf": self.csrf(action_key(request, plan)), "plan": plan,
+                       "action_url": str(request.url.path)
+                       + (f"?{request.url.query}" if request.url.query else "")}
 
     def routes(self, page: Page) -> list[Route]:
         """The console's routes, rendering with ``page(template, request, data, status)``."""
         def endpoint(show: Callable[[Request], Awaitable[dict[str, Any]]],
-                     do: Callable[[Request, dict[str, str]], Awaitable[dict[str, Any]]]
+                     do: Callable[[Request, dict[str, str]], Awaitable[dict[str, Any]]],
+                     gate: Callable[[Request], Awaitable[Any]] | None = None
                      ) -> Callable[[Request], Awaitable[Response]]:
             async def handle(request: Request) -> Response:
                 try:
                     if request.method == "GET":
-                        data = await show(request)
-                        return page("confirm.html", request, data | {
-                            "csrf": self.csrf(request.url.path),
-                            "action_url": str(request.url.path)
-                            + (f"?{request.url.query}" if request.url.query else "")}, 200)
+                        return page("confirm.html", request,
+                                    self._confirm(request, await show(request)), 200)
+                    if gate is not None:
+                        await gate(request)  # before a byte of the body is read
                     form = await _form(request)
                     self._checked(request, form)
                     return page("done.html", request, await do(request, form), 200)
@@ -171,7 +202,8 @@ class Console:
                       methods=both),
                 Route("/console/reviews/{item}", endpoint(self._show_review, self._do_review),
                       methods=both),
-                Route("/review/{item}", endpoint(self._show_link, self._do_link), methods=both)]
+                Route("/review/{item}", endpoint(self._show_link, self._do_link, self._gate),
+                      methods=both)]
 
     # -- one instance ------------------------------------------------------------------
     async def _show_instance(self, request: Request) -> dict[str, Any]:
@@ -221,15 +253,19 @@ class Console:
     # -- many --------------------------------------------------------------------------
     async def _show_bulk(self, request: Request) -> dict[str, Any]:
         action = request.path_params["action"]
-        plan = await run_in_threadpool(lambda: self.engine.bulk_plan(
-            action, _where(request.query_params), preview=True))
+        plan = await run_in_threadpool(self.engine.bulk_plan, action,
+                                       _where(request.query_params))
         return {"kind": "bulk", "action": action, "count": plan.count, "sample": plan.sample,
-                "change": CHANGES.get(action, "")}
+                "change": CHANGES.get(action, ""), "plan": plan_digest(plan.ids)}
 
     async def _do_bulk(self, request: Request, form: dict[str, str]) -> dict[str, Any]:
         action, who = request.path_params["action"], _name(form)
         plan = await run_in_threadpool(self.engine.bulk_plan, action,
                                        _where(request.query_params))
+        if not hmac.compare_digest(plan_digest(plan.ids), form.get("plan", "")):
+            raise StaleWrite(f"{action}: the matching instances changed since the "
+                             f"confirmation ({plan.count} match now); nothing was done: "
+                             "open the confirmation page again")
         state = form.get("state") or None
         done = await run_in_threadpool(lambda: self.engine.bulk(plan, by=who, state=state))
         return {"message": f"{action}: {done.changed} changed, {done.skipped} skipped, "
@@ -241,10 +277,19 @@ class Console:
         return {"kind": "review", "action": "decide", "item": item,
                 "change": "decides the item: the instance takes the chosen transition"}
 
-    async def _decide(self, item: str, by: str, form: dict[str, str]) -> dict[str, Any]:
+    async def _decide(self, item: str, by: str, form: dict[str, str],
+                      link: review_links.Link | None = None) -> dict[str, Any]:
         edit = _json_object(form.get("edit"), "edit")
-        rec = await run_in_threadpool(lambda: self.engine.decide(
-            item, form.get("choice", ""), by=by, update=edit, note=form.get("note") or None))
+        if link is not None:  # spent only once the form is read whole
+            await run_in_threadpool(review_links.use, self.store, link, self.clock())
+        try:
+            rec = await run_in_threadpool(lambda: self.engine.decide(
+                item, form.get("choice", ""), by=by, update=edit,
+                note=form.get("note") or None, link=link and link.record()))
+        except Exception:
+            if link is not None:  # nothing was decided: the link works again
+                await run_in_threadpool(review_links.unuse, self.store, link)
+            raise
         return {"message": f"review {item}: {form.get('choice')} by {by}; instance {rec.id} "
                            f"is {rec.status} in state {rec.state}"}
 
@@ -254,8 +299,14 @@ class Console:
 
     def _link(self, request: Request) -> review_links.Link:
         q = request.query_params
-        return review_links.verify(self.store, request.path_params["item"], q.get("by", ""),
+        link = review_links.verify(self.store, request.path_params["item"], q.get("by", ""),
                                    q.get("exp", ""), q.get("sig", ""), self.clock())
+        authenticated(request.scope)
+        return link
+
+    async def _gate(self, request: Request) -> None:
+        """A link's ``POST`` is refused on its signature before its body is read."""
+        await run_in_threadpool(self._link, request)
 
     async def _show_link(self, request: Request) -> dict[str, Any]:
         link = await run_in_threadpool(self._link, request)
@@ -267,9 +318,4 @@ class Console:
 
     async def _do_link(self, request: Request, form: dict[str, str]) -> dict[str, Any]:
         link = await run_in_threadpool(self._link, request)
-        await run_in_threadpool(review_links.use, self.store, link, self.clock())
-        try:
-            return await self._decide(link.item, link.by, form)
-        except InvalidInput:
-            await run_in_threadpool(review_links.unuse, self.store, link)  # fixable: retry
-            raise
+        return await self._decide(link.item, link.by, form, link)

@@ -9,17 +9,21 @@ running instance's page, whose policy allows the one same-origin script of the p
 (``static/stream.js``, the live text; ``headers.LIVE_CSP``).
 With a token, every request needs ``Authorization: Bearer TOKEN``,
 ``?token=TOKEN`` (which also sets an HttpOnly, SameSite=Strict cookie so the
-page's links work) or that cookie; anything else gets 401.  With a ``HostRule``
+page's links work) or that cookie; anything else gets 401.  The cookie holds a session
+value derived from the token (``session_value``), never the token: a browser sends
+cookies of 127.0.0.1 to every port, so every other local service sees it.  With a ``HostRule``
 (``fsm ui`` always gives one) a request whose ``Host`` it does not serve gets 421
 first (``ui.hosts``: DNS rebinding).
 
 Every value a page renders is capped at ``VALUE_CAP`` characters, with its full size
 shown; ``/instances/{id}/json`` gives the whole instance (record, history, attempts,
-outbox) as JSON.  Error pages show messages with credentials redacted.
+outbox) as JSON.  Error pages show messages with credentials redacted; every response,
+errors included, carries the security headers (``headers.Secured``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,7 +43,7 @@ from ..errors import InstanceNotFound, InvalidInput, StoreError
 from ..redaction import redact
 from ..store.base import Store
 from .data import ListQuery, Viewer
-from .headers import LIVE_CSP, SECURITY_HEADERS
+from .headers import LIVE_CSP, SECURITY_HEADERS, Secured, authenticated
 from .hosts import HostGate, HostRule
 from .stream import stream_endpoint
 
@@ -74,34 +78,56 @@ def _templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
+#: The purpose label of the session value (``session_value``).
+SESSION_LABEL = b"fsm ui session cookie v1"
+
+
+def session_value(token: str) -> str:
+    """The cookie's value for ``token``: HMAC-SHA256 of ``SESSION_LABEL`` under the token
+    (hex).  It lets a browser in, but is not the token: a service that receives the
+    cookie cannot use it as a bearer token or in ``?token=``."""
+    return hmac.new(token.encode(), SESSION_LABEL, hashlib.sha256).hexdigest()
+
+
+def _same(given: str, expected: str) -> bool:
+    return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
+
+
 class TokenGate:
     """ASGI middleware: 401 unless the request carries the token (see the module doc)."""
 
     def __init__(self, app: Any, token: str | None, open_prefix: str | None = None) -> None:
+        if token is not None and (not token or any(c.isspace() for c in token)):
+            raise InvalidInput("a viewer token is one word: no spaces, not blank")
         self.app = app
         self.token = token
+        self.session = session_value(token) if token is not None else None
         #: Paths under it need no token: the console's signed review links, which the
         #: route itself verifies (``ui.actions``); ``None``: every path needs it.
         self.open_prefix = open_prefix
 
     def _ok(self, request: Request) -> tuple[bool, bool]:
         """(allowed, came in the query string)."""
-        given = request.headers.get("authorization", "")
-        if given.lower().startswith("bearer ") and self._same(given[7:].strip()):
+        token, given = str(self.token), request.headers.get("authorization", "")
+        if given.lower().startswith("bearer ") and _same(given[7:].strip(), token):
             return True, False
-        if self._same(request.query_params.get("token", "")):
+        if _same(request.query_params.get("token", ""), token):
             return True, True
-        return self._same(request.cookies.get(COOKIE, "")), False
-
-    def _same(self, value: str) -> bool:
-        return bool(value) and hmac.compare_digest(value.encode(), str(self.token).encode())
+        return _same(request.cookies.get(COOKIE, ""), str(self.session)), False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.token is None or (
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.token is None or (
                 self.open_prefix and scope.get("path", "").startswith(self.open_prefix)):
+            if self.token is None:
+                authenticated(scope)  # no token to wait for (loopback only)
             await self.app(scope, receive, send)
             return
         allowed, from_query = self._ok(Request(scope))
+        if allowed:
+            authenticated(scope)
         if not allowed:
             response = PlainTextResponse("401: this viewer needs its token "
                                          "(Authorization: Bearer …, or ?token=…)\n",
@@ -115,7 +141,7 @@ class TokenGate:
 
         async def send_with_cookie(message: Any) -> None:
             if message["type"] == "http.response.start":
-                cookie = (f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/")
+                cookie = f"{COOKIE}={self.session}; HttpOnly; SameSite=Strict; Path=/"
                 message.setdefault("headers", []).append((b"set-cookie", cookie.encode()))
             await send(message)
         await self.app(scope, receive, send_with_cookie)
@@ -205,7 +231,7 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
     routes[-1:-1] = console.routes(page) if write else []
     app = Starlette(routes=routes, exception_handlers={404: not_found})
     gated = _gate(app, token, write)
-    return gated if hosts is None else HostGate(gated, hosts)
+    return Secured(gated if hosts is None else HostGate(gated, hosts))
 
 
-__all__ = ["create_app", "TokenGate", "HTMLResponse"]
+__all__ = ["create_app", "TokenGate", "session_value", "HTMLResponse"]

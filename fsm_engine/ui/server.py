@@ -1,10 +1,14 @@
 """``fsm ui``: serve the viewer with uvicorn on one read-only connection.
 
-Every connection must send a request's whole header within ``header_timeout_s``
-(``$FSM_UI_HEADER_TIMEOUT``, default 10 s) of opening or of its previous response,
-else it is closed: a half-sent request (a stalled or hostile client) holds nothing.
-An idle keep-alive connection is closed after 5 s, and a request header over 16 KB
-is refused (uvicorn's h11 limits).
+Every connection must send a request whole — its header and its body — within
+``request_timeout_s`` (``$FSM_UI_HEADER_TIMEOUT``, default 10 s) of opening or of its
+previous response, else it is closed: a half-sent request or a body that never ends (a
+stalled or hostile client) holds nothing for longer.  At most ``max_pending``
+(``$FSM_UI_MAX_PENDING``, default 100) connections at once may be waiting with a
+request neither whole nor past the gate (the token, a signed link: ``headers
+.authenticated``); a connection beyond them is answered 503 at once and closed, so slow
+peers cannot exhaust the file descriptors.  An idle keep-alive connection is closed
+after 5 s, and a request header over 16 KB is refused (uvicorn's h11 limits).
 """
 
 from __future__ import annotations
@@ -14,54 +18,101 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import InvalidInput
 from ..store import open_store, store_url
 from .app import create_app
+from .headers import AUTHENTICATED, SECURITY_HEADERS
 from .hosts import HostRule
 
-#: Seconds a connection has to send a request's header (``$FSM_UI_HEADER_TIMEOUT``).
-HEADER_TIMEOUT_S = 10.0
+#: Seconds a connection has to send a request whole (``$FSM_UI_HEADER_TIMEOUT``).
+REQUEST_TIMEOUT_S = 10.0
+#: Most connections waiting with a request neither whole nor authenticated
+#: (``$FSM_UI_MAX_PENDING``).
+MAX_PENDING = 100
 #: Seconds an idle keep-alive connection stays open.
 KEEP_ALIVE_S = 5
 #: Most bytes of a request's header.
 MAX_HEADER_BYTES = 16 * 1024
 
+_BUSY = b"503: too many requests waiting to be whole; try again\n"
+BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                 + b"".join(f"{k}: {v}\r\n".encode() for k, v in SECURITY_HEADERS.items())
+                 + b"retry-after: 1\r\nconnection: close\r\ncontent-length: "
+                 + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request's header: set when the
-    connection opens and after each response, cleared when a request's header is in."""
 
-    header_timeout_s = HEADER_TIMEOUT_S
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with one deadline per request (header and body), armed when
+    the connection opens and after each response, cleared when the request is whole; and
+    a bound on the connections pending (armed, and not yet past the gate).
+
+    ``serve`` gives each server a subclass with its own ``pending`` set."""
+
+    request_timeout_s: ClassVar[float] = REQUEST_TIMEOUT_S
+    max_pending: ClassVar[int] = MAX_PENDING
+    pending: ClassVar[set[Any]] = set()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._arm()
+        self._deadline: asyncio.TimerHandle | None = None
+        self._arm(answer_busy=True)
 
-    def _arm(self) -> None:
+    def _arm(self, *, answer_busy: bool = False) -> None:
+        """Start the deadline of the next request (the connection pending again); beyond
+        ``max_pending``: 503 (a new connection) or closed (after a response)."""
         self._disarm()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expired)
+        if len(self.pending) >= self.max_pending:
+            if answer_busy:
+                self.transport.write(BUSY_RESPONSE)
+            self.transport.close()
+            return
+        self.pending.add(self)
+        self._deadline = self.loop.call_later(self.request_timeout_s, self._expired)
 
     def _disarm(self) -> None:
-        timer = getattr(self, "_header_timer", None)
+        self.pending.discard(self)
+        timer = getattr(self, "_deadline", None)
         if timer is not None:
             timer.cancel()
-            self._header_timer = None
+            self._deadline = None
 
     def _expired(self) -> None:
-        self._header_timer = None
+        self._deadline = None
+        self.pending.discard(self)
         if not self.transport.is_closing():
             self.transport.close()
+
+    def _passed(self, cycle: Any) -> None:
+        """The request of ``cycle`` passed the gate: no longer pending (its deadline holds)."""
+        if self.cycle is cycle and not cycle.response_complete:
+            self.pending.discard(self)
 
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
-        if self.cycle is not before:  # a request's header arrived
-            self._disarm()
+        cycle = self.cycle
+        if cycle is None:
+            return
+        if cycle is not before:  # a request's header arrived: the gate can tell us
+            scope: Any = cycle.scope
+            scope.setdefault("extensions", {})[AUTHENTICATED] = lambda: self._passed(cycle)
+        if not cycle.more_body and not cycle.response_complete:
+            self._disarm()  # whole: its answer may take as long as it takes (a stream)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot read, with the security headers."""
+        import h11
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+                   *((k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items())]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=msg.encode("ascii", "replace")), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self._disarm()
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -73,17 +124,25 @@ class HeaderTimeoutProtocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def _header_timeout() -> float:
-    raw = os.environ.get("FSM_UI_HEADER_TIMEOUT", "").strip()
+def _positive(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return HEADER_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = 0.0
     if not value > 0:
-        raise InvalidInput(f"FSM_UI_HEADER_TIMEOUT={raw!r}: expected seconds > 0")
+        raise InvalidInput(f"{name}={raw!r}: expected a number > 0")
     return value
+
+
+def _protocol() -> type[DeadlineProtocol]:
+    """A protocol class for one server: its deadline, its bound, its own pending set."""
+    return type("ServerProtocol", (DeadlineProtocol,), {
+        "request_timeout_s": _positive("FSM_UI_HEADER_TIMEOUT", REQUEST_TIMEOUT_S),
+        "max_pending": max(1, int(_positive("FSM_UI_MAX_PENDING", MAX_PENDING))),
+        "pending": set()})
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -113,7 +172,7 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     database, ``InvalidInput`` for a port it cannot bind.
     """
     import uvicorn
-    HeaderTimeoutProtocol.header_timeout_s = _header_timeout()
+    protocol = _protocol()
     # with the console the pages read through the engine's own connection: a second,
     # read-only SQLite connection in this process to the same file loses the engine's
     # writes once another process opens and closes the database (its WAL is reset)
@@ -135,7 +194,7 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     app: Any = create_app(store, token=token, refresh_s=refresh_s,
                           hosts=HostRule(host, bound, tuple(allowed_hosts)), console=console)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            http=HeaderTimeoutProtocol, timeout_keep_alive=KEEP_ALIVE_S,
+                            http=protocol, timeout_keep_alive=KEEP_ALIVE_S,
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     server = uvicorn.Server(config)
     try:

@@ -165,7 +165,9 @@ def test_bulk_by_the_viewers_filters_confirms_the_count_first(s: Setup) -> None:
     page = s.client.get(path)
     assert re.search(r"<strong>30</strong> instance\(s\) match", page.text)
     assert all(s.engine.store.get(i).status == "pending" for i in ids)
-    done = s.client.post(path, data={"csrf": csrf(page.text), "as": "ops"})
+    plan = re.search(r'name="plan" value="([0-9a-f]+)"', page.text)
+    assert plan, page.text  # the digest of the 30 it counted, signed with the form
+    done = s.client.post(path, data={"csrf": csrf(page.text), "plan": plan.group(1), "as": "ops"})
     assert "30 changed" in done.text
     assert {s.engine.store.get(i).status for i in ids} == {"cancelled"}
     assert {operators(s, i)[-1] for i in ids} == {("cancel", "ops")}

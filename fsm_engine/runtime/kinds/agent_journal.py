@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from ...store.records import ReviewItem
 
 
+#: Most characters of one turn's calls (their JSON): the turn row's ``calls`` and each
+#: call row's ``arguments`` repeat them, while the reply itself is kept whole once, in
+#: the turn's ``llm_calls`` entry (``reply`` keeps its first 4,000 characters).
+MAX_CALLS_CHARS = 64_000
+
+
 @dataclass(slots=True)
 class Journal:
     """One visit's rows, in order: turns, the calls done, and approvals."""
@@ -184,7 +190,8 @@ class Reply:
 
 def parse(text: str, turn: int, finish_reason: str | None = None) -> Reply:
     """The reply ``text`` of turn ``turn`` in the protocol (see the module doc); an
-    unreadable one is ``Reply([], error=…)``, fed back to the model."""
+    unreadable one, or one whose calls (as JSON) are longer than ``MAX_CALLS_CHARS``, is
+    ``Reply([], error=…)``, fed back to the model."""
     from ...errors import StructuredOutputError
     from ...structured import parse_structured
     try:
@@ -203,6 +210,10 @@ def parse(text: str, turn: int, finish_reason: str | None = None) -> Reply:
                                    '{"final": ANSWER}')
         calls.append({"id": f"{turn}.{n}", "tool": c.get("tool", c.get("name")),
                       "arguments": c.get("arguments", {})})
+    size = len(json.dumps(calls, ensure_ascii=False))
+    if size > MAX_CALLS_CHARS:  # kept whole once (the llm_calls entry), never copied again
+        return Reply([], error=f"the calls' arguments are {size:,} characters: at most "
+                               f"{MAX_CALLS_CHARS:,} per turn")
     return Reply(calls)
 
 

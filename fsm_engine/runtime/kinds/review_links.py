@@ -6,7 +6,8 @@ A link names an item, a reviewer and an expiry (epoch seconds) and carries
 ``rotate_key``, which voids every link signed before).  A link is valid until its
 expiry, once: the console marks it used (``review_link_used:SIG``, ``Store.add_meta``:
 one of concurrent uses wins) in the request that decides, and it allows nothing but
-deciding its item as its reviewer.
+deciding its item as its reviewer; the decision's history row names the link
+(``Link.record``: its id, reviewer and expiry, not its signature).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import InvalidInput
 from ...store.facets import MetaStore
@@ -27,6 +29,12 @@ USED = "review_link_used:"
 MAX_NAME, MAX_TTL_S = 100, 30 * 86400
 
 
+def link_id(sig: str) -> str:
+    """A link's id: the first 16 hex digits of SHA-256 of its signature — names the link
+    in the history without being its secret (the signature cannot be had from it)."""
+    return hashlib.sha256(str(sig).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """What a signed link claims: ``item`` decided ``by`` until ``expires`` (epoch s)."""
@@ -35,6 +43,11 @@ class Link:
     by: str
     expires: int
     sig: str
+
+    def record(self) -> dict[str, Any]:
+        """What the decision's history row keeps of the link (``detail.review.link``):
+        ``id`` (``link_id``), ``by``, ``expires`` — never the signature."""
+        return {"id": link_id(self.sig), "by": self.by, "expires": self.expires}
 
 
 def _key(store: MetaStore, *, create: bool) -> bytes | None:
