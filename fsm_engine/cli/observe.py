@@ -230,7 +230,8 @@ def check(db: str = DB,
     PostgreSQL invalid indexes, and amcheck when installed) and the store's invariants
     (history seq without gaps, each instance's state equals its last history row's
     destination, no rows of missing instances), then the runtime's: no fan-out child
-    started twice, no parent waiting on children all final, no outbox key delivered
+    started twice, no parent waiting on children all final, no wait nothing can end
+    (an approval or a review with no open item of its own), no outbox key delivered
     twice, every history replaying to its row (``runtime.invariants``).  Exit 1 when a
     problem is found."""
     from ..runtime.invariants import check as runtime_checks

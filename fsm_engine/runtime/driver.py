@@ -20,7 +20,6 @@ from ..errors import (
     ActionError,
     BudgetExhausted,
     CircuitOpen,
-    FsmError,
     InvalidInput,
     StaleWrite,
     StepRejected,
@@ -286,8 +285,10 @@ class Driver:
 
     def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
-        store only after a first attempt (``replay.visit_tokens``)."""
-        if rec.attempt <= 1:
+        store only after a first attempt (``replay.visit_tokens``), or in an agent state,
+        whose visit goes on over many commits (each journaled turn starts again at
+        attempt 1: a turn that failed before it still counts)."""
+        if rec.attempt <= 1 and state.agent is None:
             return 0
         return visit_tokens(self.store.attempts(rec.id), state.name, visit)
 
@@ -377,19 +378,13 @@ class Driver:
 
     def _delivered_by_original(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                                step: Step) -> StepCommit | None:
-        """For a fork at a side effect its original delivered: the original's recorded
-        outcome, taken again without running the action (``None``: run it)."""
-        if rec.forked_from is None:
+        """For a fork at a side effect delivered up its lineage (its original, that one's
+        original, ...; the nearest first): that delivery's recorded outcome, taken again
+        without running the action (``None``: run it)."""
+        found = fork.lineage_delivery(self.store, rec, state.name, step.visit)
+        if found is None:
             return None
-        from .kinds.fork import delivered, recorded_outcome
-        try:
-            done = delivered(rec, state.name, step.visit, self.store.outbox(rec.forked_from))
-            row = recorded_outcome(self.store.history(rec.forked_from), state.name,
-                                   step.visit) if done else None
-        except FsmError:  # the original was pruned: deliver anew
-            return None
-        if not done or row is None:
-            return None
+        done, row = found
         self.store.outbox_begin(step.idempotency_key, rec.id, state.name, step.visit,
                                 self.clock())
         step.notes["delivered_by_original"] = done.key

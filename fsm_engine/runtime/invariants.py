@@ -8,6 +8,10 @@ per violation, naming the instance and the reason:
   or one branch twice in a family;
 - **never woken**: a parent ``waiting`` on ``children`` whose current family is all final
   (the commit ending the last child should have woken it);
+- **a wait nothing can end**: an instance ``waiting`` on a tool call's approval, or in a
+  review state, with no open review item of its own for that visit, or in a state that
+  waits on nothing (no trigger, review, approval, children, rate limit or timer; read from
+  the definition stored with it, when there is one);
 - **outbox key delivered twice**: one idempotency key on two completed steps;
 - **history does not replay**: the input with every history row's delta applied is not
   the stored context, or the stored ``tokens_used`` is less than the history's and
@@ -21,12 +25,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..definition.fanout import CHILDREN
+from ..errors import FsmError
 from ..store.base import Store
-from ..store.records import NOT_MOVES, RECOVERY, WAITING, HistoryRow, InstanceRecord
+from ..store.records import (
+    NOT_MOVES,
+    RATE_LIMITED,
+    RECOVERY,
+    REVIEW_OPEN,
+    WAITING,
+    HistoryRow,
+    InstanceRecord,
+)
 from ..views import context_after
-from .kinds import fanout
+from .kinds import agent_journal, fanout
+from .kinds.agent_review import item_id
 
 
 def check(store: Store) -> list[str]:
@@ -42,6 +57,7 @@ def check(store: Store) -> list[str]:
         family = kids.get(rec.id, [])
         problems += duplicate_children(rec, family, histories[rec.id])
         problems += never_woken(rec, family)
+        problems += unending_wait(rec, histories[rec.id], store)
         problems += replays(rec, histories[rec.id], store)
     return problems + delivered_twice(histories.values())
 
@@ -84,6 +100,48 @@ def never_woken(rec: InstanceRecord, kids: Sequence[InstanceRecord]) -> list[str
         return [f"instance {rec.id}: waiting on its children, but all {len(family)} are "
                 "final (never woken)"]
     return []
+
+
+def unending_wait(rec: InstanceRecord, rows: Sequence[HistoryRow], store: Store) -> list[str]:
+    """``rec`` waits on something nothing can end (see the module doc; ``rows``: its
+    history)."""
+    if rec.status != WAITING or rec.reason in (CHILDREN, RATE_LIMITED):
+        return []
+    visit = rec.visits.get(rec.state, 1)
+    mine = {i.id for i in store.reviews(statuses=[REVIEW_OPEN], instance_id=rec.id)
+            if (i.state, i.visit) == (rec.state, visit)}
+    j = agent_journal.read(list(rows), rec.state, visit)
+    asked = [a for c, a in j.asked.items() if c not in j.decided and c not in j.done]
+    where = f"instance {rec.id}: waiting in state {rec.state!r}"
+    if asked:
+        call = str(asked[-1].get("call"))
+        if item_id(rec.id, rec.state, visit, call) in mine:
+            return []
+        return [f"{where} on the approval of call {call} (tool {asked[-1].get('tool')}), "
+                "but no open review item of this instance is there: nothing can end the "
+                "wait"]
+    spec = _state_spec(store, rec)
+    if spec is None or spec.get("wait") or spec.get("fan_out") or mine:
+        return []
+    if spec.get("review") or spec.get("agent"):
+        what = "a review" if spec.get("review") else "a tool call's approval"
+        return [f"{where} for {what}, but no open review item of this instance is there: "
+                "nothing can end the wait"]
+    if rec.next_attempt_at is None:
+        return [f"{where}, which waits on nothing (no trigger, review, approval, children "
+                "or timer): nothing can end the wait"]
+    return []
+
+
+def _state_spec(store: Store, rec: InstanceRecord) -> dict[str, Any] | None:
+    """The export of ``rec``'s state in the definition stored with it (None: none)."""
+    try:
+        row = store.get_definition(rec.machine, rec.machine_version, rec.fingerprint)
+    except FsmError:  # a damaged definition row: nothing to read the state from
+        return None
+    states = row.export.get("states") if row is not None else None
+    return next((s for s in states or () if isinstance(s, dict)
+                 and s.get("name") == rec.state), None)
 
 
 def replays(rec: InstanceRecord, rows: Sequence[HistoryRow], store: Store) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fsm_engine import Agent, Machine, RetryPolicy, State, ToolCall, Transition, tool
+from fsm_engine import Agent, Machine, RetryPolicy, RunInfo, State, ToolCall, Transition, tool
 
 
 class Ctx(BaseModel):
@@ -128,3 +128,24 @@ SLA = float(os.environ.get("AGENT_SLA_S", "0") or 0) or None
 approved = _machine("agent-approve", Agent(
     tools=TOOLS, output=Answer, max_turns=4, approve=["send_report"], sla_s=SLA,
     on_timeout="reject" if SLA else None), max_transitions=30)
+
+
+def whole_visit(ctx: Ctx, run: RunInfo) -> bool:
+    """True when an agent's final turn sees its visit's every token: the first turn's 400,
+    the failed turn's 1000 and its own 400 (issue 36), as the instance's count does."""
+    return (run.state_tokens_used, run.tokens_used) == (1800, 1800)
+
+
+#: An agent state whose ``done`` guard reads the visit's tokens after a failed turn
+#: (``whole_visit``; tests/runtime/kinds/test_replay_budget.py).
+budget_guarded = Machine(
+    name="agent-budget-guard", context=Ctx, initial="research", max_transitions=50,
+    states=[State("research", retry=RetryPolicy(max_attempts=3, initial_interval=0.0,
+                                                jitter=0.0),
+                  agent=Agent(tools=TOOLS, output=Answer)),
+            State("answered", final=True), State("cheap", final=True),
+            State("out", final=True)],
+    transitions=[Transition("done", "research", "answered", conditions=whole_visit),
+                 Transition("done", "research", "cheap"),
+                 Transition("turns_exhausted", "research", "out"),
+                 Transition("budget_exhausted", "research", "out")])

@@ -78,6 +78,29 @@ fan_bad_output = _machine(reducer=lambda outs: "not a list", name="fan_bad_outpu
 fan_count = _machine(reducer=lambda outs: {"count": len(outs)}, into=None, name="fan_count")
 
 
+def many(ctx: Parent) -> bool:
+    """The join's guard: more than two results (read after the join's update)."""
+    return len(ctx.results) > 2
+
+
+def _routed(name: str, fallback: bool) -> Machine:
+    """A ``Map`` whose ``joined`` routes on the children's results (``many``), with an
+    unguarded ``joined`` edge after it when ``fallback``."""
+    return Machine(
+        name=name, context=Parent, initial="map", max_transitions=20,
+        states=[State("map", fan_out=Map(items="words", machine=item, item_field="word",
+                                         into="results")),
+                State("big", final=True), *([State("done", final=True)] if fallback else []),
+                State("broken", final=True, failure=True)],
+        transitions=[Transition("joined", "map", "big", conditions=many),
+                     *([Transition("joined", "map", "done")] if fallback else []),
+                     Transition("branch_failed", "map", "broken")])
+
+
+fan_routed = _routed("fan_routed", fallback=True)
+fan_routed_only = _routed("fan_routed_only", fallback=False)
+
+
 def left(ctx: Parent) -> dict:
     return {"a": "left"}
 

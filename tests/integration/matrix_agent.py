@@ -65,7 +65,8 @@ def check(records: Sequence[Any], histories: dict[str, list[Any]],
         if not any(r.kind == _TOOL for r in rows):
             continue
         problems += _journaled_once(rec.id, rows)
-        problems += _calls_ran(rec.id, rows, runs, lost)
+        # a fork's copied rows ran in its original (checked there)
+        problems += _calls_ran(rec.id, rows[rec.forked_at_seq or 0:], runs, lost)
         problems += _as_uninterrupted(rec, rows)
     return problems
 

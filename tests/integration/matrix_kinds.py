@@ -154,6 +154,24 @@ def _fork(lab: Lab, crash: str | None) -> Procs:
     return _each(lab, crash, [["fork", i, "--from-state", "work"] for i in _unforked(lab)])
 
 
+def _fork_approval(lab: Lab, crash: str | None) -> Procs:
+    """``fsm fork ID --from-state research`` of each agent waiting on a call's approval
+    (``crash`` for the first), then ``fsm review decide`` of every item open: once every
+    fork is made, after a worker stepped each one to its own item (``_finish`` runs one)."""
+    todo = _unforked(lab)
+    if not todo:
+        until(lambda: not _forks_to_step(lab), "every fork to wait on its own item", 30)
+    return _each(lab, crash, [*(["fork", i, "--from-state", "research"] for i in todo),
+                              *(["review", "decide", i, "approve", "--as", "bob"]
+                                for i in _open_items(lab))])
+
+
+def _forks_to_step(lab: Lab) -> list[str]:
+    """Forks still to be stepped (running, never claimed since they were made)."""
+    return [r.id for r in lab.records() if r.forked_from and r.status == "running"
+            and r.seq == r.forked_at_seq]
+
+
 def _migrate(lab: Lab, crash: str | None) -> Procs:
     return [lab.fsm("migrate", "--yes", "--batch", "1", crash=crash, MATRIX_VERSION="2")]
 
@@ -203,6 +221,12 @@ KINDS = {k.name: k for k in [
     # a person's approval of an agent's side-effect call (``fsm review decide``)
     Kind("agent-approval", lambda lab, n: _started(lab, "agent_approve", n, run=True),
          _decide, _both("agent=decision"), todo=lambda lab: bool(_open_items(lab))),
+    # a fork of an agent waiting on a call's approval (``fsm fork``; issue 36): the fork
+    # waits on an item of its own, both are approved; a call delivered once per instance
+    Kind("fork-approval", lambda lab, n: _started(lab, "agent_approve", n, run=True),
+         _fork_approval, [Point("create", "before", "fork"), Point("create", "after", "fork")],
+         todo=lambda lab: bool(_unforked(lab) or _open_items(lab) or _forks_to_step(lab)),
+         keys_per_item=2, n=1),
     # a streamed model call that ends within FLUSH_S: its rows ride the step's commit, or
     # its history holds them (stream_inline)
     Kind("stream-short", _enqueue("stream_short"), _worker_op, _both("src=work"),

@@ -24,7 +24,7 @@ from review_family_source import MACHINE as REVIEW_FAMILY
 from fsm_engine import Engine
 from fsm_engine.runtime.kinds import reviews
 from fsm_engine.runtime.loader import load_machine
-from fsm_engine.store.records import HistoryRow, StepCommit
+from fsm_engine.store.records import HistoryRow, ReviewDecision, StepCommit
 
 #: On a runtime that never wakes a decided family's parent, its run waits forever.
 pytestmark = pytest.mark.timeout(120)
@@ -168,3 +168,36 @@ def test_history_not_replaying_reported(engine_factory: Any, store_url: str,
     assert code == 1 and problems == [
         f"instance {iid}: history does not replay to the row: context field(s) n differ "
         "from the input with the deltas applied"], problems
+
+
+def test_a_wait_nothing_can_end_reported(engine_factory: Any, store_url: str,
+                                         tmp_path: Path) -> None:
+    """Issue 36 item 1: what the pre-fix runtime wrote for a fork of an agent waiting for a
+    tool call's approval (the fork waiting, its copied ask row naming the original's item),
+    and a review state's wait whose item was decided without its step: both reported; the
+    original, waiting on its own open item, is not."""
+    import agent_machine
+    from agent_replies import calls, final
+
+    from fsm_engine.llm import Scripted
+    asks = [calls(("add", {"a": 2, "b": 3})), calls(("send_report", {"text": "5"})),
+            final("reported")]
+    eng = engine_factory(llm=Scripted.from_replies(asks))
+    iid = eng.start(agent_machine.approved, {"question": "report 2 + 3"})
+    assert asyncio.run(eng.run(iid)).status == "waiting"
+    fork = eng.store.get(eng.fork(iid, from_state="research"))
+    stuck = replace(fork, status="waiting", owner=None, visits=dict(fork.visits))
+    assert eng.store.commit([StepCommit(stuck, fork.version, before=fork)]) == [True]
+    pid = _family(eng, tmp_path)
+    kid = eng.store.children(pid)[0]
+    (kid_item,) = eng.reviews(instance_id=kid.id)  # decided, its instance left waiting
+    closed = ReviewDecision(kid_item.id, "ann", time.time(), "approve")
+    assert eng.store.commit([StepCommit(replace(kid, visits=dict(kid.visits)), kid.version,
+                                        before=kid, review_close=closed)]) == [True]
+    code, problems = _check(store_url)
+    assert code == 1 and sorted(problems) == sorted([
+        f"instance {fork.id}: waiting in state 'research' on the approval of call 2.1 (tool "
+        "send_report), but no open review item of this instance is there: nothing can end "
+        "the wait",
+        f"instance {kid.id}: waiting in state 'review' for a review, but no open review "
+        "item of this instance is there: nothing can end the wait"]), problems

@@ -177,7 +177,8 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
         if tool.side_effect else None
     if prior is not None:  # a fork: the original delivered this very call
         return journal.entry(rec, {**base, "arguments": args, "result": prior.get("result"),
-                                   "delivered_by_original": prior.get("idempotency_key")},
+                                   "delivered_by_original": prior.get(
+                                       "idempotency_key", prior.get("delivered_by_original"))},
                              now)
     driver.check_lease(rec)  # no tool starts under a lease that ran out (a model turn took)
     if tool.side_effect:
@@ -215,31 +216,37 @@ async def _begin_delivery(driver: Driver, rec: InstanceRecord, state: str, visit
 
 def _delivered_by_original(driver: Driver, rec: InstanceRecord, state: str, visit: int,
                            call: str, args: dict[str, Any]) -> dict[str, Any] | None:
-    """For a fork (not ``redeliver``): the original's journaled call ``call`` of this visit
-    when it delivered with the same arguments (``None``: deliver anew)."""
+    """For a fork (not ``redeliver``): the journaled call ``call`` of this visit of the
+    nearest ancestor up its lineage (``fork.ancestors``) that delivered it with the same
+    arguments (``None``: deliver anew)."""
     if rec.forked_from is None or rec.fork_options.get("redeliver"):
         return None
     from ...errors import FsmError
-    try:
-        rows = driver.store.history(rec.forked_from)
-    except FsmError:  # the original was pruned: deliver anew
-        return None
-    j = journal.read(rows, state, visit)
-    prior = j.done.get(call)
-    if prior is None or prior.get("arguments") != args or "error" in prior:
-        return None
-    return prior
+    for up in fork.ancestors(rec, driver.store.get):
+        try:
+            rows = driver.store.history(up)
+        except FsmError:  # that ancestor was pruned: look further up
+            continue
+        prior = journal.read(rows, state, visit).done.get(call)
+        if prior is not None and prior.get("arguments") == args and "error" not in prior:
+            return prior
+    return None
 
 
 def _await_review(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, agent: Agent,
                   j: journal.Journal, call: dict[str, Any], args: dict[str, Any], visit: int,
                   now: float) -> StepCommit:
-    """A call waiting for approval: its item opened, the wait kept, or the SLA's choice."""
+    """A call waiting for approval: its item opened, the wait kept, or the SLA's choice.
+    An ``ask`` row naming another instance's item (a fork copied it from its original)
+    opens this instance's own (``agent_review.reopened``): nothing else could end its wait."""
     asked = j.asked.get(call["id"])
     if asked is None:
         return agent_review.ask(rec, agent, call, args, visit, now)
+    own = agent_review.item_id(rec.id, rec.state, visit, call["id"])
+    if asked.get("item") != own and not driver.store.reviews(id_prefix=own):
+        return agent_review.reopened(rec, agent, call, args, visit, now)
     if reviews.timer_due(rec, now) and agent.on_timeout is not None:
-        items = driver.store.reviews(id_prefix=asked["item"])
+        items = driver.store.reviews(id_prefix=own)
         if items:
             return reviews.decision(cm, rec, items[0], agent.on_timeout, by=reviews.SLA,
                                     now=now, advance=driver.advance,

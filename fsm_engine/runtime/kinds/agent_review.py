@@ -15,7 +15,8 @@ from typing import Any
 
 from ...definition.agent import REJECTED, Agent
 from ...errors import ActionError, InvalidInput, ReviewRefused
-from ...store.records import InstanceRecord, ReviewDecision, ReviewItem, StepCommit
+from ...store.records import WAITING, InstanceRecord, ReviewDecision, ReviewItem, StepCommit
+from .. import outcome
 from ..compiled import CompiledMachine
 from . import agent_journal as journal
 
@@ -30,9 +31,31 @@ def ask(rec: InstanceRecord, agent: Agent, call: dict[str, Any], args: dict[str,
         visit: int, now: float) -> StepCommit:
     """The commit putting ``call`` (arguments ``args``) to review: an ``ask`` row, the
     item opened (its SLA timer as ``next_attempt_at``), the instance waiting unowned."""
+    item = _item(rec, agent, call, args, visit, now)
+    detail = {"agent": "ask", "visit": visit, "turn": item.show["turn"], "call": call["id"],
+              "tool": item.show["tool"], "arguments": args, "item": item.id}
+    return journal.entry(rec, detail, now, waiting=True, review=item)
+
+
+def reopened(rec: InstanceRecord, agent: Agent, call: dict[str, Any], args: dict[str, Any],
+             visit: int, now: float) -> StepCommit:
+    """The commit opening ``rec``'s own item for ``call`` whose ``ask`` row it holds
+    already but whose item is another instance's (a fork copied the row from its
+    original): no row, the item opened, the instance waiting unowned — as a fork of a
+    review state opens its own item (``outcome.awaiting_review``)."""
+    item = _item(rec, agent, call, args, visit, now)
+    new = outcome.clone(rec)
+    new.status, new.owner, new.updated_at, new.attempt = WAITING, None, now, 1
+    new.next_attempt_at = item.due_at
+    return StepCommit(new, rec.version, before=rec, review_open=item)
+
+
+def _item(rec: InstanceRecord, agent: Agent, call: dict[str, Any], args: dict[str, Any],
+          visit: int, now: float) -> ReviewItem:
+    """``rec``'s review item of ``call`` (see the module doc)."""
     tool = agent.by_name[call["tool"]]
     turn = int(call["id"].split(".")[0])
-    item = ReviewItem(
+    return ReviewItem(
         id=item_id(rec.id, rec.state, visit, call["id"]), instance_id=rec.id,
         machine=rec.machine, state=rec.state, visit=visit,
         prompt=f"Allow the call of tool {tool.name}? {tool.description}"[:500],
@@ -40,9 +63,6 @@ def ask(rec: InstanceRecord, agent: Agent, call: dict[str, Any], args: dict[str,
         choices=["approve", "reject"], editable=list(tool.args.model_fields if tool.args else ()),
         created_at=now, due_at=None if agent.sla_s is None else now + agent.sla_s,
         on_timeout=agent.on_timeout)
-    detail = {"agent": "ask", "visit": visit, "turn": turn, "call": call["id"],
-              "tool": tool.name, "arguments": args, "item": item.id}
-    return journal.entry(rec, detail, now, waiting=True, review=item)
 
 
 def _refuse(item: ReviewItem, why: str) -> ReviewRefused:

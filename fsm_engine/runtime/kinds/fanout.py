@@ -30,6 +30,7 @@ parent waits, and a family looked up by the moved ``seq`` would be started again
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -376,15 +377,13 @@ def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, ta
         total = len(work_total(plan, base))
         try:
             update = _update(plan, _outputs(plan, tally.kids, total, outs))
-            _, ctx, delta = apply_update(cm.spec.context, base.context, update, cm.fields)
+            obj, ctx, delta = apply_update(cm.spec.context, base.context, update, cm.fields)
         except ValueError as exc:
             return outcome.failed(cm, base, "reducer_error", now, error=str(exc), **fail)
         except InvalidInput as exc:
             return outcome.failed(cm, base, "invalid_join_output", now,
                                   error=f"the joined outputs do not fit: {exc}", **fail)
-        return outcome.transition(cm, base, trigger=JOINED, dest=_dest(cm, state, JOINED),
-                                  now=now, context=ctx, delta=delta, kind="join",
-                                  tokens=tokens, detail=detail)
+        return _taken(cm, base, JOINED, obj, now, fail, context=ctx, delta=delta)
     trigger = BRANCH_FAILED
     if base.token_budget is not None and cm.has_trigger(state, BUDGET_EXHAUSTED) and any(
             k.reason == "token_budget" for k in tally.kids if k.final and k.status != COMPLETED):
@@ -392,10 +391,33 @@ def _decide_join(cm: CompiledMachine, plan: FanOutPlan, base: InstanceRecord, ta
     why = f"{tally.failed} of {len(tally.kids)} started branches failed"
     if not cm.has_trigger(state, trigger):
         return outcome.failed(cm, base, "branch_failed", now, error=why, **fail)
-    return outcome.transition(cm, base, trigger=trigger, dest=_dest(cm, state, trigger),
-                              now=now, kind="join", tokens=tokens, error=why,
-                              reason="token_budget" if trigger == BUDGET_EXHAUSTED
-                              else BRANCH_FAILED, detail=detail)
+    return _taken(cm, base, trigger, cm.spec.context.model_validate(base.context), now, fail,
+                  error=why, reason="token_budget" if trigger == BUDGET_EXHAUSTED
+                  else BRANCH_FAILED)
+
+
+def _taken(cm: CompiledMachine, base: InstanceRecord, trigger: str, obj: Any, now: float,
+           fail: dict[str, Any], **moved: Any) -> StepCommit:
+    """The join's ``trigger`` taken to the first of its transitions whose guards pass on
+    the context after the join (``obj``; the guards' ``RunInfo`` counts the children's
+    tokens), the guards' results in the row, as for any guarded edge: none passing fails
+    the parent with reason ``no_transition``, a guard raising with reason ``error``."""
+    from ..compiled import GuardResultError
+    from ..step import run_info
+    evaluated: list[list[Any]] = []
+    run = partial(run_info, base, cm.states[base.state], fail["tokens"])
+    try:
+        choice = cm.choose(base.state, obj, run, trigger, evaluated)
+    except Exception as exc:  # noqa: BLE001 - a guard raising fails this parent, not the batch
+        why = str(exc) if isinstance(exc, GuardResultError) else \
+            f"a guard raised {type(exc).__name__}: {exc}"
+        return outcome.failed(cm, base, "error", now, error=why, guards=evaluated, **fail)
+    if choice is None:
+        return outcome.failed(cm, base, "no_transition", now, guards=evaluated,
+                              error=f"no {trigger!r} transition from {base.state!r} passed "
+                              "its guards", **fail)
+    return outcome.transition(cm, base, trigger=trigger, dest=choice.dest, now=now,
+                              kind="join", guards=choice.guards, **fail, **moved)
 
 
 def work_total(plan: FanOutPlan, rec: InstanceRecord) -> list[Any]:
@@ -404,12 +426,6 @@ def work_total(plan: FanOutPlan, rec: InstanceRecord) -> list[Any]:
         items = rec.context.get(plan.spec.items)
         return items if isinstance(items, list) else []
     return list(plan.branches)
-
-
-def _dest(cm: CompiledMachine, state: str, trigger: str) -> str:
-    """Where ``trigger`` leads from ``state`` (the first declared: joins have no guards)."""
-    return next(t.dest for t in cm.spec.all_transitions()
-                if t.trigger == trigger and state in t.sources([state]))
 
 
 def propagate(store: Store, step: StepCommit, now: float) -> StepCommit:

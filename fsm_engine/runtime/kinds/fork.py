@@ -1,4 +1,5 @@
-"""Fork: a new instance that starts from a prefix of another's history (pure, no I/O).
+"""Fork: a new instance that starts from a prefix of another's history (pure, no I/O, but
+for ``lineage_delivery``, which reads the store).
 
 The fork copies the original's history rows 1..N (the same rows under the new id)
 and the instance as it stood after row N, rebuilt from those rows: the input with
@@ -14,10 +15,11 @@ under an older version is upcast when it first steps, like any stored instance.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from ...errors import InvalidInput
+from ...errors import FsmError, InvalidInput
+from ...store.base import Store
 from ...store.records import (
     PAUSE,
     PENDING,
@@ -104,11 +106,31 @@ def outbox_key(rec: InstanceRecord, state: str, visit: int) -> str:
     return f"{rec.forked_from}>{rec.id}:{state}:{visit}"
 
 
+#: How many forks up a lineage ``ancestors`` goes (a bound for a damaged store's cycle).
+MAX_LINEAGE = 100
+
+
+def ancestors(rec: InstanceRecord, get: Callable[[str], InstanceRecord]) -> list[str]:
+    """The ids up ``rec``'s lineage, nearest first: the instance it was forked from, that
+    one's own original, and so on (``get``: ``Store.get``).  An ancestor that was pruned
+    is listed, the walk stops there (its own original is no longer known)."""
+    out: list[str] = []
+    up = rec.forked_from
+    while up is not None and up not in out and len(out) < MAX_LINEAGE:
+        out.append(up)
+        try:
+            up = get(up).forked_from
+        except FsmError:  # pruned: nothing further up is known
+            break
+    return out
+
+
 def delivered(rec: InstanceRecord, state: str, visit: int,
               outbox: Sequence[OutboxRow]) -> OutboxRow | None:
-    """The original's completed delivery of ``state``'s ``visit``, when ``rec`` is a fork
-    that reached a side effect its original already delivered (``outbox``: the
-    original's rows); ``None`` too for a fork asked to ``redeliver``."""
+    """An ancestor's completed delivery of ``state``'s ``visit``, when ``rec`` is a fork
+    that reached a side effect that ancestor already delivered (``outbox``: the
+    ancestor's rows, one of ``ancestors``); ``None`` too for a fork asked to
+    ``redeliver``."""
     if rec.forked_from is None or rec.fork_options.get("redeliver"):
         return None
     return next((o for o in outbox if o.state == state and o.visit == visit
@@ -119,3 +141,22 @@ def recorded_outcome(history: Sequence[HistoryRow], state: str, visit: int) -> H
     """The original's history row that ended ``state``'s ``visit`` (its trigger and delta)."""
     ends = [h for h in history if h.source == state and h.kind in _COUNTED]
     return ends[visit - 1] if len(ends) >= visit else None
+
+
+def lineage_delivery(store: Store, rec: InstanceRecord, state: str, visit: int
+                     ) -> tuple[OutboxRow, HistoryRow] | None:
+    """The nearest ancestor's completed delivery of ``state``'s ``visit`` (``ancestors``)
+    and the history row that ended that visit there; ``None`` when no ancestor delivered
+    it, ``rec`` is not a fork, or it was asked to ``redeliver``.  An ancestor pruned is
+    passed over."""
+    if rec.forked_from is None or rec.fork_options.get("redeliver"):
+        return None
+    for up in ancestors(rec, store.get):
+        try:
+            done = delivered(rec, state, visit, store.outbox(up))
+            row = recorded_outcome(store.history(up), state, visit) if done else None
+        except FsmError:  # that ancestor was pruned: look further up
+            continue
+        if done is not None and row is not None:
+            return done, row
+    return None

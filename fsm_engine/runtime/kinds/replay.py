@@ -25,8 +25,9 @@ from ..compiled import CompiledMachine
 from ..step import run_info
 
 #: Recorded kinds whose transition the definition chose (forced moves are not replayed);
-#: they are the ones that count against ``max_transitions``.
-CHOSEN = frozenset({"transition", "fallback", "skip", "review"})
+#: they are the ones that count against ``max_transitions`` (a fan-out's join included:
+#: its guards choose its edge).
+CHOSEN = frozenset({"transition", "fallback", "skip", "review", "join"})
 
 
 def visit_tokens(attempts: Sequence[AttemptRow], state: str, visit: int) -> int:
@@ -47,6 +48,8 @@ class Rebuilt:
     loops: int = 0
     tokens: int = 0
     _billed: int = 0  # attempts counted in ``tokens`` so far (``attempts`` by time)
+    #: Tokens of an agent state's journal rows, by (state, visit).
+    _journaled: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @classmethod
     def start(cls, cm: CompiledMachine, rec: InstanceRecord,
@@ -65,6 +68,9 @@ class Rebuilt:
         self.until(h.at)
         self.context.update(h.delta)
         self.state = h.dest
+        if h.kind == TOOL:  # an agent's journal row: its visit goes on
+            at = (h.source, self.visits.get(h.source, 1))
+            self._journaled[at] = self._journaled.get(at, 0) + h.tokens
         if h.dest != h.source or h.kind in CHOSEN:
             self.visits[h.dest] = self.visits.get(h.dest, 0) + 1
         self.loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in CHOSEN else \
@@ -76,9 +82,12 @@ class Rebuilt:
         self.until(h.at)
         state = cm.states[h.source]
         at = replace(rec, loop_count=self.loops, tokens_used=self.tokens)
-        earlier = 0
-        if int(h.detail.get("attempt", 1)) > 1:
-            earlier = visit_tokens(self.attempts, h.source, self.visits.get(h.source, 1))
+        earlier, visit = 0, self.visits.get(h.source, 1)
+        if state.agent is not None:  # its journaled turns, and every failed one (as the driver)
+            earlier = self._journaled.get((h.source, visit), 0) + \
+                visit_tokens(self.attempts, h.source, visit)
+        elif int(h.detail.get("attempt", 1)) > 1:
+            earlier = visit_tokens(self.attempts, h.source, visit)
         return run_info(at, state, h.tokens, earlier)
 
 
@@ -118,7 +127,10 @@ def _missing(cm: CompiledMachine, history: Sequence[HistoryRow]) -> list[dict[st
 def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: Callable[[], RunInfo]) -> Any:
     """The definition's choice for recorded row ``h``: free selection first; a forced or
     fired trigger (fallback, skip, a review's choice, an action's ``fire``) when only
-    that reproduces the recorded move."""
+    that reproduces the recorded move; a join's trigger's edges only."""
+    if h.kind == "join":  # its trigger is the children's outcome: only that one's edges
+        return cm.choose(h.source, obj, run, h.trigger) \
+            if cm.has_trigger(h.source, h.trigger) else None
     free = cm.choose(h.source, obj, run)
     recorded = (h.trigger, h.dest)
     if h.kind == "transition" and free is not None and (free.trigger, free.dest) == recorded:

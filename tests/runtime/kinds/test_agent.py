@@ -257,6 +257,13 @@ def test_fork_reuse_llm_replays_recorded_turns_and_never_redelivers(
               and r.detail.get("agent") == "call"]
     assert call.detail["delivered_by_original"] == f"{orig.id}:research:1:2:2.2"
     assert rec.tokens_used == orig.tokens_used - 20  # the final turn came back at 0 tokens
+    unrun = engine.fork(orig.id, from_seq=second_turn)  # never run: it never made the call
+    grand = engine.fork(unrun, from_seq=second_turn)  # a fork of a fork (issue 36 item 6)
+    assert asyncio.run(engine.run(grand)).state == "answered"
+    assert len(sink.read_text().splitlines()) == 1  # still delivered once, by the first
+    [call] = [r for r in engine.store.history(grand) if r.detail.get("tool") == "send_report"
+              and r.detail.get("agent") == "call"]
+    assert call.detail["delivered_by_original"] == f"{orig.id}:research:1:2:2.2"
 
 
 def test_replay_of_an_agent_history_is_identical(engine_factory: Any) -> None:
@@ -296,6 +303,39 @@ def test_each_tool_call_is_an_execute_tool_span_under_its_step(db_path: str) -> 
     steps = {s.context.span_id: s for s in found if s.name == "fsm.step"}
     assert all(t.parent is not None and t.parent.span_id in steps for t in tools)
     assert sum(s.name.startswith("chat ") for s in found) == 2
+
+
+@pytest.mark.parametrize("level", ["instance", "state"])
+def test_a_failed_turn_counts_against_the_budget_at_every_level(
+        engine_factory: Any, level: str) -> None:
+    """Issue 36 item 2: the tokens a failed turn was billed (retried) still count once a
+    later turn is journaled: the same 2000 on the state refuses the third turn, as on the
+    instance (400 + 1000 failed + 400 leave 200, the prompt needs ~300)."""
+    from fsm_engine import RetryPolicy
+    n = 2000
+    m = Machine(name=f"agent-failed-turn-{level}", context=agent_machine.Ctx,
+                initial="research", max_transitions=50,
+                token_budget=n if level == "instance" else None, states=[
+                    State("research", token_budget=n if level == "state" else None,
+                          retry=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=0.0),
+                          agent=Agent(tools=agent_machine.TOOLS, output=agent_machine.Answer,
+                                      max_turns=8)),
+                    State("answered", final=True), State("out", final=True)],
+                transitions=[Transition("done", "research", "answered"),
+                             Transition("turns_exhausted", "research", "out"),
+                             Transition("budget_exhausted", "research", "out")])
+    model = Scripted.from_replies([
+        calls(("add", {"a": 1, "b": 2}), tokens=200),
+        {"text": "", "error": "http500", "prompt_tokens": 1000},
+        calls(("add", {"a": 2, "b": 2}), tokens=200), final("4")])
+    engine = engine_factory(llm=model)
+    rec = _run(engine, m)
+    [attempt] = engine.store.attempts(rec.id)
+    assert attempt.tokens == 1000
+    last = engine.store.history(rec.id)[-1]
+    assert (rec.state, last.trigger, last.tokens) == ("out", "budget_exhausted", 0)
+    assert f"200 of {n} left" in (last.error or "")
+    assert model.calls == 3 and rec.tokens_used == 1800
 
 
 def test_a_credential_in_a_tool_result_is_neither_stored_nor_shown_the_model() -> None:

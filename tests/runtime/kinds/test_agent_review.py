@@ -192,3 +192,32 @@ def test_a_call_waiting_for_approval_cancelled_is_never_run(
         engine.decide(item, "approve", by="ann")
     assert [r["tool"] for r in _ran(logs[0])] == ["add"]
     assert not logs[1].exists()
+
+
+@pytest.mark.parametrize("point", ["state", "seq"])
+def test_a_fork_of_a_call_waiting_for_approval_waits_on_its_own_item(
+        engine_factory: Any, logs: tuple[Path, Path], point: str) -> None:
+    """Issue 36 item 1: ``fsm fork ID --from-state research`` (or ``--from-seq`` at the ask
+    row) of an agent waiting for approval waited on no item: nothing could end the wait."""
+    from fsm_engine.runtime import invariants
+    engine = engine_factory(llm=Scripted.from_replies(ASK))
+    iid = _to_review(engine)
+    [item] = engine.reviews()
+    asked = [h.seq for h in engine.store.history(iid) if h.detail.get("agent") == "ask"]
+    fid = engine.fork(iid, **({"from_state": "research"} if point == "state"
+                              else {"from_seq": asked[-1]}))
+    assert engine.store.get(fid).forked_at_seq == asked[-1]
+    rec = asyncio.run(engine.run(fid))
+    assert (rec.status, rec.state, rec.owner) == ("waiting", "research", None)
+    [mine] = engine.reviews(instance_id=fid)
+    assert mine.id != item.id and mine.show == item.show
+    rows = engine.store.history(fid)  # the copied ask row, no second one
+    assert [h.seq for h in rows if h.detail.get("agent") == "ask"] == asked[-1:]
+    assert engine.store.check() == [] and invariants.check(engine.store) == []  # fsm check
+    assert engine.decide(mine, "approve", by="ann").status == "running"
+    done = asyncio.run(engine.run(fid))
+    assert (done.state, done.context["answer"]) == ("answered", "reported")
+    [sent] = [json.loads(x) for x in logs[1].read_text().splitlines()]
+    assert sent["key"].startswith(f"{iid}>{fid}:research:1:")  # the fork's own delivery
+    assert engine.review(item.id).status == "open"  # the original waits on its own
+    assert engine.store.get(iid).status == "waiting"

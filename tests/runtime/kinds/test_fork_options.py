@@ -105,6 +105,25 @@ def test_redeliver_delivers_once_more_under_the_forks_own_key(engine_factory,
     assert "delivered_by_original" not in engine.store.history(loud)[-2].detail
 
 
+def test_a_fork_of_a_fork_never_delivers_what_the_first_of_its_line_delivered(
+        engine_factory, sink: Sink) -> None:
+    """Issue 36 item 6: a delivery made anywhere up the lineage counts as made."""
+    engine = engine_factory(llm=Scripted.from_replies(REPLIES, model="m"))
+    iid = _original(engine)
+    first = engine.fork(iid, from_seq=1)  # never run: it never reached notify itself
+    second = engine.fork(first, from_seq=1)
+    assert asyncio.run(engine.run(second)).status == "completed"
+    assert [k for k, _ in sink.got] == [f"{iid}:notify:1"]  # not again under first>second
+    row = [h for h in engine.store.history(second) if h.source == "notify"][0]
+    assert row.detail["delivered_by_original"] == f"{iid}:notify:1"
+    third = engine.fork(second, from_seq=1)  # its parent took the original's outcome
+    assert asyncio.run(engine.run(third)).status == "completed"
+    assert [k for k, _ in sink.got] == [f"{iid}:notify:1"]
+    loud = engine.fork(first, from_seq=1, redeliver=True)
+    assert asyncio.run(engine.run(loud)).status == "completed"
+    assert [k for k, _ in sink.got] == [f"{iid}:notify:1", f"{first}>{loud}:notify:1"]
+
+
 def test_fsm_fork_flags(db_path: str, sink: Sink) -> None:
     from fsm_engine import Engine
     engine = Engine(db_path, llm=Scripted.from_replies(REPLIES, model="m"))

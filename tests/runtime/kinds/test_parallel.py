@@ -147,6 +147,47 @@ def test_a_reducer_may_return_updates(engine_factory) -> None:
     assert rec.status == "completed" and rec.context["count"] == 3
 
 
+def test_the_joins_guards_route_on_the_childrens_results(engine_factory) -> None:
+    """Issue 36 item 5: a guard on a ``joined`` transition is evaluated on the context after
+    the join and recorded, like any guard; none passing fails the parent (no_transition);
+    coverage counts the edge whose guard passed."""
+    from fsm_engine.coverage import collect
+    engine = engine_factory()
+    big, rec = _run(engine, pm.fan_routed, ["a", "b", "c"])
+    assert (rec.state, rec.status) == ("big", "completed")
+    join = engine.store.history(big)[-1]
+    assert (join.kind, join.trigger, join.dest, join.guards) == \
+        ("join", "joined", "big", [["many", True]])
+    small, rec = _run(engine, pm.fan_routed, ["a"])
+    assert (rec.state, rec.status) == ("done", "completed")
+    assert engine.store.history(small)[-1].guards == [["many", False]]
+    cov = collect(pm.fan_routed.export(), [engine.store.history(i) for i in (big, small)])
+    taken = {e.dest: n for e, n in cov.edges.items() if e.trigger == "joined"}
+    assert taken == {"big": 1, "done": 1}
+    assert [(e.dest, g, dict(c)) for (e, g), c in cov.guards.items()] == \
+        [("big", "many", {True: 1, False: 1})]
+    from fsm_engine.runtime.compiled import compile_machine
+    from fsm_engine.runtime.kinds.replay import Rebuilt, replay
+    for iid in (big, small):  # replay evaluates the join's guards again
+        report = replay(compile_machine(pm.fan_routed), engine.store.get(iid),
+                        engine.store.history(iid))
+        assert report.identical, report.as_json()
+    changed = replay(compile_machine(pm.fan_routed_only), engine.store.get(small),
+                     engine.store.history(small))
+    assert changed.divergence is not None and changed.divergence["recorded"] == \
+        ["joined", "done"] and changed.divergence["now"] is None
+    built = Rebuilt.start(compile_machine(pm.fan_routed), engine.store.get(big))
+    for h in engine.store.history(big):
+        built.after(h)
+    assert built.loops == engine.store.get(big).loop_count  # a fork counts the join too
+    stuck, rec = _run(engine, pm.fan_routed_only, ["a"])
+    assert (rec.status, rec.reason) == ("failed", "no_transition")
+    last = engine.store.history(stuck)[-1]
+    assert (last.guards, last.tokens) == ([["many", False]], 0)
+    assert "passed its guards" in (rec.last_error or "")
+    assert [k.status for k in _kids(engine, stuck)] == ["completed"]
+
+
 def test_an_item_that_does_not_fit_starts_no_child(engine_factory) -> None:
     class Num(BaseModel):
         n: int

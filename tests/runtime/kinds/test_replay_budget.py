@@ -77,3 +77,20 @@ def test_exceptions_carry_declared_fields(engine_factory) -> None:
         raise AssertionError("start_many accepted an input its model refuses")
     assert engine.store.list() == []
     assert InvalidInput("x").index is None and ActionError("x").guards == []
+
+
+def test_an_agent_guard_counts_every_turn_and_the_failed_one_in_replay(
+        engine_factory) -> None:
+    """Issue 36 item 2: an agent state's guard reads the visit's tokens (its journaled
+    turns and a failed turn's) and the instance's; replay, given the attempts, agrees."""
+    from agent_machine import budget_guarded as agent
+    from agent_replies import calls, final
+    engine = engine_factory(llm=Scripted.from_replies([
+        calls(("add", {"a": 1, "b": 2}), tokens=200),
+        {"text": "", "error": "http500", "prompt_tokens": 1000}, final("3", tokens=200)]))
+    iid = engine.start(agent, {"question": "1 + 2?"})
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.state, rec.tokens_used) == ("answered", 1800), rec.last_error
+    report = replay(compile_machine(agent), rec, engine.store.history(iid),
+                    engine.store.attempts(iid))
+    assert report.identical, report.as_json()
