@@ -90,7 +90,7 @@ class Driver:
             lambda items: store.outbox_begins(items))
         #: Upcasts of instances loaded to step (id -> ``migration.Upcast``), written with
         #: their next commit (``attach``).
-        self.upcasts: dict[str, migration.Upcast] = {}
+        self.upcasts = migration.Pending()
         #: The worker that will run the children a step of an instance creates (``None``:
         #: created unowned, for any worker to claim); the engine sets it for the families
         #: its ``run`` continues.
@@ -105,15 +105,7 @@ class Driver:
 
     def attach(self, step: StepCommit) -> StepCommit:
         """``step`` carrying its instance's pending upcast, if it continues from it."""
-        up = self.upcasts.get(step.record.id)
-        if up is not None:
-            migration.attach(step, up)
-        return step
-
-    def _settled(self, step: StepCommit) -> None:
-        up = self.upcasts.get(step.record.id)
-        if up is not None and step.history and step.history[0] is up.row:
-            del self.upcasts[step.record.id]
+        return self.upcasts.attach(step)
 
     #: ``hand_off(before, after)``: True when a step moving an instance into another queue
     #: must give it back in the same commit (owner cleared: claimed again under that
@@ -141,7 +133,7 @@ class Driver:
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
         if self.upcasts:
-            self._settled(step)
+            self.upcasts.settled(step)
         if step.create:
             self.born(step.create)
         return step.record
@@ -200,7 +192,7 @@ class Driver:
         self.committer.ledger.settle(self.attach(step))
         if not await self.committer.submit(step):
             return False
-        self._settled(step)
+        self.upcasts.settled(step)
         if step.create:
             self.born(step.create)
         return True
@@ -234,10 +226,14 @@ class Driver:
         return kind.plan(self, cm, rec, state, now) if kind.plans else None
 
     def make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                   spent: int = 0) -> Step:  # spent: this visit's tokens in earlier commits
+                  spent: int = 0, *, long_visit: bool = False) -> Step:
+        """The ``Step`` an action (or a kind's model call) of ``rec`` in ``state`` gets, its
+        model calls under the state's policies.  ``spent``: this visit's tokens in earlier
+        commits; ``long_visit``: the visit goes on over many commits (an agent's turns),
+        so its failed attempts count whatever ``rec.attempt`` is."""
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
-        in_visit = self._visit_tokens(rec, state, visit) + spent
+        in_visit = self._visit_tokens(rec, state, visit, long_visit) + spent
         meter = MeteredLLM(provider, self._call_settings(rec, state, provider, in_visit),
                            loop=asyncio.get_running_loop())
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
@@ -283,12 +279,13 @@ class Driver:
             out.append(Limit("state", state.token_budget - in_visit, state.token_budget))
         return tuple(out)
 
-    def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
+    def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int,
+                      long_visit: bool) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
-        store only after a first attempt (``replay.visit_tokens``), or in an agent state,
-        whose visit goes on over many commits (each journaled turn starts again at
-        attempt 1: a turn that failed before it still counts)."""
-        if rec.attempt <= 1 and state.agent is None:
+        store only after a first attempt (``replay.visit_tokens``), or in a ``long_visit``
+        (an agent's: each journaled turn starts again at attempt 1, and a turn that failed
+        before it still counts)."""
+        if rec.attempt <= 1 and not long_visit:
             return 0
         return visit_tokens(self.store.attempts(rec.id), state.name, visit)
 

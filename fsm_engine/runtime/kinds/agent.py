@@ -110,7 +110,8 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
                 agent: Agent, j: journal.Journal, visit: int, now: float) -> StepCommit:
     """One model turn: its calls journaled, or its final output taken."""
     model_state = state if agent.llm is None else dataclasses.replace(state, llm=agent.llm)
-    st = driver.make_step(cm, rec, model_state, spent=j.tokens)
+    st = driver.make_step(cm, rec, model_state, spent=j.tokens,
+                          long_visit=True)
     if state.timeout is not None:  # the state's timeout bounds each turn's model call
         st.llm.deadline = asyncio.get_running_loop().time() + state.timeout
     started = time.perf_counter()

@@ -91,8 +91,9 @@ class DriverAPI(Protocol):
         ...
 
     def make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                  spent: int = 0) -> Step:
-        """The ``Step`` an action (or a model turn) of ``rec`` in ``state`` gets."""
+                  spent: int = 0, *, long_visit: bool = False) -> Step:
+        """The ``Step`` an action (or a model turn) of ``rec`` in ``state`` gets; ``spent``:
+        this visit's tokens in earlier commits, ``long_visit``: a visit over many commits."""
         ...
 
     def check_lease(self, rec: InstanceRecord) -> None:
