@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from .store.records import HistoryRow, InstanceRecord, OutboxRow
+from .store.records import PAUSE, UNPAUSE, HistoryRow, InstanceRecord, OutboxRow
 
 
 def instance_json(rec: InstanceRecord) -> dict[str, Any]:
@@ -145,6 +145,25 @@ def recovery_note(detail: dict[str, Any]) -> str | None:
         text += f" while {info.get('status', 'idle')}"
     return text
 
+
+
+def pause_note(row: dict[str, Any]) -> str | None:
+    """A ``pause`` / ``unpause`` history row (as ``fsm history --json`` gives it) as one
+    line, ``None`` for other rows: ``paused by ann: audit``, ``paused by its policy:
+    retries_exhausted`` (with the last attempt's error after it), ``unpaused by bob after
+    12.5 s``."""
+    found = row.get("detail")
+    detail: dict[str, Any] = found if isinstance(found, dict) else {}
+    by = detail.get("operator")
+    who = f"by {by}" if isinstance(by, str) else "by its policy"
+    if row.get("kind") == PAUSE:
+        note = f"paused {who}: {row.get('reason') or 'paused'}"
+        return f"{note}; {row['error']}" if row.get("error") else note
+    if row.get("kind") == UNPAUSE:
+        took = detail.get("paused_s")
+        after = f" after {took:g} s" if isinstance(took, (int, float)) else ""
+        return f"unpaused{f' by {by}' if isinstance(by, str) else ''}{after}"
+    return None
 
 
 def agent_note(detail: dict[str, Any]) -> str | None:

@@ -124,9 +124,9 @@ def children_table(kids: list[Any]) -> Table:
 
 
 def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
-    from ..views import agent_note, guard_reading, local_time, recovery_note
+    from ..views import agent_note, guard_reading, local_time, pause_note, recovery_note
     table = Table(title=text(f"history of {rec.id}") if title else None, title_justify="left")
-    for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "error"):
+    for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "note"):
         fixed = col in ("seq", "at", "ms", "tokens")
         names = min(20, max([len(str(r[col])) for r in rows] + [len(col)])) \
             if col in ("source", "dest", "trigger") else None  # names whole; guards, errors fold
@@ -137,8 +137,8 @@ def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> 
                            for label, ok in (guard_reading(str(g[0]), g[1]) for g in r["guards"]))
         table.add_row(str(r["seq"]), local_time(r["at"]), r["source"], r["dest"], r["trigger"],
                       guards, f"{r['duration_ms']:.1f}", str(r["tokens"]),
-                      r["error"] or r["reason"] or recovery_note(r["detail"])
-                      or agent_note(r["detail"]) or "")
+                      pause_note(r) or r["error"] or r["reason"]
+                      or recovery_note(r["detail"]) or agent_note(r["detail"]) or "")
     return table
 
 

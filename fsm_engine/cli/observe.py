@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from ..store.records import FINAL_STATUSES, STATUSES, InstanceFilter
+from ..store.records import STATUSES, InstanceFilter
 from ..terminal import shown, text
 from .common import DB, _fail, _open, _print_json, app, out
 from .trust import MACHINES, trusting
@@ -182,15 +182,6 @@ def ui(db: str = DB,
           allowed_hosts=tuple(allowed_host or ()), engine=engine)
 
 
-def _prune_filter(older_than: str, status: list[str] | None) -> InstanceFilter:
-    statuses = tuple(status) if status else tuple(sorted(FINAL_STATUSES))
-    for s in statuses:
-        if s not in FINAL_STATUSES:
-            _fail(f"prune deletes finished instances only: --status must be one of "
-                  f"{', '.join(sorted(FINAL_STATUSES))}, not {s!r}")
-    return InstanceFilter(statuses=statuses, updated_before=time.time() - parse_age(older_than))
-
-
 @app.command()
 def prune(db: str = DB,
           older_than: str = typer.Option(..., "--older-than",
@@ -203,24 +194,29 @@ def prune(db: str = DB,
           batch: int = typer.Option(500, "--batch", min=1, max=100_000,
                                     help="Instances deleted per transaction."),
           as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON.")) -> None:
-    """Delete old finished instances with their history, attempts and outbox rows."""
-    where = _prune_filter(older_than, status)
-    store = _open(db)
-    matching = store.count(where).get(None, 0)
-    deleted = 0
-    if yes:
-        while True:  # small transactions: running engines wait for at most one batch
-            ids = [r.id for r in store.query(where, descending=False, limit=batch)]
-            gone = store.delete(ids) if ids else 0
-            deleted += gone
-            if not gone:
-                break
+    """Delete old finished instances with their history, attempts and outbox rows (through
+    the engine: each only while it is still finished at the version read; one restarted
+    meanwhile is skipped and counted)."""
+    from ..errors import InvalidInput
+    from ..runtime import Engine
+    where = InstanceFilter(statuses=tuple(status) if status else None,
+                           updated_before=time.time() - parse_age(older_than))
+    engine = Engine(_open(db), llm=None)
+    try:
+        done = engine.prune(where, batch=batch, dry_run=not yes)
+    except InvalidInput as exc:
+        _fail(str(exc))
+    finally:
+        engine.close()
     if as_json:
-        _print_json({"matching": matching, "deleted": deleted, "dry_run": not yes})
+        _print_json({"matching": done.matching, "deleted": done.deleted,
+                     "skipped": done.skipped, "dry_run": not yes})
     elif yes:
-        out.print(f"deleted {deleted} instance(s) with their history, attempts and outbox rows")
+        out.print(f"deleted {done.deleted} instance(s) with their history, attempts and "
+                  f"outbox rows" + (f"; {done.skipped} skipped (moved on since read)"
+                                    if done.skipped else ""))
     else:
-        out.print(f"would delete {matching} instance(s) (dry run; add --yes to delete)")
+        out.print(f"would delete {done.matching} instance(s) (dry run; add --yes to delete)")
 
 
 @app.command()

@@ -88,7 +88,7 @@ def _update(sets: list[str], edit: str | None,
 @review_app.command("list")
 def list_(db: str | None = DB,
           machine: str | None = typer.Option(None, "--machine", help="Only this machine."),
-          status: str = typer.Option("open", "--status", help="open, decided or all."),
+          status: str = typer.Option("open", "--status", help="open, decided, closed (undecided) or all."),
           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Review items across instances, oldest first (open ones by default)."""
     engine = _engine(db)
@@ -136,7 +136,10 @@ def show(item: str = typer.Argument(..., help="Review item id (an unambiguous pr
         lines.append(f"claimed   by {found.claimed_by} {when(found.claimed_at)}")
     for key, value in found.show.items():
         lines.append(f"  {key}: {json.dumps(value, ensure_ascii=False)}")
-    if found.decided_by:
+    if found.status == "closed":
+        lines.append(f"closed    undecided by {found.decided_by} {when(found.decided_at)}: "
+                     f"{found.note}")
+    elif found.decided_by:
         lines.append(f"decided   {found.choice} by {found.decided_by} {when(found.decided_at)}"
                      + (f": {found.note}" if found.note else ""))
     for line in lines:

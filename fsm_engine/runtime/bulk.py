@@ -19,12 +19,12 @@ transaction and a repeat finds them there and makes none twice.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import InstanceFinished, InstanceNotFound, InvalidInput
 from ..store.base import Store
 from ..store.records import (
-    PAUSE,
+    FINAL_STATUSES,
     PAUSED,
     HistoryRow,
     InstanceFilter,
@@ -33,7 +33,7 @@ from ..store.records import (
 )
 from . import outcome
 from .client import Client
-from .kinds import pausing
+from .ledger import Ledger
 
 #: The actions ``apply`` knows.
 ACTIONS = ("cancel", "pause", "unpause", "resume", "fork", "rerun")
@@ -75,6 +75,53 @@ def plan(store: Store, action: str, where: InstanceFilter, sample: int = 10, *,
         return Plan(action, store.count(where).get(None, 0), first)
     records = store.query(where, order="created", descending=False, limit=None)
     return Plan(action, len(records), records[:sample], [r.id for r in records])
+
+
+@dataclass(slots=True)
+class Pruned:
+    """What ``prune`` did: instances matching when it began, deleted, and skipped (they
+    moved on between their read and their delete, e.g. restarted), in ``batches``
+    transactions."""
+
+    matching: int
+    deleted: int = 0
+    skipped: int = 0
+    batches: int = 0
+
+
+def ended(where: InstanceFilter) -> InstanceFilter:
+    """``where`` limited to ended instances (completed, failed, cancelled: all three when it
+    names no status); ``InvalidInput`` when it names another."""
+    statuses = where.statuses or tuple(sorted(FINAL_STATUSES))
+    live = [s for s in statuses if s not in FINAL_STATUSES]
+    if live:
+        raise InvalidInput(f"prune deletes ended instances only: a status must be one of "
+                           f"{', '.join(sorted(FINAL_STATUSES))}, not {live[0]!r}")
+    return replace(where, statuses=statuses)
+
+
+def prune(ledger: Ledger, where: InstanceFilter, *, batch: int = BATCH,
+          dry_run: bool = False) -> Pruned:
+    """Delete the ended instances matching ``where`` with all their rows, ``batch`` per
+    transaction through ``ledger`` (``Ledger.delete``: each at the version read); with
+    ``dry_run`` only count them.  Stops when a batch deletes none (all of it moved on)."""
+    store, where = ledger.store, ended(where)
+    done = Pruned(store.count(where).get(None, 0))
+    if dry_run:
+        return done
+    seen: set[str] = set()
+    while True:  # small transactions: running engines wait for at most one batch
+        records = store.query(where, descending=False, limit=max(1, batch))
+        if not records:
+            break
+        seen.update(r.id for r in records)
+        gone = ledger.delete(records)
+        done.deleted += gone
+        done.batches += 1
+        if not gone:
+            break
+    done.skipped = len(seen) - done.deleted  # (one skipped, then deleted, counts once)
+    return done
 
 
 def _chunks(ids: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -121,8 +168,17 @@ class Bulk:
         for step, ok in zip(commits, results, strict=True):
             if ok:
                 done.changed += 1
+                self._cascade(action, step.record.id)
             else:
                 self._one(action, step.record.id, done)  # it moved: read again, alone
+
+    def _cascade(self, action: str, iid: str) -> None:
+        """After ``iid`` was paused or unpaused: its children too, as ``Engine.pause`` and
+        ``Engine.unpause`` do (a query of its children; none for most instances)."""
+        if action == "pause":
+            self.client.pause_children(iid, self.by)
+        elif action == "unpause":
+            self.client.unpause_children(iid, self.by)
 
     def _forks(self, ids: Sequence[str], done: Done) -> None:
         """The batch's forks, created in one transaction (those made before skipped)."""
@@ -141,8 +197,8 @@ class Bulk:
             except InstanceNotFound:
                 made.append(fork)
         if made:
-            self.store.create(*[r for r, _ in made], history=[h for _, rows in made
-                                                                 for h in rows])
+            self.ledger.create([r for r, _ in made], history=[h for _, rows in made
+                                                               for h in rows])
             done.changed += len(made)
 
     def _commit(self, action: str, iid: str, done: Done) -> StepCommit | None:
@@ -155,10 +211,6 @@ class Bulk:
         if action == "pause" and not rec.final and rec.status != PAUSED \
                 and self.client.held_live(rec):
             self._request(rec, done)  # its running step commits first
-            return None
-        if action == "unpause" and rec.reason == pausing.REQUESTED:
-            self.client.unpause(rec.id, by=self.by)  # asked, not applied: withdrawn
-            done.changed += 1
             return None
         step = self._build(action, rec)
         if step is None:
@@ -174,14 +226,14 @@ class Bulk:
             return None
         if action == "cancel":
             return outcome.cancelled(rec, now, self.reason or "cancelled", self.by)
-        if action == "pause":
+        if action == "pause":  # the same commit as one ``Engine.pause``
             if rec.status == PAUSED:
                 return None
-            return outcome.paused(rec, now, by=self.by, reason=self.reason or "paused")
-        if rec.status != PAUSED:
+            return self.client.pause_step(rec, self.by, reason=self.reason or "paused")
+        try:  # the same commit as one ``Engine.unpause`` (a request withdrawn)
+            return self.client.unpause_step(rec, self.by)
+        except InvalidInput:  # neither paused nor asked to: nothing to end
             return None
-        pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE), None)
-        return None if pause is None else outcome.unpaused(rec, pause, now, by=self.by)
 
     def _request(self, rec: InstanceRecord, done: Done) -> None:
         try:
@@ -208,5 +260,6 @@ class Bulk:
                 return
             if self.ledger.apply_one(step):
                 done.changed += 1
+                self._cascade(action, iid)
                 return
         done.errors.append(f"{iid}: kept moving; run the action again")

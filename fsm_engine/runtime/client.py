@@ -1,7 +1,7 @@
 """The client: writes that run nothing (start, cancel, pause, fork, rerun, reviews, decide).
 
 Like a DBOS ``DBOSClient`` or a Temporal client, it manages instances without stepping
-them: every change is one ledger commit (``runtime.ledger``) or one ``Store.create``; a
+them: every change is one ledger commit (``runtime.ledger``) or one ``Ledger.create``; a
 runner (``runtime.runner``) or a worker then takes the instance up.
 """
 
@@ -97,7 +97,7 @@ class Client:
         owner = None if enqueue else self.ownership.worker.id
         records = [self._record(cm, i, data, token_budget, deadline_s, ids, owner, partition)
                    for i, data in enumerate(inputs)]
-        self.store.create(*records)
+        self.ledger.create(records)
         if not enqueue and len(self.known) + len(records) <= KNOWN_MAX:
             self.known.update((r.id, r) for r in records)  # run() needn't read them back
         return [r.id for r in records]
@@ -153,11 +153,16 @@ class Client:
         """See ``Engine.pause``: ``instance_id``, then each of its children still running
         (and theirs), with the reason ``pausing.with_parent``."""
         rec = self._pause_one(instance_id, by, reason[:pausing.MAX_TEXT])
-        for child in self.store.children(instance_id):
+        self.pause_children(instance_id, by)
+        return rec
+
+    def pause_children(self, parent_id: str, by: str | None) -> None:
+        """Pause each child of ``parent_id`` still running (and theirs), with the reason
+        ``pausing.with_parent`` (``pause``; a bulk pause after each parent it paused)."""
+        for child in self.store.children(parent_id):
             if not child.final and child.status != PAUSED:
                 with contextlib.suppress(InstanceFinished):  # (it ended meanwhile)
-                    self.pause(child.id, by=by, reason=pausing.with_parent(instance_id))
-        return rec
+                    self.pause(child.id, by=by, reason=pausing.with_parent(parent_id))
 
     def _pause_one(self, instance_id: str, by: str | None, reason: str) -> InstanceRecord:
         """Pause ``instance_id`` alone (a request when a live worker holds it)."""
@@ -168,82 +173,74 @@ class Client:
                                        instance_id=rec.id)
             if rec.status == PAUSED:
                 return rec  # already: nothing written
-            live = self.held_live(rec)
-            if live and rec.reason == pausing.REQUESTED:  # asked before: its step applies it
-                self._renew_request(rec, by, reason)
-                return rec
-            if live:
-                if self._request_pause(rec, by, reason):
-                    return self.store.get(rec.id)
-                continue
-            step = self._paused(rec, by, reason)
+            step = self.pause_step(rec, by, reason)
+            if step is None:
+                return rec  # asked before: its holder's step applies it
             if self.ledger.apply_one(step):
-                self.store.put_meta(pausing.key(rec.id), None)
-                self.known.pop(rec.id, None)
+                if step.record.status == PAUSED:
+                    self.known.pop(rec.id, None)
                 return step.record
 
-    def _paused(self, rec: InstanceRecord, by: str | None, reason: str) -> StepCommit:
-        """The commit pausing ``rec`` now (one still carrying an earlier request: as that
-        request asked, its prior reason given back)."""
-        if rec.reason == pausing.REQUESTED:
-            req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
-            return pausing.on_claim(rec, req or pausing.PauseRequest(by, reason, 0.0, -1),
-                                    self.clock())
-        return outcome.paused(rec, self.clock(), by=by, reason=reason)
-
-    def _renew_request(self, rec: InstanceRecord, by: str | None, reason: str) -> None:
-        """Ask again for a pause whose request was withdrawn (the touch still holds)."""
-        req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
-        if req is not None and req.withdrawn:
-            self.store.put_meta(pausing.key(rec.id), pausing.encode(pausing.PauseRequest(
-                by, reason, self.clock(), req.version, req.prior_reason)))
-
-    def _request_pause(self, rec: InstanceRecord, by: str | None, reason: str) -> bool:
-        """Store a pause request for ``rec`` and touch it (``runtime.kinds.pausing``); False when
-        ``rec`` moved first (the caller reads it again)."""
-        req = pausing.PauseRequest(by, reason, self.clock(), rec.version + 1, rec.reason)
-        self.store.put_meta(pausing.key(rec.id), pausing.encode(req))
-        touch = outcome.clone(rec)
-        touch.updated_at, touch.reason = req.at, pausing.REQUESTED
-        return self.ledger.apply_one(StepCommit(touch, rec.version, before=rec))
+    def pause_step(self, rec: InstanceRecord, by: str | None, reason: str
+                   ) -> StepCommit | None:
+        """The commit pausing ``rec`` (neither final nor paused) now, or, a live worker
+        holding it, asking its holder to (``pausing.touch``: the request written with the
+        touch); None when a request not withdrawn is there already."""
+        if not self.held_live(rec):
+            return outcome.paused(rec, self.clock(), by=by, reason=reason)
+        req = pausing.decode(rec.pause_request)
+        if req is not None and not req.withdrawn:
+            return None
+        return pausing.touch(rec, req, self.clock(), by=by, reason=reason)
 
     def unpause(self, instance_id: str, *, by: str | None) -> InstanceRecord:
         """See ``Engine.unpause``: ``instance_id``, then each of its children its pause
         paused (``pause``; not one paused on its own), and theirs."""
         rec = self._unpause_one(instance_id, by)
-        cascade = pausing.with_parent(instance_id)
-        for child in self.store.children(instance_id):
-            if child.reason == cascade or (child.reason == pausing.REQUESTED and _asked(
-                    self.store.get_meta(pausing.key(child.id)), cascade)):
+        self.unpause_children(instance_id, by)
+        return rec
+
+    def unpause_children(self, parent_id: str, by: str | None) -> None:
+        """End the pause of each child of ``parent_id`` that its pause paused (or asked to),
+        and theirs (``unpause``; a bulk unpause after each parent)."""
+        cascade = pausing.with_parent(parent_id)
+        for child in self.store.children(parent_id):
+            req = pausing.decode(child.pause_request)
+            if child.reason == cascade and child.status == PAUSED or (
+                    req is not None and not req.withdrawn and req.reason == cascade):
                 with contextlib.suppress(InvalidInput):  # (its pause ended meanwhile)
                     self.unpause(child.id, by=by)
-        return rec
 
     def _unpause_one(self, instance_id: str, by: str | None) -> InstanceRecord:
         """End ``instance_id``'s pause alone (withdraw a request not applied yet)."""
         while True:
             rec = self.store.get(instance_id)
-            if rec.status != PAUSED:
-                if rec.reason == pausing.REQUESTED:  # asked, not applied yet: withdrawn
-                    return self._withdraw(rec)
-                raise InvalidInput(f"instance {rec.id} is {rec.status}, not paused")
-            pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE),
-                         None)
-            if pause is None:
-                raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
-            step = outcome.unpaused(rec, pause, self.clock(), by=by)
+            step = self.unpause_step(rec, by)
+            if step is None:
+                return rec  # a request withdrawn already
             if self.ledger.apply_one(step):
                 return step.record
 
-    def _withdraw(self, rec: InstanceRecord) -> InstanceRecord:
-        """Withdraw a pause request not applied yet: marked so in ``fsm_meta`` (the
-        instance is left alone: its holder's next commit, or the next claim, gives its
-        reason back; writing it here would fail that holder's running step)."""
-        req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
-        if req is not None and not req.withdrawn:
-            self.store.put_meta(pausing.key(rec.id), pausing.encode(pausing.PauseRequest(
-                req.by, req.reason, req.at, req.version, req.prior_reason, withdrawn=True)))
-        return rec
+    def unpause_step(self, rec: InstanceRecord, by: str | None) -> StepCommit | None:
+        """The commit ending ``rec``'s pause, or withdrawing a request not applied yet
+        (a touch while a live worker holds it: its running step lands, unpaused; else the
+        request dropped); None when it is withdrawn already.  ``InvalidInput`` when
+        ``rec`` is neither paused nor asked to pause."""
+        if rec.status != PAUSED:
+            req = pausing.decode(rec.pause_request)
+            if req is None:
+                raise InvalidInput(f"instance {rec.id} is {rec.status}, not paused")
+            if req.withdrawn:
+                return None
+            if self.held_live(rec):
+                return pausing.touch(rec, req, self.clock(), by=req.by, reason=req.reason,
+                                     withdrawn=True)
+            return pausing.dropped(rec)
+        pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE),
+                     None)
+        if pause is None:
+            raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
+        return outcome.unpaused(rec, pause, self.clock(), by=by)
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,
@@ -252,7 +249,7 @@ class Client:
         rec, rows = self.fork_record(self.store.get(instance_id), from_seq=from_seq,
                                      from_state=from_state, from_failure=from_failure,
                                      reuse_llm=reuse_llm, redeliver=redeliver, by=by)
-        self.store.create(rec, history=rows)
+        self.ledger.create([rec], history=rows)
         return rec.id
 
     def fork_record(self, orig: InstanceRecord, *, from_seq: int | None = None,
@@ -357,7 +354,7 @@ class Client:
         found = self.review(item)
         if found.status != REVIEW_OPEN:
             raise review_queue.ReviewRefused(
-                f"review {found.id}: already decided: {found.choice} by {found.decided_by}",
+                f"review {found.id}: {review_queue.not_open(found)}",
                 item_id=found.id)
         why = review_queue.stale(found, self.store.get(found.instance_id))
         if why or not self.store.claim_review(found.id, by, self.clock()):
@@ -405,10 +402,7 @@ class Client:
             commit.history[0].detail["sent"] = True
         if operator is not None and commit.history:
             commit.history[0].detail["operator"] = operator
+        # the trigger moves it on without a decision: an open review item can never apply
+        commit.close_reviews = (operator or "fsm", f"instance sent {trigger!r}")
         return await self.driver.commit(rec, commit)
 
-
-def _asked(meta: str | None, reason: str) -> bool:
-    """True when the pause request stored as ``meta`` asks with ``reason``."""
-    req = pausing.decode(meta)
-    return req is not None and req.reason == reason

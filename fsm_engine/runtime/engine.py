@@ -327,6 +327,15 @@ class Engine:
         ``InvalidInput`` for an action not in ``bulk.ACTIONS``."""
         return bulk.plan(self.store, action, where, preview=preview)
 
+    def prune(self, where: InstanceFilter, *, batch: int = bulk.BATCH,
+              dry_run: bool = False) -> bulk.Pruned:
+        """Delete the ended instances (completed, failed, cancelled) matching ``where``
+        with their history, attempts, outbox, review and stream rows, ``batch`` per
+        transaction, each only while still at the version read: one that moved on since
+        (restarted) is skipped and counted (``bulk.prune``).  ``dry_run``: count only.
+        ``InvalidInput`` when ``where`` names a status that has not ended."""
+        return bulk.prune(self.ledger, where, batch=batch, dry_run=dry_run)
+
     def bulk(self, plan: bulk.Plan, *, by: str | None = None, reason: str | None = None,
              state: str | None = None, batch: int = bulk.BATCH,
              on_batch: Callable[[bulk.Done], None] | None = None,

@@ -1,4 +1,4 @@
-"""The one writer: the only code that calls ``Store.commit``.
+"""The one writer: the only code that calls ``Store.commit``, ``create`` or ``delete``.
 
 Every change to an instance — a step (through the group committer), a review
 decision, a cancel, a send, an in-place rerun, a claim, a migration, a parked
@@ -13,7 +13,9 @@ implies for others and writes it:
   returns one ``bool`` per step (``apply_one``: for one), and the caller raises its
   own refusal (``StaleWrite``, ``ReviewRefused``) on False;
 - **pause requests** (``runtime.kinds.pausing``): a step gone stale only because an operator
-  asked to pause its instance mid-step is written anyway, the pause after it;
+  asked to pause its instance mid-step is written anyway, the pause after it; a step that
+  ends its instance drops a request it carries (``settle``);
+- **deletes** (``delete``: ``fsm prune``): ended instances only, each at the version read;
 - **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
   its own transaction (the store writes it with the step, or neither).
 
@@ -28,8 +30,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from ..errors import InstanceNotFound
 from ..store.base import Store
-from ..store.records import ReviewItem, StepCommit
+from ..store.records import HistoryRow, InstanceRecord, ReviewItem, StepCommit
 from .kinds import fanout, pausing
 
 #: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
@@ -53,8 +56,11 @@ class Ledger:
     def settle(self, step: StepCommit) -> StepCommit:
         """``step`` with what it implies for its family: a child that ends wakes its
         parent; a parent that ends while its children run cancels them (with their
-        tokens).  Idempotent; a step that does not end its instance is returned as is."""
-        if step.record.final:
+        tokens); a pause request it carries is dropped.  Idempotent; a step that does not
+        end its instance is returned as is."""
+        rec = step.record
+        if rec.final:
+            rec.pause_request = None
             fanout.propagate(self.store, step, self.clock())
         return step
 
@@ -78,17 +84,27 @@ class Ledger:
         """Write a stale ``step`` over a pause request's touch, paused after it unless the
         request was withdrawn (True), or leave it stale (False).  Read only when a step is
         stale: no cost on the hot path."""
-        iid = step.record.id
-        req = pausing.decode(self.store.get_meta(pausing.key(iid)))
-        if req is None:
+        try:
+            stored = self.store.get(step.record.id)
+        except InstanceNotFound:  # deleted meanwhile (pruned): nothing to write over
             return False
-        stored = self.store.get(iid).version
-        if not pausing.applies(req, step, stored):
+        if not pausing.applies(stored, step):
             return False
-        ok = self.store.commit([pausing.rebase(step, req, stored, self.clock())])[0]
-        if ok:
-            self.store.put_meta(pausing.key(iid), None)
-        return ok
+        return self.store.commit([pausing.rebase(step, stored, self.clock())])[0]
+
+    def create(self, records: Sequence[InstanceRecord], history: Sequence[HistoryRow] = ()
+               ) -> None:
+        """Insert new instances (started, forked) with ``history`` (a fork's copied rows)
+        in one transaction, all or none (``Store.create``: a duplicate id fails all; each
+        record's ``key`` is set)."""
+        self.store.create(*records, history=history)
+
+    def delete(self, records: Sequence[InstanceRecord]) -> int:
+        """Delete the ended instances ``records`` (a prune) with all their rows, in one
+        transaction, each only while still at the version read (compare-and-set): one that
+        moved on since (restarted, rerun in place) is left whole.  Returns how many were
+        deleted."""
+        return self.store.delete([r.id for r in records], versions=[r.version for r in records])
 
     def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
         """``settle`` each step, then ``write`` them together."""

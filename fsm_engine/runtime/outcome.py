@@ -253,13 +253,17 @@ def rate_limited(rec: InstanceRecord, *, error: str, tokens: int, next_at: float
 def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled",
               operator: str | None = None) -> StepCommit:
     """Record a cancellation (the instance stays in its state, status ``cancelled``);
-    ``operator``: who asked (``detail.operator``)."""
+    ``operator``: who asked (``detail.operator``).  A waiting or paused instance's open
+    review items are closed undecided with it (``StepCommit.close_reviews``)."""
     new = clone(rec)
     row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason,
                detail={} if operator is None else {"operator": operator})
     new.status, new.reason, new.updated_at = CANCELLED, reason, now
-    new.next_attempt_at = None
-    return StepCommit(new, rec.version, [row], before=rec)
+    new.next_attempt_at = new.pause_request = None  # a pending pause request ends with it
+    step = StepCommit(new, rec.version, [row], before=rec)
+    if rec.status in (WAITING, PAUSED):  # its open review items can no longer be decided
+        step.close_reviews = (operator or "fsm", f"instance cancelled: {reason}")
+    return step
 
 
 def claimed(rec: InstanceRecord, owner: str, now: float) -> StepCommit:
@@ -307,7 +311,8 @@ def pause_in_place(rec: InstanceRecord, now: float, *, by: str | None, reason: s
     """Pause ``rec`` (in place) where it stands: status ``paused``, unowned, its timers
     stopped; the returned row (``kind: pause``) keeps what unpausing restores in
     ``detail``: ``status``, ``reason``, ``timer_left_s`` (retry backoff, SLA or rate
-    wait) and ``deadline_left_s`` (seconds, ``None``: no timer), with ``operator``."""
+    wait) and ``deadline_left_s`` (seconds, ``None``: no timer), with ``operator``; a
+    pending pause request is spent."""
     error = redact(error) if error else error
     detail = {"operator": by, "status": rec.status, "reason": rec.reason,
               "timer_left_s": _left(rec.next_attempt_at, now),
@@ -315,7 +320,7 @@ def pause_in_place(rec: InstanceRecord, now: float, *, by: str | None, reason: s
     row = _row(rec, rec.state, rec.state, PAUSE, now, kind=PAUSE, reason=reason, error=error,
                detail=detail)
     rec.status, rec.reason, rec.owner = PAUSED, reason, None
-    rec.next_attempt_at, rec.updated_at = None, now
+    rec.next_attempt_at, rec.updated_at, rec.pause_request = None, now, None
     rec.last_error = error or rec.last_error
     return row
 

@@ -221,11 +221,8 @@ class Runner:
             now = self.clock()
             return await self.driver.commit(rec, outcome.failed(
                 cm, rec, "crash_loop", now, error=f"{rec.recoveries} recoveries without progress"))
-        if rec.reason == pausing.REQUESTED:  # asked while another holder had it
-            req = pausing.decode(self.store.get_meta(pausing.key(rec.id)))
-            rec = await self.driver.commit(rec, pausing.on_claim(rec, req, self.clock()))
-            self.store.put_meta(pausing.key(rec.id), None)
-            return rec
+        if rec.pause_request is not None:  # asked while another holder had it
+            return await self.driver.commit(rec, pausing.on_claim(rec, self.clock()))
         if rec.reason in (MACHINE_UNAVAILABLE, FINGERPRINT_MISMATCH, migration.NEEDS_MIGRATION):
             return await self.driver.commit(rec, outcome.unparked(rec))
         return rec

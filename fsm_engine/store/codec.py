@@ -134,6 +134,9 @@ INSERT_REVIEW = REVIEW.insert_sql("review_items") + " ON CONFLICT (id) DO NOTHIN
 CLOSE_REVIEW = ("UPDATE review_items SET status='decided', decided_by=?, decided_at=?, "
                 "choice=?, note=?, edit=? WHERE id=? AND status='open' AND "
                 "(CAST(? AS TEXT) IS NULL OR claimed_by IS NULL OR claimed_by=?)")
+#: Close every open item of an instance undecided (args: by, at, note, instance id).
+CLOSE_OPEN_REVIEWS = ("UPDATE review_items SET status='closed', decided_by=?, decided_at=?, "
+                      "note=? WHERE instance_id=? AND status='open'")
 #: Claim an open item (args: by, at, id, by): unclaimed or already this claimer's.
 CLAIM_REVIEW = ("UPDATE review_items SET claimed_by=?, claimed_at=? WHERE id=? AND "
                 "status='open' AND (claimed_by IS NULL OR claimed_by=?)")
@@ -143,6 +146,13 @@ def close_review_args(d: Any) -> builtins.list[Any]:
     """``CLOSE_REVIEW``'s arguments for a ``ReviewDecision``."""
     edit = None if d.edit is None else dumps(d.edit)
     return [d.by, d.at, d.choice, d.note, edit, d.item_id, d.claimer, d.claimer]
+
+
+def close_open_args(step: StepCommit) -> tuple[str, float, str, str]:
+    """``CLOSE_OPEN_REVIEWS``' arguments for a step with ``close_reviews``."""
+    assert step.close_reviews is not None
+    by, note = step.close_reviews
+    return by, step.record.updated_at, note, step.record.id
 
 
 def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,

@@ -415,11 +415,15 @@ class ReadStore(Protocol):
 
         Status: none changes."""
 
-    def delete(self, instance_ids: Sequence[str]) -> int:
-        """Delete these instances with their history, attempts and outbox rows in one
-        transaction; return how many instances were deleted (unknown ids are skipped).
+    def delete(self, instance_ids: Sequence[str], *,
+               versions: Sequence[int] | None = None) -> int:
+        """Delete these instances with their history, attempts, outbox, review and stream
+        rows in one transaction; return how many instances were deleted (unknown ids are
+        skipped).  ``versions`` (one per id; a prune, ``Ledger.delete``): each only while
+        it is still at that version and ended, else skipped (compare-and-set).
 
-        Status: any → none (the instances are gone)."""
+        Status: any → none (the instances are gone); with ``versions``: completed, failed
+        or cancelled → none."""
 
     def check(self) -> builtins.list[str]:
         """Problems found by the backend's own integrity check and by the invariants

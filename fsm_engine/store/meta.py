@@ -2,9 +2,10 @@
 shared SQL of every backend.
 
 The table exists in every store (it holds ``schema_version`` and ``limits``), so these
-values need no format change: pause requests (``pause:ID``), the review-link signing
-key (``review_link_key``) and the links already used (``review_link_used:SIG``).  The
-store's own keys are refused here.
+values need no format change: the review-link signing key (``review_link_key``) and the
+links already used (``review_link_used:SIG``).  No instance state lives here (a pause
+request is a column of its instance since format 13: it is written with its instance's
+version, ``tests/runtime/test_ledger.py``).  The store's own keys are refused here.
 """
 
 from __future__ import annotations

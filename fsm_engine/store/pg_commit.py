@@ -39,7 +39,7 @@ _TYPES = {
     "seq": "int4", "loop_count": "int4", "tokens_used": "int8", "attempt": "int4",
     "next_attempt_at": "float8", "deadline": "float8", "owner": "text", "recoveries": "int4",
     "recovered_seq": "int4", "machine_version": "int4", "queue": "text", "visits": "text",
-    "context": "text", "context_refs": "text",
+    "context": "text", "context_refs": "text", "pause_request": "text",
     # history
     "instance": "int8", "source": "text", "dest": "text", "trigger": "text", "at": "float8",
     "kind": "text", "guards": "text", "duration_ms": "float8", "tokens": "int8",
@@ -141,7 +141,7 @@ def plain(steps: Sequence[StepCommit]) -> bool:
     for s in steps:
         rec = s.record
         if (rec.key is None or s.review_close is not None or s.review_open is not None
-                or s.compound or s.wake or s.stream
+                or s.close_reviews is not None or s.compound or s.wake or s.stream
                 or (rec.owner is None and rec.status == "running")):
             return False
         keys.add(rec.key)

@@ -27,7 +27,7 @@ from .codec import INSTANCE, SELECT_INSTANCES
 from .records import GROUPS, ORDERS, InstanceFilter, InstanceRecord, StepRow
 from .sql_filter import Dialect
 from .sql_filter import where_sql as sql_where
-from .sqlite_read import CHECKS, describe
+from .sqlite_read import CHECKS, describe, ended_at
 
 _ORDER_COLUMNS = {"created": "key", "updated": "updated_at", "tokens": "tokens_used",
                   "transitions": "loop_count"}
@@ -168,10 +168,14 @@ def steps(run: Any, f: InstanceFilter, batch: int) -> Iterator[StepRow]:
         after = rows[-1][-1]
 
 
-def delete(conn: Any, instance_ids: Sequence[str]) -> int:
+def delete(conn: Any, instance_ids: Sequence[str], versions: Sequence[int] | None = None
+           ) -> int:
     """``Store.delete`` inside the caller's transaction: history, attempts and outbox
-    rows first, then the instances; returns how many instances were deleted."""
+    rows first, then the instances; returns how many instances were deleted (with
+    ``versions``: only those still at them and ended, their rows locked first)."""
     ids = list(dict.fromkeys(instance_ids))
+    if versions is not None:
+        ids = ended_at(conn, instance_ids, versions, mark="%s", lock=" FOR UPDATE")
     if not ids:
         return 0
     with conn.cursor() as cur:

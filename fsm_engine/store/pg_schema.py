@@ -142,8 +142,18 @@ def _v12(cur: Any) -> None:
     cur.execute(TABLE.format(real="DOUBLE PRECISION"))
 
 
+def _v13(cur: Any) -> None:
+    """Format 13: pause requests move from ``fsm_meta`` into ``instances.pause_request``
+    (the same as SQLite's, ``store.pause_rows``)."""
+    from .pause_rows import move_requests
+    from .schema import PAUSE_REQUEST
+    cur.execute(PAUSE_REQUEST)
+    move_requests(cur, "%s")
+
+
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
-    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12}
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
+    13: _v13}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

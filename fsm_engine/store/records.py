@@ -48,7 +48,7 @@ PAUSE, UNPAUSE = "pause", "unpause"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 12
+FORMAT_VERSION = 13
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"
@@ -122,6 +122,11 @@ class InstanceRecord:
     #: never rewrites it (keys ``"$input.FIELD"``: large ``input`` values). Maintained
     #: by the store; ``{}`` for small contexts.
     context_refs: dict[str, str] = field(default_factory=dict)
+    #: An operator's pause request not applied yet (format 13), as JSON text
+    #: (``runtime.kinds.pausing.PauseRequest``): set by the request's own write (its
+    #: *touch*, which bumps ``version`` so the holder's running step goes stale), dropped
+    #: by the commit that pauses or ends the instance; ``None``: no request.
+    pause_request: str | None = None
 
     @property
     def final(self) -> bool:
@@ -282,6 +287,9 @@ class BreakerRow:
 
 #: Review item statuses: ``open`` until a decision (a person's, or the SLA timer's).
 REVIEW_OPEN, REVIEW_DECIDED = "open", "decided"
+#: A review item closed undecided: its instance moved on without a decision (cancelled,
+#: sent a trigger, cancelled with its family); ``note`` says why (``StepCommit.close_reviews``).
+REVIEW_CLOSED = "closed"
 
 
 @dataclass(slots=True)
@@ -377,6 +385,10 @@ class StepCommit:
     review_open: ReviewItem | None = None
     #: A review item the step decides; the step applies only if the item's CAS holds.
     review_close: ReviewDecision | None = None
+    #: ``(by, note)``: every review item of this instance still open is closed undecided
+    #: (``REVIEW_CLOSED``) with this note, when the step applies (a cancel, a send: the
+    #: instance leaves its review without a decision).
+    close_reviews: tuple[str, str] | None = None
     #: New instances inserted with this step (a fan-out's children; a duplicate id makes
     #: the whole step not apply).
     create: Sequence[InstanceRecord] = ()

@@ -211,7 +211,20 @@ def _v12(db: sqlite_utils.Database) -> None:
     db.execute(TABLE.format(real="REAL"))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12]
+#: Format 13: an operator's pause request is a column of its instance (it was an
+#: ``fsm_meta`` row ``pause:ID``, written apart from its touch: issue 37).
+PAUSE_REQUEST = "ALTER TABLE instances ADD COLUMN pause_request TEXT"
+
+
+def _v13(db: sqlite_utils.Database) -> None:
+    """Format 13: pause requests move from ``fsm_meta`` into ``instances.pause_request``
+    (``store.pause_rows``)."""
+    from .pause_rows import move_requests
+    db.execute(PAUSE_REQUEST)
+    move_requests(db.conn, "?")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

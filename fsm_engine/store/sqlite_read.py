@@ -11,10 +11,11 @@ primary key, so a first page of the newest instances reads only that page.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidInput
-from .records import GROUPS, ORDERS, InstanceFilter
+from .records import FINAL_STATUSES, GROUPS, ORDERS, InstanceFilter
 from .sql_filter import Dialect
 from .sql_filter import where_sql as sql_where
 
@@ -128,3 +129,22 @@ def describe(check: str, row: tuple[Any, ...]) -> str:
     if check == "orphan history":
         return f"{row[1]} history row(s) of missing instance key {row[0]}"
     return f"{row[1]} {check.split()[1]} row(s) of missing instance {row[0]}"
+
+
+def ended_at(conn: Any, instance_ids: Sequence[str], versions: Sequence[int], *,
+             mark: str = "?", lock: str = "") -> list[str]:
+    """Of ``instance_ids``, those still at their ``versions`` and ended (completed, failed,
+    cancelled), read in the caller's transaction (``Store.delete``'s compare-and-set; the
+    same on both backends: ``conn.execute`` returns what ``fetchall`` reads; ``mark``: the
+    placeholder, ``lock``: e.g. `` FOR UPDATE``).  ``ValueError`` when the two lengths
+    differ."""
+    wanted = dict(zip(instance_ids, versions, strict=True))
+    found: list[str] = []
+    ids = list(wanted)
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        rows = conn.execute(f"SELECT id, version, status FROM instances WHERE id IN "
+                            f"({', '.join([mark] * len(chunk))}){lock}", chunk).fetchall()
+        found += [iid for iid, version, status in rows
+                  if version == wanted[iid] and status in FINAL_STATUSES]
+    return found

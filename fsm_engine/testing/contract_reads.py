@@ -97,6 +97,22 @@ class ReadSideContract:
         assert store.check() == []
         assert store.delete([]) == 0
 
+    def test_a_versioned_delete_takes_only_ended_instances_still_at_their_version(
+            self, store: Store) -> None:
+        """A prune's compare-and-set (issue 37): ``a`` moved on since it was read, ``c``
+        is running, ``zz`` is gone: only ``d`` is deleted."""
+        fleet(store)
+        seen = {r.id: r.version for r in store.list()}
+        a = store.get("a")
+        store.commit([StepCommit(replace(a, reason="reviewed"), a.version)])
+        ids = ["a", "c", "d", "zz"]
+        assert store.delete(ids, versions=[seen.get(i, 0) for i in ids]) == 1
+        assert sorted(r.id for r in store.list()) == ["a", "b", "c", "e"]
+        assert store.history("a") and store.outbox("a")  # its rows stay with it
+        assert store.check() == []
+        with pytest.raises(ValueError):
+            store.delete(["a"], versions=[])
+
     def test_check_is_clean_then_finds_a_gap_and_a_state_mismatch(self, store: Store) -> None:
         fleet(store)
         assert store.check() == []

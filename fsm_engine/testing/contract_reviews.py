@@ -76,6 +76,29 @@ class ReviewContract:
         assert store.reviews()[0].status == "open" and store.get("a").state == "review"
         assert len(store.history("a")) == 1
 
+    def test_a_step_closing_reviews_closes_its_instances_open_items_only(
+            self, store: Store) -> None:
+        """``StepCommit.close_reviews`` (a cancel, a send): the instance's open items are
+        closed undecided with the note, in the step's transaction; a stale step closes
+        none; other instances' items stay open (issue 36)."""
+        from dataclasses import replace
+
+        from .contract_fixtures import hist
+        _enter_review(store, "a")
+        _enter_review(store, "b", "r2")
+        rec = store.get("a")
+        gone = replace(rec, status="cancelled", seq=2, updated_at=1500.0)
+        cancel = [hist("a", 2, "review", "review", kind="cancel")]
+        stale = StepCommit(gone, rec.version + 5, cancel, close_reviews=("ops", "cancelled"))
+        assert store.commit([stale]) == [False]
+        assert [r.status for r in store.reviews()] == ["open", "open"]
+        step = StepCommit(gone, rec.version, cancel, close_reviews=("ops", "cancelled"))
+        assert store.commit([step]) == [True]
+        a, b = sorted(store.reviews(), key=lambda r: r.id)
+        assert (a.status, a.decided_by, a.decided_at, a.note, a.choice) == (
+            "closed", "ops", 1500.0, "cancelled", None)
+        assert b.status == "open"
+
     def test_claim_is_compare_and_set(self, store: Store) -> None:
         _enter_review(store, "a")
         assert store.claim_review("r1", "ann", 1001.5) is True

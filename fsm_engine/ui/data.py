@@ -40,6 +40,7 @@ from ..views import (
     history_json,
     instance_json,
     iso_time,
+    pause_note,
     recovery_note,
     shown_status,
     when,
@@ -335,12 +336,14 @@ def _history_row(row: dict[str, Any], now: float) -> dict[str, Any]:
     if "raw" in detail:
         raw.append({"raw": detail.get("raw"), "errors": detail.get("errors"),
                     "repairs": detail.get("repairs")})
-    return row | {"at_text": when(row["at"], now), "at_iso": iso_time(row["at"]),
+    pause = pause_note(row)  # a pause row's reason is no error: its note says who and why
+    return row | ({"reason": None, "error": None} if pause else {}) | {
+                  "at_text": when(row["at"], now), "at_iso": iso_time(row["at"]),
                   "guards_text": [guard_reading(str(g[0]), g[1] if len(g) > 1 else False)
                                   for g in row.get("guards") or ()],
                   "delta_text": _pretty(row["delta"]) if row["delta"] else "",
                   "detail_text": _pretty(detail) if detail else "", "outputs": raw,
-                  "note": recovery_note(detail) or agent_note(detail) or ""}
+                  "note": pause or recovery_note(detail) or agent_note(detail) or ""}
 
 
 __all__ = ["Viewer", "ListQuery", "observed_export", "HistoryRow"]

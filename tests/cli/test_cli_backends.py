@@ -56,9 +56,11 @@ def test_stats_and_list(url: str) -> None:
 def test_prune_then_check(url: str) -> None:
     assert fsm("check", "--db", url).exit_code == 0
     dry = fsm("prune", "--db", url, "--older-than", "0s", "--json")
-    assert json.loads(dry.stdout) == {"matching": 3, "deleted": 0, "dry_run": True}
+    assert json.loads(dry.stdout) == {"matching": 3, "deleted": 0, "skipped": 0,
+                                       "dry_run": True}
     real = fsm("prune", "--db", url, "--older-than", "0s", "--yes", "--batch", "2", "--json")
-    assert json.loads(real.stdout) == {"matching": 3, "deleted": 3, "dry_run": False}
+    assert json.loads(real.stdout) == {"matching": 3, "deleted": 3, "skipped": 0,
+                                        "dry_run": False}
     store = open_store(url)
     try:
         assert sorted(r.id for r in store.list()) == ["c", "e"]

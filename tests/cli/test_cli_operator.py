@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from conftest import MACHINES, license_files, scripted
+from conftest import HELPERS, MACHINES, license_files, scripted
 from observe_fixtures import Fleet, hold_and_die
 from typer.testing import CliRunner
 
@@ -300,16 +300,17 @@ def test_prune_is_a_dry_run_unless_yes_and_leaves_no_orphans(fleet: Fleet, tmp_p
     before = table_counts(db)
     dry = invoke("prune", "--db", db, "--older-than", "0s", "--status", "failed", "--json")
     assert dry.exit_code == 0 and json.loads(dry.stdout) == {"matching": 2, "deleted": 0,
-                                                             "dry_run": True}
+                                                             "skipped": 0, "dry_run": True}
     assert table_counts(db) == before
     assert json.loads(invoke("prune", "--db", db, "--older-than", "30d", "--yes",
                              "--json").stdout)["deleted"] == 0  # nothing that old
     real = invoke("prune", "--db", db, "--older-than", "0s", "--yes", "--batch", "2", "--json")
-    assert json.loads(real.stdout) == {"matching": 9, "deleted": 9, "dry_run": False}
+    assert json.loads(real.stdout) == {"matching": 9, "deleted": 9, "skipped": 0,
+                                       "dry_run": False}
     assert table_counts(db) == {"instances": 0, "history": 0, "attempts": 0, "outbox": 0}
     assert invoke("check", "--db", db).exit_code == 0
     bad = invoke("prune", "--db", db, "--older-than", "0s", "--status", "running")
-    assert bad.exit_code != 0
+    assert bad.exit_code == 2 and "ended instances only" in bad.output
 
 
 def test_prune_keeps_unfinished_instances(fleet: Fleet, tmp_path: Path) -> None:
@@ -393,3 +394,23 @@ def test_unless_guards_read_naturally() -> None:
     assert guard_reading("has_text", True) == ("has_text", True)
     assert guard_reading("!has_text", True) == ("not has_text", False)  # the unless blocked
     assert guard_reading("!has_text", False) == ("not has_text", True)
+
+
+def test_history_shows_pause_rows_as_a_pause_and_its_end_not_as_an_error(tmp_path: Path) -> None:
+    """Issue 36 (friction): the last column of ``fsm history`` showed a pause row's reason
+    (``paused``) as if it were an error; it now says who paused it and why, and who ended
+    the pause after how long, in a column named for notes and errors alike."""
+    db = str(tmp_path / "p.db")
+    eng = Engine(db, llm=None)
+    [iid] = eng.start_many(load_machine(str(HELPERS / "console_machine.py"))[0], [{}],
+                           enqueue=True)
+    eng.pause(iid, by="ann", reason="paused")
+    eng.unpause(iid, by="bob")
+    eng.close()
+    table = invoke("history", iid, "--db", db, env={"COLUMNS": "200"}).stdout
+    pause, unpause = (next(line for line in table.splitlines() if f"│ {kind} " in line)
+                      for kind in ("pause", "unpause"))
+    assert "paused by ann: paused" in pause
+    assert "unpaused by bob after" in unpause
+    header = next(line for line in table.splitlines() if "trigger" in line)
+    assert "note" in header and " error " not in header

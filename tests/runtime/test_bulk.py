@@ -113,3 +113,31 @@ def test_resume_by_query_restarts_cancelled_and_failed_ones_where_they_stopped(
         rec = await eng.run(failed)
         assert rec.status == "completed"
     asyncio.run(go())
+
+
+def test_prune_deletes_ended_instances_through_the_engine_and_counts_one_that_moved_on(
+        engine_factory: Any) -> None:
+    """Issue 37 item 2: ``Engine.prune`` deletes only ended instances still at the version
+    it selected them at; one restarted between its read and its delete is skipped and
+    counted, and stays whole; a filter naming a live status is refused."""
+    eng = engine_factory(llm=None)
+    ids = eng.start_many(_machine(), [{"n": i} for i in range(5)], enqueue=True)
+    for iid in ids[:4]:
+        eng.cancel(iid, operator="ops")
+    query, moved = eng.store.query, []
+
+    def restarting_one(*args: Any, **kw: Any) -> Any:  # another operator, just after the read
+        found = query(*args, **kw)
+        if found and not moved:
+            moved.append(eng.restart(found[0].id, by="bob").id)
+        return found
+    eng.store.query = restarting_one
+    done = eng.prune(InstanceFilter(machine="console"), batch=3)
+    assert (done.matching, done.deleted, done.skipped) == (4, 3, 1)
+    survivors = {r.id: r.status for r in eng.store.list()}
+    assert survivors == {moved[0]: "running", ids[4]: "pending"}  # the restarted one, whole
+    assert [h.kind for h in eng.store.history(moved[0])] == ["cancel", "rerun"]
+    dry = eng.prune(InstanceFilter(machine="console"), dry_run=True)
+    assert (dry.matching, dry.deleted, dry.skipped) == (0, 0, 0)
+    with pytest.raises(InvalidInput, match="ended instances only"):
+        eng.prune(InstanceFilter(statuses=("pending",)))

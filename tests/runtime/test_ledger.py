@@ -1,8 +1,10 @@
-"""The one writer (issue 20, step 2): only ``runtime/ledger.py`` calls a store's ``commit``.
+"""The one writer (issue 20, step 2; issue 37): only ``runtime/ledger.py`` calls a store's
+``commit``, ``create`` or ``delete``.
 
-An AST scan of the package: any attribute ``commit`` read on an expression naming a store
-(``store.commit``, ``self.store.commit``, ``engine.store.commit``, passed or called) outside
-the ledger, the store backends themselves and the shipped contract suite fails the test.
+An AST scan of the package: any attribute ``commit``, ``create`` or ``delete`` read on an expression
+naming a store (``store.commit``, ``self.store.delete``, ``engine.store.commit``, passed or
+called) outside the ledger, the store backends themselves and the shipped contract suite
+fails the test.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from pathlib import Path
 import fsm_engine
 
 PACKAGE = Path(fsm_engine.__file__).resolve().parent
-#: Where ``commit`` may be reached: the ledger; the backends (their own methods); the
-#: contract suite, which tests the store's ``commit`` itself.
+#: Where ``commit`` and ``delete`` may be reached: the ledger; the backends (their own
+#: methods); the contract suite, which tests the store's verbs themselves.
 ALLOWED = {PACKAGE / "runtime" / "ledger.py"}
 EXEMPT_DIRS = (PACKAGE / "store", PACKAGE / "testing")
+#: The store's instance writes only the ledger makes.
+VERBS = frozenset({"commit", "create", "delete"})
 
 
 def _names_store(node: ast.expr) -> bool:
@@ -27,10 +31,11 @@ def _names_store(node: ast.expr) -> bool:
 
 
 def _store_commits(path: Path, name: str) -> list[str]:
-    """``name:line`` of each store ``commit`` reached in the module at ``path``."""
+    """``name:line`` of each store ``commit`` or ``delete`` reached in the module at
+    ``path``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     return [f"{name}:{node.lineno}" for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and node.attr == "commit"
+            if isinstance(node, ast.Attribute) and node.attr in VERBS
             and _names_store(node.value)]
 
 
@@ -40,15 +45,17 @@ def test_only_the_ledger_commits() -> None:
         if path in ALLOWED or any(d in path.parents for d in EXEMPT_DIRS):
             continue
         found += _store_commits(path, str(path.relative_to(PACKAGE.parent)))
-    assert found == [], "Store.commit called outside runtime/ledger.py: " + ", ".join(found)
+    assert found == [], ("Store.commit, create or delete called outside runtime/ledger.py: "
+                         + ", ".join(found))
 
 
 def test_the_scan_sees_a_commit(tmp_path: Path) -> None:
     """The scan itself finds each form it must refuse (so an empty result means something)."""
     sample = tmp_path / "sample.py"
     sample.write_text("store.commit([s])\nself.store.commit([s])\n"
-                      "to_thread(engine.store.commit, [s])\nconn.commit()\n")
-    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3"]
+                      "to_thread(engine.store.commit, [s])\nconn.commit()\n"
+                      "store.delete(ids)\nstore.delete_worker(w)\nself.store.create(r)\n")
+    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3", "x:5", "x:7"]
 
 
 def test_the_engine_writes_through_its_ledger(tmp_path: Path) -> None:
@@ -82,3 +89,21 @@ def test_the_engine_writes_through_its_ledger(tmp_path: Path) -> None:
     finally:
         eng.close()
     assert written.count(first) == 1 and written.count(second) == 1  # a→done; the cancel
+
+
+#: The only writers of ``fsm_meta`` in the package, and what they keep there: the review
+#: links' signing key and spent links (no instance's state: issue 37).
+META_WRITERS = {PACKAGE / "runtime" / "kinds" / "review_links.py"}
+
+
+def test_no_instance_state_in_fsm_meta() -> None:
+    """``put_meta`` / ``add_meta`` are reached only from ``META_WRITERS`` (a pause request
+    was kept there, apart from its instance's version: issue 36 item 8)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path in META_WRITERS or any(d in path.parents for d in EXEMPT_DIRS):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr in ("put_meta", "add_meta")]
+    assert found == [], "fsm_meta written outside the known writers: " + ", ".join(found)

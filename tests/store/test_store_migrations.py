@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,7 +113,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("12",)]
+        [(str(FORMAT_VERSION),)] == [("13",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -210,7 +212,8 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
 #: Undo format 9 on PostgreSQL (large context values beside the row): a format 8 database
 #: (and format 11's definitions and 12's stream rows, which a format 10 database has not).
 _DROP_V9 = ("DROP TABLE {schema}.definitions; DROP TABLE {schema}.stream_rows; "
-            "ALTER TABLE {schema}.instances DROP COLUMN context_refs")
+            "ALTER TABLE {schema}.instances DROP COLUMN context_refs; "
+            "ALTER TABLE {schema}.instances DROP COLUMN pause_request")
 #: Undo format 8 on PostgreSQL (queues, partitions, rate limits): a format 7 database.
 _DROP_V8 = ("ALTER TABLE {schema}.instances DROP COLUMN queue; "
             "ALTER TABLE {schema}.instances DROP COLUMN partition_key; "
@@ -277,6 +280,7 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
     pg_cluster.sql(f"ALTER TABLE {schema}.instances RESET (fillfactor)")  # as format 9 left it
     pg_cluster.sql(f"DROP TABLE {schema}.definitions")
     pg_cluster.sql(f"DROP TABLE {schema}.stream_rows")
+    pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN pause_request")
     pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value = '9' WHERE key = 'schema_version'")
     store = open_store(url)
     try:
@@ -290,6 +294,64 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
                           "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]
 
+
+#: A format 12 database's pause requests (issue 37): ``a`` asked (its reason kept in the
+#: request), ``b`` carrying the marker with its row lost, ``c`` paused since (its row
+#: spent), and a row of an instance gone.
+_V12_PAUSES = (
+    "ALTER TABLE {t}instances DROP COLUMN pause_request",
+    "UPDATE {t}instances SET reason = 'pause_requested', version = 3 WHERE id IN ('a', 'b')",
+    "UPDATE {t}instances SET status = 'paused', reason = 'hold' WHERE id = 'c'",
+    "INSERT INTO {t}fsm_meta VALUES ('pause:a', '{{\"by\": \"ann\", \"reason\": \"hold\", "
+    "\"at\": 5.0, \"version\": 3, \"prior_reason\": \"rate_limited\", "
+    "\"withdrawn\": false}}')",
+    "INSERT INTO {t}fsm_meta VALUES ('pause:c', '{{\"version\": 1}}')",
+    "INSERT INTO {t}fsm_meta VALUES ('pause:gone', '[]')",
+    "UPDATE {t}fsm_meta SET value = '12' WHERE key = 'schema_version'")
+
+
+def _v12_pauses_moved(store: Any) -> None:
+    from fsm_engine.runtime.kinds import pausing
+    a, b, c = (store.get(i) for i in "abc")
+    assert (a.reason, b.reason, b.pause_request, c.reason, c.pause_request) == (
+        "rate_limited", None, None, "hold", None)
+    assert pausing.decode(a.pause_request) == pausing.PauseRequest("ann", "hold", 5.0, 2, 3)
+    assert store.meta_prefixed("pause:") == {}
+
+
+def _v12_store(create: Callable[[], Any]) -> None:
+    from fsm_engine.testing.contract import record
+    store = create()
+    store.create(record("a"), record("b"), record("c"))
+    store.close()
+
+
+def test_sqlite_format_12_pause_requests_move_into_their_instances(tmp_path: Path) -> None:
+    path = tmp_path / "v12.db"
+    _v12_store(lambda: SqliteStore(str(path)))
+    conn = sqlite3.connect(path)
+    for sql in _V12_PAUSES:
+        conn.execute(sql.format(t=""))
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(path))
+    try:
+        _v12_pauses_moved(store)
+    finally:
+        store.close()
+
+
+def test_postgres_format_12_pause_requests_move_into_their_instances(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine.store import open_store
+    url = pg_cluster.database()
+    schema = url.rsplit("%3D", 1)[1]
+    _v12_store(lambda: open_store(url))
+    pg_cluster.sql("; ".join(sql.format(t=f"{schema}.") for sql in _V12_PAUSES))
+    store = open_store(url)
+    try:
+        _v12_pauses_moved(store)
+    finally:
+        store.close()
 
 
 def _fresh(code: str) -> str:

@@ -223,7 +223,6 @@ def test_pages_of_running_instances_reload_and_final_ones_do_not(tmp_path, fleet
     assert 'http-equiv="refresh"' not in done.get("/").text
 
 
-
 def test_text_search_finds_a_large_value_stored_beside_the_row(tmp_path) -> None:
     """The list page's ``q`` and ``fsm list --text`` look inside context values kept in
     ``blobs`` (format 9), not only in the row."""
@@ -248,3 +247,25 @@ def test_text_search_finds_a_large_value_stored_beside_the_row(tmp_path) -> None
     listed = CliRunner().invoke(app, ["list", "--db", db, "--text", "needle far", "--json"])
     assert listed.exit_code == 0, listed.output
     assert [r["id"] for r in json.loads(listed.stdout)] == ["aa01"]
+
+
+def test_a_pause_row_reads_as_a_pause_not_an_error_on_the_instance_page(tmp_path) -> None:
+    """Issue 36 (friction): the history's "error / reason" cell of a pause row showed
+    ``(paused)``; it now shows the pause's note (who paused it and why) and no error."""
+    from conftest import HELPERS
+
+    from fsm_engine import Engine, load_machine
+    db = str(tmp_path / "p.db")
+    eng = Engine(db, llm=None)
+    [iid] = eng.start_many(load_machine(str(HELPERS / "console_machine.py"))[0], [{}],
+                           enqueue=True)
+    eng.pause(iid, by="ann", reason="audit <b>")
+    eng.close()
+    reader = SqliteStore(db, readonly=True)
+    try:
+        page = TestClient(create_app(reader)).get(f"/instances/{iid}").text
+    finally:
+        reader.close()
+    [cell] = re.findall(r'<td class="error-cell">(.*?)</td>', page)
+    assert "paused by ann: audit &lt;b&gt;" in cell
+    assert '<span class="reason">' not in cell

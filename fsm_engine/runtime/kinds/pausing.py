@@ -2,16 +2,19 @@
 
 An instance between steps is paused at once (``outcome.paused``, one ledger commit).
 One held by a live worker may be in the middle of a step, whose commit must land: the
-client then stores a request (``fsm_meta`` key ``pause:ID``, ``Store.put_meta``) and
-*touches* the instance (its version bumped and its reason set to ``REQUESTED``, the
-reason it had kept in the request), so the worker's step commit no longer matches.
-The ledger, finding a step stale, looks for a request made by exactly that touch
-(``PauseRequest.version == step.expected_version + 1``) and writes the step anyway
-with the pause appended (``rebase``): the step's commit lands, the next step never
-starts.  Any other interfering write (a cancel, a takeover) leaves the step stale, as
-before.  An instance whose holder gave it back or died before its next commit still
-carries ``REQUESTED``: whoever claims it next pauses it at once (``on_claim``), before
-any step.
+client then *touches* the instance: one commit that writes the request into its
+``pause_request`` column (``PauseRequest``, JSON) and bumps its version, so the worker's
+step commit no longer matches.  The request and its touch are one write: no request
+exists without its touch, none outlives the commit that pauses or ends the instance (the
+ledger drops it there, ``Ledger.settle``).  The ledger, finding a step stale, writes it
+anyway with the pause appended (``rebase``) when the stored instance carries a request
+whose touches are the only writes since the version the step expected
+(``PauseRequest.base``) and the last of them is what is stored (``PauseRequest.version``):
+the step's commit lands, the next step never starts.  Any other interfering write (a
+cancel, a takeover) leaves the step stale, as before.  An instance whose holder gave it
+back or died before its next commit still carries the request: whoever claims it next
+pauses it at once (``on_claim``), before any step.  Asking again after an unpause withdrew
+the request, or withdrawing it, is one more touch (``touch``).
 """
 
 from __future__ import annotations
@@ -24,25 +27,22 @@ from ...errors import BudgetExhausted
 from ...store.records import PAUSED, InstanceRecord, StepCommit
 from .. import outcome
 
-#: ``fsm_meta`` key prefix of pause requests (``pause:ID``).
-PREFIX = "pause:"
 #: Longest operator name or reason kept (characters).
 MAX_TEXT = 200
-#: The reason of an instance asked to pause while a live worker held it.
-REQUESTED = "pause_requested"
 
 
 @dataclass(frozen=True, slots=True)
 class PauseRequest:
-    """Who asked for a pause (``by``), why, when (epoch s), the instance version the
-    request's touch wrote and the reason the instance had before it."""
+    """Who asked for a pause (``by``), why, when (epoch s); ``base``: the instance version
+    before the request's first touch (what the holder's running step expects);
+    ``version``: the version its latest touch wrote."""
 
     by: str | None
     reason: str
     at: float
+    base: int
     version: int
-    prior_reason: str | None = None
-    #: Unpaused before it applied: the next commit or claim only gives the reason back.
+    #: Unpaused before it applied: the next commit or claim only drops it.
     withdrawn: bool = False
 
 
@@ -52,69 +52,82 @@ def with_parent(parent_id: str) -> str:
     return f"paused with its parent {parent_id}"[:MAX_TEXT]
 
 
-def key(instance_id: str) -> str:
-    """The ``fsm_meta`` key of ``instance_id``'s pause request."""
-    return PREFIX + instance_id
-
-
 def encode(req: PauseRequest) -> str:
     """The stored JSON of ``req``."""
-    return json.dumps({"by": req.by, "reason": req.reason, "at": req.at,
-                       "version": req.version, "prior_reason": req.prior_reason,
-                       "withdrawn": req.withdrawn}, allow_nan=False)
+    return json.dumps({"by": req.by, "reason": req.reason, "at": req.at, "base": req.base,
+                       "version": req.version, "withdrawn": req.withdrawn}, allow_nan=False)
 
 
 def decode(text: str | None) -> PauseRequest | None:
-    """The request stored as ``text``; ``None`` when there is none or it is not one
-    (a stored value is hostile: wrong types are ignored, never trusted)."""
+    """The request stored as ``text`` (``InstanceRecord.pause_request``); ``None`` when
+    there is none or it is not one (a stored value is hostile: wrong types are ignored,
+    never trusted)."""
     try:
         raw = json.loads(text) if text else None
     except ValueError:
         return None
     if not isinstance(raw, dict):
         return None
-    by, reason, at, version, prior = (raw.get(k) for k in ("by", "reason", "at", "version",
-                                                           "prior_reason"))
+    by, reason, at, base, version = (raw.get(k) for k in ("by", "reason", "at", "base",
+                                                          "version"))
     if not (by is None or isinstance(by, str)) or not isinstance(reason, str) \
-            or not isinstance(at, (int, float)) or type(version) is not int:
+            or not isinstance(at, (int, float)) or type(version) is not int \
+            or type(base) is not int:
         return None
-    prior = prior[:MAX_TEXT] if isinstance(prior, str) else None
-    return PauseRequest(by and by[:MAX_TEXT], reason[:MAX_TEXT], float(at), version, prior,
+    return PauseRequest(by and by[:MAX_TEXT], reason[:MAX_TEXT], float(at), base, version,
                         raw.get("withdrawn") is True)
 
 
-def applies(req: PauseRequest | None, step: StepCommit, stored_version: int) -> bool:
-    """True when ``step`` went stale only because of ``req``'s touch (and is no touch
-    itself: two operators asking at once make one request, not a pause mid-step)."""
-    touch = step.record.reason == REQUESTED and not step.history
-    return (req is not None and not touch and req.version == step.expected_version + 1
-            and stored_version == req.version)
+def touch(rec: InstanceRecord, req: PauseRequest | None, now: float, *, by: str | None,
+          reason: str, withdrawn: bool = False) -> StepCommit:
+    """The commit asking ``rec``'s holder to pause it (``withdrawn``: no longer), ``req``
+    the request it carries already (None: the first touch)."""
+    base = rec.version if req is None else req.base
+    new = PauseRequest(by, reason, now, base, rec.version + 1, withdrawn)
+    after = outcome.clone(rec)
+    after.updated_at, after.pause_request = now, encode(new)
+    return StepCommit(after, rec.version, before=rec)
 
 
-def rebase(step: StepCommit, req: PauseRequest, stored_version: int, now: float) -> StepCommit:
-    """``step`` (in place) to be written over the touch: expected at ``stored_version``,
-    and, unless it ends or already pauses the instance, paused after it (its pause row
-    appended)."""
-    step.expected_version = stored_version
-    step.before = None  # every column written: the touch's reason must not survive
+def applies(stored: InstanceRecord, step: StepCommit) -> bool:
+    """True when ``step`` went stale only because of the touches of the request ``stored``
+    carries (and is no touch itself: two operators asking at once make one request, not a
+    pause mid-step)."""
+    req = decode(stored.pause_request)
+    return (req is not None and step.record.pause_request is None
+            and req.base == step.expected_version and req.version == stored.version)
+
+
+def rebase(step: StepCommit, stored: InstanceRecord, now: float) -> StepCommit:
+    """``step`` (in place) to be written over the touches: expected at ``stored``'s
+    version, the request dropped and, unless it was withdrawn or the step ends or already
+    pauses the instance, paused after it (its pause row appended)."""
+    req = decode(stored.pause_request)
+    step.expected_version = stored.version
+    step.before = None  # every column written: the touch's request must not survive
     rec = step.record
-    if not req.withdrawn and not rec.final and rec.status != PAUSED:
+    rec.pause_request = None
+    if req is not None and not req.withdrawn and not rec.final and rec.status != PAUSED:
         step.history = [*step.history, outcome.pause_in_place(rec, now, by=req.by,
                                                               reason=req.reason)]
     return step
 
 
-def on_claim(rec: InstanceRecord, req: PauseRequest | None, now: float) -> StepCommit:
-    """The commit a claimer makes of ``rec`` found carrying ``REQUESTED``: paused as
-    ``req`` asked (with the reason it had before the request), or, the request withdrawn
-    meanwhile (``req`` None or ``withdrawn``), just that reason given back."""
-    prior = outcome.clone(rec)
-    prior.reason = req.prior_reason if req is not None else None
+def on_claim(rec: InstanceRecord, now: float) -> StepCommit:
+    """The commit a claimer makes of ``rec`` found carrying a request: paused as it asked,
+    or, the request withdrawn (or unreadable), the request just dropped."""
+    req = decode(rec.pause_request)
     if req is None or req.withdrawn:
-        return StepCommit(prior, rec.version, before=rec)
-    step = outcome.paused(prior, now, by=req.by, reason=req.reason)
-    step.before = rec
-    return step
+        return dropped(rec)
+    return outcome.paused(rec, now, by=req.by, reason=req.reason)
+
+
+def dropped(rec: InstanceRecord) -> StepCommit:
+    """The commit dropping ``rec``'s request, nothing else (a withdrawn one, or one
+    withdrawn while nobody held the instance)."""
+    after = outcome.clone(rec)
+    after.pause_request = None
+    return StepCommit(after, rec.version, before=rec)
 
 
 def by_policy(machine: Machine, state: State, exc: BaseException, retryable: bool,

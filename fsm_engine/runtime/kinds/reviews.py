@@ -17,6 +17,8 @@ from ...errors import ActionError, InvalidInput, ReviewRefused
 from ...store.base import Store
 from ...store.records import (
     FAILED,
+    PAUSED,
+    REVIEW_CLOSED,
     REVIEW_OPEN,
     WAITING,
     InstanceRecord,
@@ -49,11 +51,23 @@ def find(store: Store, item_id: str) -> ReviewItem:
     raise ReviewRefused(f"{what} {item_id!r}", item_id=item_id)
 
 
+def not_open(item: ReviewItem) -> str:
+    """Why ``item``, no longer open, cannot be decided: decided (by whom, what) or closed
+    undecided (by whom, why: ``StepCommit.close_reviews``)."""
+    if item.status == REVIEW_CLOSED:
+        return f"closed undecided by {item.decided_by}: {item.note}"
+    return f"already decided: {item.choice} by {item.decided_by}"
+
+
 def stale(item: ReviewItem, rec: InstanceRecord) -> str | None:
-    """Why ``item`` no longer applies to ``rec`` (the instance moved on), else None."""
-    if (rec.status == WAITING and rec.state == item.state
-            and rec.visits.get(item.state, 1) == item.visit):
+    """Why ``item`` does not apply to ``rec`` now (paused: not yet; moved on: no longer),
+    else None."""
+    here = rec.state == item.state and rec.visits.get(item.state, 1) == item.visit
+    if here and rec.status == WAITING:
         return None
+    if here and rec.status == PAUSED:
+        return (f"instance {rec.id} is paused ({rec.reason}): unpause it first "
+                f"(`fsm unpause {rec.id}`), then decide")
     return f"stale: instance {rec.id} moved on (now {rec.status} in state {rec.state!r})"
 
 
@@ -84,7 +98,7 @@ def decision(cm: CompiledMachine, rec: InstanceRecord, item: ReviewItem, choice:
     ``ReviewRefused``.  After a loop cap routed here, the decision grants another
     ``max_transitions`` transitions."""
     if item.status != REVIEW_OPEN:
-        raise _refuse(item, f"already decided: {item.choice} by {item.decided_by}")
+        raise _refuse(item, not_open(item))
     why = stale(item, rec)
     if why:
         raise _refuse(item, why)

@@ -12,6 +12,7 @@ import psycopg
 from ...errors import InstanceNotFound, StepRejected
 from .. import pg_commit
 from ..codec import (
+    CLOSE_OPEN_REVIEWS,
     CLOSE_REVIEW,
     DELTA,
     HISTORY,
@@ -22,6 +23,7 @@ from ..codec import (
     Blobs,
     Encoded,
     child_outputs,
+    close_open_args,
     close_review_args,
     dumps,
     encode_step,
@@ -345,6 +347,7 @@ class PostgresSteps(PostgresBase):
         attempts: list[Any] = []
         done: list[Any] = []
         opened: list[Any] = []
+        closed: list[Any] = []
         blobs: Blobs = []
         for step, (_, _, rows, attempt, outbox, large) in steps:
             blobs += large
@@ -360,10 +363,13 @@ class PostgresSteps(PostgresBase):
                 done.append(outbox)
             if step.review_open is not None:
                 opened.append(REVIEW.values(step.review_open))
+            if step.close_reviews is not None:
+                closed.append(close_open_args(step))
         self._put_blobs(conn, blobs)
         with conn.cursor() as cur:
             for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
-                              (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened)):
+                              (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened),
+                              (marks(CLOSE_OPEN_REVIEWS), closed)):
                 if rows:
                     cur.executemany(sql, rows)
 

@@ -293,8 +293,9 @@ class PostgresStore(PostgresSteps, PostgresStreams, SqlPlain):
         return pg_read.steps(lambda sql, args: self._run(lambda c: c.execute(sql, args).fetchall()),
                              where, batch)
 
-    def delete(self, instance_ids: Sequence[str]) -> int:
-        return self._run(lambda c: pg_read.delete(c, instance_ids), txn=True)
+    def delete(self, instance_ids: Sequence[str], *,
+               versions: Sequence[int] | None = None) -> int:
+        return self._run(lambda c: pg_read.delete(c, instance_ids, versions), txn=True)
 
     def check(self) -> builtins.list[str]:
         return self._run(pg_read.check)

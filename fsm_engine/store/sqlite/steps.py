@@ -11,11 +11,13 @@ from typing import Any
 from ...errors import InstanceNotFound
 from .. import streams
 from ..codec import (
+    CLOSE_OPEN_REVIEWS,
     CLOSE_REVIEW,
     INSERT_REVIEW,
     REVIEW,
     Blobs,
     Encoded,
+    close_open_args,
     close_review_args,
 )
 from ..codec import (
@@ -238,7 +240,7 @@ class SqliteSteps(SqliteBase):
             else:
                 defer.append((index, row))
         if attempt is not None or outbox is not None or step.review_open is not None \
-                or step.stream:  # most steps write none of them: no call
+                or step.stream or step.close_reviews:  # most steps write none of them: no call
             self._rows(conn, step, attempt, outbox)
         return True
 
@@ -252,6 +254,8 @@ class SqliteSteps(SqliteBase):
                          outbox)
         if step.review_open is not None:
             conn.execute(INSERT_REVIEW, REVIEW.values(step.review_open))
+        if step.close_reviews is not None:
+            conn.execute(CLOSE_OPEN_REVIEWS, close_open_args(step))
         if step.stream:  # the tail of its streamed calls (``StepCommit.stream``)
             streams.write(lambda sql, args: conn.execute(sql, args).fetchall(), step.stream)
 

@@ -264,10 +264,13 @@ class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
                 yield StepRow(*row[:-1])
             after = rows[-1][-1]
 
-    def delete(self, instance_ids: Sequence[str]) -> int:
+    def delete(self, instance_ids: Sequence[str], *,
+               versions: Sequence[int] | None = None) -> int:
         ids = builtins.list(dict.fromkeys(instance_ids))
         deleted = 0
         with self._write() as conn:
+            if versions is not None:  # (under the write lock: what is read stays so)
+                ids = sqlite_read.ended_at(conn, instance_ids, versions)
             for i in range(0, len(ids), 500):  # bounded statements, one transaction
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))

@@ -4,9 +4,12 @@ and resumed with the time left, ``on_retries_exhausted="pause"``; on both backen
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import lease_machine as lm
 import pytest
+from background_worker import Background, until
 from pause_machine import CALLS, FAULTY, Ctx, retrying
 from pydantic import BaseModel
 
@@ -193,7 +196,8 @@ def test_a_request_left_by_a_holder_that_gave_the_instance_back_applies_at_the_n
         iid = holder.start(machine())  # held by ``holder``, a live worker, not yet stepped
         operator_.register(machine())
         asked = operator_.pause(iid, by="ann", reason="hold on")
-        assert asked.status == "pending" and asked.reason == "pause_requested"
+        assert asked.status == "pending" and asked.reason is None
+        assert asked.pause_request is not None  # the request, written with its touch
         assert operator_.pause(iid, by="ann").version == asked.version  # asked once
         holder.ownership.release([iid])  # given back before any step
         ran = await operator_.run(iid)  # the claim pauses it before any step
@@ -231,11 +235,53 @@ def test_two_operators_asking_at_once_make_one_request_not_a_pause_mid_step(
     iid = holder.start(machine())
     seen_by_bob = bob.store.get(iid)  # bob reads, then ann's request lands first
     ann.pause(iid, by="ann")
-    assert bob.client._request_pause(seen_by_bob, "bob", "paused") is False
+    bobs = bob.client.pause_step(seen_by_bob, "bob", "paused")
+    assert bobs is not None and bob.client.ledger.apply_one(bobs) is False
     rec = bob.store.get(iid)
-    assert (rec.status, rec.reason, rec.owner) == ("pending", "pause_requested",
-                                                    holder.worker.id)
+    assert (rec.status, rec.reason, rec.owner) == ("pending", None, holder.worker.id)
+    assert '"by": "ann"' in (rec.pause_request or "")
     assert bob.store.history(iid) == []  # nothing paused under the holder's feet
+
+
+def test_a_pause_and_a_cancel_interleaved_mid_step_leave_the_cancel_and_the_worker_alive(
+        engine_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 36 item 8: a worker mid-step; ann asks to pause while bob's cancel lands just
+    before ann's touch.  The cancel wins: the worker's step, finishing after it, is stale
+    (not written over the cancel), the worker lives on and runs the next instance, and no
+    pause request is left stored."""
+    starter, holder, ann, bob = (engine_factory() for _ in range(4))
+    lm.ENTERED.clear()
+    lm.OPEN.clear()
+    [iid] = starter.start_many(lm.gated, [{}], enqueue=True)
+    caplog.set_level(logging.WARNING, logger="fsm_engine")
+    worker = Background(holder)
+    try:
+        until(lambda: lm.ENTERED == [iid], "the worker to be mid-step")
+        apply_one, cancelled = ann.client.ledger.apply_one, []
+
+        def cancel_first(step: Any) -> bool:  # bob's cancel lands just before ann's write
+            if step.record.id == iid and not cancelled:
+                cancelled.append(bob.cancel(iid, operator="bob"))
+            return apply_one(step)
+        ann.client.ledger.apply_one = cancel_first  # type: ignore[method-assign]
+        with pytest.raises(InstanceFinished):
+            ann.pause(iid, by="ann")
+        assert cancelled
+        lm.OPEN.set()  # the worker's step finishes, after the cancel
+        until(lambda: not worker.worker._running, "the worker to drop the cancelled instance")
+        [more] = starter.start_many(lm.gated, [{}], enqueue=True)
+        until(lambda: starter.store.get(more).final, "the same worker to run the next one")
+        assert worker.thread.is_alive()
+    finally:
+        worker.stop()
+    rec = starter.store.get(iid)
+    assert (rec.status, rec.reason) == ("cancelled", "cancelled")
+    assert [h.kind for h in starter.store.history(iid)] == ["cancel"]
+    assert starter.store.get(more).status == "completed"
+    assert starter.store.get_meta(f"pause:{iid}") is None  # no request left stored
+    assert rec.pause_request is None
+    # its step found stale, not refused by the store (no run broken off with an error)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 class Parent(BaseModel):
@@ -293,3 +339,24 @@ def test_pausing_a_parent_pauses_its_running_children_and_unpausing_it_ends_only
     final = eng.store.get(iid)
     assert final.status == "completed", (final.status, final.reason)
     assert sorted(CALLS) == ["kid:x", "kid:y", "kid:z"]
+
+
+def test_a_bulk_pause_takes_the_same_path_as_one_and_pauses_a_parents_children(
+        engine_factory: Any) -> None:
+    """Issue 37 item 2: a bulk pause by query builds the same commit as ``Engine.pause``,
+    children included: a fan-out parent paused by ``fsm pause --machine`` pauses its
+    children still running (with its reason), and the bulk unpause ends those pauses."""
+    eng = engine_factory()
+    iid = eng.start(FAMILY, {"items": ["x", "y"]})
+    asyncio.run(eng.step(iid))  # the fan-out: two children, not yet run
+    where = InstanceFilter(machine="pausing_family")
+    done = eng.bulk(eng.bulk_plan("pause", where), by="ops", reason="audit")
+    assert done.changed == 1 and eng.store.get(iid).status == "paused"
+    kids = eng.store.children(iid)
+    assert {(k.status, k.reason) for k in kids} == {("paused", f"paused with its parent {iid}")}
+    asyncio.run(eng.resume())
+    assert CALLS == []  # nothing of the family ran while it was paused
+    eng.bulk(eng.bulk_plan("unpause", where), by="ops")
+    assert all(eng.store.get(k.id).status != "paused" for k in kids)
+    asyncio.run(eng.resume())
+    assert eng.store.get(iid).status == "completed"

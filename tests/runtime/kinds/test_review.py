@@ -93,11 +93,46 @@ def test_a_stale_answer_is_refused(tmp_path) -> None:
     engine = Engine(str(tmp_path / "fsm.db"))
     iid = _to_review(engine)
     [item] = engine.reviews()
-    engine.cancel(iid)
+    assert asyncio.run(engine.client.send(iid, "reject", operator="ops")).state == "rejected"
     n = len(engine.store.history(iid))
-    with pytest.raises(ReviewRefused, match="stale: instance .* moved on"):
+    with pytest.raises(ReviewRefused, match="closed undecided by ops: instance sent 'reject'"):
         engine.decide(item, "approve", by="ann")
-    assert len(engine.store.history(iid)) == n and engine.review(item).status == "open"
+    assert len(engine.store.history(iid)) == n
+    engine.close()
+
+
+def test_cancel_and_send_close_the_open_item_in_their_own_write(tmp_path) -> None:
+    """Issue 36 (friction): ``fsm cancel`` and ``fsm send`` left the instance's review item
+    ``open`` for good (listed, claimable, never decidable); each now closes it undecided,
+    saying why, in the same write."""
+    engine = Engine(str(tmp_path / "fsm.db"))
+    cancelled, sent = _to_review(engine), _to_review(engine, "other")
+    engine.cancel(cancelled, operator="ops", reason="duplicate")
+    asyncio.run(engine.client.send(sent, "approve", operator="bob"))  # as `fsm send` does
+    assert engine.reviews() == []  # none left open
+    by_instance = {r.instance_id: r for r in engine.reviews(status=None)}
+    one, two = by_instance[cancelled], by_instance[sent]
+    assert (one.status, one.decided_by, one.choice, one.note) == (
+        "closed", "ops", None, "instance cancelled: duplicate")
+    assert (two.status, two.decided_by, two.note) == ("closed", "bob", "instance sent 'approve'")
+    engine.close()
+
+
+def test_deciding_a_paused_instance_says_it_is_paused(tmp_path) -> None:
+    """Issue 36 (friction): an item of a paused instance is refused as paused (unpause it
+    first), not as "stale ... moved on"; once unpaused it is decided as usual."""
+    engine = Engine(str(tmp_path / "fsm.db"))
+    iid = _to_review(engine)
+    [item] = engine.reviews()
+    engine.pause(iid, by="ops", reason="audit")
+    for act in (lambda: engine.decide(item, "approve", by="ann"),
+                lambda: engine.claim_review(item, "ann")):
+        with pytest.raises(ReviewRefused, match=f"instance {iid} is paused \\(audit\\): "
+                                                "unpause it first") as refused:
+            act()
+        assert "stale" not in str(refused.value)
+    engine.unpause(iid, by="ops")
+    assert engine.decide(item, "approve", by="ann").state == "publish"
     engine.close()
 
 

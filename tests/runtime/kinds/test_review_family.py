@@ -113,3 +113,22 @@ def test_fsm_run_exits_3_then_resume_joins(tmp_path: Path, store_url: str,
         assert (done.status, [g["n"] for g in done.context["got"]]) == ("completed", ITEMS)
     finally:
         eng.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_join_closes_the_review_of_the_child_it_cancels(engine_factory: Any,
+                                                                 module: Path) -> None:
+    """Issue 36 (friction): one child rejected fails the join, which cancels its sibling
+    still waiting in review; that sibling's item was left ``open`` for good (listed,
+    claimable, never decidable), it is now closed undecided in the cancel's write."""
+    eng = engine_factory()
+    pid = asyncio.run(_family_in_review(eng, module))
+    first, second = eng.store.children(pid)
+    (item,) = eng.reviews(instance_id=first.id)
+    eng.decide(item, "reject", by="ann")
+    asyncio.run(eng.resume())
+    assert eng.store.get(pid).status == "failed"
+    assert eng.store.get(second.id).status == "cancelled"
+    assert eng.reviews() == []  # nothing left open
+    (closed,) = eng.reviews(status="closed", instance_id=second.id)
+    assert (closed.decided_by, closed.note) == ("fsm", "instance cancelled: join")
