@@ -8,11 +8,22 @@ then fires ``then``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fsm_engine.runtime.kinds.base import DriverAPI, StepKind, timer_due, waiting
+from pydantic import BaseModel
+
+from fsm_engine import Machine, State, Transition
+from fsm_engine.runtime.kinds.base import (
+    DriverAPI,
+    StepKind,
+    register,
+    timer_due,
+    unregister,
+    waiting,
+)
 
 
 @dataclass(frozen=True)
@@ -39,10 +50,7 @@ class Cooldown:
 class CooldownKind(StepKind):
     """The step half: wait, then fire ``then``."""
 
-    name = "cooldown"
-
-    def matches(self, state: Any) -> bool:
-        return isinstance(state.kind, Cooldown)
+    name = "cooldown"  # matches the states whose ``kind`` is named so (``StepKind.matches``)
 
     def plan(self, api: DriverAPI, cm: Any, rec: Any, state: Any, now: float) -> Any:
         spec = state.kind
@@ -54,3 +62,33 @@ class CooldownKind(StepKind):
 
 
 KIND = CooldownKind()
+
+
+@contextmanager
+def registered() -> Iterator[StepKind]:
+    """``KIND`` registered (the one registration) while the block runs."""
+    register(KIND)
+    try:
+        yield KIND
+    finally:
+        unregister(KIND.name)
+
+
+class Ctx(BaseModel):
+    n: int = 0
+
+
+def bump(ctx: Ctx) -> dict[str, int]:
+    return {"n": ctx.n + 1}
+
+
+def cooling(seconds: float = 30.0, then: str = "go", name: str = "cooldown-demo") -> Machine:
+    """work -> rest (cool down ``seconds``, then ``then``) -> again -> done."""
+    return Machine(name=name, context=Ctx, initial="work", states=[
+        State("work", action=bump), State("rest", kind=Cooldown(seconds, then=then)),
+        State("again", action=bump), State("done", final=True)],
+        transitions=[Transition("next", "work", "rest"), Transition("go", "rest", "again"),
+                     Transition("next", "again", "done")])
+
+
+machine = cooling()

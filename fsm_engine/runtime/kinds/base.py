@@ -145,8 +145,11 @@ class StepKind:
         cls.enters = cls.enter is not StepKind.enter
 
     def matches(self, state: State) -> bool:
-        """True when ``state`` is of this kind (the first registered kind matching wins)."""
-        return False
+        """True when ``state`` is of this kind (the first registered kind matching wins).
+        Default: its plug-in spec (``State.kind``) has this kind's ``name`` — by name, not
+        class, so a machine file loaded twice (by path, by module) still matches."""
+        spec = state.kind
+        return spec is not None and getattr(spec, "name", None) == self.name
 
     def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
              now: float) -> StepCommit | None:

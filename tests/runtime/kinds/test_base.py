@@ -8,46 +8,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cooldown_kind import KIND, Cooldown
-from pydantic import BaseModel
+from cooldown_kind import KIND, cooling, registered
 
-from fsm_engine import Machine, State, Transition
 from fsm_engine.definition.export import export_machine, fingerprint
 from fsm_engine.diagram.model import state_notes
 from fsm_engine.errors import DefinitionError, FsmError
 from fsm_engine.runtime.kinds import base
 
 
-class Ctx(BaseModel):
-    n: int = 0
-
-
-def bump(ctx: Ctx) -> dict[str, int]:
-    return {"n": ctx.n + 1}
-
-
-def machine(seconds: float = 30.0, then: str = "go", name: str = "cooldown-demo") -> Machine:
-    return Machine(name=name, context=Ctx, initial="work", states=[
-        State("work", action=bump), State("rest", kind=Cooldown(seconds, then=then)),
-        State("again", action=bump), State("done", final=True)],
-        transitions=[Transition("next", "work", "rest"), Transition("go", "rest", "again"),
-                     Transition("next", "again", "done")])
-
-
 @pytest.fixture
 def cooldown() -> Iterator[base.StepKind]:
-    base.register(KIND)  # the one registration
-    try:
-        yield KIND
-    finally:
-        base.unregister(KIND.name)
+    with registered() as kind:  # the one registration
+        yield kind
 
 
 def test_a_registered_kind_runs_end_to_end(cooldown: base.StepKind,
                                             engine_factory: Any) -> None:
     now = [1000.0]
     engine = engine_factory(clock=lambda: now[0])
-    iid = engine.start(machine(), {})
+    iid = engine.start(cooling(), {})
     rec = asyncio.run(engine.run(iid))
     assert (rec.state, rec.status, rec.owner) == ("rest", "waiting", None)
     assert rec.next_attempt_at == pytest.approx(1030.0)
@@ -66,7 +45,7 @@ def test_a_registered_kind_runs_end_to_end(cooldown: base.StepKind,
 
 def test_the_kind_is_resolved_once_per_compiled_machine(cooldown: base.StepKind) -> None:
     from fsm_engine.runtime.compiled import compile_machine
-    cm = compile_machine(machine(name="cooldown-table"))
+    cm = compile_machine(cooling(name="cooldown-table"))
     kinds = base.table(cm)
     assert kinds is base.table(cm) is cm.kinds
     assert (kinds["rest"], kinds["work"]) == (KIND, base.PLAIN)
@@ -76,15 +55,15 @@ def test_the_kind_is_resolved_once_per_compiled_machine(cooldown: base.StepKind)
 def test_its_definition_is_checked_exported_and_drawn(cooldown: base.StepKind) -> None:
     with pytest.raises(DefinitionError) as err:
         from fsm_engine.runtime.compiled import compile_machine
-        compile_machine(machine(seconds=0, then="nope", name="cooldown-bad"))
+        compile_machine(cooling(seconds=0, then="nope", name="cooldown-bad"))
     assert err.value.problems == [
         "state 'rest': kind 'cooldown': seconds must be > 0, not 0",
         "state 'rest': kind 'cooldown': trigger 'nope' is not declared from 'rest'"]
-    [rest] = [s for s in export_machine(machine())["states"] if s["name"] == "rest"]
+    [rest] = [s for s in export_machine(cooling())["states"] if s["name"] == "rest"]
     assert rest["kind"] == {"name": "cooldown", "note": "cooldown 30s", "seconds": 30.0,
                             "then": "go"}
     assert "cooldown 30s" in state_notes(rest)
-    assert fingerprint(machine(seconds=5)) != fingerprint(machine())
+    assert fingerprint(cooling(seconds=5)) != fingerprint(cooling())
 
 
 def test_a_kind_name_is_registered_once(cooldown: base.StepKind) -> None:
