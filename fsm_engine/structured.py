@@ -5,6 +5,8 @@ or raises :class:`~fsm_engine.errors.StructuredOutputError`::
 
     text ─ strip whitespace and BOM
          ─ finish_reason == "length"?  → error, truncated=True (never repaired)
+         ─ nests deeper than json_input.MAX_DEPTH levels?  → error (json would
+           recurse as deep: a RecursionError)
          ─ find the JSON: first fenced block that holds a JSON object/array,
            else the first balanced {...} / [...] span in the prose
          ─ output ends inside that JSON?  → error, truncated=True
@@ -34,7 +36,8 @@ import json_repair
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
-from fsm_engine.errors import StructuredOutputError
+from fsm_engine.errors import InvalidInput, StructuredOutputError
+from fsm_engine.json_input import MAX_DEPTH, check_depth
 from fsm_engine.repair_check import TOKEN as _TOKEN
 from fsm_engine.repair_check import repair_changes
 
@@ -201,6 +204,11 @@ def _clean(text: str, repairs: list[str], finish_reason: str | None) -> str:
                                     "'length')", errors=["cut off at max_tokens"], truncated=True)
     if not body:
         raise StructuredOutputError("model output is empty", errors=["the reply was empty"])
+    try:  # before json (and json_repair) would recurse as deep as the reply nests
+        check_depth(body, "model output")
+    except InvalidInput:
+        deep = f"model output nests deeper than {MAX_DEPTH} levels of containers"
+        raise StructuredOutputError(deep, errors=[deep]) from None
     return body
 
 

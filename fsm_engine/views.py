@@ -81,17 +81,20 @@ def iso_time(ts: float | None) -> str | None:
 
 
 def age(ts: float | None, now: float | None = None) -> str:
-    """How long ago ``ts`` was: ``just now``, ``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``."""
+    """How long ago ``ts`` was: ``just now``, ``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``;
+    a time still ahead (a due time, a next attempt) reads ``in 42 s``, ``in 3 h``."""
     import time as _time
     if ts is None:
         return "-"
     secs = (_time.time() if now is None else now) - ts
-    if secs < 1:
+    if abs(secs) < 1:
         return "just now"
+    span = f"{int(abs(secs))} s"
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if secs >= size:
-            return f"{int(secs // size)} {unit} ago"
-    return f"{int(secs)} s ago"
+        if abs(secs) >= size:
+            span = f"{int(abs(secs) // size)} {unit}"
+            break
+    return f"{span} ago" if secs > 0 else f"in {span}"
 
 
 def when(ts: float | None, now: float | None = None) -> str:

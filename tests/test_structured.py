@@ -272,7 +272,13 @@ def test_deep_nesting_is_rejected_not_crashed() -> None:
         parse_structured(text)
     assert caught.value.raw == text
     assert caught.value.truncated is False
-    assert caught.value.errors[0].startswith("invalid JSON")
+    assert caught.value.errors == ["model output nests deeper than 100 levels of containers"]
+
+
+def test_nesting_up_to_the_cap_parses_one_more_level_is_refused() -> None:
+    assert str(parse_structured("[" * 101 + "]" * 101).data) == "[" * 101 + "]" * 101
+    with pytest.raises(StructuredOutputError, match="nests deeper than 100"):
+        parse_structured('{"a": ' + "[" * 101 + "]" * 101 + "}")
 
 
 def test_reask_after_validation_error_lists_problems_and_schema() -> None:

@@ -89,14 +89,20 @@ def _engine(db: str | None, *, llm: list[str] | None = None, faults: str | None 
     lazily) and the ``machines`` modules loaded (``trusting``).  ``models``: how its
     machine calls models (``CompiledMachine.model_use``): ``"none"`` builds no provider at
     all, ``"maybe"`` one that cannot be set up as ``Unavailable`` (the state calling it
-    fails, naming why), ``"declared"`` demands them (``ClientError``)."""
+    fails, naming why), ``"declared"`` demands them (``ClientError``); ``"deferred"``
+    (machines not known yet: ``fsm resume``, ``fsm step``) builds them when the first
+    machine that may call a model is registered, by that machine's use
+    (``Models.defer``; a model named with ``--llm`` is demanded)."""
     from ..llm.select import providers_from_specs
     from ..runtime import Engine
     from ..runtime.fleet.rates import limits_from_specs
-    providers = None if models == "none" else providers_from_specs(
+    providers = None if models in ("none", "deferred") else providers_from_specs(
         llm, faults=faults, seed=seed, lazy=models == "maybe")
     limits = limits_from_specs(None)  # FSM_RATE_LIMIT_<MODEL> (fsm worker: --rate-limit too)
     engine = Engine(_open(db, create=create), llm=providers, seed=seed, rate_limits=limits)
+    if models == "deferred":
+        engine.models.defer(lambda use: providers_from_specs(
+            llm, faults=faults, seed=seed, lazy=use == "maybe" and not llm))
     return trusting(engine, machines)
 
 

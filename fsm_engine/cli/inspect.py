@@ -124,13 +124,25 @@ def children_table(kids: list[Any]) -> Table:
 
 
 def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> Table:
+    """The rows as a table that fits ``out``: names whole when the other columns' longest
+    words still fit beside them, else folded (rich crops a table whose columns' minimum
+    widths exceed the terminal: the right-hand columns would vanish)."""
+    names = {col: min(20, max([len(str(r[col])) for r in rows] + [len(col)]))
+             for col in ("source", "dest", "trigger")}
+    for keep in (names, {col: len(col) for col in names}, {}):  # then only headers whole
+        table = _history_rows(rec, rows, title, keep)
+        if table.__rich_measure__(out, out.options).minimum <= out.width:  # unclamped
+            break
+    return table
+
+
+def _history_rows(rec: Any, rows: list[dict[str, Any]], title: bool,
+                  names: dict[str, int]) -> Table:
     from ..views import agent_note, guard_reading, local_time, pause_note, recovery_note
     table = Table(title=text(f"history of {rec.id}") if title else None, title_justify="left")
     for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "note"):
         fixed = col in ("seq", "at", "ms", "tokens")
-        names = min(20, max([len(str(r[col])) for r in rows] + [len(col)])) \
-            if col in ("source", "dest", "trigger") else None  # names whole; guards, errors fold
-        table.add_column(col, overflow="fold", no_wrap=fixed, min_width=names,
+        table.add_column(col, overflow="fold", no_wrap=fixed, min_width=names.get(col),
                          justify="right" if col in ("seq", "ms", "tokens") else "left")
     for r in rows:
         guards = ", ".join(f"{label} {'✓' if ok else '✗'}"

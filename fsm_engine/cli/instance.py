@@ -33,4 +33,4 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
         return
     for key, value in data.items():
         out.print(Text.assemble((key, "bold"), ": " + shown(json.dumps(value, ensure_ascii=False))),
-                  highlight=False)
+                  highlight=False, soft_wrap=True)  # one line per field: the value stays JSON

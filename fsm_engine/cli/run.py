@@ -161,10 +161,12 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     use = compile_machine(machine).model_use()  # a broken definition creates no database
     if use == "maybe" and llm:  # the model a user names is demanded like a declared one
         use = "declared"
+    from .observe import viewer_hint
     if is_postgres(store_url(db)) and not local:
         from .scale import enqueue_and_wait
-        enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
-                         as_json=as_json, quiet=quiet)
+        _finish(enqueue_and_wait(db, machine, ref, inputs, budget=budget, deadline=deadline,
+                                 as_json=as_json, quiet=quiet), as_json, machine.tally,
+                None if quiet else viewer_hint(db), outcome=machine.outcome)  # as below
         return
     engine = _engine(db, llm=llm, faults=faults, seed=seed, create=True, models=use)
     engine.concurrency = concurrency or _default_concurrency(engine)
@@ -180,7 +182,6 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
         raise InvalidInput(f"{shown(input[at])}: {exc}" if at is not None else str(exc)) from None
     if not quiet:
         typer.echo(shown(header), err=True)
-    from .observe import viewer_hint
     _finish(_drive(engine, ids, False, quiet), as_json, machine.tally,
             None if quiet else viewer_hint(db), outcome=machine.outcome)
 
@@ -238,16 +239,41 @@ def resume(db: str = DB,
            machines: list[str] = MACHINES) -> None:
     """Continue every unfinished instance whose worker died (refused, nothing run, when
     one names a machine module neither under the machines root nor given with --machines)."""
-    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False, machines=machines)
-    engine.concurrency = concurrency or _default_concurrency(engine)
+    engine = _engine(db, llm=llm, faults=faults, seed=seed, create=False, machines=machines,
+                     models="deferred")
     todo = engine.resumable()
     if not todo:
         engine.close()
         out.print("nothing to resume: no unfinished instance without a live worker")
         raise typer.Exit(0)
     refuse_untrusted(engine, todo)
-    _preload(engine)
-    _finish(_drive(engine, [], True, quiet), as_json)
+    use = _use_of(engine, todo)  # the models are built here, when one may be called
+    engine.concurrency = concurrency or _default_concurrency(engine)
+    if use != "none":
+        _preload(engine, lazy=use == "maybe" and not llm)
+    if not quiet:  # (a model it cannot name is shown as unavailable: the calls fail)
+        typer.echo(shown(_header("resume", len(todo), engine, "maybe" if use != "none"
+                                 else "none")), err=True)
+    _finish(_drive(engine, [r.id for r in todo], True, quiet), as_json)  # the count shown
+
+
+def _use_of(engine: Engine, records: Sequence[Any]) -> str:
+    """The strongest ``CompiledMachine.model_use`` of ``records``' machines, each
+    registered now (so the deferred models are built: ``Models.defer``); a machine that
+    cannot load here is left to the run, which leaves its instance alone naming why."""
+    from ..errors import ProviderError
+    order = ("none", "maybe", "declared")
+    use = "none"
+    for rec in records:
+        try:
+            found = engine.registry.definition(rec).model_use()
+        except ProviderError:  # a model that cannot be set up: refused, nothing run
+            engine.close()
+            raise
+        except FsmError:
+            continue
+        use = max(use, found, key=order.index)
+    return use
 
 
 @app.command()
@@ -257,8 +283,8 @@ def step(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
          as_json: bool = typer.Option(False, "--json", help="Print the new record as JSON."),
          machines: list[str] = MACHINES) -> None:
     """Run exactly one step of an instance."""
-    engine = _engine(db, llm=llm, create=False, machines=machines)
-    instance_id = _find(engine.store, instance_id).id
+    engine = _engine(db, llm=llm, create=False, machines=machines, models="deferred")
+    instance_id = _find(engine.store, instance_id).id  # its machine's use builds the model
 
     async def go() -> Any:
         try:

@@ -92,8 +92,9 @@ def _live_workers(store: Store) -> int:
 
 def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[str, Any]], *,
                      budget: int | None, deadline: float | None, as_json: bool,
-                     quiet: bool) -> None:
-    """``fsm run`` on a shared store: enqueue for the workers, then follow to the end."""
+                     quiet: bool) -> list[Any]:
+    """``fsm run`` on a shared store: enqueue for the workers, then follow to the end;
+    the final records (the caller prints them as a local run's)."""
     from ..runtime import Engine
     engine = Engine(_open(db, create=True))
     try:
@@ -106,8 +107,10 @@ def enqueue_and_wait(db: str | None, machine: Any, ref: str, inputs: list[dict[s
         records, settled = follow(engine.store, ids, timeout=None, quiet=quiet)
     finally:
         engine.close()
-    from .observe import viewer_hint
-    _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
+    if not settled:  # timed out (never without a timeout): exit 3 as `fsm wait` does
+        from .observe import viewer_hint
+        _exit_for(records, settled, as_json, None if quiet else viewer_hint(db))
+    return records
 
 
 @app.command()
@@ -209,12 +212,15 @@ def worker(db: str | None = DB,
     from ..runtime.fleet.rates import limits_from_specs
     limits = limits_from_specs(rate_limit)
     store = _open(db, create=True)  # first: a bad store URL is the error to report
-    try:
-        provider = providers_from_specs(llm)
-    except BaseException:
-        store.close()
-        raise
-    engine = Engine(store, llm=provider, lease_seconds=lease, rate_limits=limits)
+    engine = Engine(store, lease_seconds=lease, rate_limits=limits)
+
+    def build(use: str) -> Any:  # when the first machine that may call a model comes
+        providers = providers_from_specs(llm, lazy=use == "maybe" and not llm)
+        named = "; ".join(k if n == "*" else f"{n} = {k}"
+                          for n, k in _keys(providers).items())
+        typer.echo(shown(f"fsm worker {engine.worker.id}: llm: {named}"), err=True)
+        return providers
+    engine.models.defer(build)  # a worker of ctx-only machines sets up no model
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
@@ -232,6 +238,11 @@ def worker(db: str | None = DB,
     typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
     _profiled(lambda: asyncio.run(serve()))
     typer.echo(f"fsm worker {engine.worker.id} stopped ({runner.completed} completed)", err=True)
+
+
+def _keys(providers: dict[str, Any]) -> dict[str, str]:
+    from ..runtime.model_registry import model_key
+    return {name: model_key(p) for name, p in providers.items()}
 
 
 def _plan(concurrency: list[str], queues: list[str], limits: list[str],

@@ -63,6 +63,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from fsm_engine import json_input
 from fsm_engine.errors import (
     ClientError,
     InvalidInput,
@@ -224,8 +225,9 @@ class OpenAICompatible(Provider):
         try:
             response = asyncio.run(get())  # bounded only on an event loop (llm.http)
             response.raise_for_status()
-            listed = [str(m.get("id")) for m in response.json().get("data", [])]
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            found = json_input.parse(response.content, "the model list")  # depth-checked
+            listed = [str(m.get("id")) for m in found.get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError, InvalidInput) as exc:
             raise ProviderUnavailable(f"cannot list the models at {self.shown_url}: "
                                       f"{self._mask(str(exc))[:200]} (or set FSM_MODEL)") from None
         if len(listed) != 1:
@@ -421,6 +423,8 @@ class OpenAICompatible(Provider):
         if isinstance(exc, openai.APIStatusError):
             return ClientError(f"{where} rejected the request (HTTP {status}): {detail}",
                                status=status)
+        if isinstance(exc, RecursionError):  # the SDK's json read a reply nested too deep
+            return ServerError(f"{where} sent a reply that nests too deep to read")
         if isinstance(exc, (openai.OpenAIError, ValueError)) or _transport(exc):
             return ServerError(f"{where} failed: {type(exc).__name__}: {detail}")
         raise exc

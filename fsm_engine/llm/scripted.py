@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsm_engine import json_input
 from fsm_engine.errors import (
     ClientError,
     InvalidInput,
@@ -206,8 +207,9 @@ def _load_jsonl(path: Path) -> list[Reply]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        value = json_input.parse(line, f"{path}:{number}: bad script line")  # depth-checked
         try:
-            replies.append(_check(json.loads(line)))
+            replies.append(_check(value))
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"{path}:{number}: bad script line: {exc}") from None
     return replies

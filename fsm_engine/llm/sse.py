@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic_core import from_json
 
-from fsm_engine.errors import ServerError
+from fsm_engine import json_input
+from fsm_engine.errors import InvalidInput, ServerError
 from fsm_engine.redaction import redact
 
 __all__ = ["SseEvents", "MAX_EVENT_CHARS", "DRAIN_CHARS", "DRAIN_S", "drain"]
@@ -67,8 +67,8 @@ class SseEvents:
             event = from_json(data)
         except ValueError:  # (it refuses lone surrogates: ``json``, as before, decides)
             try:
-                event = json.loads(data)
-            except ValueError:
+                event = json_input.parse(data, "event")
+            except InvalidInput:
                 raise ServerError(f"{self.where} sent an event that is not JSON") from None
         if type(event) is not dict:
             return ""

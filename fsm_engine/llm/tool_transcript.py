@@ -22,6 +22,9 @@ import hashlib
 import json
 from typing import Any
 
+from fsm_engine import json_input
+from fsm_engine.errors import InvalidInput
+
 __all__ = ["RESULTS_PREFIX", "tool_calls_text", "native_messages", "wire_id"]
 
 #: How the user message holding a turn's tool results begins (then their JSON list).
@@ -37,12 +40,24 @@ def tool_calls_text(message: Any) -> str | None:
     for call in calls:
         fn = getattr(call, "function", None)
         raw = getattr(fn, "arguments", None) or "{}"
-        try:
-            args: Any = json.loads(raw)
-        except ValueError:
+        args = _loads(raw)
+        if args is _NOT_JSON:  # not JSON, or nested too deep to read: kept as its text
             args = raw
         out.append({"name": str(getattr(fn, "name", "")), "arguments": args})
     return _dump(out) if out else None
+
+
+#: What ``_loads`` returns for text that is not JSON.
+_NOT_JSON: Any = object()
+
+
+def _loads(text: str) -> Any:
+    """``text``'s JSON value, depth-checked (a model's text may nest 5,000 deep);
+    ``_NOT_JSON`` when it is not JSON or nests deeper than ``json_input.MAX_DEPTH``."""
+    try:
+        return json_input.parse(text, "tool transcript")
+    except InvalidInput:
+        return _NOT_JSON
 
 
 def _dump(calls: list[dict[str, Any]]) -> str:
@@ -106,10 +121,7 @@ def _calls(message: dict[str, str]) -> list[dict[str, Any]] | None:
     text = message.get("content")
     if message.get("role") != "assistant" or not isinstance(text, str):
         return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
+    data = _loads(text)
     calls = data.get("tool_calls") if isinstance(data, dict) and len(data) == 1 else None
     if not isinstance(calls, list) or not calls:
         return None
@@ -126,10 +138,7 @@ def _results(message: dict[str, str]) -> list[dict[str, Any]] | None:
     if message.get("role") != "user" or not isinstance(text, str) \
             or not text.startswith(RESULTS_PREFIX):
         return None
-    try:
-        data = json.loads(text[len(RESULTS_PREFIX):])
-    except ValueError:
-        return None
+    data = _loads(text[len(RESULTS_PREFIX):])
     if not isinstance(data, list) or not all(
             isinstance(r, dict) and isinstance(r.get("call"), str)
             and len({"result", "error"} & set(r)) == 1 for r in data):

@@ -52,8 +52,9 @@ def validate_input(model: type[BaseModel], data: BaseModel | dict[str, Any] | No
         values.check_json(ctx)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise InvalidInput(f"input does not fit {model.__name__}: {first['msg']} at "
-                           f"{'.'.join(map(str, first['loc'])) or '(root)'}") from None
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise InvalidInput(f"input does not fit {model.__name__}: "  # the field first
+                           f"{where.lstrip('.') or '(root)'}: {first['msg']}") from None
     except InvalidInput as exc:
         raise InvalidInput(f"input does not fit {model.__name__}: {exc}") from None
     return ctx

@@ -97,12 +97,13 @@ class Engine:
         self.max_recoveries = max_recoveries
         self.breaker_policy = breaker
         self.clock = clock
-        self.ownership = Ownership(self.store, lease_seconds=lease_seconds,
+        #: The one writer (``runtime.ledger``): every commit, claim and release of this
+        #: engine goes through it.
+        self.ledger = Ledger(self.store, clock)
+        self.ownership = Ownership(self.store, writes=self.ledger, lease_seconds=lease_seconds,
                                    max_recoveries=max_recoveries, clock=clock)
         self._threads = ActionThreads(threads)
         self.models = Models(llm, self.store, breaker, clock, rate_limits)
-        #: The one writer (``runtime.ledger``): every commit of this engine goes through it.
-        self.ledger = Ledger(self.store, clock)
         self.ledger.on_review = review_hook.from_env(self.store)  # FSM_REVIEW_WEBHOOK
         self.committer = GroupCommitter(self.ledger)  # ``solo``: the runner's, below
         self.driver = Driver(self.store, self.committer, models=self.models, clock=clock,

@@ -1,4 +1,5 @@
-"""The one writer: the only code that calls ``Store.commit``, ``create`` or ``delete``.
+"""The one writer: the only code that calls ``Store.commit``, ``create``, ``claim``,
+``release`` or ``delete``.
 
 Every change to an instance — a step (through the group committer), a review
 decision, a cancel, a send, an in-place rerun, a claim, a migration, a parked
@@ -16,22 +17,27 @@ implies for others and writes it:
   asked to pause its instance mid-step is written anyway, the pause after it; a step that
   ends its instance drops a request it carries (``settle``);
 - **deletes** (``delete``: ``fsm prune``): ended instances only, each at the version read;
+- **claims and releases** (``claim``, ``release``: the fleet's ``Ownership``, the runner,
+  the worker): stamped with the engine's clock, as every other write is (``Store.release``
+  stamped the wall clock, so a ``VirtualClock`` run mixed two times: issue 37);
 - **the outbox**: a step carrying ``outbox_done`` marks its idempotency key done in
   its own transaction (the store writes it with the step, or neither).
 
 Why one place: a decision that ended a fan-out child used to be written straight to
 the store, skipping the wake an ordinary step makes, and its parent waited forever
 (issue 20).  ``tests/runtime/test_ledger.py`` asserts that no other module of the package
-calls a store's ``commit``.
+calls a store's ``commit``, ``create``, ``claim``, ``release`` or ``delete``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..errors import InstanceNotFound
 from ..store.base import Store
+from ..store.claims import ClaimRequest
 from ..store.records import HistoryRow, InstanceRecord, ReviewItem, StepCommit
 from .kinds import fanout, pausing
 
@@ -43,7 +49,8 @@ OBSERVERS: list[Callable[[Sequence[StepCommit], Sequence[bool]], None]] = []
 class Ledger:
     """Writes ``StepCommit``s to ``store`` with their family effects (``settle``).
 
-    ``clock``: epoch seconds, the time of the cancellations ``settle`` adds.
+    ``clock``: epoch seconds (the engine's), the time of the cancellations ``settle``
+    adds, of claims and of releases.
     """
 
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
@@ -105,6 +112,18 @@ class Ledger:
         moved on since (restarted, rerun in place) is left whole.  Returns how many were
         deleted."""
         return self.store.delete([r.id for r in records], versions=[r.version for r in records])
+
+    def claim(self, request: ClaimRequest) -> list[InstanceRecord]:
+        """``Store.claim`` at this ledger's clock: ``request.now`` is replaced by
+        ``clock()``, the time the claimed records' ``updated_at``, the leases judged and
+        a takeover's recovery row carry.  Returns the instances claimed, as stored."""
+        return self.store.claim(replace(request, now=self.clock()))
+
+    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+        """Give up ``owner``'s claim on ``ids`` (``None``: all it holds; ``[]``: none),
+        ``updated_at`` stamped with ``clock()`` (``Store.release``); returns how many were
+        released.  Raises what the store raises (``StoreError``)."""
+        return self.store.release(owner, None if ids is None else list(ids), now=self.clock())
 
     def apply(self, steps: Sequence[StepCommit]) -> list[bool]:
         """``settle`` each step, then ``write`` them together."""

@@ -56,6 +56,27 @@ class Models:
         self.rate_limits: dict[str, RateLimit] = dict(rate_limits or {})
         self._own_rates = dict(self.rate_limits)
         self._limiters: dict[tuple[str, str | None], RateLimiter | None] = {}
+        self._build: Callable[[str], Any] | None = None
+
+    def defer(self, build: Callable[[str], Any]) -> None:
+        """Build the providers only when the first machine that may call a model is
+        registered (``need``): ``build(use)`` (``use``: that machine's
+        ``CompiledMachine.model_use``, ``"maybe"`` or ``"declared"``) returns what ``llm``
+        takes; its errors (``ClientError``: a model that cannot be set up) propagate to
+        the registration, and the next one builds again."""
+        self._build = build
+
+    def need(self, use: str) -> None:
+        """A machine whose states ``use`` a model (``CompiledMachine.model_use``) is about
+        to run here: the deferred providers are built now (once), unless ``use`` is
+        ``"none"``."""
+        if self._build is None or use == "none":
+            return
+        llm = self._build(use)
+        self._build = None
+        named = dict(llm) if isinstance(llm, Mapping) else ({} if llm is None else {DEFAULT: llm})
+        self.by_name.update(named)
+        self.default = self.by_name.get(DEFAULT)
 
     def use_stored_rates(self, stored: Mapping[str, RateLimit]) -> None:
         """Obey the fleet's stored rate limits (``runtime.fleet.limits``), tightened by the ones

@@ -60,6 +60,7 @@ class Registry:
         if module is None and self.machines.get(machine.name) is cm:
             return cm  # already registered (start_many calls this for every batch)
         ref = module or module_ref(machine)
+        self.models.need(cm.model_use())  # deferred providers (``Models.defer``): built now
         for member in cm.family():  # branch machines load from the parent's module
             self.models.check(member.states)
             self.machines[member.name] = member

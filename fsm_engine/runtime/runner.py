@@ -447,7 +447,7 @@ class Runner:
         mine = self.store.held(self.worker.id)  # e.g. started here, not yet run
         idle = [iid for iid in mine if iid not in self.tasks]  # those running stay ours
         if idle:
-            self.store.release(self.worker.id, idle)
+            self.ledger.release(self.worker.id, idle)
         one = self._one(on_step)
         tasks: list[asyncio.Future[Outcome]] = []
         parked: list[tuple[InstanceRecord, FsmError]] = []
@@ -479,4 +479,4 @@ class Runner:
             self.ledger.apply(commits)
         others = [rec.id for rec, exc in parked if self.parking(rec, exc) is None]
         if others:
-            self.store.release(self.worker.id, others)
+            self.ledger.release(self.worker.id, others)

@@ -18,15 +18,18 @@ step's history holds.  A bare offset ``P`` resumes the log at ``P`` and repeats 
 of the step the log row ``P - 1`` belongs to (at least once).
 
 Reading is pull: nothing is buffered for a subscriber beyond one batch of rows
-(``BATCH``), so a subscriber that stops reading holds nothing up.  Waiting for new rows is
-``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on SQLite a look every
-``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no thread is held).
+(``BATCH``) and, of a JSON reply, the first ``PARTIAL_CHARS`` (``Subscription.held``), so a
+subscriber that stops reading holds nothing up; a resume far into a long reply reads the
+log before it batch by batch, giving the event loop a turn after each on a local store.
+Waiting for new rows is ``Store.stream_wait`` on PostgreSQL (a NOTIFY, in a thread); on
+SQLite a look every ``POLL_LOCAL_S`` on the event loop (reads of a local file are short: no
+thread is held).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,7 +38,9 @@ from ..store.records import FINAL_STATUSES, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
 
-__all__ = ["StreamEvent", "events", "parse_cursor", "BATCH"]
+__all__ = ["StreamEvent", "Subscription", "events", "parse_cursor", "after_final", "ended",
+           "check_start",
+           "BATCH"]
 
 #: Most log rows read at once (a chunk row holds at most ``streams.ROW_CHARS`` characters
 #: of text, so a subscription holds at most about 512 KiB of rows).
@@ -93,17 +98,46 @@ MAX_DIGITS = len(str(MAX_CURSOR))
 
 def parse_cursor(value: int | str) -> tuple[int, int | None, int]:
     """``(position, last step delivered or None, inline rows of the next step delivered)``
-    from an offset or a ``"P:S"`` / ``"P:S:K"`` cursor; ``InvalidInput`` for anything
-    else."""
+    from an offset or a ``"P:S"`` / ``"P:S:K"`` cursor (``"P:S:0"``: the ``final``
+    event's, ``after_final``); ``InvalidInput`` for anything else."""
     text = str(value).strip()
     parts = text.split(":")
     if len(parts) > 3 or not all(p.isascii() and p.isdigit() and len(p) <= MAX_DIGITS
-                                 and int(p) <= MAX_CURSOR for p in parts) or (
-            len(parts) == 3 and int(parts[2]) == 0):
+                                 and int(p) <= MAX_CURSOR for p in parts):
         raise InvalidInput(f"bad stream offset {text[:40]!r}: expected N, N:S or N:S:K "
-                           f"(integers from 0 to {MAX_CURSOR}, K > 0)")
+                           f"(integers from 0 to {MAX_CURSOR})")
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else None,
             int(parts[2]) if len(parts) > 2 else 0)
+
+
+def after_final(value: int | str) -> bool:
+    """True for the ``final`` event's cursor, ``"P:S:0"`` (a valid cursor): a resume from it
+    gives nothing more while the instance stays final at step ``S`` with no row from
+    ``P`` on (the viewer answers 204)."""
+    parts = str(value).strip().split(":")
+    return len(parts) == 3 and parts[2].isdigit() and int(parts[2]) == 0
+
+
+def ended(store: Any, instance_id: str, cursor: int | str) -> bool:
+    """True when a subscription from ``cursor`` would end with no event: it is the
+    ``final`` event's (``after_final``) and the instance is still final at that step, with
+    no log row from its position on."""
+    if not after_final(cursor):
+        return False
+    pos, seq, _ = parse_cursor(cursor)
+    rec = store.get(instance_id)
+    return rec.status in FINAL_STATUSES and rec.seq <= (seq or 0) \
+        and not store.stream_read(instance_id, pos, 1)
+
+
+def check_start(store: Any, instance_id: str, pos: int) -> None:
+    """``InvalidInput`` when log position ``pos`` is past the end of the instance's stream
+    log (no row before it, none at or after it: a subscription there would miss the rows
+    written next, at lower positions)."""
+    if pos > 0 and not store.stream_read(instance_id, pos - 1, 1) \
+            and not store.stream_read(instance_id, pos, 1):
+        raise InvalidInput(f"stream offset {pos} is past the end of instance {instance_id}'s "
+                           "stream log: start at 0, or resume from an event's cursor")
 
 
 class _Merge:
@@ -119,6 +153,37 @@ class _Merge:
         self.opened: dict[int, list[int]] = {}
         self.top: dict[int, int] = {}
         self.skip = 0  # inline rows of the next step already delivered (a ``P:S:K`` cursor)
+        self.batch: list[StreamRow] = []  # the rows read last
+        self.stopped = False  # ``Subscription.stop``
+
+    async def start(self, from_offset: int | str) -> None:
+        """Begin at ``from_offset``: the instance checked, the attempts before it learnt;
+        with a bare offset, the commits from the step of the row before it on."""
+        pos, after, self.skip = parse_cursor(from_offset)
+        self.pos = pos
+        await self.call(self.store.get, self.instance_id)  # InstanceNotFound
+        if pos > 0:
+            before = await self.call(self.store.stream_read, self.instance_id, pos - 1, 1)
+            if not before:
+                await self.call(check_start, self.store, self.instance_id, pos)
+            if after is None:
+                after = before[0].seq - 1 if before else 0
+        self.last_seq = after or 0
+        await self.resume()
+
+    async def read(self, pos: int, limit: int) -> list[StreamRow]:
+        """At most ``limit`` rows from ``pos``; on a local store, a turn of the event loop
+        given to others after it (reads there are inline: a long log read batch after
+        batch must not hold the loop)."""
+        rows: list[StreamRow] = await self.call(self.store.stream_read, self.instance_id, pos,
+                                                limit)
+        if not self.remote and rows:
+            await asyncio.sleep(0)
+        return rows
+
+    def held(self) -> int:
+        """Characters of reply text held (``Subscription.held``)."""
+        return sum(len(r.text) for r in self.batch) + sum(map(len, self.texts.values()))
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``: in a thread for a remote store, inline for a local file (a short
@@ -147,8 +212,11 @@ class _Merge:
                 self.json.add(key)
             self.opened.setdefault(row.seq, []).append(row.attempt)
             self.top[row.seq] = max(self.top.get(row.seq, 0), row.attempt)
-        elif row.kind == "chunk" and key in self.json:
-            self.texts[key] = self.texts.get(key, "") + row.text
+        elif row.kind == "chunk" and key in self.json:  # (its partial object: at most
+            if row.offset + len(row.text) <= PARTIAL_CHARS:  # ``PARTIAL_CHARS`` kept)
+                self.texts[key] = self.texts.get(key, "") + row.text
+            else:
+                self.texts.pop(key, None)
         elif row.kind == "superseded" and row.attempt in self.opened.get(row.seq, ()):
             self.opened[row.seq].remove(row.attempt)
 
@@ -180,6 +248,8 @@ class _Merge:
         for seq in [s for s in self.top if s <= h.seq]:  # (done with: what it holds is read)
             self.opened.pop(seq, None)
             del self.top[seq]
+        for key in [k for k in self.texts if k[0] <= h.seq]:
+            del self.texts[key]
         out.append(StreamEvent("step", h.seq, 0, self.pos, self.cursor(), source=h.source,
                                trigger=h.trigger, dest=h.dest, step_kind=h.kind,
                                info={"reason": h.reason} if h.reason else {}))
@@ -201,12 +271,27 @@ class _Merge:
             return None
         return await self.steps(rec.seq)
 
+    async def after(self, rec: Any, start: tuple[int, int] | None) -> list[StreamEvent] | None:
+        """After the events of ``rec`` (the instance as read last): None to go on (it is
+        not final: waited for new rows; or rows came meanwhile), else the events to end
+        with — its ``final`` event (cursor ``P:S:0``), or none when the subscription
+        began at that very cursor (``start``: where a ``P:S:0`` cursor began it) and
+        nothing came since."""
+        if rec.status not in FINAL_STATUSES:
+            await self.wait()
+            return None
+        if await self.call(self.store.stream_read, self.instance_id, self.pos, 1):
+            return None
+        if start == (self.pos, self.last_seq):
+            return []
+        return [StreamEvent("final", rec.seq, 0, self.pos, f"{self.cursor()}:0",
+                            status=rec.status)]
+
     async def resume(self) -> None:
         """Learn the attempts begun before ``pos`` (JSON or not, text so far)."""
         seen = 0
         while seen < self.pos:
-            rows = await self.call(self.store.stream_read, self.instance_id, seen,
-                                   min(BATCH, self.pos - seen))
+            rows = self.batch = await self.read(seen, min(BATCH, self.pos - seen))
             if not rows:
                 return
             for row in rows:
@@ -231,45 +316,75 @@ def _partial(text: str | None) -> Any:
         return None
 
 
-async def events(store: Any, instance_id: str, from_offset: int | str = 0
-                 ) -> AsyncIterator[StreamEvent]:
-    """The instance's events from ``from_offset`` (an offset or a cursor) until it is final:
-    log rows and committed steps in order, then one ``final`` event.  Raises
-    ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset, before
-    any event."""
-    merge = await _start(store, instance_id, from_offset)
-    while True:
-        rows = await merge.call(store.stream_read, instance_id, merge.pos, BATCH)
-        for row in rows:
-            if row.seq - 1 > merge.last_seq:
-                for ev in await merge.steps(row.seq - 1):
+class Subscription:
+    """What ``events`` returns: an async iterator of ``StreamEvent``s (``aclose`` ends it).
+    ``held``: the characters of reply text it holds now — the rows of one batch (at most
+    ``BATCH`` rows of ``ROW_CHARS``) and, per JSON attempt not done with, its reply so far
+    while that is at most ``PARTIAL_CHARS`` (what the partial object is parsed from) —
+    however long the reply or far the resume."""
+
+    __slots__ = ("_merge", "_events", "stopped")
+
+    def __init__(self, store: Any, instance_id: str, from_offset: int | str) -> None:
+        self._merge: _Merge | None = None
+        self.stopped = False
+        self._events = self._run(store, instance_id, from_offset)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    def __anext__(self) -> Awaitable[StreamEvent]:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    def stop(self) -> None:
+        """End the events at the next read of rows (within ``WAIT_REMOTE_S``): no ``final``
+        event (the viewer shutting down; a client resumes from its last cursor)."""
+        self.stopped = True
+        if self._merge is not None:
+            self._merge.stopped = True
+
+    @property
+    def held(self) -> int:
+        merge = self._merge
+        return 0 if merge is None else merge.held()
+
+    async def _run(self, store: Any, instance_id: str, from_offset: int | str
+                   ) -> AsyncGenerator[StreamEvent, None]:
+        merge = _Merge(store, instance_id, 0, 0)
+        self._merge, merge.stopped = merge, self.stopped
+        await merge.start(from_offset)
+        start = (merge.pos, merge.last_seq) if after_final(from_offset) else None
+        while not merge.stopped:
+            rows = merge.batch = await merge.read(merge.pos, BATCH)
+            for row in rows:
+                if row.seq - 1 > merge.last_seq:
+                    for ev in await merge.steps(row.seq - 1):
+                        yield ev
+                yield merge.event(row)
+            if rows:
+                continue
+            rec = await merge.call(store.get, instance_id)
+            done = await merge.committed(rec)
+            if done is None:
+                continue
+            for ev in done:
+                yield ev
+            last = await merge.after(rec, start)
+            if last is not None:
+                for ev in last:
                     yield ev
-            yield merge.event(row)
-        if rows:
-            continue
-        rec = await merge.call(store.get, instance_id)
-        done = await merge.committed(rec)
-        if done is None:
-            continue
-        for ev in done:
-            yield ev
-        if rec.status not in FINAL_STATUSES:
-            await merge.wait()
-        elif not await merge.call(store.stream_read, instance_id, merge.pos, 1):
-            yield StreamEvent("final", rec.seq, 0, merge.pos, merge.cursor(), status=rec.status)
-            return
+                return
 
 
-async def _start(store: Any, instance_id: str, from_offset: int | str) -> _Merge:
-    """A subscription at ``from_offset``: the instance checked, the attempts before it
-    learnt; with a bare offset, the commits from the step of the row before it on."""
-    pos, after, merge_skip = parse_cursor(from_offset)
-    merge = _Merge(store, instance_id, pos, 0)
-    merge.skip = merge_skip
-    await merge.call(store.get, instance_id)  # InstanceNotFound
-    if after is None and pos > 0:
-        before = await merge.call(store.stream_read, instance_id, pos - 1, 1)
-        after = before[0].seq - 1 if before else 0
-    merge.last_seq = after or 0
-    await merge.resume()
-    return merge
+def events(store: Any, instance_id: str, from_offset: int | str = 0) -> Subscription:
+    """The instance's events from ``from_offset`` (an offset or a cursor) until it is final:
+    log rows and committed steps in order, then one ``final`` event (a ``Subscription``).
+    Raises ``InstanceNotFound`` for an unknown id and ``InvalidInput`` for a bad offset,
+    at the first ``__anext__``, before any event; ``StoreError`` for a malformed row, when
+    it comes."""
+    return Subscription(store, instance_id, from_offset)
+
+

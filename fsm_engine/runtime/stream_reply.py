@@ -151,6 +151,8 @@ class ReplyStream:
                 writer.add(piece)
         call = asyncio.get_running_loop().create_task(self._send(sink))
         call.add_done_callback(lambda _: queue.put_nowait(None))
+        if writer is not None:  # (a reader leaving early: its step's commit ends the attempt)
+            writer.ending = lambda: self._left(writer, call)
         try:
             while (piece := await queue.get()) is not None:
                 yield piece
@@ -162,6 +164,21 @@ class ReplyStream:
         if not made.streamed and out.text:  # answered from the cache or a fork's record
             yield out.text
         self._ended(writer, out, made)
+
+    def _left(self, writer: ChunkWriter, call: asyncio.Task[tuple[Completion, Call]]) -> None:
+        """``writer.ending`` of an ``async for`` its reader left, at its step's commit: the
+        attempt ends as its call did (its reply, or its error); a call still running is
+        cancelled (as the generator's close would, on a later turn of the event loop)."""
+        if not call.done():
+            call.cancel()
+            return
+        if call.cancelled():
+            return
+        exc = call.exception()
+        if exc is not None:
+            writer.fail(exc)
+        else:
+            self._ended(writer, *call.result())
 
 
 def _drop(piece: str | list[str]) -> None:

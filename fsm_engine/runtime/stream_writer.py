@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..store.streams import FENCED, ROW_CHARS, StreamOp, StreamRow
@@ -58,7 +59,7 @@ class ChunkWriter:
 
     __slots__ = ("to", "json", "batcher", "serial", "attempt", "chars", "_pieces", "_waiting",
                  "_last", "busy", "closed", "odd", "queued", "held", "_broken", "_end",
-                 "_retried", "_settle", "entry", "finishing", "spared")
+                 "_retried", "_settle", "entry", "finishing", "spared", "ending")
 
     def __init__(self, to: StreamTarget, *, json: bool = False, serial: int | None = None) -> None:
         self.to, self.json = to, json
@@ -82,6 +83,9 @@ class ChunkWriter:
         self.entry: dict[str, Any] | None = None  # the call's ``llm_calls`` entry, once ended
         self.finishing = False  # the provider's stream ended; the call has not yet
         self.spared = False  # a batch left its ended call's rows to its step's commit once
+        #: Ends this writer from what its call gave, when it has ended though its reader
+        #: did not take the end (``leave``); None: nothing to end it from.
+        self.ending: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> bool:
@@ -90,8 +94,8 @@ class ChunkWriter:
 
     def add(self, piece: str | list[str]) -> None:
         """Queue ``piece`` (its offset is the characters queued before it; a ``list``: the
-        pieces that arrived together, in order)."""
-        if self._broken or not piece:
+        pieces that arrived together, in order); nothing once the attempt is closed."""
+        if self._broken or self.closed or not piece:
             return
         first = not self._pieces
         if isinstance(piece, str):
@@ -161,6 +165,20 @@ class ChunkWriter:
         """The step was cancelled (e.g. its timeout): what is left and an ``error`` row go
         with the next batch (its commit may never come)."""
         self._close("error", {"error": "cancelled"}, soon=True)
+
+    def leave(self) -> None:
+        """Its step commits with this attempt still open: the reader left early (an
+        action's ``break`` out of ``async for``: its generator is closed on a later turn
+        of the event loop, a short process never runs it) or left the call running.  The
+        attempt ends now, so the commit carries (or its history holds) its last row:
+        ``end`` when the call had ended with its reply (``ending``), ``error`` the call's
+        error when it failed, else ``error`` ``cancelled``; later pieces are not written."""
+        if self.closed or self._broken:
+            return
+        if self.ending is not None:
+            self.ending()
+        if not self.closed:
+            self._close("error", {"error": "cancelled"})
 
     def _close(self, kind: str, info: dict[str, Any], soon: bool = False) -> None:
         if self._broken or self.closed:

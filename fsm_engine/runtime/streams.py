@@ -181,7 +181,9 @@ class Batcher:
         (``StepCommit.stream``; ``()``: none), those of the writers that ended, then done;
         or, while one of those has a write in flight or holds text a commit does not carry
         (a NUL, text that is not UTF-8), a future to wait for (its rows are written by a
-        batch meanwhile: ask again).  ``calls``: the step's ``llm_calls`` entries; when
+        batch meanwhile: ask again).  A writer still open, its reader gone (an action that
+        left its ``async for`` early, or its call running), is ended first
+        (``ChunkWriter.leave``): the step is over.  ``calls``: the step's ``llm_calls`` entries; when
         every writer's rows can be left to them (``ChunkWriter.inlinable``), they are
         (``stream_inline``) and ``()`` is returned."""
         if self._loop is not (loop := asyncio.get_running_loop()):  # (first: a new loop
@@ -189,6 +191,9 @@ class Batcher:
         writers = self.held.get(instance_id)
         if not writers:
             return ()
+        for w in writers:  # (the step is over: an attempt its reader left ends with it)
+            if not w.closed:
+                w.leave()
         if calls:
             for w in writers:
                 if not w.inlinable(calls):
@@ -202,7 +207,8 @@ class Batcher:
         return wait if wait is not None else self._take(instance_id, writers)
 
     def _take(self, instance_id: str, writers: list[ChunkWriter]) -> tuple[StreamOp, ...]:
-        """The ops of the ended ``writers`` of ``instance_id`` (those still open stay held)."""
+        """The ops of the ended ``writers`` of ``instance_id`` (those still open, their writes
+        broken, stay held until those settle)."""
         ops, left = [], []
         for w in writers:
             if not w.closed:
@@ -230,8 +236,8 @@ class Batcher:
     def _wait(self, writers: list[ChunkWriter]) -> asyncio.Future[None] | None:
         """What to wait for before the ended ``writers``' rows can go with a commit (None:
         nothing): a write of theirs in flight, or odd text waiting (written by a batch,
-        started now).  A writer still open (a call the action left running) is not waited
-        for: its rows go by the batches."""
+        started now).  (A writer still open is one whose writes broke: nothing to wait
+        for.)"""
         for w in writers:
             if w.closed and (w.busy or (w.odd and w.waiting)):
                 if not w.busy:

@@ -121,7 +121,7 @@ class Worker:
         """Give orphans back, then claim up to the free slots; True when slots were filled."""
         if self._orphans:
             ids = sorted(self._orphans)
-            await self._call(self.runner.store.release, self.id, ids)
+            await self._call(self.runner.ledger.release, self.id, ids)
             self._orphans.difference_update(ids)
         free = self.concurrency - len(self._running)
         if free <= 0:
@@ -231,7 +231,7 @@ class Worker:
             log.warning("instance %s left alone: %s", rec.id, exc)
         try:
             if step is None or not (await self._call(self.runner.ledger.apply, [step]))[0]:
-                await self._call(self.runner.store.release, self.id, [rec.id])
+                await self._call(self.runner.ledger.release, self.id, [rec.id])
         except StoreError:
             self._orphans.add(rec.id)
 
@@ -271,7 +271,7 @@ class Worker:
         self.runner.ownership.stop_heartbeat()
         for _ in range(3):
             try:
-                await self._call(self.runner.store.release, self.id)
+                await self._call(self.runner.ledger.release, self.id)
                 break
             except StoreError as exc:
                 log.warning("worker %s: release failed: %s", self.id, exc)

@@ -210,9 +210,11 @@ class LeaseStore(Protocol):
 
         Status: none changes."""
 
-    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+    def release(self, owner: str, ids: Sequence[str] | None = None, *, now: float) -> int:
         """Give up ``owner``'s instances (only ``ids``, or all): owner cleared, version
-        bumped, workers waiting for work woken; returns how many were released.
+        bumped, ``updated_at`` set to ``now`` (epoch seconds, the releaser's clock: the
+        engine's, ``runtime.ledger``), workers waiting for work woken; returns how many
+        were released.
 
         Status: none changes (only the owner)."""
 
@@ -349,7 +351,8 @@ class StreamStore(Protocol):
     def stream_read(self, instance_id: str, from_pos: int = 0,
                     limit: int = 500) -> builtins.list[StreamRow]:
         """At most ``limit`` rows of the instance's log from position ``from_pos`` on, in
-        order (``[]``: none yet, or an unknown instance).
+        order (``[]``: none yet, or an unknown instance), up to a malformed row;
+        ``StoreError`` when the first is one (``streams.decode``).
 
         Status: none changes."""
 

@@ -22,9 +22,12 @@ step committed and the retention window passed.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..errors import StoreError
 
 __all__ = ["StreamRow", "StreamOp", "KINDS", "ROW_CHARS", "FENCED", "TABLE",
            "open_attempt", "append", "write", "decode", "READ", "PRUNE", "DELETE", "CHANNEL"]
@@ -191,14 +194,58 @@ def append(execute: Execute, instance_id: str, rows: Sequence[StreamRow],
 
 
 def decode(rows: Sequence[Sequence[Any]]) -> list[StreamRow]:
-    """``READ``'s rows as ``StreamRow``s (an ``info`` that is not a JSON object reads ``{}``)."""
-    out = []
+    """``READ``'s rows as ``StreamRow``s, up to the first malformed one (a position, seq,
+    attempt or offset that is not an integer >= 0, an unknown kind, text that is not text,
+    an ``info`` that is not a JSON object, a ``by`` that is not two integers, a time that is
+    not a number); ``StoreError`` naming it when it comes first: a reader shows the rows
+    before it, then reports it in one line (``fsm stream``) or one error event (the
+    viewer) instead of failing half way."""
+    out: list[StreamRow] = []
     for instance_id, pos, seq, attempt, kind, offset, text, info, at in rows:
-        try:
-            parsed = json.loads(info)
-        except (TypeError, ValueError):
-            parsed = {}
-        out.append(StreamRow(str(instance_id), int(seq), int(attempt), str(kind), str(text),
-                             int(offset), parsed if isinstance(parsed, dict) else {},
-                             float(at), int(pos)))
+        why = _malformed(pos, seq, attempt, kind, offset, text, at)
+        parsed: Any = None
+        if why is None:
+            try:
+                parsed = json.loads(info) if isinstance(info, str) else None
+            except ValueError:
+                parsed = None
+            why = _bad_info(parsed)
+        if why is not None:
+            if out:  # (the rows before it first: the next read begins at it)
+                return out
+            where = pos if _natural(pos) else repr(pos)[:30]
+            raise StoreError(f"instance {instance_id}: stream row {where} is malformed: {why}")
+        out.append(StreamRow(str(instance_id), seq, attempt, kind, text, offset, parsed,
+                             float(at), pos))
     return out
+
+
+def _natural(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _malformed(pos: Any, seq: Any, attempt: Any, kind: Any, offset: Any, text: Any,
+               at: Any) -> str | None:
+    """Why a row's columns are not a row (None: they are)."""
+    for name, value in (("pos", pos), ("seq", seq), ("attempt", attempt),
+                        ("char_offset", offset)):
+        if not _natural(value):
+            return f"{name} {repr(value)[:30]} is not an integer >= 0"
+    if kind not in KINDS:
+        return f"kind {repr(kind)[:30]} is not one of {', '.join(KINDS)}"
+    if not isinstance(text, str):
+        return f"text is {type(text).__name__}, not text"
+    if type(at) not in (int, float) or not math.isfinite(at):
+        return f"at {repr(at)[:30]} is not a time"
+    return None
+
+
+def _bad_info(info: Any) -> str | None:
+    """Why a row's parsed ``info`` is not one (None: it is)."""
+    if not isinstance(info, dict):
+        return "info is not a JSON object"
+    by = info.get("by")
+    if by is not None and not (isinstance(by, list) and len(by) == 2
+                               and all(_natural(n) for n in by)):
+        return f"by {json.dumps(by)[:30]} is not [seq, attempt]"
+    return None

@@ -14,7 +14,10 @@ A case is a plain-JSON object:
   ``{"send": TRIGGER, "update", "by"}`` fires a trigger on the waiting instance
   (``fsm send``); ``{"rerun": STATE, "by"}`` reruns the ended instance in place from
   ``STATE`` (``fsm rerun --in-place``);
-* ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them;
+* ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them; ``version``: the
+  machine version ``input`` was given to (an int; default: the machine's): an older one's
+  input is first passed through the machine's ``migrations`` after it, in order, as
+  ``fsm migrate`` upcasts a stored context;
 * ``results``: recorded action results, ``{state: [update, …]}`` in visit order, and
   ``stub``: the states whose action is replaced by them (default: with ``results``, the
   machine's side-effect states, so a replay never delivers again); a stubbed action
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import sys
 import tempfile
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import json_input
 from ..errors import InvalidInput
 from .clock import VirtualClock
 
@@ -59,7 +62,7 @@ __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
 
 _KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
          "moves", "final", "status", "output", "results", "stub", "tool_results",
-         "branch_results"}
+         "branch_results", "version"}
 #: A script no call fits: a case without ``replies`` fails any model call it makes.
 _NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
 
@@ -125,10 +128,7 @@ def _read_jsonl(path: Path) -> list[Any]:
     out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError as exc:
-                raise InvalidInput(f"{path.name} line {n}: not JSON ({exc})") from None
+            out.append(json_input.parse(line, f"{path.name} line {n}"))
     return out
 
 
@@ -149,6 +149,10 @@ def _check(case: Any, where: str) -> None:
     for key, kind, why in shapes:
         if key in case and not isinstance(case[key], kind):
             raise InvalidInput(f"{where}: {why}")
+    version = case.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or version < 1):
+        raise InvalidInput(f"{where}: 'version' must be an int >= 1")
     _check_replies(case, where)
     for d in case.get("decisions", []):
         if d != "timeout" and not (isinstance(d, dict) and (d.get("timeout") is True or any(
@@ -303,6 +307,18 @@ async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) 
     return rec
 
 
+def _upcast_input(machine: Any, case: Mapping[str, Any]) -> dict[str, Any]:
+    """The case's input, passed through ``machine.migrations`` after its ``version``."""
+    data = dict(case.get("input") or {})
+    since = case.get("version")
+    if isinstance(since, int) and not isinstance(since, bool):
+        for k in range(since + 1, machine.version + 1):
+            fn = machine.migrations.get(k)
+            if fn is not None:
+                data = dict(fn(dict(data)))
+    return data
+
+
 def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock."""
     from ..llm.scripted import Scripted
@@ -315,7 +331,7 @@ def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
                        breaker=None)
     inputs.store = engine.store
     try:
-        iid = engine.start(machine, dict(case.get("input") or {}),
+        iid = engine.start(machine, _upcast_input(machine, case),
                            deadline_s=case.get("deadline_s"),
                            token_budget=case.get("token_budget"))
         rec = vc.run(_drive(engine, iid, list(case.get("decisions") or ()), vc))

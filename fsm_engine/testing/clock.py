@@ -29,8 +29,9 @@ Limits (where real time still passes):
 * **real network I/O** (a model behind HTTP, a webhook): while a socket other than
   the loop's own is registered, time also follows real time; use the scripted
   provider (``fsm_engine.llm.scripted``), whose ``delay_s`` is virtual;
-* one process, one loop: ``fsm worker`` processes, other processes' leases and the
-  store's own timestamps (``Store.release``'s ``updated_at``) use real time;
+* one process, one loop: ``fsm worker`` processes and other processes' leases use
+  real time (the engine's own writes, claims and releases included, stamp its clock:
+  ``runtime.ledger``);
 * ``duration_ms`` in history rows is measured with ``time.perf_counter``: real;
 * a long wait *inside* a run renews the engine's lease every ``lease_seconds / 3`` of
   virtual time (a store write each, ~0.3 ms: an hour ≈ 0.4 s real); between runs,

@@ -129,13 +129,14 @@ class ClaimContract:
         live(store, "w1", "w2")
         got = store.claim(ClaimRequest("w1", now=1.0))
         assert store.held("w1") == {"a": "running", "b": "running", "c": "running"}
-        assert store.release("w1", ["a", "nope"]) == 1
-        assert store.release("w2") == 0 and store.release("w1", []) == 0
+        assert store.release("w1", ["a", "nope"], now=1.5) == 1
+        assert store.release("w2", now=1.5) == 0 and store.release("w1", [], now=1.5) == 0
         assert store.held("w1") == {"b": "running", "c": "running"}
         stale = StepCommit(moved(got[0], "next"), got[0].version)
         assert store.commit([stale]) == [False]  # a release fences the old owner's writes
         assert store.get("a").owner is None and store.get("a").version == 2
-        assert store.release("w1") == 2 and store.held("w1") == {}
+        assert store.get("a").updated_at == 1.5  # the releaser's clock, not the wall's
+        assert store.release("w1", now=1.5) == 2 and store.held("w1") == {}
         assert [r.id for r in store.claim(ClaimRequest("w2", now=2.0))] == ["a", "b", "c"]
 
     def test_wait_for_work_returns_within_its_timeout(self, store: Store) -> None:

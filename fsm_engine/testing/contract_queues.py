@@ -60,7 +60,7 @@ class QueueContract:
         assert take("w1", 2) == ["i0", "i1"]
         assert take("w2") == ["i2"]  # 3 live leases of llm now, whoever holds them
         assert take("w2") == []
-        store.release("w1", ["i0"])
+        store.release("w1", ["i0"], now=1.0)
         assert take("w2") == ["i0"]
         # an expired lease does not count: its instance is claimable and frees its slot
         gone = store.get("i2")
@@ -79,7 +79,7 @@ class QueueContract:
         # 2 of each key (the limit) and the unkeyed ones, although "big" is older
         assert by == ["big00", "big01", "free1", "free2", "small0", "small1"]
         assert store.claim(ClaimRequest("w2", now=1.0, limit=10, partition_limit=2)) == []
-        store.release("w1", ["big00"])
+        store.release("w1", ["big00"], now=1.0)
         again = store.claim(ClaimRequest("w2", now=1.0, limit=10, partition_limit=2))
         assert [r.id for r in again] == ["big00"]
 

@@ -6,7 +6,9 @@ failed becomes a scripted ``error`` of its kind), the provider errors of its fai
 attempts (``Store.attempts``), its review decisions (an agent's tool-call approvals and
 rejections included, each with the choice its item recorded; ``"timeout"`` for one its SLA
 timer took), the operator moves of ``fsm send`` and ``fsm rerun --in-place`` (in order
-among the decisions), its deadline and token budget, what each successful action returned
+among the decisions), its deadline and token budget, the machine version its input was
+given to (``version``: a migrated instance's replay upcasts it), what each successful action
+returned
 (its row's ``delta``: side-effect states replay from it, never delivering again), what each
 side-effect tool call of an agent returned (``tool_results``: the tool is never run again,
 ``cases``), and what it did: its transitions, final state, status and context.  An instance
@@ -211,6 +213,14 @@ def _results(history: Sequence[HistoryRow]) -> dict[str, list[dict[str, Any]]]:
     return results
 
 
+def _started_at_version(rec: InstanceRecord, history: Sequence[HistoryRow]) -> int:
+    """The machine version ``rec``'s input was given to: its first migration's source."""
+    for h in history:
+        if h.kind == "migration" and isinstance(h.detail.get("from_version"), int):
+            return int(h.detail["from_version"])
+    return rec.machine_version
+
+
 def _refuse_cancelled(rec: InstanceRecord, history: Sequence[HistoryRow]) -> None:
     for h in history:
         if h.kind == "cancel":
@@ -235,6 +245,7 @@ def case_from_store(store: Any, rec: InstanceRecord) -> dict[str, Any]:
         case["results"] = results
     if len(family) > 1:  # with it, no child's side effect runs in the replay
         case["branch_results"] = _branch_results(store, family)
+    case["version"] = _started_at_version(rec, history)  # a migrated one's input: older
     if rec.deadline is not None:
         case["deadline_s"] = max(0.0, rec.deadline - rec.created_at)
     if rec.token_budget is not None:

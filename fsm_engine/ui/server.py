@@ -8,7 +8,10 @@ stalled or hostile client) holds nothing for longer.  At most ``max_pending``
 request neither whole nor past the gate (the token, a signed link: ``headers
 .authenticated``); a connection beyond them is answered 503 at once and closed, so slow
 peers cannot exhaust the file descriptors.  An idle keep-alive connection is closed
-after 5 s, and a request header over 16 KB is refused (uvicorn's h11 limits).
+after 5 s, and a request header over 16 KB is refused (uvicorn's h11 limits).  SIGTERM
+or Ctrl-C ends the open streams first (they end at their next read, with no ``final``
+event), then waits at most ``GRACE_S`` seconds for the other responses in flight before
+cutting them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ MAX_PENDING = 100
 KEEP_ALIVE_S = 5
 #: Most bytes of a request's header.
 MAX_HEADER_BYTES = 16 * 1024
+#: Seconds a stop (SIGTERM, Ctrl-C) waits for responses in flight before cancelling them:
+#: an instance's stream ends only when it is final, so without it an open stream held
+#: ``fsm ui`` (and its console's engine) running for good.
+GRACE_S = 2
 
 _BUSY = b"503: too many requests waiting to be whole; try again\n"
 BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -124,6 +131,20 @@ class DeadlineProtocol(H11Protocol):
         super().connection_lost(exc)
 
 
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, ending the open streams first when it stops (an unfinished
+        instance's stream never ends by itself)."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            from .stream import stop_all
+            stop_all()
+            await super().shutdown(sockets)
+    return Server
+
+
 def _positive(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -195,8 +216,9 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
                           hosts=HostRule(host, bound, tuple(allowed_hosts)), console=console)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             http=protocol, timeout_keep_alive=KEEP_ALIVE_S,
-                            h11_max_incomplete_event_size=MAX_HEADER_BYTES)
-    server = uvicorn.Server(config)
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                            timeout_graceful_shutdown=GRACE_S)
+    server = _server_class()(config)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

@@ -71,6 +71,7 @@ SUBPROCESS_CASES = [
 INPROCESS_CASES = [
     "run-syntax-error", "run-missing-input", "step-finished", "outbox-missing-db",
     "list-default-db-missing", "diagram-broken-definition", "diagram-missing-module",
+    "run-deep-script",
 ]
 
 
@@ -116,6 +117,10 @@ def error_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "outbox-missing-db": (["outbox", "--db", str(tmp / "absent.db")], "no database at"),
         "diagram-broken-definition": (["diagram", str(broken)], "'void'"),
         "diagram-missing-module": (["diagram", str(tmp / "nope.py")], "nope.py"),
+        "run-deep-script": (["run", MODERATION, "--input", inp, "--db", str(tmp / "f.db"),
+                             "--llm", "scripted:" + write_script(
+                                 tmp / "deep.jsonl", "[" * 5000 + "]" * 5000)],
+                            "deep.jsonl:1: bad script line: nests deeper than"),
     }
 
 
@@ -277,6 +282,14 @@ def test_show_json(fleet: Fleet) -> None:
     assert shown["context"]["result"]["decision"] == "approve"
 
 
+def test_show_prints_each_field_on_one_line_whatever_the_width(fleet: Fleet) -> None:
+    iid = fleet.records[0]["id"]
+    result = invoke(["show", iid, "--db", fleet.db], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    fields = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert json.loads(fields["context"]) == fleet.records[0]["context"]  # not cut at 80
+
+
 def test_history_json(fleet: Fleet) -> None:
     rec = fleet.records[0]
     rows = ok_json(["history", rec["id"], "--db", fleet.db, "--json"])
@@ -292,8 +305,27 @@ def test_history_json(fleet: Fleet) -> None:
 
 
 def test_history_table(fleet: Fleet) -> None:
-    result = invoke(["history", fleet.records[0]["id"], "--db", fleet.db])
-    assert result.exit_code == 0 and "notified" in result.stdout
+    result = invoke(["history", fleet.records[0]["id"], "--db", fleet.db], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "notified" in result.stdout  # names whole when they fit
+
+
+def test_history_table_keeps_every_column_in_80_columns(tmp_path: Path) -> None:
+    # long state names (degraded-infer, rule-verdict) and a long error: all nine columns shown
+    db = str(tmp_path / "h.db")
+    down = write_script(tmp_path / "down.jsonl", '{"text": "", "error": "unavailable"}')
+    ran = invoke(["run", MODERATION, "--input", inputs(1)[0], "--db", db, "--llm", f"scripted:{down}",
+                  "--json"], env={"FSM_NOTIFY_FILE": str(tmp_path / "n.jsonl")})
+    iid = json.loads(ran.stdout)[0]["id"]
+    result = invoke(["history", iid, "--db", db], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()[1:]  # under the title
+    assert max(map(len, lines)) <= 80
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines), result.stdout  # not cropped
+    assert lines[-1].count("┴") == 8  # nine columns
+    header = next(line for line in lines if "seq" in line)
+    for col in ("seq", "at", "source", "dest", "guards", "ms", "tokens", "note"):
+        assert col in header, (col, header)
+    assert "Provid" in result.stdout  # the error itself, folded but there
 
 
 def test_outbox_json(fleet: Fleet) -> None:

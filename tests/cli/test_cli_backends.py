@@ -122,3 +122,31 @@ def test_ui_on_a_missing_database_is_one_line(tmp_path, pg_cluster) -> None:  # 
         assert result.stderr.startswith("fsm: error: no fsm database") or \
             result.stderr.startswith("fsm: error: no database"), result.stderr
         assert result.stderr.count("\n") == 1 and PASSWORD not in result.stderr
+
+
+@pytest.mark.slow
+def test_run_on_workers_ends_like_a_local_run(tmp_path, pg_cluster) -> None:  # noqa: ANN001
+    """``fsm run`` on postgresql:// (enqueued, run by a worker) closes with the same
+    outcome row and tally as ``fsm run --local``."""
+    import os
+    import signal
+
+    from conftest import MACHINES, ROOT
+    url = pg_cluster.database()
+    replies = tmp_path / "good.jsonl"
+    replies.write_text(json.dumps({"text": json.dumps(
+        {"decision": "approve", "categories": [], "summary": "fine"})}) + "\n")
+    env = {**os.environ, "FSM_NOTIFY_FILE": str(tmp_path / "notes.jsonl")}
+    worker = subprocess.Popen([*ENTRY, "worker", "--db", url, "--poll", "0.2", "--llm",
+                               f"scripted:{replies}"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ran = subprocess.run([*ENTRY, "run", str(MACHINES / "moderation.py"), "--db", url,
+                              "--input", "/usr/share/common-licenses/BSD"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    assert ran.returncode == 0, ran.stderr
+    assert "decision=approve, verdict_source=model" in ran.stdout  # the outcome row
+    assert "verdict_source: 1 model" in ran.stdout  # the machine's tally

@@ -197,6 +197,14 @@ def test_resume_exit_codes(tmp_path: Path) -> None:
     assert invoke("resume", "--db", db, "--llm", finish, "-q").exit_code == 0
 
 
+def test_resume_counts_the_instances_it_resumes_in_its_log_lines(tmp_path: Path) -> None:
+    db = str(tmp_path / "r.db")
+    iid, _ = hold_and_die(db, ROUTER)
+    shown = invoke("resume", "--db", db, "--llm", script(tmp_path, {"text": "finish"}))
+    assert shown.exit_code == 0, shown.output
+    assert re.search(rf"^fsm: 1/1 {iid} completed$", shown.stderr, re.M), shown.stderr
+
+
 # -- tables and list -----------------------------------------------------------------------
 @pytest.mark.parametrize("columns", ["80", "60", "200"])
 def test_list_keeps_every_header_and_fits_the_terminal(fleet: Fleet, columns: str) -> None:

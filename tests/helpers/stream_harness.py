@@ -1,6 +1,7 @@
 """Real processes for the streaming tests (issue 22): a worker process running one
 instance ``s1`` of a machine whose action streams a scripted reply (and, with ``GATE``
-set in its environment, holds the step's commit until that file exists), and
+set in its environment, holds the step's commit until that file exists; with ``START_GATE``,
+its model call until that one exists), and
 ``fsm stream`` / ``fsm ui`` subprocesses watching it."""
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Ctx(BaseModel):
 
 
 async def write(ctx: Ctx, step: Step) -> dict[str, Any]:
+    start = os.environ.get("START_GATE")
+    while start and not os.path.exists(start):  # the test opens it: the model starts writing
+        await asyncio.sleep(0.01)
     reply = step.llm.stream([{"role": "user", "content": ctx.topic}], max_tokens=64)
     out = await reply.complete()
     gate = os.environ.get("GATE")

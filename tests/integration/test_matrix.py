@@ -18,7 +18,10 @@ writes, mid-stream). Faults, each at the kind's commit point
 - ``pg_restart`` (PostgreSQL only): SIGSTOP at the commit, ``pg_ctl restart`` of the
   cluster, SIGCONT: the owner meets a dropped connection at its commit and recovers.
 
-Then ``matrix_check.check`` asserts the same invariants in every cell. Default sizes
+Then ``matrix_check.check`` asserts the same invariants in every cell, and
+``matrix_export.check`` exports every instance the cell ended (``fsm export-test``) and runs
+each exported test: it passes, delivering nothing again, or the export refuses in one
+known line. Default sizes
 keep the matrix to a few minutes on 2 cores (2 instances, the first commit point of
 each kind, before/after for kills, one cell per backend for the kinds added to show a
 known bug); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import matrix_check
+import matrix_export
 import pytest
 from matrix_harness import LEASE, NEVER_CAME, Lab, Point, ended_for, until, wait_stopped
 from matrix_kinds import KINDS, Kind
@@ -126,7 +130,7 @@ def _forget_module() -> None:
 
 @pytest.mark.parametrize(("kind", "fault", "point", "backend"), _cells())
 def test_cell(lab: Lab, kind: str, fault: str, point: Point, backend: str,
-              monkeypatch: pytest.MonkeyPatch) -> None:
+              monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     spec = KINDS[kind]
     spec.setup(lab, N if FULL or spec.n is None else spec.n)
     if kind == "migration":  # from here on every process runs version 2
@@ -140,6 +144,8 @@ def test_cell(lab: Lab, kind: str, fault: str, point: Point, backend: str,
             print("==", f.name, f.read_text(errors="replace")[-8000:])  # room for stacks
         raise
     _assert_holds(lab, spec, lost_commits=1 if fault == "pg_restart" else 0)
+    exported = matrix_export.check(lab, capsys)  # every instance it ended, as a test
+    assert not exported, "\n".join(exported)
 
 
 def _assert_holds(lab: Lab, kind: Kind, lost_commits: int = 0) -> None:

@@ -95,6 +95,7 @@ def test_counter_is_safe_under_concurrency():
     ('{"text": "x", "delay_s": "soon"}', "delay_s"),
     ('{"chunks": ["x"], "chunk_delay_s": NaN}', "chunk_delay_s"),  # (it meant no delay)
     ('{"text": "x", "delay_s": Infinity}', "delay_s"),
+    ('{"text": ' + "[" * 5000 + "]" * 5000 + "}", "nests deeper than"),  # issue 36
 ])
 def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     path = write_script(tmp_path, [{"text": "ok"}, "", bad])

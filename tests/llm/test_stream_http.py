@@ -227,3 +227,93 @@ def test_a_body_that_never_ends_after_done_costs_only_its_connection() -> None:
         stall.set()
         peer.close()
     assert done.text == "whole" and done.finish_reason == "stop" and held
+
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+def test_an_event_nested_5000_deep_is_a_server_error_not_a_recursion_error() -> None:
+    """(issue 36) A streamed event nesting 5,000 deep is refused as bad JSON, in one line."""
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, HEAD + event({"content": "half"}))
+        peer.send(conn, b'data: {"choices": [], "x": ' + DEEP.encode() + b"}\n\n")
+        peer.send(conn, b"data: [DONE]\n\n")
+    peer = Peer(behaviour)
+    try:
+        with pytest.raises(ServerError, match="not JSON"):
+            pieces(peer)
+    finally:
+        peer.close()
+
+
+def test_a_streamed_reply_of_deep_json_text_is_its_text() -> None:
+    """(issue 36) Deep JSON as the reply's *text* is the caller's to judge: it arrives."""
+    peer = Peer(stream_of([DEEP[:2500], DEEP[2500:]]))
+    try:
+        out = pieces(peer)
+    finally:
+        peer.close()
+    assert out[-1].text == DEEP
+
+
+def _answer(body: bytes) -> Any:
+    def behaviour(conn: socket.socket, request: bytes, peer: Peer) -> None:
+        peer.send(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    return behaviour
+
+
+def _complete(peer: Peer) -> Completion:
+    async def go() -> Completion:
+        llm = OpenAICompatible(base_url=f"{peer.url}/v1", model="m", api_key="sk-test-deep",
+                               timeout=5)
+        try:
+            return await llm.complete(MSG)
+        finally:
+            await llm.aclose()
+    return asyncio.run(go())
+
+
+def _body(message_extra: str) -> bytes:
+    return ('{"id": "c1", "object": "chat.completion", "created": 0, "model": "m", '
+            '"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": '
+            '"assistant", "content": "ok"' + message_extra + '}}], "usage": '
+            '{"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}').encode()
+
+
+def test_a_completion_body_nested_5000_deep_is_a_server_error() -> None:
+    """(issue 36) The SDK reads the body with ``json``: 5,000 deep is a ServerError."""
+    peer = Peer(_answer(_body(', "x": ' + DEEP)))
+    try:
+        with pytest.raises(ServerError, match="nests too deep|not JSON"):
+            _complete(peer)
+    finally:
+        peer.close()
+
+
+def test_native_tool_call_arguments_nested_5000_deep_stay_text() -> None:
+    """(issue 36) A tool call's ``arguments`` string nesting 5,000 deep is kept as text
+    (the agent then refuses it as arguments that are not an object), never parsed."""
+    call = {"id": "a", "type": "function",
+            "function": {"name": "add", "arguments": DEEP}}
+    peer = Peer(_answer(_body(', "tool_calls": ' + json.dumps([call]))))
+    try:
+        out = _complete(peer)
+    finally:
+        peer.close()
+    assert json.loads(out.text) == {"tool_calls": [{"name": "add", "arguments": DEEP}]}
+
+
+def test_a_model_list_nested_5000_deep_is_one_provider_error() -> None:
+    """(issue 36) ``GET /models`` answered 5,000 deep: the header's sync look-up and the
+    run's async one each end in one ProviderError, never a RecursionError."""
+    from fsm_engine.errors import ProviderError
+    peer = Peer(_answer(('{"object": "list", "data": ' + DEEP + "}").encode()))
+    try:
+        llm = OpenAICompatible(base_url=f"{peer.url}/v1", api_key="sk-test-deep", timeout=5)
+        with pytest.raises(ProviderError, match="cannot list the models"):
+            llm.resolve_model_sync()
+        with pytest.raises(ProviderError, match="nests too deep"):
+            asyncio.run(llm.resolve_model())
+    finally:
+        peer.close()

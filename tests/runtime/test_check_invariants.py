@@ -185,7 +185,8 @@ def test_a_wait_nothing_can_end_reported(engine_factory: Any, store_url: str,
     eng = engine_factory(llm=Scripted.from_replies(asks))
     iid = eng.start(agent_machine.approved, {"question": "report 2 + 3"})
     assert asyncio.run(eng.run(iid)).status == "waiting"
-    fork = eng.store.get(eng.fork(iid, from_state="research"))
+    asked = [h.seq for h in eng.store.history(iid) if h.detail.get("agent") == "ask"]
+    fork = eng.store.get(eng.fork(iid, from_seq=asked[-1]))
     stuck = replace(fork, status="waiting", owner=None, visits=dict(fork.visits))
     assert eng.store.commit([StepCommit(stuck, fork.version, before=fork)]) == [True]
     pid = _family(eng, tmp_path)

@@ -140,7 +140,7 @@ def test_async_actions_that_never_suspend_are_group_committed(tmp_path: Path, ho
     eng = Engine(str(tmp_path / "g.db"))
     ids = eng.start_many(_quick_machine(), [{}] * 200)
     if how == "resume":  # as after a crash: nobody holds them
-        eng.store.release(eng.worker.id, ids)
+        eng.ledger.release(eng.worker.id, ids)
     before = eng.committer.batches
     records = asyncio.run(eng.run_many(ids) if how == "run_many" else eng.resume())
     assert [r.state for r in records] == ["done"] * 200

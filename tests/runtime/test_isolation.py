@@ -104,10 +104,10 @@ class Flaky:
             raise StoreError("database fsm.db: disk I/O error")
         return self.store.commit(steps)
 
-    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+    def release(self, owner: str, ids: Sequence[str] | None = None, *, now: float) -> int:
         if self.broken:
             raise StoreError("database fsm.db: disk I/O error")
-        return self.store.release(owner, ids)
+        return self.store.release(owner, ids, now=now)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

@@ -1,7 +1,8 @@
 """The one writer (issue 20, step 2; issue 37): only ``runtime/ledger.py`` calls a store's
-``commit``, ``create`` or ``delete``.
+``commit``, ``create``, ``claim``, ``release`` or ``delete``.
 
-An AST scan of the package: any attribute ``commit``, ``create`` or ``delete`` read on an expression
+An AST scan of the package: any attribute ``commit``, ``create``, ``claim``, ``release`` or
+``delete`` read on an expression
 naming a store (``store.commit``, ``self.store.delete``, ``engine.store.commit``, passed or
 called) outside the ledger, the store backends themselves and the shipped contract suite
 fails the test.
@@ -20,7 +21,7 @@ PACKAGE = Path(fsm_engine.__file__).resolve().parent
 ALLOWED = {PACKAGE / "runtime" / "ledger.py"}
 EXEMPT_DIRS = (PACKAGE / "store", PACKAGE / "testing")
 #: The store's instance writes only the ledger makes.
-VERBS = frozenset({"commit", "create", "delete"})
+VERBS = frozenset({"commit", "create", "claim", "release", "delete"})
 
 
 def _names_store(node: ast.expr) -> bool:
@@ -31,8 +32,7 @@ def _names_store(node: ast.expr) -> bool:
 
 
 def _store_commits(path: Path, name: str) -> list[str]:
-    """``name:line`` of each store ``commit`` or ``delete`` reached in the module at
-    ``path``."""
+    """``name:line`` of each store write (``VERBS``) reached in the module at ``path``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     return [f"{name}:{node.lineno}" for node in ast.walk(tree)
             if isinstance(node, ast.Attribute) and node.attr in VERBS
@@ -45,7 +45,8 @@ def test_only_the_ledger_commits() -> None:
         if path in ALLOWED or any(d in path.parents for d in EXEMPT_DIRS):
             continue
         found += _store_commits(path, str(path.relative_to(PACKAGE.parent)))
-    assert found == [], ("Store.commit, create or delete called outside runtime/ledger.py: "
+    assert found == [], ("Store.commit, create, claim, release or delete called outside "
+                         "runtime/ledger.py: "
                          + ", ".join(found))
 
 
@@ -54,8 +55,10 @@ def test_the_scan_sees_a_commit(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("store.commit([s])\nself.store.commit([s])\n"
                       "to_thread(engine.store.commit, [s])\nconn.commit()\n"
-                      "store.delete(ids)\nstore.delete_worker(w)\nself.store.create(r)\n")
-    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3", "x:5", "x:7"]
+                      "store.delete(ids)\nstore.delete_worker(w)\nself.store.create(r)\n"
+                      "self.store.claim(req)\nto_thread(runner.store.release, w, ids)\n"
+                      "store.claim_review(i, by, now)\n")
+    assert _store_commits(sample, "x") == ["x:1", "x:2", "x:3", "x:5", "x:7", "x:8", "x:9"]
 
 
 def test_the_engine_writes_through_its_ledger(tmp_path: Path) -> None:
@@ -107,3 +110,42 @@ def test_no_instance_state_in_fsm_meta() -> None:
         found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and node.attr in ("put_meta", "add_meta")]
     assert found == [], "fsm_meta written outside the known writers: " + ", ".join(found)
+
+
+def test_claims_releases_and_takeovers_write_the_engines_clock(tmp_path: Path) -> None:
+    """With a virtual clock, a claim, a release and a takeover stamp the engine's time
+    (``updated_at``, the lease, the recovery row's ``at``), never the wall clock (issue 37:
+    ``Store.release`` stamped ``time.time()``, so one run mixed two times)."""
+    from pydantic import BaseModel
+
+    from fsm_engine import Machine, State, Transition
+    from fsm_engine.store.records import RECOVERY
+    from fsm_engine.testing.clock import VirtualClock
+
+    class Ctx(BaseModel):
+        n: int = 0
+
+    machine = Machine(name="ledger_clock", context=Ctx, initial="a", states=[
+        State("a", action=lambda ctx: {"n": 1}), State("done", final=True)],
+        transitions=[Transition("ok", "a", "done")])
+    vc = VirtualClock(start=1_000_000.0)
+    first, second = vc.engine(tmp_path / "fsm.db"), vc.engine(tmp_path / "fsm.db")
+    try:
+        iid = first.start(machine, {})  # owned by its starter
+        vc.advance(5)
+        first.ownership.release([iid])
+        assert first.store.get(iid).updated_at == vc.now()
+        vc.advance(5)
+        [claimed] = first.ownership.claim(5)
+        assert claimed.updated_at == vc.now()
+        first.ownership.close(keep=[iid])  # gone, still owning it: the next claim takes over
+        vc.advance(5)
+        [taken] = second.ownership.claim(5)
+        assert taken.updated_at == vc.now() and taken.owner == second.worker.id
+        [row] = [h for h in second.store.history(iid) if h.kind == RECOVERY]
+        assert row.at == vc.now()
+        second.ownership.close()
+        assert second.store.get(iid).updated_at == vc.now()  # the close's release
+    finally:
+        first.close()
+        second.close()

@@ -209,9 +209,9 @@ def test_fsm_stream_prints_the_reply_and_refuses_bad_input_in_one_line(db_path, 
     assert code == 0, err
     assert "".join(CHUNKS) in out and out.rstrip().endswith("[completed]")
     assert "[step 1: ask --ok--> done]" in out
-    code, out, _ = run_main(["stream", iid, "--db", db_path, "--json", "--from", "1:0"], capsys)
+    code, out, _ = run_main(["stream", iid, "--db", db_path, "--json", "--from", "0:0:1"], capsys)
     lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and lines[0]["offset"] == 1 and lines[-1]["kind"] == "final"
+    assert code == 0 and lines[0]["kind"] == "chunk" and lines[-1]["kind"] == "final"
     for argv, needle in ((["stream", "nope", "--db", db_path], "nope"),
                          (["stream", iid, "--db", db_path, "--from", "-3"], "bad stream offset"),
                          (["stream", iid, "--db", db_path, "--from", "9223372036854775808"],
@@ -349,10 +349,10 @@ def test_a_short_streamed_call_leaves_its_rows_to_its_steps_history(db_path, mon
         ("open", 1, 1, "", 0, 0), ("chunk", 1, 1, "".join(CHUNKS), 0, 0),
         ("end", 1, 1, "", 0, 0), ("step", 1, 0, "", 0, 0), ("final", 1, 0, "", 0, 0)]
     assert events[2].info == {"finish": "stop", "chars": len("".join(CHUNKS))}
-    assert [e.cursor for e in events] == ["0:0:1", "0:0:2", "0:0:3", "0:1", "0:1"]
+    assert [e.cursor for e in events] == ["0:0:1", "0:0:2", "0:0:3", "0:1", "0:1:0"]
     for n, ev in enumerate(events[:-1]):  # no gap, no duplicate from any cursor
         assert collect(engine, iid, ev.cursor) == events[n + 1:]
-    for bad in ("0:0:0", "1:2:3:4", "0::1", "9223372036854775808", "0:1:99999999999999999999",
+    for bad in ("1:2:3:4", "0::1", "9223372036854775808", "0:1:99999999999999999999",
                 "²", "9" * 5000):  # (past a 64-bit integer: sqlite3 raised OverflowError; 5,000
         # digits: int() raised its own ValueError)
         with pytest.raises(InvalidInput, match="bad stream offset"):

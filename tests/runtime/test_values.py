@@ -177,3 +177,21 @@ def test_json_output_stays_strict_on_a_database_written_before_the_checks(
     result = CliRunner().invoke(app, ["show", iid, "--json", "--db", db_path])
     assert result.exit_code == 0, result.output
     assert _strict(result.stdout)["context"] == {"ratio": "NaN", "items": ["Infinity", "-Infinity"]}
+
+
+def test_an_input_of_the_wrong_type_names_the_field_first(eng: Engine) -> None:
+    class Doc(BaseModel):
+        path: str
+        sections: list[int] = []
+
+    machine = Machine(name="doc", context=Doc, initial="done", states=[State("done", final=True)],
+                      transitions=[])
+    with pytest.raises(InvalidInput) as bad:
+        eng.start(machine, {"path": 5})
+    assert str(bad.value) == "input does not fit Doc: path: Input should be a valid string"
+    with pytest.raises(InvalidInput) as nested:
+        eng.start(machine, {"path": "x", "sections": [1, "two"]})
+    assert str(nested.value).startswith("input does not fit Doc: sections[1]: Input should be")
+    with pytest.raises(InvalidInput) as missing:
+        eng.start(machine, {})
+    assert str(missing.value) == "input does not fit Doc: path: Field required"

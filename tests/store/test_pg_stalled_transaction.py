@@ -126,7 +126,8 @@ def test_a_dead_workers_transaction_left_open_after_a_pipeline_is_ended_by_a_liv
     from fsm_engine.runtime.fleet.ownership import Ownership
 
     def heartbeats(engine: Engine, done: threading.Event) -> bool:
-        live = Ownership(engine.store, lease_seconds=3.0, max_recoveries=3)
+        live = Ownership(engine.store, writes=engine.ledger, lease_seconds=3.0,
+                         max_recoveries=3)
         try:
             for _ in range(int(IDLE_IN_TRANSACTION_S + 20)):
                 live.check([])  # one heartbeat

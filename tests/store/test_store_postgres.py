@@ -193,3 +193,11 @@ def test_a_batchs_stream_rows_take_their_instances_locks_in_one_order(pg_cluster
             "a!", "b!"]
     finally:
         store.close()
+
+
+def test_an_unreachable_server_reads_as_one_line_of_sentences() -> None:
+    from fsm_engine.testing.postgres import free_port
+    with pytest.raises(StoreError) as err:  # libpq's message has two lines: kept apart
+        open_store(f"postgresql://fsm@127.0.0.1:{free_port()}/fsm")
+    message = str(err.value)
+    assert "\n" not in message and "Connection refused; Is the server running" in message

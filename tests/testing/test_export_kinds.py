@@ -446,3 +446,46 @@ def test_a_parent_reviewed_after_its_children_were(
     out_file = _export(tmp_path, capsys, db, iid, str(module))
     assert _case(out_file)["decisions"][0]["choice"] == "accept"  # the parent's first
     _replay(out_file, iid)  # before the fix: the parent's decision blocked its children's
+
+
+VERSIONED = '''
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+
+
+class Ctx(BaseModel):
+    text: str
+    n: int = 0{field}
+
+
+def work(ctx):
+    return {{"n": ctx.n + 1}}
+
+
+machine = Machine(
+    "versioned", context=Ctx, initial="start", version={version}, migrations={migrations},
+    states=[State("start", action=work), State("work", action=work), State("done", final=True)],
+    transitions=[Transition("next", "start", "work"), Transition("ok", "work", "done")])
+'''
+
+
+def test_an_instance_migrated_mid_run_replays_on_the_new_version(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import migration_machines as mm
+    monkeypatch.setenv("FSM_MACHINES_ROOT", str(tmp_path))
+    module = tmp_path / "versioned.py"
+    mm.write(module, VERSIONED.format(field="", version=1, migrations="{}"))
+    vc, engine, db = _engine(tmp_path, [])
+    iid = engine.start(str(module), {"text": "hi"})
+    vc.run(engine.step(iid))  # start -> work under version 1
+    engine.close()
+    mm.write(module, VERSIONED.format(field="\n    lang: str", version=2,
+                                      migrations='{2: lambda c: {**c, "lang": "en"}}'))
+    engine = vc.engine(db, breaker=None)
+    rec = vc.run(engine.run(iid))  # upcast to version 2 (a migration row), then on
+    engine.close()
+    assert (rec.state, rec.machine_version, rec.context["lang"]) == ("done", 2, "en")
+    out_file = _export(tmp_path, capsys, db, iid, str(module))
+    assert _case(out_file)["version"] == 1
+    _replay(out_file, iid)  # before the fix: input does not fit Ctx: Field required at lang

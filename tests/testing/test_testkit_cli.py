@@ -232,7 +232,8 @@ def test_a_fan_out_run_exports_its_childrens_replies(
     ('{"input": {}, "deadline_s": "soon"}', "'deadline_s' must be a number"),
     ('{"input": {}, "replies": [{"colour": 1}]}', "scripted reply #0"),
     ('[1, 2]', "a case is an object"),
-    ('{"input": ', "line 1: not JSON"),
+    ('{"input": ', "line 1: not valid JSON"),
+    ('{"input": {"n": ' + "[" * 5000 + "]" * 5000 + "}}", "line 1: nests deeper than"),
 ])
 def test_malformed_cases_are_one_error_line(bad: tuple[str, str], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:

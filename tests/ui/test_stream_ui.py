@@ -66,8 +66,8 @@ def test_sse_reaches_a_plain_client_before_the_commit_and_resumes_exactly(
         procs: Any, backend: str, request: pytest.FixtureRequest) -> None:
     db = request.getfixturevalue("pg_cluster").database() if backend == "postgres" else None
     p = procs(SLOW, db)
-    gate = p.tmp / "gate"
-    p.worker(GATE=str(gate))
+    gate, start = p.tmp / "gate", p.tmp / "start"
+    p.worker(GATE=str(gate), START_GATE=str(start))  # writes once the page is open
     base = p.viewer(TOKEN)
     first = Events(base, "/instances/s1/stream")
     assert first.response.status == 200
@@ -123,8 +123,8 @@ def test_chromium_shows_the_live_text_before_the_commit(procs: Any) -> None:
     from selenium.webdriver.chrome.service import Service
     words = [f"word{i:02d} " for i in range(60)]  # six seconds of writing
     p = procs([{"chunks": words, "chunk_delay_s": 0.1, "completion_tokens": 60}])
-    gate = p.tmp / "gate"
-    p.worker(GATE=str(gate))
+    gate, start = p.tmp / "gate", p.tmp / "start"
+    p.worker(GATE=str(gate), START_GATE=str(start))  # writes once the page is open
     base = p.viewer(TOKEN)
     profile = tempfile.mkdtemp(prefix="fsm-chromium-")
     options = webdriver.ChromeOptions()
@@ -137,6 +137,7 @@ def test_chromium_shows_the_live_text_before_the_commit(procs: Any) -> None:
     try:
         load(driver, f"{base}/?token={TOKEN}")
         load(driver, f"{base}/instances/s1")
+        start.touch()  # the model writes for six seconds from now, the page open on it
 
         def live_text() -> str:
             return str(driver.execute_script(

@@ -5,7 +5,9 @@ every ``lease_seconds / 3`` (the heartbeat); the row's ``lease_until`` covers
 every instance whose ``owner`` is this worker.  Instances change hands only
 through the store: ``Store.claim`` (many at once, skipping rows another
 claimer is taking), a compare-and-set adoption of one named instance
-(``adoption``), or ``Store.release``.  Every write of a step is fenced by the
+(``adoption``), or ``Store.release``.  This module decides what to claim and
+give back; the engine's ledger (``runtime.ledger``, handed in as ``writes``: this
+floor does not import it) writes it, at the engine's clock.  Every write of a step is fenced by the
 instance's version, so a worker that lost an instance (paused past its lease,
 its database connection gone) can never commit over the new owner; its
 heartbeat then finds the instance missing from ``Store.held`` and stops the
@@ -28,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from ...errors import FsmError, StoreError
 from ...store import RUNNING, Store
@@ -48,11 +51,23 @@ SWEEP_S = 60.0
 OnLost = Callable[[str, "str | None"], None]
 
 
+class LeaseWrites(Protocol):
+    """The claim and release writes (``runtime.ledger.Ledger``: the only caller of
+    ``Store.claim`` and ``Store.release``, at the engine's clock)."""
+
+    def claim(self, request: ClaimRequest) -> list[InstanceRecord]:
+        """``Store.claim`` (``request.now`` read from the writer's clock)."""
+
+    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+        """``Store.release`` (``updated_at`` from the writer's clock)."""
+
+
 class Ownership:
     """The leases of one worker (one ``Engine``).
 
     Args:
         store: where the worker row and the instances live.
+        writes: what claims and releases instances (the engine's ``Ledger``).
         lease_seconds: how long a heartbeat keeps this worker's instances
             (renewed every third of it); after that any worker may claim them.
         max_recoveries: adoptions from dead owners without progress before an
@@ -61,9 +76,11 @@ class Ownership:
         queues: the queues this worker serves (recorded on its row, for ``fsm workers``).
     """
 
-    def __init__(self, store: Store, *, lease_seconds: float, max_recoveries: int,
-                 clock: Callable[[], float] = time.time, queues: Sequence[str] = ()) -> None:
+    def __init__(self, store: Store, *, writes: LeaseWrites, lease_seconds: float,
+                 max_recoveries: int, clock: Callable[[], float] = time.time,
+                 queues: Sequence[str] = ()) -> None:
         self.store = store
+        self.writes = writes
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.clock = clock
@@ -298,7 +315,7 @@ class Ownership:
         held = self.store.held(self.id)
         cancelled = [iid for iid, status in held.items() if status == "cancelled"]
         if cancelled:
-            self.store.release(self.id, cancelled)  # seen: drop them from the next check
+            self.writes.release(self.id, cancelled)  # seen: drop them from the next check
         # what is given back is judged and released with no claim under way (a claim in
         # between would be given back: matrix finding A2); a claim under way (it may wait
         # on a lock) puts the giving back off to the next check, never the renewal
@@ -334,7 +351,7 @@ class Ownership:
         stale = sorted(idle & self._idle)  # idle at the last check too
         if stale:
             log.warning("worker %s gives back %d instance(s) no task ran", self.id, len(stale))
-            self.store.release(self.id, stale)
+            self.writes.release(self.id, stale)
         self._idle = idle - set(stale)
 
     def _taken_over(self, running: Sequence[str], held: Mapping[str, str]
@@ -360,7 +377,7 @@ class Ownership:
         the heartbeat retries."""
         self.unreleased.update(ids)
         try:
-            self.store.release(self.id, list(ids))
+            self.writes.release(self.id, list(ids))
         except FsmError as exc:
             log.warning("cannot release %s yet: %s", ", ".join(ids), exc)
             return
@@ -375,7 +392,7 @@ class Ownership:
             self._heartbeat = None
 
     def close(self, keep: Collection[str] = ()) -> None:
-        """Give back every instance held here but ``keep`` (one ``Store.release``; a
+        """Give back every instance held here but ``keep`` (one release; a
         store that refuses is logged), then deregister (what ``keep`` names stays owned by
         a worker that is gone: the next claim records a takeover)."""
         self.stop_heartbeat()
@@ -385,7 +402,7 @@ class Ownership:
             try:
                 ids = None if not keep else [i for i in self.store.held(self.id) if i not in keep]
                 if ids is None or ids:
-                    self.store.release(self.id, ids)
+                    self.writes.release(self.id, ids)
             except FsmError as exc:
                 log.warning("worker %s cannot give its instances back: %s", self.id, exc)
             self.store.delete_worker(self.id)
@@ -416,7 +433,7 @@ class Ownership:
         self.register()
         with self._claiming:  # the heartbeat gives nothing back meanwhile (``check``)
             now = self.clock()
-            claimed = self.store.claim(ClaimRequest(
+            claimed = self.writes.claim(ClaimRequest(
                 self.id, now, limit=limit, lease_seconds=self.lease_seconds,
                 dead=self.dead(now), due_by=due_by, machines=machines, queues=queues,
                 skip_queues=skip_queues, queue_limit=queue_limit,

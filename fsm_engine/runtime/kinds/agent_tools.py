@@ -32,7 +32,7 @@ def as_json(value: Any, limit: int) -> tuple[Any, str | None]:
         value = value.model_dump(mode="json")
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # (RecursionError: nested too deep)
         return None, f"the result is not JSON ({type(value).__name__}): {exc}"[:1000]
     if len(text) > limit:
         return None, (f"the result is too large: {len(text)} characters of JSON, the limit "
@@ -40,7 +40,7 @@ def as_json(value: Any, limit: int) -> tuple[Any, str | None]:
     clean = redact(text)  # a credential a tool read is neither stored nor shown the model
     try:
         return json.loads(clean), None
-    except ValueError:
+    except (ValueError, RecursionError):
         return clean, None
 
 

@@ -25,6 +25,7 @@ from ...store.records import (
     PENDING,
     RECOVERY,
     RUNNING,
+    TOOL,
     UNPAUSE,
     AttemptRow,
     HistoryRow,
@@ -40,15 +41,16 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
                state: str | None = None, failure: bool = False) -> int:
     """How many rows a fork copies: ``seq`` itself; before the latest visit of ``state``
     is left (the row that entered it, or 0 for the state it started in and never entered
-    again); or before the last failure (the row that failed).
-    ``InvalidInput`` when there is no such point."""
+    again: an agent's journal rows, kind ``tool``, go on its visit and enter nothing, so
+    the fork starts before the visit's first turn); or before the last failure (the row
+    that failed).  ``InvalidInput`` when there is no such point."""
     if seq is not None:
         if not 0 <= seq <= len(history):
             raise InvalidInput(f"--from-seq {seq} is outside 0..{len(history)}")
         return seq
     if state is not None:
         entered = [h.seq for h in history
-                   if h.dest == state and h.kind not in ("cancel", RECOVERY, PAUSE, UNPAUSE)]
+                   if h.dest == state and h.kind not in ("cancel", RECOVERY, PAUSE, UNPAUSE, TOOL)]
         if entered:
             return entered[-1]
         if history and history[0].source == state:  # the state it started in: from the input

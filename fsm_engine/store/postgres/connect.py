@@ -100,8 +100,9 @@ def _fast_compression(conn: psycopg.Connection[Any]) -> None:
 
 def _why(exc: BaseException) -> str:
     """A psycopg error as one short line, credentials redacted (libpq may quote the DSN)."""
-    text = " ".join(redact(exc).split()) or type(exc).__name__
-    return text[:300]
+    lines = (" ".join(line.split()) for line in redact(exc).splitlines())
+    text = "; ".join(line for line in lines if line) or type(exc).__name__  # libpq's lines
+    return text[:300]  # are sentences without a full stop: kept apart
 
 
 class PostgresBase:

@@ -147,11 +147,11 @@ class PostgresStore(PostgresSteps, PostgresStreams, SqlPlain):
             return {r[0]: r[1] for r in cur.fetchall()}
         return self._on_side(go)
 
-    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+    def release(self, owner: str, ids: Sequence[str] | None = None, *, now: float) -> int:
         if ids is not None and not ids:
             return 0
         sql = "UPDATE instances SET owner=NULL, version=version+1, updated_at=%s WHERE owner=%s"
-        args: builtins.list[Any] = [time.time(), owner]
+        args: builtins.list[Any] = [now, owner]
         if ids is not None:
             sql += " AND id = ANY(%s)"
             args.append(builtins.list(ids))

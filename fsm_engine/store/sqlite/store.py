@@ -160,9 +160,9 @@ class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
     def held(self, owner: str) -> dict[str, str]:
         return dict(self._read("SELECT id, status FROM instances WHERE owner=?", (owner,)))
 
-    def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
+    def release(self, owner: str, ids: Sequence[str] | None = None, *, now: float) -> int:
         sql, args = ("UPDATE instances SET owner=NULL, version=version+1, updated_at=? "
-                     "WHERE owner=?"), [time.time(), owner]
+                     "WHERE owner=?"), [now, owner]
         if ids is not None:
             if not ids:
                 return 0

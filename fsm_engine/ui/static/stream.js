@@ -54,4 +54,13 @@
   }
 
   source.onmessage = function (e) { shown(JSON.parse(e.data)); };
+  // the server could not go on (a malformed stored row, the database gone): said once,
+  // not reconnected every second
+  source.addEventListener("fsm-error", function (e) {
+    var d = {};
+    source.close();
+    try { d = JSON.parse(e.data); } catch (ignored) { d = {}; }
+    note("stream stopped: " + (d.error || "error"), "error");
+    live.setAttribute("data-error", String(d.error || "error"));
+  });
 }());

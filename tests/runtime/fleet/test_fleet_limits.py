@@ -172,7 +172,7 @@ def test_a_sweep_forgets_dead_workers_that_hold_nothing(engine_factory) -> None:
     store.put_worker(WorkerRow("holding", "h2", 8, "1", old - 60, old - 5, lease_until=old))
     store.put_worker(WorkerRow("recent", "h2", 9, "1", now - 100, now - 90, lease_until=now - 60))
     iid = engine.start(MACHINE, {})
-    store.release(own.id, [iid])
+    engine.ledger.release(own.id, [iid])
     [rec] = store.claim(ClaimRequest("holding", now=old - 1, limit=1))
     assert rec.owner == "holding"
     assert own.sweep(now) == 1

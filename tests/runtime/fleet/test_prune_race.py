@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsm_engine.runtime.fleet.ownership import Ownership
+from fsm_engine.runtime.ledger import Ledger
 
 
 class Racing:
@@ -28,7 +29,7 @@ class Racing:
 
 def test_two_prunes_at_once_each_finish_and_forget_the_id() -> None:
     store: Any = Racing()
-    owner = Ownership(store, lease_seconds=1.0, max_recoveries=3)
+    owner = Ownership(store, writes=Ledger(store), lease_seconds=1.0, max_recoveries=3)
     store.owner = owner
     owner.retired = ["vm:1:old"]
     owner.prune()

@@ -90,7 +90,7 @@ def test_a_bad_state_queue_is_a_definition_error() -> None:
 def test_queue_follows_the_state_and_a_worker_hands_off_at_the_boundary(engine_factory) -> None:
     engine = engine_factory(llm=replies())
     iid = engine.start(MACHINE, {}, partition="tenant-a")
-    engine.store.release(engine.worker.id)
+    engine.ledger.release(engine.worker.id)
     assert (engine.store.get(iid).queue, engine.store.get(iid).partition_key) == \
         ("io", "tenant-a")
     engine.driver.hand_off = lambda before, after: after.queue == "llm"

@@ -48,13 +48,13 @@ def _claimed_again(engine, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
     assert [r.id for r in own.claim(10)] == [iid]
     store_release = engine.store.release
 
-    def refused(*args: object) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
         raise StoreError("database restarting")
     monkeypatch.setattr(engine.store, "release", refused)
     own.release([iid])  # the run broke off while the database restarted
     monkeypatch.setattr(engine.store, "release", store_release)
     assert own.unreleased == {iid}
-    engine.store.release(own.id, [iid])  # the worker's fill gives its orphan back ...
+    engine.ledger.release(own.id, [iid])  # the worker's fill gives its orphan back ...
     again = own.claim(10)  # ... and claims it again, before any task runs it
     assert [r.id for r in again] == [iid]
     return iid, again[0].version
@@ -79,7 +79,7 @@ def test_an_idle_give_back_does_not_undo_a_claim_made_since(engine_factory) -> N
     (iid,) = engine.start_many(FLOW, [{}], enqueue=True)
     assert [r.id for r in own.claim(10)] == [iid]
     own.check([])  # held, and no task runs it (its run broke off): idle once
-    engine.store.release(own.id, [iid])  # the worker's fill gives it back ...
+    engine.ledger.release(own.id, [iid])  # the worker's fill gives it back ...
     again = own.claim(10)  # ... and claims it again; no task runs it yet
     assert [r.id for r in again] == [iid]
     own.check([])  # the heartbeat, its snapshot of the tasks from before
@@ -129,8 +129,8 @@ def test_an_orphan_claimed_again_meanwhile_is_not_given_back(engine_factory,
             raise StoreError("server closed the connection unexpectedly")
         return commit(steps)
 
-    def releasing(worker_id: str, ids: Any = None) -> Any:
-        out = release(worker_id, ids)
+    def releasing(worker_id: str, ids: Any = None, *, now: float) -> Any:
+        out = release(worker_id, ids, now=now)
         if ids and iid in ids:
             released.set()
         return out

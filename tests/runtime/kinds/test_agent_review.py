@@ -194,18 +194,17 @@ def test_a_call_waiting_for_approval_cancelled_is_never_run(
     assert not logs[1].exists()
 
 
-@pytest.mark.parametrize("point", ["state", "seq"])
 def test_a_fork_of_a_call_waiting_for_approval_waits_on_its_own_item(
-        engine_factory: Any, logs: tuple[Path, Path], point: str) -> None:
-    """Issue 36 item 1: ``fsm fork ID --from-state research`` (or ``--from-seq`` at the ask
-    row) of an agent waiting for approval waited on no item: nothing could end the wait."""
+        engine_factory: Any, logs: tuple[Path, Path]) -> None:
+    """Issue 36 item 1: ``fsm fork ID --from-seq`` at the ask row of an agent waiting for
+    approval waited on no item: nothing could end the wait.  (``--from-state research``
+    starts before the visit's first turn: tests/runtime/kinds/test_fork.py.)"""
     from fsm_engine.runtime import invariants
     engine = engine_factory(llm=Scripted.from_replies(ASK))
     iid = _to_review(engine)
     [item] = engine.reviews()
     asked = [h.seq for h in engine.store.history(iid) if h.detail.get("agent") == "ask"]
-    fid = engine.fork(iid, **({"from_state": "research"} if point == "state"
-                              else {"from_seq": asked[-1]}))
+    fid = engine.fork(iid, from_seq=asked[-1])
     assert engine.store.get(fid).forked_at_seq == asked[-1]
     rec = asyncio.run(engine.run(fid))
     assert (rec.status, rec.state, rec.owner) == ("waiting", "research", None)

@@ -125,3 +125,34 @@ def test_rerun_in_place_appends_and_keeps_seq_gap_free(tmp_path, monkeypatch) ->
     assert engine.store.get(fork).state == "publish"
     assert engine.store.get(fork).fork_options == {"by": "bo"}
     engine.close()
+
+
+def test_from_state_of_an_agent_state_restarts_its_visit_from_seq_keeps_a_journal_row(
+        engine_factory, tmp_path, monkeypatch) -> None:
+    """Issue 36: an agent's journal rows (kind ``tool``) do not enter its state, so
+    ``--from-state research`` / ``rerun --state research`` fork before the visit's first
+    turn; ``--from-seq`` at a journal row still resumes there."""
+    import agent_machine
+    from agent_replies import KEYED
+
+    from fsm_engine.llm import Scripted
+    from fsm_engine.store.records import TOOL
+    monkeypatch.setenv("AGENT_TOOL_LOG", str(tmp_path / "tools.jsonl"))
+    engine = engine_factory(llm=Scripted.from_replies(KEYED))
+    iid = engine.start(agent_machine.machine, {"question": "what is 2 + 3?"})
+    assert asyncio.run(engine.run(iid)).status == "completed"
+    journal = [h.seq for h in engine.store.history(iid) if h.kind == TOOL]
+    assert journal == [1, 2, 3, 4, 5, 6]
+    for fid in (engine.fork(iid, from_state="research"), engine.rerun(iid, "research")):
+        rec = engine.store.get(fid)
+        assert (rec.forked_at_seq, rec.state, rec.seq) == (0, "research", 0)
+        done = asyncio.run(engine.run(fid))
+        assert (done.status, done.state, done.context["answer"]) == ("completed", "answered", "5")
+        turns = [h for h in engine.store.history(fid) if h.kind == TOOL]
+        assert [h.detail["turn"] for h in turns if h.detail["agent"] == "turn"] == [1, 2]
+    mid = engine.store.get(engine.fork(iid, from_seq=3))  # after turn 1's two calls
+    assert (mid.forked_at_seq, mid.state, mid.seq) == (3, "research", 3)
+    done = asyncio.run(engine.run(mid.id))
+    assert (done.status, done.context["answer"]) == ("completed", "5")
+    rows = engine.store.history(mid.id)
+    assert [h.detail.get("turn") for h in rows if h.detail.get("agent") == "turn"] == [1, 2]
