@@ -32,6 +32,13 @@ driver imports only this registry (and the built-in kinds, to register them).  E
 compiled machine resolves its states' kinds once (``table``): the hot path of a plain
 action is a dict lookup and an identity test, not a walk of the registry.
 
+Still asked of the built-in kinds' ``State`` fields outside this seam (issue 37, left):
+entering a wait or review state sets ``waiting`` in ``outcome._enter``; the runner's
+family loop is fan-out's (``reason == children``); ``CompiledMachine.model_use`` reads
+``State.agent``; the built-in kinds' checks, exports and diagram notes are per field in
+``definition/`` and ``diagram/`` (a plug-in's go through ``KindSpec``); coverage and
+replay read the history rows a kind commits, with no hook of their own.
+
 The built-in kinds are in ``kinds.builtin``.  A new kind is one module with its spec
 class and its ``StepKind``, registered at import by ``register(MyKind())``; the machine
 module that uses the spec imports that module (see docs/explanation/architecture.md,
