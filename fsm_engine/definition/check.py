@@ -173,6 +173,8 @@ def _states(m: Machine, names: list[str], problems: list[str],
             problems.extend(_review_problems(m, s))
         if s.agent is not None:
             problems.extend(_agent_problems(m, s))
+        if s.kind is not None:
+            problems.extend(_plugin_problems(m, s))
         problems.extend(f"{where}: {p}" for p in _name_problems(s))
 
 
@@ -260,6 +262,18 @@ def _agent_problems(m: Machine, s: Any) -> list[str]:
     triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
     fields = list(m.context.model_fields) if isinstance(m.context, type) else []
     return out + s.agent.problems(s.name, fields, triggers)
+
+
+def _plugin_problems(m: Machine, s: Any) -> list[str]:
+    """A plug-in kind's problems (``definition.kind.KindSpec.problems``), each named."""
+    where = f"state {s.name!r}"
+    if s.review is not None or s.agent is not None or s.fan_out is not None or s.wait:
+        return [f"{where}: kind {s.kind.name!r} cannot be combined with review, agent, "
+                "fan_out or wait"]
+    names = [st.name for st in m.states]
+    triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
+    fields = list(m.context.model_fields) if isinstance(m.context, type) else []
+    return [f"{where}: kind {s.kind.name!r}: {p}" for p in s.kind.problems(s.name, fields, triggers)]
 
 
 def _versions(m: Machine, names: list[str], problems: list[str]) -> None:

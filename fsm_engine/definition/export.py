@@ -41,6 +41,8 @@ def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
         out["fan_out"] = _fan_out_dict(machine, s)
     if s.agent is not None:
         out["agent"] = s.agent.export()
+    if s.kind is not None:  # a plug-in kind (``definition.kind``)
+        out["kind"] = {"name": s.kind.name, "note": s.kind.note(), **s.kind.export()}
     return out
 
 

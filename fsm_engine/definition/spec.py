@@ -41,6 +41,7 @@ from .review import Review
 if TYPE_CHECKING:
     from .agent import Agent
     from .fanout import Branch, FanOut
+    from .kind import KindSpec
 
 #: Triggers the runtime fires itself; actions may fire them too.
 FALLBACK = "fallback"
@@ -150,6 +151,8 @@ class State:
             the reason kept) instead of failing, for an operator to fix the cause and
             ``fsm unpause`` it; ``"fail"``: fail even when the machine says pause;
             ``None``: the machine's ``on_retries_exhausted``.
+        kind: a kind of step added as a plug-in (``fsm_engine.definition.kind.KindSpec``,
+            stepped by the ``StepKind`` its module registers, ``runtime.kinds.base``).
     """
 
     name: str
@@ -174,6 +177,7 @@ class State:
     inline: bool = False
     agent: Agent | None = None
     on_exhausted: str | None = None
+    kind: KindSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,9 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
         notes += _fan_out_notes(state["fan_out"])
     if state.get("agent"):
         notes += _agent_notes(state["agent"])
+    kind = state.get("kind")
+    if isinstance(kind, Mapping):  # a plug-in kind: its own one-line note
+        notes.append(str(kind.get("note") or kind.get("name")))
     retry = state.get("retry")
     if retry:
         attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None

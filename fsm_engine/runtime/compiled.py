@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import transitions
 
@@ -24,6 +24,9 @@ from ..definition.refs import as_refs, ref_name
 from ..definition.spec import RESERVED_TRIGGERS, State
 from ..errors import ActionError
 from .values import partial_dump
+
+if TYPE_CHECKING:
+    from .kinds.base import Kinds
 
 
 class Choice(NamedTuple):
@@ -129,6 +132,9 @@ class CompiledMachine:
         self.partial = partial_dump(machine.context)
         #: Fan-out states by name (see ``fsm_engine.runtime.kinds.fanout``).
         self.fan_outs = _fan_outs(machine)
+        #: Each state's kind of step (``kinds.base.table``: resolved at the first step,
+        #: once the kinds are registered; derived from the definition like the rest).
+        self.kinds: Kinds | None = None
         self._plans = {s: {trig: [(t.dest, t.conditions) for t in
                                self._tm.events[trig].transitions.get(s, [])]
                            for trig in self.triggers[s]} for s in self.states}

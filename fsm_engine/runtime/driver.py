@@ -15,9 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from pydantic import BaseModel
-
-from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, Fire, State
+from ..definition.spec import BUDGET_EXHAUSTED, FALLBACK, State
 from ..errors import (
     ActionError,
     BudgetExhausted,
@@ -35,11 +33,18 @@ from . import invoke, outcome, stream_inline, streams, values
 from .calls import CallSettings, Limit
 from .commit import Coalesced, GroupCommitter
 from .compiled import CompiledMachine, GuardResultError
-from .kinds import agent, fanout, fork, migration, pausing, reviews
+from .kinds import base as kinds
+from .kinds import (
+    builtin,  # noqa: F401 - registers the built-in kinds of step
+    fanout,
+    fork,
+    migration,
+    pausing,
+)
 from .kinds.replay import visit_tokens
 from .model_registry import Models
 from .reply_cache import RecordedReplies, ReplyCache
-from .step import MeteredLLM, Step, run_info
+from .step import MeteredLLM, Step, history_detail, run_info
 from .threads import ActionThreads
 from .values import apply_update  # noqa: F401 - the context boundary; fanout imports it here
 
@@ -58,22 +63,6 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
-    """An action's result as (trigger or None, context update)."""
-    if type(result) is dict:  # the common case first
-        return None, result
-    if result is None:
-        return None, {}
-    if isinstance(result, Fire):
-        return result.trigger, result.update
-    if isinstance(result, dict):
-        return None, result
-    if isinstance(result, BaseModel):
-        return None, result.model_dump()
-    raise InvalidInput(f"an action returned {type(result).__name__}; "
-                       "return None, a dict of updates or fire(trigger, **updates)")
-
-
 def _spent(step: Step | None) -> int:
     """Tokens the step's model calls were billed (0 when the action had no ``Step``)."""
     return 0 if step is None else step.llm.used
@@ -82,23 +71,6 @@ def _spent(step: Step | None) -> int:
 def _lease_lost(rec: InstanceRecord) -> StaleWrite:
     return StaleWrite(f"instance {rec.id}: this worker's lease ran out before the step "
                       "began (another worker may own it now)", instance_id=rec.id)
-
-
-def _detail(rec: InstanceRecord, step: Step | None) -> dict[str, Any]:
-    """The history row's ``detail``: attempt, outbox key, model calls, action notes."""
-    detail: dict[str, Any] = dict(step.notes) if step is not None else {}
-    if rec.attempt > 1:
-        detail["attempt"] = rec.attempt
-    if step is None:
-        return detail
-    if step.outbox_attempt:
-        detail["idempotency_key"] = step.idempotency_key
-        detail["outbox_attempt"] = step.outbox_attempt
-    for key, value in (("llm_calls", step.llm.calls), ("reasks", step.llm.reasks),
-                       ("structured", step.llm.outputs)):
-        if value:
-            detail[key] = value
-    return detail
 
 
 class Driver:
@@ -118,7 +90,7 @@ class Driver:
             lambda items: store.outbox_begins(items))
         #: Upcasts of instances loaded to step (id -> ``migration.Upcast``), written with
         #: their next commit (``attach``).
-        self.upcasts: dict[str, migration.Upcast] = {}
+        self.upcasts = migration.Pending()
         #: The worker that will run the children a step of an instance creates (``None``:
         #: created unowned, for any worker to claim); the engine sets it for the families
         #: its ``run`` continues.
@@ -129,18 +101,11 @@ class Driver:
         self.lease_current: Callable[[str | None], bool] = lambda owner: True
         #: Told the children a committed step created (so they run without a read).
         self.born: Callable[[Sequence[InstanceRecord]], None] = lambda records: None
+        self._kind_state: dict[str, dict[str, Any]] = {}  # see ``kind_state``
 
     def attach(self, step: StepCommit) -> StepCommit:
         """``step`` carrying its instance's pending upcast, if it continues from it."""
-        up = self.upcasts.get(step.record.id)
-        if up is not None:
-            migration.attach(step, up)
-        return step
-
-    def _settled(self, step: StepCommit) -> None:
-        up = self.upcasts.get(step.record.id)
-        if up is not None and step.history and step.history[0] is up.row:
-            del self.upcasts[step.record.id]
+        return self.upcasts.attach(step)
 
     #: ``hand_off(before, after)``: True when a step moving an instance into another queue
     #: must give it back in the same commit (owner cleared: claimed again under that
@@ -168,7 +133,7 @@ class Driver:
             raise StaleWrite(f"instance {rec.id} changed under this worker (cancelled, or its "
                              "lease was taken over)", instance_id=rec.id, state=rec.state)
         if self.upcasts:
-            self._settled(step)
+            self.upcasts.settled(step)
         if step.create:
             self.born(step.create)
         return step.record
@@ -203,68 +168,72 @@ class Driver:
     tracer: Any = None
 
     async def step_once(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
-        """Run the current state's action once and record what follows."""
-        if rec.state in cm.fan_outs:  # no action to trace: start, wait or join
-            return await self._fan_out_step(cm, rec)
+        """Run one step of ``rec`` in its state's kind (``kinds.base``) and record it."""
+        kind = (cm.kinds or kinds.table(cm))[rec.state]
+        if kind.owns_commit:  # no action to trace: e.g. a fan-out's start, wait or join
+            return await kind.commit(self, cm, rec)
         if self.tracer is not None:
             from ..telemetry import traced_step
-            return await traced_step(self.tracer, self._decide,
+            return await traced_step(self.tracer, self.decide,
                                      lambda rec, step: self._record(cm, rec, step), cm, rec)
-        state, now = cm.states[rec.state], self.clock()  # ``_decide`` and ``_record``, inline:
-        step = self._forced(cm, rec, state, now)      # two coroutines less per step
+        state, now = cm.states[rec.state], self.clock()  # ``decide`` and ``_record``, inline:
+        step = self._forced(cm, rec, state, now, kind)  # two coroutines less per step
         if step is None:
-            step = await self._attempt(cm, rec, state, now)
+            step = await self._attempt(cm, rec, state, now, kind)
         try:
             return await self.commit(rec, step)
         except StepRejected as exc:
             return await self._rejected(cm, rec, step, exc)
 
-    async def _fan_out_step(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
-        """A step in a fan-out state, read again while a child moves on under it (its
-        commit is fenced on the children it read)."""
-        while True:
-            step = await self._decide(cm, rec)
-            self.committer.ledger.settle(self.attach(step))
-            if await self.committer.submit(step):
-                self._settled(step)
-                if step.create:
-                    self.born(step.create)
-                return step.record
-            if self.store.get(rec.id).version != rec.version:  # the parent itself moved
-                raise StaleWrite(f"instance {rec.id} changed under this worker",
-                                 instance_id=rec.id, state=rec.state)
+    async def submit(self, step: StepCommit) -> bool:
+        """Commit ``step`` through the group committer's fenced submit (a family's effects
+        settled, the pending upcast attached, children born told); False when stale (a
+        version it is fenced on moved): the caller reads again (``kinds.base.DriverAPI``)."""
+        self.committer.ledger.settle(self.attach(step))
+        if not await self.committer.submit(step):
+            return False
+        self.upcasts.settled(step)
+        if step.create:
+            self.born(step.create)
+        return True
 
-    async def _decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
-        """The commit recording this step: wait, deadline, loop cap, or the action's outcome."""
+    async def decide(self, cm: CompiledMachine, rec: InstanceRecord) -> StepCommit:
+        """The commit recording this step of ``rec`` (its kind's plan, the deadline, the loop
+        cap, or what ran), not committed."""
         state, now = cm.states[rec.state], self.clock()
-        step = self._forced(cm, rec, state, now)
-        return step if step is not None else await self._attempt(cm, rec, state, now)
+        kind = (cm.kinds or kinds.table(cm))[rec.state]
+        step = self._forced(cm, rec, state, now, kind)
+        return step if step is not None else await self._attempt(cm, rec, state, now, kind)
+
+    def kind_state(self, name: str) -> dict[str, Any]:
+        """A dict this driver keeps for the kind of step ``name`` (its caches; the agent
+        kind's journals), created empty at first use."""
+        kept = self._kind_state.get(name)
+        if kept is None:
+            kept = self._kind_state[name] = {}
+        return kept
 
     def _forced(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                now: float) -> StepCommit | None:
-        """The commit of a step that runs no action (review, wait, deadline, loop cap,
-        fan-out), or ``None``: run the action (``_attempt``)."""
-        if state.review is not None:
-            if reviews.timer_due(rec, now):
-                return reviews.timed_out(cm, rec, self.store, now, self.advance)
-            return outcome.awaiting_review(cm, rec, now)
-        if state.wait:
-            new = outcome.clone(rec)
-            new.status, new.owner, new.updated_at = "waiting", None, now
-            return StepCommit(new, rec.version, before=rec)
+                now: float, kind: kinds.StepKind) -> StepCommit | None:
+        """The commit of a step that runs nothing (its kind's plan: a review, a wait, a
+        fan-out; the deadline, the loop cap), or ``None``: run it (``_attempt``)."""
+        if not kind.bounded:
+            return kind.plan(self, cm, rec, state, now)
         if rec.deadline is not None and now >= rec.deadline:
             return outcome.failed(cm, rec, "deadline", now, error="instance deadline passed")
         if rec.loop_count >= rec.max_transitions:
             return outcome.loop_limited(cm, rec, now)
-        if state.fan_out is not None:
-            return fanout.step(cm, self.store, rec, now, self.host(rec))
-        return None
+        return kind.plan(self, cm, rec, state, now) if kind.plans else None
 
-    def _make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                   spent: int = 0) -> Step:  # spent: this visit's tokens in earlier commits
+    def make_step(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                  spent: int = 0, *, long_visit: bool = False) -> Step:
+        """The ``Step`` an action (or a kind's model call) of ``rec`` in ``state`` gets, its
+        model calls under the state's policies.  ``spent``: this visit's tokens in earlier
+        commits; ``long_visit``: the visit goes on over many commits (an agent's turns),
+        so its failed attempts count whatever ``rec.attempt`` is."""
         visit = rec.visits.get(state.name, 1)
         provider = self.models.for_state(state)
-        in_visit = self._visit_tokens(rec, state, visit) + spent
+        in_visit = self._visit_tokens(rec, state, visit, long_visit) + spent
         meter = MeteredLLM(provider, self._call_settings(rec, state, provider, in_visit),
                            loop=asyncio.get_running_loop())
         return Step(instance_id=rec.id, state=state.name, attempt=rec.attempt, visit=visit,
@@ -310,29 +279,37 @@ class Driver:
             out.append(Limit("state", state.token_budget - in_visit, state.token_budget))
         return tuple(out)
 
-    def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int) -> int:
+    def _visit_tokens(self, rec: InstanceRecord, state: State, visit: int,
+                      long_visit: bool) -> int:
         """Tokens this visit of ``state`` spent in earlier (failed) attempts; read from the
-        store only after a first attempt (``replay.visit_tokens``), or in an agent state,
-        whose visit goes on over many commits (each journaled turn starts again at
-        attempt 1: a turn that failed before it still counts)."""
-        if rec.attempt <= 1 and state.agent is None:
+        store only after a first attempt (``replay.visit_tokens``), or in a ``long_visit``
+        (an agent's: each journaled turn starts again at attempt 1, and a turn that failed
+        before it still counts)."""
+        if rec.attempt <= 1 and not long_visit:
             return 0
         return visit_tokens(self.store.attempts(rec.id), state.name, visit)
 
     async def _attempt(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
-                       now: float) -> StepCommit:
-        """Run the action under its policies (after the retry's backoff, when one is due
-        later than ``now``); return the commit recording what happened."""
+                       now: float, kind: kinds.StepKind) -> StepCommit:
+        """Run the step's kind (after the retry's backoff, when one is due later than
+        ``now``); return the commit recording what happened."""
         if rec.next_attempt_at is not None and rec.next_attempt_at > now:
             await asyncio.sleep(rec.next_attempt_at - now)
-        if not self.lease_current(rec.owner):  # (``_check_lease``, inline: the hot path)
+        if not self.lease_current(rec.owner):  # (``check_lease``, inline: the hot path)
             raise _lease_lost(rec)
-        if state.agent is not None:  # a tool-calling loop: one turn or call per step
-            return await agent.step(self, cm, rec, state, now)
+        if kind.runs:  # e.g. an agent's tool-calling loop: one turn or call per step
+            return await kind.run(self, cm, rec, state, now)
+        return await self.run_action(cm, rec, state, now)
+
+    async def run_action(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+                         now: float) -> StepCommit:
+        """Run ``state``'s action (if any) once under its policies: the plain kind's ``run``;
+        the commit recording what happened.  Raises ``StaleWrite`` when the lease was lost
+        before the action started."""
         entry = cm.actions.get(state.name)
         # the ``Step`` the action gets: only actions that take ``step`` (and side effects,
         # for their key) need one
-        step = self._make_step(cm, rec, state) if state.side_effect or (
+        step = self.make_step(cm, rec, state) if state.side_effect or (
             entry is not None and entry[1] == 2) else None
         if step is not None and state.side_effect:
             replayed = await self._begin_delivery(cm, rec, state, step)
@@ -357,7 +334,7 @@ class Driver:
         ms = (time.perf_counter() - started) * 1000.0
         return self._recorded(cm, rec, state, step, result, error, ran_on, ms)
 
-    def _check_lease(self, rec: InstanceRecord) -> None:
+    def check_lease(self, rec: InstanceRecord) -> None:
         """``StaleWrite`` when this worker's lease on ``rec`` ran out (``lease_current``)."""
         if not self.lease_current(rec.owner):
             raise _lease_lost(rec)
@@ -390,11 +367,11 @@ class Driver:
                 error, step.notes = exc, {}
         if error is None:
             try:
-                return self.advance(cm, rec, state, step, *_normalise(result), ms,
+                return self.advance(cm, rec, state, step, *invoke.normalise(result), ms,
                                     ran_on=ran_on)
             except (InvalidInput, ActionError) as exc:  # bad update, trigger or guard
                 error = exc
-        return self._on_error(cm, rec, state, step, error, ms)
+        return self.on_error(cm, rec, state, step, error, ms)
 
     def _delivered_by_original(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                                step: Step) -> StepCommit | None:
@@ -437,7 +414,7 @@ class Driver:
             why = str(exc) if isinstance(exc, GuardResultError) else f"a guard raised {_err(exc)}"
             raise ActionError(why, instance_id=rec.id, state=state.name,
                               guards=evaluated) from exc
-        detail = _detail(rec, step)
+        detail = history_detail(rec, step)
         if choice is None:
             return outcome.failed(
                 cm, rec, "no_transition", self.clock(), tokens=tokens, duration_ms=ms, guards=evaluated,
@@ -448,9 +425,11 @@ class Driver:
             context=new_ctx, delta=delta, kind=kind, guards=choice.guards,
             tokens=tokens, duration_ms=ms, error=error, reason=reason,
             detail=detail, outbox_done=done, extra_loops=step.llm.reasks if step else 0)
-        return fanout.enter(cm, commit, self.clock(), self.host(rec)) if cm.fan_outs else commit
+        entering = (cm.kinds or kinds.table(cm)).entering
+        into = entering.get(commit.record.state) if entering else None
+        return commit if into is None else into.enter(self, cm, commit, rec)
 
-    def _on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
+    def on_error(self, cm: CompiledMachine, rec: InstanceRecord, state: State,
                   step: Step | None, exc: BaseException, ms: float) -> StepCommit:
         """The commit after a failed attempt: retry later, fallback, skip or fail."""
         disposition = classify(exc)
@@ -473,7 +452,7 @@ class Driver:
                                     kind="skip", reason=reason, error=_err(exc))
         except (InvalidInput, ActionError) as second:  # a guard or default that fails too
             exc, reason = second, _reason(second, False)
-        detail = _detail(rec, step)
+        detail = history_detail(rec, step)
         if isinstance(exc, StructuredOutputError):
             detail.update(raw=exc.raw[:4000], errors=exc.errors, repairs=exc.repairs)
         if pausing.by_policy(cm.spec, state, exc, disposition is Disposition.RETRY, reason):

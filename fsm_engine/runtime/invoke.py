@@ -8,17 +8,19 @@ Used by ``runtime.driver`` (one step); nothing here writes anything.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ..definition.spec import State
-from ..errors import StepTimeout
+from pydantic import BaseModel
+
+from ..definition.spec import Fire, State
+from ..errors import InvalidInput, StepTimeout
 from ..store.records import InstanceRecord
 from .fence import Fence, lease_fence, run_fenced
 from .step import Step
 from .threads import ActionThreads, in_own_thread
 
-__all__ = ["start"]
+__all__ = ["normalise", "start"]
 
 Entry = tuple[Callable[..., Any], int, bool]  # (the action, its arity 1 or 2, async)
 
@@ -105,3 +107,19 @@ def _inline(fn: Callable[..., Any], args: tuple[Any, ...], step: Step | None) ->
         return fn(*args)
     finally:
         step.llm.on_loop = False
+
+
+def normalise(result: Any) -> tuple[str | None, Mapping[str, Any]]:
+    """An action's result as (trigger or None, context update)."""
+    if type(result) is dict:  # the common case first
+        return None, result
+    if result is None:
+        return None, {}
+    if isinstance(result, Fire):
+        return result.trigger, result.update
+    if isinstance(result, dict):
+        return None, result
+    if isinstance(result, BaseModel):
+        return None, result.model_dump()
+    raise InvalidInput(f"an action returned {type(result).__name__}; "
+                       "return None, a dict of updates or fire(trigger, **updates)")

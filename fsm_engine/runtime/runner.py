@@ -40,8 +40,8 @@ from .compiled import CompiledMachine
 from .driver import Driver
 from .fleet import limits as fleet
 from .fleet.ownership import Ownership
+from .kinds import base as kinds
 from .kinds import migration, pausing
-from .kinds import reviews as review_queue
 from .kinds.families import Families
 from .ledger import Ledger
 from .model_registry import Models
@@ -324,7 +324,7 @@ class Runner:
         continuing its family."""
         cm, rec = await self._claim(run.iid)
         self.interrupted.discard(run.iid)  # run again here: no longer cut short
-        run.fan = bool(cm.fan_outs) and run.iid not in self.families.parents
+        run.fan = (cm.kinds or kinds.table(cm)).families and run.iid not in self.families.parents
         if run.fan:  # this run continues the family
             self.families.parents.add(run.iid)
             if run.family:
@@ -341,7 +341,7 @@ class Runner:
                 return cm, rec, False  # claimed again, by any worker, once it is due
             cm, rec = await self._rate_wait(run.iid, rec)  # here: wait, go on
             return cm, rec, True
-        if rec.status == "waiting" and not review_queue.timer_due(rec, self.clock()):
+        if rec.status == "waiting" and not kinds.timer_due(rec, self.clock()):
             return await self._wait_family(run, cm, rec)
         rec = await self.driver.step_once(cm, rec)
         if run.on_step:

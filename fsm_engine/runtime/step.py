@@ -279,3 +279,20 @@ def run_info(rec: InstanceRecord, state: State, spent: int = 0,
                    max_transitions=rec.max_transitions, tokens_used=rec.tokens_used + spent,
                    token_budget=rec.token_budget, state_tokens_used=in_visit + spent,
                    state_token_budget=state.token_budget)
+
+
+def history_detail(rec: InstanceRecord, step: Step | None) -> dict[str, Any]:
+    """The history row's ``detail``: attempt, outbox key, model calls, action notes."""
+    detail: dict[str, Any] = dict(step.notes) if step is not None else {}
+    if rec.attempt > 1:
+        detail["attempt"] = rec.attempt
+    if step is None:
+        return detail
+    if step.outbox_attempt:
+        detail["idempotency_key"] = step.idempotency_key
+        detail["outbox_attempt"] = step.outbox_attempt
+    for key, value in (("llm_calls", step.llm.calls), ("reasks", step.llm.reasks),
+                       ("structured", step.llm.outputs)):
+        if value:
+            detail[key] = value
+    return detail

@@ -63,12 +63,12 @@ def test_a_side_effect_whose_outbox_row_is_done_does_not_run_again(
     engine = engine_factory(llm=Scripted.from_replies([calls(("send_report", {"text": "r"}))]))
     iid = engine.start(agent_machine.machine, {"question": "q"})
     asyncio.run(engine.step(iid))  # the model's turn
-    stale, journal = engine.driver.agent_journals[iid]  # what a worker stepping it holds
+    stale, journal = engine.driver.kind_state("agent")[iid]  # what a worker stepping it holds
     journal = copy.deepcopy(journal)
     asyncio.run(engine.step(iid))  # the call, delivered and journaled (by "another worker")
     [box] = engine.store.outbox(iid)
     assert box.status == "done"
-    engine.driver.agent_journals[iid] = (stale, journal)  # the stalled worker's view
+    engine.driver.kind_state("agent")[iid] = (stale, journal)  # the stalled worker's view
     engine.driver.lease_current = lambda owner: True  # its clock has not seen the stall
     from fsm_engine.runtime.kinds import agent
     cm = engine.definition(stale)

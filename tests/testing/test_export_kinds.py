@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from agent_replies import LOOP, calls, final
 from cli import run_main
+from cooldown_kind import registered
 from review_family_source import MACHINE as FAMILY
 
 from fsm_engine.llm.scripted import Scripted
@@ -26,6 +27,7 @@ HERE = Path(__file__).resolve().parents[1] / "helpers"
 EXPORTED = str(HERE / "export_machine.py")
 WORDS = str(HERE / "words_machine.py")
 AGENT = str(HERE / "agent_machine.py")
+COOLDOWN = str(HERE / "cooldown_kind.py")
 Q = {"question": "what is 2 + 3?"}
 
 
@@ -59,6 +61,20 @@ def test_a_plain_instance(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert vc.run(engine.run(iid)).state == "done"
     engine.close()
     _replay(_export(tmp_path, capsys, db, iid, EXPORTED), iid)
+
+
+def test_an_instance_of_a_plugin_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kind of step added as a plug-in (issue 37): its timer is replayed on virtual time."""
+    with registered():
+        vc, engine, db = _engine(tmp_path, [])
+        iid = engine.start(load_machine(COOLDOWN)[0], {})
+        assert vc.run(engine.run(iid)).status == "waiting"
+        vc.advance(31)
+        assert vc.run(engine.run(iid)).state == "done"
+        engine.close()
+        out_file = _export(tmp_path, capsys, db, iid, COOLDOWN)
+        assert _case(out_file)["output"]["n"] == 2
+        _replay(out_file, iid)
 
 
 def test_words_that_merely_contain_credential_names_are_kept(

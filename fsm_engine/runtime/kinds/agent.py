@@ -43,7 +43,7 @@ from . import agent_review, agent_tools, fork, reviews
 if TYPE_CHECKING:
     from ...definition.spec import State
     from ...store.records import InstanceRecord
-    from ..driver import Driver
+    from .base import DriverAPI as Driver  # the driver's public surface, no more
 
 
 async def step(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: State,
@@ -56,7 +56,7 @@ async def step(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: 
     try:
         commit = await _next(driver, cm, rec, state, agent, j, visit, now)
     except (InvalidInput, ActionError) as exc:  # an outcome's update or guard refused
-        return driver._on_error(cm, rec, state, None, exc, 0.0)
+        return driver.on_error(cm, rec, state, None, exc, 0.0)
     _remember(driver, rec, commit, j)
     return commit
 
@@ -71,11 +71,8 @@ def _journal(driver: Driver, rec: InstanceRecord, state: str, visit: int) -> jou
 
 
 def _kept(driver: Driver) -> dict[str, tuple[InstanceRecord, journal.Journal]]:
-    kept: dict[str, tuple[InstanceRecord, journal.Journal]] | None = \
-        getattr(driver, "agent_journals", None)
-    if kept is None:
-        kept = driver.agent_journals = {}  # type: ignore[attr-defined]  # the driver's cache
-    return kept
+    """The journals this driver keeps (instance id -> (record, journal)), ``kind_state``."""
+    return driver.kind_state("agent")
 
 
 def _remember(driver: Driver, rec: InstanceRecord, commit: StepCommit,
@@ -113,7 +110,8 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
                 agent: Agent, j: journal.Journal, visit: int, now: float) -> StepCommit:
     """One model turn: its calls journaled, or its final output taken."""
     model_state = state if agent.llm is None else dataclasses.replace(state, llm=agent.llm)
-    st = driver._make_step(cm, rec, model_state, spent=j.tokens)
+    st = driver.make_step(cm, rec, model_state, spent=j.tokens,
+                          long_visit=True)
     if state.timeout is not None:  # the state's timeout bounds each turn's model call
         st.llm.deadline = asyncio.get_running_loop().time() + state.timeout
     started = time.perf_counter()
@@ -127,7 +125,7 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
             wait = st.llm.rate_wait
             return outcome.rate_limited(rec, error=str(wait), tokens=st.llm.used,
                                         next_at=now + wait.retry_in, now=now)
-        return driver._on_error(cm, rec, state, st, exc, ms)
+        return driver.on_error(cm, rec, state, st, exc, ms)
     ms = (time.perf_counter() - started) * 1000.0
     number = len(j.turns) + 1
     reply = journal.parse(out.text, number, out.finish_reason)
@@ -183,7 +181,7 @@ async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
                                    "delivered_by_original": prior.get(
                                        "idempotency_key", prior.get("delivered_by_original"))},
                              now)
-    driver._check_lease(rec)  # no tool starts under a lease that ran out (a model turn took)
+    driver.check_lease(rec)  # no tool starts under a lease that ran out (a model turn took)
     if tool.side_effect:
         await _begin_delivery(driver, rec, state.name, visit, key)
         base["idempotency_key"] = key

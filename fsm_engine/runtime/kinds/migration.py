@@ -201,3 +201,23 @@ def alone(up: Upcast) -> StepCommit:
     """The upcast as a commit of its own (``fsm migrate --yes``): compare-and-set on the
     stored version."""
     return StepCommit(up.record, up.before.version, [up.row], before=up.before)
+
+
+class Pending(dict[str, Upcast]):
+    """The upcasts of instances loaded to step (instance id -> ``Upcast``; the machine
+    registry's ``upcast`` fills it), each written with its instance's next commit: the
+    migration's hooks on a step's commit (the driver calls ``attach`` before, ``settled``
+    after, only while some are pending)."""
+
+    def attach(self, step: StepCommit) -> StepCommit:
+        """``step`` carrying its instance's pending upcast, if it continues from it."""
+        up = self.get(step.record.id)
+        if up is not None:
+            attach(step, up)
+        return step
+
+    def settled(self, step: StepCommit) -> None:
+        """``step`` committed: forget the upcast it wrote."""
+        up = self.get(step.record.id)
+        if up is not None and step.history and step.history[0] is up.row:
+            del self[step.record.id]

@@ -1,0 +1,98 @@
+"""The built-in kinds of step on the ``kinds.base`` protocol, registered in dispatch order:
+review, wait, fan-out/join, agent (the plain action is ``base.PLAIN``, the default).
+
+Each class is a thin adapter: the kind's logic stays in its module (``reviews``,
+``fanout``, ``agent``), reached through the driver's public surface (``base.DriverAPI``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...errors import StaleWrite
+from ...store.records import InstanceRecord, StepCommit
+from .. import outcome
+from . import agent, fanout, reviews
+from .base import DriverAPI, StepKind, register, waiting
+
+if TYPE_CHECKING:
+    from ...definition.spec import State
+    from ..compiled import CompiledMachine
+
+
+class Review(StepKind):
+    """A person decides (``State.review``): the instance waits for ``Engine.decide``, or
+    its SLA timer's choice once due."""
+
+    name = "review"
+    bounded = False
+
+    def matches(self, state: State) -> bool:
+        return state.review is not None
+
+    def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
+             now: float) -> StepCommit | None:
+        if reviews.timer_due(rec, now):
+            return reviews.timed_out(cm, rec, api.store, now, api.advance)
+        return outcome.awaiting_review(cm, rec, now)
+
+
+class Wait(StepKind):
+    """Waits for ``Engine.send`` (``State.wait``): status ``waiting``, holding no worker."""
+
+    name = "wait"
+    bounded = False
+
+    def matches(self, state: State) -> bool:
+        return state.wait
+
+    def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
+             now: float) -> StepCommit | None:
+        return waiting(rec, now)
+
+
+class FanOut(StepKind):
+    """Children per branch or item (``State.fan_out``), then a join (``kinds.fanout``)."""
+
+    name = "fan_out"
+    families = True
+
+    def matches(self, state: State) -> bool:
+        return state.fan_out is not None
+
+    def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
+             now: float) -> StepCommit | None:
+        return fanout.step(cm, api.store, rec, now, api.host(rec))
+
+    async def commit(self, api: DriverAPI, cm: CompiledMachine,
+                     rec: InstanceRecord) -> InstanceRecord:
+        """Read again while a child moves on under it (the commit is fenced on the
+        children it read)."""
+        while True:
+            step = await api.decide(cm, rec)
+            if await api.submit(step):
+                return step.record
+            if api.store.get(rec.id).version != rec.version:  # the parent itself moved
+                raise StaleWrite(f"instance {rec.id} changed under this worker",
+                                 instance_id=rec.id, state=rec.state)
+
+    def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
+              rec: InstanceRecord) -> StepCommit:
+        return fanout.enter(cm, step, api.clock(), api.host(rec))
+
+
+class Agent(StepKind):
+    """A tool-calling loop (``State.agent``): one model turn or tool call per commit."""
+
+    name = "agent"
+
+    def matches(self, state: State) -> bool:
+        return state.agent is not None
+
+    async def run(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord,
+                  state: State, now: float) -> StepCommit:
+        return await agent.step(api, cm, rec, state, now)
+
+
+for _kind in (Review(), Wait(), FanOut(), Agent()):
+    register(_kind)
