@@ -51,7 +51,7 @@ CASES: list[tuple[str, str, Kept | Refused]] = [
     ("NaN", "{'a': NaN}", Refused("NaN")),
     ("Infinity", '{"a": -Infinity,}', Refused("NaN/Infinity")),
     ("truncated", '{"a": [1, 2', Refused("incomplete", truncated=True)),
-    ("deep nesting", "[" * DEEP + "1," + "]" * DEEP, Refused("recursion")),
+    ("deep nesting", "[" * DEEP + "1," + "]" * DEEP, Refused("nests deeper")),
     # --- syntax only: repaired ------------------------------------------------------
     ("python literals", "{'ok': True, 'no': False, 'missing': None}",
      Kept({"ok": True, "no": False, "missing": None})),
@@ -67,7 +67,7 @@ CASES: list[tuple[str, str, Kept | Refused]] = [
     ("missing comma", '{"a": "x" "b": 1}', Kept({"a": "x", "b": 1})),
     ("mismatched brackets", '{"a": [1, 2}', Kept({"a": [1, 2]})),
     ("truncation marker", '{"a": [1, 2, ...],}', Kept({"a": [1, 2]})),
-    ("deep but legal after repair", "[" * 200 + "1," + "]" * 200, Kept("200 deep")),
+    ("deep past the 100-level cap", "[" * 200 + "1," + "]" * 200, Refused("nests deeper")),
 ]
 
 
