@@ -300,6 +300,7 @@ class Runner:
             return asyncio.shield(other)
         if task is not None:
             self.tasks[instance_id] = task
+        self.ownership.started(instance_id)  # the heartbeat sees it in ``tasks`` now
         return _Run(instance_id, on_step, family, task)
 
     def _cancelled(self, run: _Run, exc: asyncio.CancelledError

@@ -187,6 +187,7 @@ class Worker:
         task.add_done_callback(functools.partial(self._done, rec.id))
 
     def _done(self, instance_id: str, task: asyncio.Task[None]) -> None:
+        self.runner.ownership.started(instance_id)  # e.g. ended before it ran a step
         if self._running.get(instance_id) is task:
             self._running.pop(instance_id, None)
             self._queue.pop(instance_id, None)

@@ -37,6 +37,7 @@ from ...store import RUNNING, Store
 from ...store.claims import ClaimRequest, adopted, takeover_row
 from ...store.records import ChildState, InstanceRecord, StepCommit, WorkerRow
 from .liveness import live_ids, new_worker, pid_alive
+from .starting import Starting
 
 log = logging.getLogger("fsm_engine")
 
@@ -98,6 +99,7 @@ class Ownership:
         #: later must not).
         self.release_idle = False
         self._idle: set[str] = set()
+        self.starting = Starting(ttl=2 * lease_seconds)  # claimed, no task yet: not idle
         #: Serialises renewals: the heartbeat thread's and a claim's (``register``).
         self._lock = threading.RLock()
         #: Held by a claim: the heartbeat's giving back waits for none (``check``).
@@ -346,8 +348,8 @@ class Ownership:
 
     def _give_back_idle(self, held: Mapping[str, str], running: set[str]) -> None:
         """Release instances held here that no task ran at this check and the last one."""
-        idle = {iid for iid, status in held.items()
-                if status != "cancelled" and iid not in running}
+        busy = running | self.starting.current()
+        idle = {iid for iid, status in held.items() if status != "cancelled" and iid not in busy}
         stale = sorted(idle & self._idle)  # idle at the last check too
         if stale:
             log.warning("worker %s gives back %d instance(s) no task ran", self.id, len(stale))
@@ -370,6 +372,10 @@ class Ownership:
                             iid, rec.owner)
                 lost.append((iid, None))
         return lost
+
+    def started(self, iid: str) -> None:
+        """A task here runs (or ran) ``iid``, claimed here: see ``fleet.starting``."""
+        self.starting.started(iid)
 
     def release(self, ids: Sequence[str]) -> None:
         """Give up this worker's claim on ``ids`` (a run that broke off on a store failure
@@ -438,6 +444,7 @@ class Ownership:
                 dead=self.dead(now), due_by=due_by, machines=machines, queues=queues,
                 skip_queues=skip_queues, queue_limit=queue_limit,
                 partition_limit=partition_limit))
+            self.starting.claimed(rec.id for rec in claimed)
             for rec in claimed:  # a new claim: what was left to give back of an old one
                 self.unreleased.discard(rec.id)  # is not to be given back now (finding A2)
                 self._idle.discard(rec.id)

@@ -87,6 +87,28 @@ def test_an_idle_give_back_does_not_undo_a_claim_made_since(engine_factory) -> N
     assert (rec.owner, rec.version) == (own.id, again[0].version)
 
 
+
+def test_a_claim_whose_task_has_not_started_is_not_given_back(engine_factory) -> None:
+    """A fill's claim runs in a thread; its tasks start when the event loop next runs.
+    With the loop starved (issue 36: matrix cells under load ran a step twice with no
+    takeover), two heartbeat checks can pass between the claim and the task: the
+    instance is held and no task runs it, yet it is not idle, it is starting. Giving it
+    back let another worker run the step while this one ran it too."""
+    engine = engine_factory()
+    own = engine.ownership
+    own.release_idle = True
+    own.register()
+    (iid,) = engine.start_many(FLOW, [{}], enqueue=True)
+    (claimed,) = own.claim(10)
+    own.check([])  # the loop has not run the claimed instance's task yet ...
+    own.check([])  # ... nor at the next check
+    rec = engine.store.get(iid)
+    assert (rec.owner, rec.version) == (own.id, claimed.version)
+    own.started(iid)  # its task ran and ended; held with no task at two checks: given back
+    own.check([])
+    own.check([])
+    assert engine.store.get(iid).owner is None
+
 # -- a worker's orphan, claimed again by the fill that ran while its run broke off ---------
 
 ENTERED: list[int] = []
