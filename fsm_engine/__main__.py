@@ -1,6 +1,6 @@
 """``python -m fsm_engine`` runs the ``fsm`` command line."""
 
-from .cli import main
+from .cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

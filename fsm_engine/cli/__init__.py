@@ -29,6 +29,15 @@ from . import console  # noqa: F401 - cancel, pause, unpause, restart, send, rev
 from .common import DB, _fail, _find, _input_for, _live, _open, _print_json, app, exit_code, out  # noqa: F401,E501
 
 
+def entry() -> None:
+    """The ``fsm`` command's process entry point: ``main`` in a process that is the
+    command's own (``collector.owned``: ``fsm run`` and ``fsm worker`` tune its garbage
+    collector after start-up)."""
+    from .. import collector
+    collector.owned = True
+    main()
+
+
 def main() -> None:
     """Entry point: run the app, turning every ``FsmError`` into one line and exit 2."""
     if not logging.getLogger().handlers:  # warnings print as Python would, but made safe
@@ -57,4 +66,4 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-__all__ = ["app", "main"]
+__all__ = ["app", "entry", "main"]

@@ -173,6 +173,8 @@ def run(module: str = typer.Argument(..., help="Machine module: path/to/file.py 
     if use != "none":  # "maybe": a model that fails to load fails only a state calling it
         _preload(engine, lazy=use == "maybe")
     engine.register(machine, ref)
+    from .. import collector
+    collector.tune_if_owned()  # machines and models loaded: see fsm_engine.collector
     header = _header(machine.name, len(inputs), engine, use)  # a model it can't name: no instance
     try:
         ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline)

@@ -225,6 +225,8 @@ def worker(db: str | None = DB,
     if machines:
         names = [engine.load(m).spec.name for m in machines]
     runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan)
+    from .. import collector
+    collector.tune_if_owned()  # a long-lived process of ours: see fsm_engine.collector
     import asyncio
 
     async def serve() -> None:

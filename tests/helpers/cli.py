@@ -16,7 +16,7 @@ from fsm_engine.store import InstanceRecord
 
 MODERATION = str(MACHINES / "moderation.py")
 ROUTER = str(MACHINES / "router.py")
-ENTRY = [sys.executable, "-c", "from fsm_engine.cli import main; main()"]
+ENTRY = [sys.executable, "-c", "from fsm_engine.cli import entry; entry()"]
 VERDICT_LINE = json.dumps({"text": json.dumps({"decision": "approve", "categories": [],
                                                "summary": "ok"}),
                            "prompt_tokens": 10, "completion_tokens": 5})
