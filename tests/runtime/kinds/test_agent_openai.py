@@ -41,6 +41,30 @@ ADD = _calls(("add", '{"a": 20, "b": 22}'))
 FINAL = {"role": "assistant", "content": '{"final": {"answer": "42"}}'}
 
 
+def _events(message: dict[str, Any], size: int = 4) -> bytes:
+    """``message`` as a streamed reply's Server-Sent Events: its content, then each tool
+    call's id and name and its arguments, in fragments of ``size`` characters (as OpenAI
+    sends ``delta.tool_calls``), the finish, the usage, ``[DONE]``."""
+    def event(delta: dict[str, Any], finish: str | None = None) -> str:
+        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk",
+                                      "model": "m", "choices": [{"index": 0, "delta": delta,
+                                                                 "finish_reason": finish}]})
+    text = message.get("content") or ""
+    out = [event({"role": "assistant", "content": text[n:n + size]})
+           for n in range(0, len(text), size)]
+    for n, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        out.append(event({"tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                          "function": {"name": fn["name"], "arguments": ""}}]}))
+        out += [event({"tool_calls": [{"index": n, "function": {
+            "arguments": fn["arguments"][k:k + size]}}]})
+            for k in range(0, len(fn["arguments"]), size)]
+    out.append(event({}, "tool_calls" if message.get("tool_calls") else "stop"))
+    out.append("data: " + json.dumps({"id": "c1", "model": "m", "choices": [], "usage": {
+        "prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}}))
+    return ("\n\n".join([*out, "data: [DONE]"]) + "\n\n").encode()
+
+
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
@@ -49,9 +73,11 @@ class Handler(BaseHTTPRequestHandler):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         srv: Any = self.server
         srv.requests.append(request)
-        data = _body(srv.replies[min(len(srv.requests), len(srv.replies)) - 1])
+        reply = srv.replies[min(len(srv.requests), len(srv.replies)) - 1]
+        streamed = bool(request.get("stream"))  # (an agent turn, unless Agent(stream=False))
+        data = _events(reply) if streamed else _body(reply)
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -186,3 +212,53 @@ def test_only_a_call_with_tools_translates(server: ThreadingHTTPServer) -> None:
     assert [m["role"] for m in tooled["messages"]] == ["assistant", "tool"]
     assert tooled["messages"][1] == {"role": "tool", "tool_call_id": wire_id("1.1"),
                                      "content": '{"result": 3}'}
+
+
+def _stream(db: Path, iid: str) -> list[Any]:
+    engine = Engine(str(db))
+    try:
+        async def go() -> list[Any]:
+            return [ev async for ev in engine.stream(iid)]
+        return asyncio.run(go())
+    finally:
+        engine.close()
+
+
+def test_a_turn_streams_its_tool_calls_as_their_fragments_come(
+        server: ThreadingHTTPServer, tmp_path: Path) -> None:
+    """Issue 36: the server's ``delta.tool_calls`` fragments are the turn's stream, shown as
+    the agent protocol's text; the journal keeps ``complete()``'s text of the same calls."""
+    server.replies = [_calls(("add", '{"a":20,"b":22}'),  # type: ignore[attr-defined]
+                             ("echo", '{"text":"\u00e9t\u00e9"}')), FINAL]
+    rec, rows = _run(server, tmp_path / "fsm.db")
+    assert (rec.state, rec.context["answer"]) == ("answered", "42")
+    assert all(r["stream"] is True and r["tools"] for r in server.requests)  # type: ignore[attr-defined]
+    [turn] = [r for r in rows if r.detail.get("agent") == "turn"]
+    events = _stream(tmp_path / "fsm.db", rec.id)
+    chunks = [e for e in events if e.kind == "chunk" and e.seq == turn.seq]
+    shown = "".join(e.text for e in chunks)
+    assert shown == ('{"tool_calls": [{"name": "add", "arguments": {"a":20,"b":22}}, '
+                     '{"name": "echo", "arguments": {"text":"été"}}]}')
+    assert json.loads(shown) == json.loads(turn.detail["reply"])  # the same calls
+    assert turn.detail["reply"] == json.dumps({"tool_calls": [
+        {"name": "add", "arguments": {"a": 20, "b": 22}},
+        {"name": "echo", "arguments": {"text": "été"}}]}, ensure_ascii=False)
+    assert chunks[-1].partial == json.loads(shown)
+    assert rec.tokens_used == 70  # the server's usage events, billed as complete()'s
+
+
+def test_stream_false_sends_plain_requests(server: ThreadingHTTPServer, tmp_path: Path) -> None:
+    import dataclasses
+    state = agent_machine.machine.states[0]
+    assert state.agent is not None
+    quiet = dataclasses.replace(agent_machine.machine, states=[
+        dataclasses.replace(state, agent=dataclasses.replace(state.agent, stream=False)),
+        *agent_machine.machine.states[1:]])
+    engine = Engine(str(tmp_path / "fsm.db"), llm=_provider(server))
+    try:
+        rec = asyncio.run(engine.run(engine.start(quiet, {"question": "20 + 22?"})))
+    finally:
+        engine.close()
+    assert (rec.state, rec.context["answer"]) == ("answered", "42")
+    assert not any("stream" in r for r in server.requests)  # type: ignore[attr-defined]
+    assert not [e for e in _stream(tmp_path / "fsm.db", rec.id) if e.kind == "chunk"]
