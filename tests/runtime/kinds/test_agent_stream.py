@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from cli import run_main
 
 from fsm_engine import CachePolicy, Engine, Machine, RetryPolicy
 from fsm_engine.llm import Scripted
+from fsm_engine.llm.base import Completion, Provider
 from fsm_engine.store.records import TOOL
 
 Q = {"question": "what is 2 + 3?"}
@@ -159,4 +161,43 @@ def test_cached_and_replayed_turns_stream_as_one_piece_without_the_model(
                if r.detail.get("llm_calls"))
     assert [r.detail["agent"] for r in engine.store.history(fork) if r.kind == TOOL][:1] == [
         "turn"]
+    engine.close()
+
+
+class ToolsWhole(Provider):
+    """A provider speaking OpenAI tool calling whose ``stream`` cannot take ``tools``."""
+
+    name, model = "whole", "m"
+    supports_tools = True
+
+    def __init__(self) -> None:
+        self.texts = [r.get("text") or json.dumps({"tool_calls": r["tool_calls"]})
+                      for r in LOOP]
+        self.asked: list[dict[str, Any]] = []
+
+    async def complete(self, messages: list[Any], *, max_tokens: int = 256,
+                       temperature: float = 0.0, json_schema: Any = None,
+                       stop: list[str] | None = None, tools: Any = None,
+                       tool_choice: str | None = None) -> Completion:
+        self.asked.append({"tools": bool(tools)})
+        return Completion(self.texts[len(self.asked) - 1], 10, 10, "stop", self.model)
+
+    async def stream(self, messages: list[Any], *, max_tokens: int = 256,
+                     temperature: float = 0.0, json_schema: Any = None,
+                     stop: list[str] | None = None) -> AsyncIterator[Any]:
+        raise AssertionError("a call with tools must not reach this stream")
+        yield ""  # (an async generator)
+
+
+def test_a_provider_that_cannot_stream_tool_calls_is_asked_whole_and_streamed_as_one_piece(
+        tmp_path: Path) -> None:
+    model = ToolsWhole()
+    engine = Engine(str(tmp_path / "fsm.db"), llm=model, seed=1)
+    iid = engine.start(agent_machine.machine, Q)
+    rec = asyncio.run(engine.run(iid))
+    assert (rec.status, rec.context["answer"]) == ("completed", "5")
+    assert model.asked == [{"tools": True}] * 3 and rec.tokens_used == 60
+    events = _events(engine, iid)
+    replies = _replies(engine, iid)
+    assert [(e.seq, e.text) for e in events if e.kind == "chunk"] == list(replies.items())
     engine.close()
