@@ -244,7 +244,7 @@ class OpenAICompatible(Provider):
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None, timeout: float | None = None,
                        tools: list[dict[str, Any]] | None = None,
-                       tool_choice: str | None = None) -> Completion:
+                       tool_choice: str | dict[str, Any] | None = None) -> Completion:
         """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
 
         ``tools``: OpenAI function tools (``[{"type": "function", "function": {name,
@@ -274,7 +274,7 @@ class OpenAICompatible(Provider):
                      temperature: float = 0.0, json_schema: JsonSchema | None = None,
                      stop: list[str] | None = None, timeout: float | None = None,
                      tools: list[dict[str, Any]] | None = None,
-                     tool_choice: str | None = None) -> AsyncIterator[Piece]:
+                     tool_choice: str | dict[str, Any] | None = None) -> AsyncIterator[Piece]:
         """``complete`` over Server-Sent Events (``stream: true``): the reply's text pieces
         as the server sends them (a ``list`` of those that came in one read), then its
         ``Completion``.  The size cap and the deadline of ``llm.http`` bound the whole
@@ -446,7 +446,7 @@ class OpenAICompatible(Provider):
 
 
 def _with_tools(kwargs: dict[str, Any], messages: list[Message],
-                tools: list[dict[str, Any]] | None, tool_choice: str | None) -> None:
+                tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> None:
     """With ``tools``: them (and ``tool_choice``) in the request's ``kwargs``, and the
     journal's text tool turns as the protocol's own, on the wire only (``messages`` are not
     changed: ``tool_transcript.native_messages``)."""

@@ -1,6 +1,7 @@
 """The tool calls of a streamed OpenAI-compatible chat completion, put together from their
 fragments (``choices[0].delta.tool_calls[i]``: ``index``, ``id``, ``function.name``,
-``function.arguments``, each a piece of its call) — hostile input: shapes are checked, the
+``function.arguments``, each a piece of its call; a name sent again is not a piece more:
+``_named``) — hostile input: shapes are checked, the
 calls counted (``MAX_CALLS``); the body's size cap (``llm.http``) bounds their text.
 
 Two forms come out of them:
@@ -29,6 +30,19 @@ __all__ = ["ToolDeltas", "MAX_CALLS"]
 
 #: Most tool calls one streamed reply may make (distinct ``index`` values).
 MAX_CALLS = 128
+
+
+def _named(pieces: list[str], name: str) -> None:
+    """Note a delta's ``function.name`` in a call's name ``pieces``: OpenAI sends it once,
+    in the call's first delta; llama.cpp's server again in every delta (the same name: not
+    a piece more), some servers the name so far (a longer one: it replaces it)."""
+    so_far = "".join(pieces)
+    if name == so_far:
+        return
+    if so_far and name.startswith(so_far):
+        pieces[:] = [name]
+    else:
+        pieces.append(name)
 
 
 class ToolDeltas:
@@ -69,7 +83,7 @@ class ToolDeltas:
                     raise ServerError(f"{self.where} streamed more than {MAX_CALLS} tool calls")
                 call = self.calls[index] = ([], [])
             if type(name) is str and name:
-                call[0].append(name)
+                _named(call[0], name)
             if type(args) is str and args:
                 call[1].append(args)
                 self.fragments += 1

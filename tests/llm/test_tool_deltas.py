@@ -96,3 +96,11 @@ def test_sse_events_show_calls_and_hide_text_after_them() -> None:
                      "", ""]
     assert seen.tools is not None and seen.finish == "tool_calls"
     assert seen.tools.text() == _complete_text(("add", '{"a": 1}'))
+
+
+def test_a_name_sent_with_every_fragment_is_one_name() -> None:
+    """llama.cpp's server repeats ``function.name`` (and ``id``) in every delta of a call."""
+    shown, tools = _feed([_delta(0, "add", '{"a": ', "c1"), _delta(0, "add", "1}", "c1"),
+                          _delta(1, "ec", "{}"), _delta(1, "echo", "")])
+    assert tools.text() == _complete_text(("add", '{"a": 1}'), ("echo", "{}"))
+    assert "".join(shown).startswith('{"tool_calls": [{"name": "add", "arguments": {"a": 1}}')

@@ -262,3 +262,37 @@ def test_stream_false_sends_plain_requests(server: ThreadingHTTPServer, tmp_path
     assert (rec.state, rec.context["answer"]) == ("answered", "42")
     assert not any("stream" in r for r in server.requests)  # type: ignore[attr-defined]
     assert not [e for e in _stream(tmp_path / "fsm.db", rec.id) if e.kind == "chunk"]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_agent_turns_stream_from_a_real_llama_cpp_server(llama_server: str,
+                                                         tmp_path: Path) -> None:
+    """Issue 36 against ``python -m llama_cpp.server`` (Gemma): every model turn's stream is
+    the reply its history row keeps, ended; whatever the small model answers, the instance
+    ends final with every turn's tokens billed."""
+    import dataclasses
+    state = agent_machine.machine.states[0]
+    assert state.agent is not None
+    short = dataclasses.replace(agent_machine.machine, states=[  # two short turns at most
+        dataclasses.replace(state, agent=dataclasses.replace(state.agent, max_turns=2,
+                                                             max_tokens=96)),
+        *agent_machine.machine.states[1:]])
+    db = tmp_path / "fsm.db"
+    engine = Engine(str(db), llm=OpenAICompatible(base_url=llama_server, model="gemma",
+                                                  timeout=120.0))
+    try:
+        iid = engine.start(short, {"question": "20 + 22?"})
+        rec = asyncio.run(engine.run(iid))
+        rows = engine.store.history(iid)
+    finally:
+        engine.close()
+    assert rec.final
+    turns = {r.seq: r.detail["llm_calls"] for r in rows if r.detail.get("llm_calls")}
+    assert turns
+    events = _stream(db, iid)
+    for seq, calls in turns.items():
+        mine = [e for e in events if e.seq == seq and e.kind in ("open", "chunk", "end")]
+        assert [e.kind for e in mine][0] == "open" and mine[-1].kind == "end"
+        assert "".join(e.text for e in mine) == calls[-1]["reply"]
+    assert rec.tokens_used == sum(c["tokens"] for calls in turns.values() for c in calls)
