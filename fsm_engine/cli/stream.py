@@ -45,9 +45,16 @@ class _Text:
         elif ev.kind == "end":
             self.line("")
         elif ev.kind == "step":
-            self.line(f"[step {ev.seq}: {ev.source} --{ev.trigger}--> {ev.dest}]")
+            self.line(f"[step {ev.seq}: {ev.source} --{ev.trigger}--> {ev.dest}]{_said(ev)}")
         elif ev.kind == "final":
             self.line(f"[{ev.status}]")
+
+
+def _said(ev: Any) -> str:
+    """`` = RESULT`` / `` failed: ERROR`` of an agent tool call's step (``""``: another's)."""
+    if "result" in ev.info:
+        return f" = {ev.info['result']}"
+    return f" failed: {ev.info['error']}" if "error" in ev.info else ""
 
 
 @app.command()

@@ -201,3 +201,31 @@ def test_a_provider_that_cannot_stream_tool_calls_is_asked_whole_and_streamed_as
     replies = _replies(engine, iid)
     assert [(e.seq, e.text) for e in events if e.kind == "chunk"] == list(replies.items())
     engine.close()
+
+
+def test_fsm_stream_shows_each_tool_calls_result_after_the_turn_that_chose_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "fsm.db")
+    engine = Engine(db, llm=Scripted.from_replies([
+        chunked({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}},
+                                {"name": "nope", "arguments": {}},
+                                {"name": "echo", "arguments": {"text": "\u202e" + "x" * 900}}]}),
+        chunked(LOOP[2])]), seed=1)
+    iid = engine.start(agent_machine.machine, Q)
+    asyncio.run(engine.run(iid))
+    steps = [e for e in _events(engine, iid) if e.kind == "step"]
+    engine.close()
+    assert [(e.trigger, e.info) for e in steps][:3] == [
+        ("turn", {}), ("add", {"call": "1.1", "result": "5"}),
+        ("nope", {"call": "1.2", "error": "unknown tool 'nope'; the tools are add, echo, "
+                                          "send_report, boom, huge, opaque, flaky, stall, "
+                                          "stall_sync"})]
+    assert len(steps[3].info["result"]) == 300  # cut
+    code, out, _ = run_main(["stream", iid, "--db", db], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    turn = lines.index("[step 1: research --turn--> research]")
+    assert lines[turn - 2].startswith('{"tool_calls": [{"name": "add"')  # the turn, streamed
+    assert lines[turn + 1] == "[step 2: research --add--> research] = 5"
+    assert lines[turn + 2].startswith("[step 3: research --nope--> research] failed: unknown")
+    assert "\u202e" not in out  # stored text printed as text, never as terminal controls
