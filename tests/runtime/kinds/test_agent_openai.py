@@ -296,3 +296,23 @@ def test_agent_turns_stream_from_a_real_llama_cpp_server(llama_server: str,
         assert [e.kind for e in mine][0] == "open" and mine[-1].kind == "end"
         assert "".join(e.text for e in mine) == calls[-1]["reply"]
     assert rec.tokens_used == sum(c["tokens"] for calls in turns.values() for c in calls)
+
+
+def test_an_exported_test_of_a_streamed_agent_replays_without_the_server(
+        server: ThreadingHTTPServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 36: the turns streamed from the server (compact arguments, in fragments) are
+    recorded as ``complete()``'s replies, which the exported test replays, asking nobody."""
+    import runpy
+
+    from cli import run_main
+    server.replies = [_calls(("add", '{"a":20,"b":22}')), FINAL]  # type: ignore[attr-defined]
+    rec, _ = _run(server, tmp_path / "fsm.db")
+    assert rec.context["answer"] == "42"
+    out_file = tmp_path / f"test_case_{rec.id}.py"
+    code, _, err = run_main(["export-test", rec.id, "-o", str(out_file), "--db",
+                             str(tmp_path / "fsm.db"), "--machine", agent_machine.__file__],
+                            capsys)
+    assert code == 0, err
+    asked = len(server.requests)  # type: ignore[attr-defined]
+    runpy.run_path(str(out_file))[f"test_case_{rec.id}"]()
+    assert len(server.requests) == asked  # type: ignore[attr-defined]
