@@ -1,8 +1,9 @@
 """The tool calls of a streamed OpenAI-compatible chat completion, put together from their
 fragments (``choices[0].delta.tool_calls[i]``: ``index``, ``id``, ``function.name``,
 ``function.arguments``, each a piece of its call; a name sent again is not a piece more:
-``_named``) — hostile input: shapes are checked, the
-calls counted (``MAX_CALLS``); the body's size cap (``llm.http``) bounds their text.
+``_named``; the ``id`` is not kept: the journal numbers calls itself).  Hostile input:
+shapes are checked, the calls counted (``MAX_CALLS``); the body's size cap (``llm.http``)
+bounds their text.
 
 Two forms come out of them:
 
