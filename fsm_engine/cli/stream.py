@@ -66,7 +66,8 @@ def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unamb
            as_json: bool = typer.Option(False, "--json",
                                         help="One JSON object per event and line.")) -> None:
     """Watch an instance live: model replies as they are generated, attempts superseded,
-    steps committed (trigger and destination); exits when the instance is final."""
+    steps committed (trigger and destination; an agent's tool call with its result); exits
+    when the instance is final."""
     from ..runtime.stream_read import parse_cursor
     parse_cursor(from_offset)  # a bad offset: one error line, before anything is read
     store = _open(db)

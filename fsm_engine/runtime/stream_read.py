@@ -62,8 +62,9 @@ class StreamEvent:
     ``text``/``char_offset``: a chunk's text and where it starts in the attempt's reply;
     ``partial``: for a chunk of a JSON reply, the object parsed from the reply so far
     (``None`` until one parses); ``by``: for ``superseded``, the ``(seq, attempt)``
-    replacing it; ``info``: the row's other facts (``finish``, ``error``, ``json``).
-    ``cursor``: resume here to get the events after this one.
+    replacing it; ``info``: the row's other facts (``finish``, ``error``, ``json``; a
+    ``step``'s: its ``reason``, or an agent tool call's ``call`` and ``result`` / ``error``,
+    ``_tool_result``).  ``cursor``: resume here to get the events after this one.
     """
 
     kind: str
