@@ -45,9 +45,16 @@ class _Text:
         elif ev.kind == "end":
             self.line("")
         elif ev.kind == "step":
-            self.line(f"[step {ev.seq}: {ev.source} --{ev.trigger}--> {ev.dest}]")
+            self.line(f"[step {ev.seq}: {ev.source} --{ev.trigger}--> {ev.dest}]{_said(ev)}")
         elif ev.kind == "final":
             self.line(f"[{ev.status}]")
+
+
+def _said(ev: Any) -> str:
+    """`` = RESULT`` / `` failed: ERROR`` of an agent tool call's step (``""``: another's)."""
+    if "result" in ev.info:
+        return f" = {ev.info['result']}"
+    return f" failed: {ev.info['error']}" if "error" in ev.info else ""
 
 
 @app.command()
@@ -59,7 +66,8 @@ def stream(instance_id: str = typer.Argument(..., help="Instance id (or an unamb
            as_json: bool = typer.Option(False, "--json",
                                         help="One JSON object per event and line.")) -> None:
     """Watch an instance live: model replies as they are generated, attempts superseded,
-    steps committed (trigger and destination); exits when the instance is final."""
+    steps committed (trigger and destination; an agent's tool call with its result); exits
+    when the instance is final."""
     from ..runtime.stream_read import parse_cursor
     parse_cursor(from_offset)  # a bad offset: one error line, before anything is read
     store = _open(db)

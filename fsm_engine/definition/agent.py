@@ -199,6 +199,12 @@ class Agent:
         min_calls: tool calls made before a final output is accepted: until then the
             reply schema (or ``tool_choice="required"``) allows only calls, and a final
             output is an error result (for small models that answer from memory).
+        stream: each turn is a streamed call (``step.llm.stream``): its text and tool
+            calls go to the stream log as they are generated (``fsm stream``, the
+            viewer), its ``Completion`` the same as ``complete()``'s (same reply key,
+            tokens, cache and replay), so it is on by default; ``False``: a plain
+            ``complete()`` per turn, nothing in the stream log.  Not part of the
+            definition's fingerprint (it changes no outcome).
     """
 
     tools: Sequence[Tool | Callable[..., Any]]
@@ -214,6 +220,7 @@ class Agent:
     on_timeout: str | None = None
     done: str = DONE
     min_calls: int = 0
+    stream: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(as_tool(t) for t in self.tools))
@@ -257,6 +264,8 @@ class Agent:
     def _bound_problems(self, where: str) -> list[str]:
         out = [] if isinstance(self.min_calls, int) and 0 <= self.min_calls else [
             f"{where}: min_calls must be an int >= 0"]
+        if not isinstance(self.stream, bool):
+            out.append(f"{where}: stream must be True or False")
         out += [f"{where}: {k} must be an int >= 1" for k in
                ("max_turns", "max_tokens", "max_errors", "max_result_chars")
                if not isinstance(getattr(self, k), int) or getattr(self, k) < 1]

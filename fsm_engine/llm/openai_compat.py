@@ -244,7 +244,7 @@ class OpenAICompatible(Provider):
                        temperature: float = 0.0, json_schema: JsonSchema | None = None,
                        stop: list[str] | None = None, timeout: float | None = None,
                        tools: list[dict[str, Any]] | None = None,
-                       tool_choice: str | None = None) -> Completion:
+                       tool_choice: str | dict[str, Any] | None = None) -> Completion:
         """One chat completion; ``json_schema`` goes out as ``response_format`` per ``json_mode``.
 
         ``tools``: OpenAI function tools (``[{"type": "function", "function": {name,
@@ -262,27 +262,34 @@ class OpenAICompatible(Provider):
         """
         async with self._slot(messages, max_tokens, temperature, json_schema, stop,
                               timeout) as (left, kwargs):
-            if tools:  # the journal's text tool turns as the protocol's own, on the wire only
-                kwargs["tools"], kwargs["messages"] = tools, native_messages(messages)
-                if tool_choice:
-                    kwargs["tool_choice"] = tool_choice
+            _with_tools(kwargs, messages, tools, tool_choice)
             response = await self._create(kwargs, json_schema)
         return await self._completion(response, messages)
 
+    #: ``stream`` takes ``tools`` too: a reply's tool calls stream as their fragments come
+    #: (``llm.tool_deltas``); ``runtime.calls.bill`` asks a provider without this whole.
+    streams_tools = True
+
     async def stream(self, messages: list[Message], *, max_tokens: int = 256,
                      temperature: float = 0.0, json_schema: JsonSchema | None = None,
-                     stop: list[str] | None = None, timeout: float | None = None
-                     ) -> AsyncIterator[Piece]:
+                     stop: list[str] | None = None, timeout: float | None = None,
+                     tools: list[dict[str, Any]] | None = None,
+                     tool_choice: str | dict[str, Any] | None = None) -> AsyncIterator[Piece]:
         """``complete`` over Server-Sent Events (``stream: true``): the reply's text pieces
         as the server sends them (a ``list`` of those that came in one read), then its
         ``Completion``.  The size cap and the deadline of ``llm.http`` bound the whole
         stream.  Usage is the server's last event when it sends one
         (``stream_options.include_usage``), else counted like a reply without
         ``usage``: the prompt by :meth:`count_tokens`, the reply one token per piece or
-        the estimate, whichever is more (``usage_missing``).  Errors as ``complete``,
-        possibly after some pieces."""
+        the estimate, whichever is more (``usage_missing``).  ``tools`` and
+        ``tool_choice`` as ``complete``'s: the calls' fragments
+        (``delta.tool_calls[i]``) are pieces of the text ``{"tool_calls": [{"name": …,
+        "arguments": …}]}`` as they come; the ``Completion``'s text is ``complete``'s of
+        the same calls (their arguments parsed depth-checked: ``llm.tool_deltas``).
+        Errors as ``complete``, possibly after some pieces."""
         async with self._slot(messages, max_tokens, temperature, json_schema, stop,
                               timeout) as (left, kwargs):
+            _with_tools(kwargs, messages, tools, tool_choice)
             kwargs.update(stream=True, stream_options={"include_usage": True})
             opened = await self._create(kwargs, json_schema, self._open_stream)
             seen = SseEvents(f"{self.name} model {self.model!r} at {self.shown_url}")
@@ -299,6 +306,8 @@ class OpenAICompatible(Provider):
             finally:  # the connection goes back (or away) even when the caller gave up
                 with contextlib.suppress(Exception):
                     await opened.close()
+        if seen.tools is not None and (tail := seen.tools.close()):
+            yield tail
         yield await self._streamed(seen, messages)
 
     @contextlib.asynccontextmanager
@@ -343,13 +352,15 @@ class OpenAICompatible(Provider):
 
     async def _streamed(self, seen: SseEvents, messages: list[Message]) -> Completion:
         """The ``Completion`` of a streamed reply from what its events said."""
-        text = "".join(seen.parts)
+        calls = seen.tools.text() if seen.tools is not None else None
+        text = calls or "".join(seen.parts)  # (as ``complete``: calls, else the text)
         prompt, completion = seen.prompt, seen.completion
         missing = prompt is None or completion is None
         if missing:
             counted = self.count_tokens(messages)
             prompt = await counted if inspect.isawaitable(counted) else counted
-            completion = max(len(seen.parts), estimate_tokens(text))
+            pieces = len(seen.parts) + (seen.tools.fragments if seen.tools is not None else 0)
+            completion = max(pieces, estimate_tokens(text))
         return Completion(text=text, prompt_tokens=int(prompt or 0),
                           completion_tokens=int(completion or 0),
                           finish_reason=seen.finish or "stop",
@@ -432,6 +443,17 @@ class OpenAICompatible(Provider):
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
         await self._client.close()
+
+
+def _with_tools(kwargs: dict[str, Any], messages: list[Message],
+                tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> None:
+    """With ``tools``: them (and ``tool_choice``) in the request's ``kwargs``, and the
+    journal's text tool turns as the protocol's own, on the wire only (``messages`` are not
+    changed: ``tool_transcript.native_messages``)."""
+    if tools:
+        kwargs["tools"], kwargs["messages"] = tools, native_messages(messages)
+        if tool_choice:
+            kwargs["tool_choice"] = tool_choice
 
 
 def _transport(exc: Exception, kind: str = "TransportError") -> bool:

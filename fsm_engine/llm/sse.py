@@ -13,6 +13,7 @@ from pydantic_core import from_json
 
 from fsm_engine import json_input
 from fsm_engine.errors import InvalidInput, ServerError
+from fsm_engine.llm.tool_deltas import ToolDeltas
 from fsm_engine.redaction import redact
 
 __all__ = ["SseEvents", "MAX_EVENT_CHARS", "DRAIN_CHARS", "DRAIN_S", "drain"]
@@ -27,9 +28,10 @@ DRAIN_CHARS, DRAIN_S = 65_536, 0.1
 
 class SseEvents:
     """What the Server-Sent Events of one streamed reply said: its pieces, usage, finish
-    reason and model.  Each ``data:`` line is strict JSON read here (hostile: shapes are
-    checked); ``data: [DONE]`` ends it (``done``); an event holding ``error`` raises
-    ``ServerError`` naming ``where``."""
+    reason, model and tool calls (``tools``, ``llm.tool_deltas``: their pieces shown as the
+    agent protocol's text; text after the first call is kept, not shown).  Each ``data:``
+    line is strict JSON read here (hostile: shapes are checked); ``data: [DONE]`` ends it
+    (``done``); an event holding ``error`` raises ``ServerError`` naming ``where``."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -39,6 +41,8 @@ class SseEvents:
         self.finish: str | None = None
         self.model: str | None = None
         self.done = False
+        #: The reply's tool calls (``delta.tool_calls``), once one came.
+        self.tools: ToolDeltas | None = None
 
     async def read(self, texts: AsyncIterator[str]) -> AsyncIterator[list[str]]:
         """The pieces each received stretch of the body adds, until ``[DONE]`` (then what
@@ -95,11 +99,18 @@ class SseEvents:
         if type(finish) is str:
             self.finish = finish
         delta = first.get("delta")
-        piece = delta.get("content") if type(delta) is dict else None
+        if type(delta) is not dict:
+            return ""
+        piece = delta.get("content")
         if type(piece) is str and piece:
             self.parts.append(piece)
-            return piece
-        return ""
+            return piece if self.tools is None else ""  # (not inside the calls' text)
+        calls = delta.get("tool_calls")
+        if calls is None:
+            return ""
+        if self.tools is None:
+            self.tools = ToolDeltas(self.where)
+        return self.tools.take(calls, bool(self.parts))
 
 
 async def drain(texts: AsyncIterator[str]) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from fsm_engine import json_input
 from fsm_engine.errors import InvalidInput
 
-__all__ = ["RESULTS_PREFIX", "tool_calls_text", "native_messages", "wire_id"]
+__all__ = ["RESULTS_PREFIX", "tool_calls_text", "calls_text", "native_messages", "wire_id"]
 
 #: How the user message holding a turn's tool results begins (then their JSON list).
 RESULTS_PREFIX = "Tool results: "
@@ -36,15 +36,23 @@ def tool_calls_text(message: Any) -> str | None:
     ``{"tool_calls": [{"name", "arguments"}]}`` (arguments that are not JSON kept as their
     text); ``None`` without any."""
     calls = getattr(message, "tool_calls", None) or []
+    pairs = [(str(getattr(fn, "name", "")), getattr(fn, "arguments", None) or "{}")
+             for fn in (getattr(call, "function", None) for call in calls)]
+    return calls_text(pairs) if pairs else None
+
+
+def calls_text(calls: list[tuple[str, str]]) -> str:
+    """``(name, arguments as JSON text)`` pairs as the text ``{"tool_calls": [{"name",
+    "arguments"}]}``: each call's arguments parsed (depth-checked, ``json_input``) and kept
+    as that value, or as their text when they are not JSON (or nest too deep to read).
+    ``tool_calls_text`` of a reply, and a streamed reply's calls (``llm.tool_deltas``)."""
     out = []
-    for call in calls:
-        fn = getattr(call, "function", None)
-        raw = getattr(fn, "arguments", None) or "{}"
+    for name, raw in calls:
         args = _loads(raw)
         if args is _NOT_JSON:  # not JSON, or nested too deep to read: kept as its text
             args = raw
-        out.append({"name": str(getattr(fn, "name", "")), "arguments": args})
-    return _dump(out) if out else None
+        out.append({"name": name, "arguments": args})
+    return _dump(out)
 
 
 #: What ``_loads`` returns for text that is not JSON.

@@ -29,12 +29,13 @@ thread is held).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
-from ..store.records import FINAL_STATUSES, HistoryRow
+from ..store.records import FINAL_STATUSES, TOOL, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
 
@@ -61,8 +62,9 @@ class StreamEvent:
     ``text``/``char_offset``: a chunk's text and where it starts in the attempt's reply;
     ``partial``: for a chunk of a JSON reply, the object parsed from the reply so far
     (``None`` until one parses); ``by``: for ``superseded``, the ``(seq, attempt)``
-    replacing it; ``info``: the row's other facts (``finish``, ``error``, ``json``).
-    ``cursor``: resume here to get the events after this one.
+    replacing it; ``info``: the row's other facts (``finish``, ``error``, ``json``; a
+    ``step``'s: its ``reason``, or an agent tool call's ``call`` and ``result`` / ``error``,
+    ``_tool_result``).  ``cursor``: resume here to get the events after this one.
     """
 
     kind: str
@@ -252,7 +254,8 @@ class _Merge:
             del self.texts[key]
         out.append(StreamEvent("step", h.seq, 0, self.pos, self.cursor(), source=h.source,
                                trigger=h.trigger, dest=h.dest, step_kind=h.kind,
-                               info={"reason": h.reason} if h.reason else {}))
+                               info=_tool_result(h) if h.kind == TOOL
+                               else {"reason": h.reason} if h.reason else {}))
         return out
 
     async def steps(self, through: int | None = None) -> list[StreamEvent]:
@@ -297,6 +300,26 @@ class _Merge:
             for row in rows:
                 self.note(row)
             seen = rows[-1].pos + 1
+
+
+#: Most characters of an agent tool call's result (its JSON) a ``step`` event carries.
+RESULT_CHARS = 300
+
+
+def _tool_result(h: HistoryRow) -> dict[str, Any]:
+    """What the ``step`` event of an agent's tool-call row (kind ``tool``, ``agent:
+    "call"``) says of it: ``call`` (its id) and its ``result`` (JSON, at most
+    ``RESULT_CHARS`` characters) or ``error``; ``{}`` for the agent's other rows."""
+    d = h.detail if isinstance(h.detail, dict) else {}
+    if d.get("agent") != "call":
+        return {}
+    out: dict[str, Any] = {"call": str(d.get("call"))[:40]}
+    if "error" in d:
+        out["error"] = str(d["error"])[:RESULT_CHARS]
+    else:
+        out["result"] = json.dumps(d.get("result"), ensure_ascii=False,
+                                   default=str)[:RESULT_CHARS]
+    return out
 
 
 #: Longest reply (characters) whose partial object is parsed at each chunk (each parse

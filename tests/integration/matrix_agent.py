@@ -42,6 +42,7 @@ SCRIPT: list[dict[str, Any]] = [
 #: An uninterrupted visit's journal: (detail.agent, tool) per ``tool`` row, by machine.
 SHAPES: dict[str, list[tuple[str, str | None]]] = {
     "agent_loop": [("turn", None), ("call", "look"), ("turn", None), ("call", "report")],
+    "agent_stream": [("turn", None), ("call", "look"), ("turn", None), ("call", "report")],
     "agent_approve": [("turn", None), ("call", "look"), ("turn", None), ("ask", "report"),
                       ("decision", "report"), ("call", "report")],
 }

@@ -227,6 +227,13 @@ KINDS = {k.name: k for k in [
          _fork_approval, [Point("create", "before", "fork"), Point("create", "after", "fork")],
          todo=lambda lab: bool(_unforked(lab) or _open_items(lab) or _forks_to_step(lab)),
          keys_per_item=2, n=1),
+    # an agent whose turns stream several batches long (issue 36): mid-turn (around the 2nd
+    # batch carrying text), after the batch opening it, then the turn's commit
+    Kind("agent-stream", _enqueue("agent_stream"), _worker_op,
+         [*_both("chunk", "stream_write", 2), Point("stream_write", "after", "open"),
+          *_both("agent=turn")], by_worker=True, many_per_process=True,
+         default_cells=frozenset({("kill", "before", "sqlite"), ("kill", "after", "postgres"),
+                                  ("stop", "before", "postgres")})),
     # a streamed model call that ends within FLUSH_S: its rows ride the step's commit, or
     # its history holds them (stream_inline)
     Kind("stream-short", _enqueue("stream_short"), _worker_op, _both("src=work"),

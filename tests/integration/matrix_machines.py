@@ -20,6 +20,7 @@ for the migration cells.
 - ``agent_loop``: research (an agent state: ``look``, then the side effect ``report``,
   then the answer; ``tests/integration/matrix_agent.py``) -> answered (agent steps);
 - ``agent_approve``: ``agent_loop`` whose ``report`` waits for a person's approval;
+- ``agent_stream``: ``agent_loop`` whose model turns stream several batches long (issue 36);
 - ``stream_short``, ``stream_long``: ``flow`` whose ``work`` streams a model call
   (``step.llm.stream``; ``tests/integration/matrix_stream.py`` scripts the replies: one
   that ends within the batcher's ``FLUSH_S``, one several batches long).
@@ -206,6 +207,8 @@ def _agent(name: str, approve: Sequence[str] = ()) -> Machine:
 
 agent_loop = _agent("agent_loop")
 agent_approve = _agent("agent_approve", approve=["report"])
+#: ``agent_loop`` whose turns stream several batches long (``matrix_stream.AGENT``).
+agent_stream = _agent("agent_stream")
 
 #: ``matrix_stream.PROMPTS`` (the scripted reply each streamed call is keyed on).
 STREAM_PROMPTS = {"stream_short": "Matrix stream: short", "stream_long": "Matrix stream: long"}

@@ -3,7 +3,8 @@ invariants ``matrix_check`` adds for them, asserted through the public reader
 (``fsm_engine.runtime.stream_read.events``) and the history only.
 
 The ``work`` step of ``stream_short`` and ``stream_long`` (``matrix_machines``) streams one
-model call: ``SHORT`` ends within the batcher's ``FLUSH_S`` (its rows ride the step's own
+model call, and each model turn of the agent ``agent_stream`` one (several batches long,
+``AGENT``; issue 36): ``SHORT`` ends within the batcher's ``FLUSH_S`` (its rows ride the step's own
 commit, or its history holds them: ``stream_inline``), ``LONG`` has ``LONG_DELAY_S``
 between pieces (several batches are written before the commit, so a crash can come
 mid-stream).
@@ -16,11 +17,12 @@ mid-stream).
 2. each attempt opens once, its chunks follow one another (``char_offset`` = the text so
    far) and nothing of it comes after it is superseded; a superseded attempt names one
    opened after it;
-3. an attempt that looks complete (an ``end``) is: the whole scripted reply, ``chars`` its
-   length; one left without ``end`` or ``error`` (a crash mid-stream) is superseded;
-4. the attempt of each committed ``work`` step (its seq, the last attempt) ended, is not
-   superseded, and its text is the reply the history keeps (``detail.llm_calls``), the
-   scripted one;
+3. an attempt that looks complete (an ``end``) is: the whole scripted reply (of one of the
+   agent's turns, for ``agent_stream``), ``chars`` its length; one left without ``end`` or
+   ``error`` (a crash mid-stream) is superseded;
+4. the attempt of each committed ``work`` step or agent turn (its seq, the last attempt)
+   ended, is not superseded, and its text is the reply the history keeps
+   (``detail.llm_calls``), the scripted one;
 5. resuming from a cursor (the first events', each ``superseded``'s, a middle one's, the
    last before ``final``) yields exactly the events after it.
 """
@@ -28,9 +30,12 @@ mid-stream).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import matrix_agent
 
 from fsm_engine.runtime.stream_read import StreamEvent, events, parse_cursor
 from fsm_engine.store import FINAL_STATUSES
@@ -43,10 +48,30 @@ LONG = [f"piece {n}; " for n in range(8)]
 LONG_DELAY_S = 0.05
 REPLIES = {"stream_short": "".join(SHORT), "stream_long": "".join(LONG)}
 
+#: The agent whose turns stream several batches long (``matrix_machines.agent_stream``,
+#: issue 36): ``matrix_agent.SCRIPT``'s turns, keyed on its instances' input too, in pieces
+#: of ``TURN_PIECE`` characters ``LONG_DELAY_S`` apart.
+AGENT = "agent_stream"
+TURN_PIECE = 8
+
+
+def _said(line: dict[str, Any]) -> str:
+    """A scripted line's reply text (a ``tool_calls`` line's as ``Scripted`` serves it)."""
+    return line.get("text") or json.dumps({"tool_calls": line["tool_calls"]},
+                                          ensure_ascii=False)
+
+
+_TURNS = [line for line in matrix_agent.SCRIPT if "match" in line]
+#: Every reply a turn of ``AGENT`` may keep.
+TURN_REPLIES = frozenset(_said(line) for line in _TURNS)
+
 #: The scripted replies (keyed: they go before ``matrix_agent.SCRIPT``'s catch-all line).
 SCRIPT: list[dict[str, Any]] = [
     {"match": PROMPTS["stream_short"], "chunks": SHORT},
     {"match": PROMPTS["stream_long"], "chunks": LONG, "chunk_delay_s": LONG_DELAY_S},
+    *({"match": line["match"], "input": AGENT, "chunk_delay_s": LONG_DELAY_S,
+       "chunks": [_said(line)[n:n + TURN_PIECE] for n in range(0, len(_said(line)), TURN_PIECE)]}
+      for line in _TURNS),
 ]
 
 _LOG = frozenset({"open", "chunk", "end", "error", "superseded"})
@@ -71,7 +96,7 @@ def check(store: Any, records: Sequence[Any], histories: dict[str, list[Any]]) -
     """Every violation of the five streaming invariants (see the module docstring)."""
     problems: list[str] = []
     for rec in records:
-        if rec.machine in REPLIES and rec.status in FINAL_STATUSES:
+        if (rec.machine in REPLIES or rec.machine == AGENT) and rec.status in FINAL_STATUSES:
             problems += asyncio.run(_instance(store, rec, histories[rec.id]))
     return problems
 
@@ -89,8 +114,9 @@ async def _instance(store: Any, rec: Any, rows: list[Any]) -> list[str]:
         return [f"{rec.id}: the reader did not reach final in {READ_S} s"]
     attempts, problems = _attempts(rec.id, evs)
     problems += _positions(rec.id, evs, rows)
-    problems += _complete(rec.id, attempts, REPLIES[rec.machine])
-    problems += _committed(rec.id, attempts, rows, REPLIES[rec.machine])
+    replies = TURN_REPLIES if rec.machine == AGENT else frozenset({REPLIES[rec.machine]})
+    problems += _complete(rec.id, attempts, replies)
+    problems += _committed(rec.id, attempts, rows, replies)
     return problems + await _resumes(store, rec.id, evs)
 
 
@@ -156,28 +182,30 @@ def _add(a: _Attempt, e: StreamEvent) -> list[str]:
     return problems
 
 
-def _complete(iid: str, attempts: dict[tuple[int, int], _Attempt], reply: str) -> list[str]:
+def _complete(iid: str, attempts: dict[tuple[int, int], _Attempt],
+              replies: frozenset[str]) -> list[str]:
     problems = []
     for key, a in attempts.items():
-        if a.end is not None and (a.text != reply or a.end.get("chars") != len(a.text)):
+        if a.end is not None and (a.text not in replies or a.end.get("chars") != len(a.text)):
             problems.append(f"{iid}: attempt {key} looks complete (end {a.end}) with "
-                            f"{a.text!r}, the reply is {reply!r}")
+                            f"{a.text!r}, the reply is one of {sorted(replies)!r}")
         if a.end is None and not a.error and a.by is None:
             problems.append(f"{iid}: attempt {key} left open ({a.text!r}), never superseded")
     return problems
 
 
 def _committed(iid: str, attempts: dict[tuple[int, int], _Attempt], rows: list[Any],
-               reply: str) -> list[str]:
+               replies: frozenset[str]) -> list[str]:
     problems = []
     for row in rows:
-        if row.source != "work" or row.kind not in _STEPS:
+        if not _model_step(row):
             continue
         calls = row.detail.get("llm_calls") or [{}]
         said = calls[-1].get("reply")
         mine = sorted(k for k in attempts if k[0] == row.seq)
-        if said != reply:
-            problems.append(f"{iid}: step seq {row.seq} keeps reply {said!r}, not {reply!r}")
+        if said not in replies:
+            problems.append(f"{iid}: step seq {row.seq} keeps reply {said!r}, not one of "
+                            f"{sorted(replies)!r}")
         if not mine:
             problems.append(f"{iid}: step seq {row.seq} committed, the reader shows no "
                             "attempt of it")
@@ -188,6 +216,15 @@ def _committed(iid: str, attempts: dict[tuple[int, int], _Attempt], rows: list[A
                             f"{last.end}, superseded by {last.by}) streamed {last.text!r}, "
                             f"the history keeps {said!r}")
     return problems
+
+
+def _model_step(row: Any) -> bool:
+    """True for a committed step that made the streamed call: ``work``'s, or an agent's
+    model turn (a ``tool`` row of ``agent: "turn"``, or the final turn's transition)."""
+    if row.source == "work":
+        return row.kind in _STEPS
+    return row.source == "research" and bool(row.detail.get("llm_calls")) and (
+        row.kind in _STEPS or row.detail.get("agent") == "turn")
 
 
 async def _resumes(store: Any, iid: str, evs: list[StreamEvent]) -> list[str]:

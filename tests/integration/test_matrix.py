@@ -7,8 +7,10 @@ a tool call, a side effect's delivery: ``agent-call``), a person's approval of a
 agent's tool call (``agent-approval``) and a step that streams its model call, one that
 ends within the batcher's ``FLUSH_S`` (``stream-short``: its rows ride the step's commit)
 and one several batches long (``stream-long``: its crash points include the stream
-writes, mid-stream). Faults, each at the kind's commit point
-(``fsm_engine.store.crash``: the process that makes the step stops itself there):
+writes, mid-stream), and an agent whose model turns stream several batches long
+(``agent-stream``, issue 36: cut mid-turn, after the turn's first batch, at its commit).
+Faults, each at the kind's commit point (``fsm_engine.store.crash``: the process that makes
+the step stops itself there):
 
 - ``kill``: SIGKILL just before / just after the commit; a second ``fsm worker`` takes
   the dead owner's instances over (and the operator runs a killed command again);

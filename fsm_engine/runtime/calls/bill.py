@@ -21,10 +21,14 @@ async def streamed(provider: Provider, messages: list[Message], kwargs: dict[str
     pieces that arrived together is handed on as it is, in one call); its ``Completion``
     (then ``call.done``, when set, is called).  A provider that does not stream (no
     ``stream`` of its own) is called with ``complete`` and its whole reply handed over as
-    one piece.  ``ServerError`` for a stream that ends without its completion."""
+    one piece, and so is a call with ``tools`` (an agent turn's, OpenAI tool calling) of a
+    provider whose ``stream`` does not take them (``streams_tools`` not set): its reply, tool
+    calls included, reaches the stream whole.  ``ServerError`` for a stream that ends
+    without its completion."""
     assert call.sink is not None
     call.streamed = True
-    if getattr(type(provider), "stream", Provider.stream) is Provider.stream:
+    if getattr(type(provider), "stream", Provider.stream) is Provider.stream or (
+            "tools" in kwargs and not getattr(provider, "streams_tools", False)):
         out = await provider.complete(messages, **kwargs)
         if out.text:
             call.sink(out.text)

@@ -10,11 +10,13 @@ does the next thing, whose commit journals it (through the driver's group commit
    otherwise the tool runs (``agent_tools``), a ``side_effect`` tool under the outbox key
    ``instance:state:visit:turn:call``, marked done in the commit journaling its result;
 2. else, after ``max_turns`` turns: ``turns_exhausted``;
-3. else a model turn through ``step.llm`` (so replay, cache, budgets, deadline, breaker,
-   rate limits, tracing and billing apply as to any step: a turn that cannot fit the
-   budget is refused before the call and takes ``budget_exhausted``; ``State.timeout``
-   bounds each turn's call, ``State.retry`` retries it): its calls are journaled, or its
-   final output, validated by ``Agent.output``, fires ``Agent.done``.
+3. else a model turn through ``step.llm``, streamed (``Agent.stream``: its pieces in the
+   stream log as a plain step's ``step.llm.stream`` writes them), so replay, cache,
+   budgets, deadline, breaker, rate limits, tracing and billing apply as to any step's
+   call (a turn that cannot fit the budget is refused before the call and takes
+   ``budget_exhausted``; ``State.timeout`` bounds each turn's call, ``State.retry``
+   retries it): its calls are journaled, or its final output, validated by
+   ``Agent.output``, fires ``Agent.done``.
 
 A process killed anywhere resumes at the first thing not journaled: a call journaled is
 never run again (its recorded result goes back to the model), a turn journaled is never
@@ -116,9 +118,9 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
         st.llm.deadline = asyncio.get_running_loop().time() + state.timeout
     started = time.perf_counter()
     try:
-        out = await st.llm.complete(journal.messages(agent, rec.context, j),
-                                    **journal.call_options(agent, st.llm.provider,
-                                                           j.calls_made >= agent.min_calls))
+        out = await _ask(st, agent, journal.messages(agent, rec.context, j),
+                         journal.call_options(agent, st.llm.provider,
+                                              j.calls_made >= agent.min_calls))
     except Exception as exc:  # budget, breaker, provider: as for any step's model call
         ms = (time.perf_counter() - started) * 1000.0
         if st.llm.rate_wait is not None:
@@ -149,6 +151,18 @@ async def _turn(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state:
         detail["error"] = reply.error
     return journal.entry(rec, detail, now, tokens=st.llm.used, duration_ms=ms, turn=True,
                          error=reply.error)
+
+
+async def _ask(st: Any, agent: Agent, messages: list[dict[str, str]],
+               options: dict[str, Any]) -> Any:
+    """One turn's model call: streamed (``Agent.stream``, the default: its text and tool
+    calls reach the stream log as they come; the reply is JSON, so subscribers also get the
+    object parsed so far), else a plain ``complete``.  The same layers, reply key and
+    ``Completion`` either way (``step.llm.stream``); a provider that cannot stream this call
+    (tool calls included) answers it whole, one piece (``runtime.calls.bill.streamed``)."""
+    if agent.stream:
+        return await st.llm.stream(messages, json_reply=True, **options).complete()
+    return await st.llm.complete(messages, **options)
 
 
 async def _call(driver: Driver, cm: CompiledMachine, rec: InstanceRecord, state: State,

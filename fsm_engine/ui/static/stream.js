@@ -43,7 +43,10 @@
         break;
       case "step":
         if (state) { state.textContent = d.dest; }
-        note("step " + d.seq + ": " + d.source + " --" + d.trigger + "--> " + d.dest, d.kind);
+        var info = d.info || {};  // an agent tool call's result (or error), as text
+        var said = info.result !== undefined ? " = " + info.result :
+          (info.error !== undefined ? " failed: " + info.error : "");
+        note("step " + d.seq + ": " + d.source + " --" + d.trigger + "--> " + d.dest + said, d.kind);
         break;
       case "final":
         source.close();
