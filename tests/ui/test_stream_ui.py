@@ -72,6 +72,7 @@ def test_sse_reaches_a_plain_client_before_the_commit_and_resumes_exactly(
     first = Events(base, "/instances/s1/stream")
     assert first.response.status == 200
     assert first.response.getheader("content-type", "").startswith("text/event-stream")
+    start.touch()  # the model writes from now on, a client reading
     head = [first.next() for _ in range(4)]  # then the client goes away mid-stream
     first.close()
     assert all(h is not None for h in head)
