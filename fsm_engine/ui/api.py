@@ -309,6 +309,11 @@ def _not_found(request: Request, exc: Exception) -> Response:
     return error("not_found", "no such route")
 
 
+def _internal(request: Request, exc: Exception) -> Response:
+    """A fault nobody expected: the JSON 500 (the exception goes on to the server's log)."""
+    return error("internal", "the server failed to answer this request")
+
+
 def create_api(engine: Any, machines: Mapping[str, Any], *, token: str,
                hosts: HostRule | None = None, limits: Limits = Limits(),
                start_fn: Callable[..., tuple[str, bool]] = start) -> Any:
@@ -320,7 +325,8 @@ def create_api(engine: Any, machines: Mapping[str, Any], *, token: str,
         raise InvalidInput("the API's token is one word: no spaces, not blank")
     api = Api(engine, machines, limits, start_fn)
     app = Starlette(routes=api.routes(),
-                    exception_handlers={404: _not_found, 405: _not_found})
+                    exception_handlers={404: _not_found, 405: _not_found,
+                                        Exception: _internal})
 
     def denied() -> Response:
         return error("unauthorized", "this API needs its token (Authorization: Bearer …)",
