@@ -75,7 +75,7 @@ def serve(machines: list[str] = typer.Option(..., "--machines", metavar="MODULE"
         _fail(f"fsm serve needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
     from ..runtime import Engine
     made = make_protocol()
-    engine = Engine(_open(db), llm=None)
+    engine = Engine(_open(db, create=True), llm=None)  # (beside workers: either may be first)
     try:
         served = {}
         for module in machines:

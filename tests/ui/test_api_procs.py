@@ -53,8 +53,6 @@ def door(tmp_path: Path) -> Iterator[Door]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    from fsm_engine import Engine
-    Engine(env["FSM_DB"]).close()  # the database (fsm serve opens, never creates, one)
     log = tmp_path / "serve.err"
     serve = subprocess.Popen([*FSM, "serve", "--machines", MODULE, "--token-file",
                               str(token_file), "--port", "0"], env=env, cwd=ROOT, text=True,
