@@ -177,6 +177,9 @@ class Api:
     def __init__(self, engine: Any, machines: Mapping[str, Any], limits: Limits,
                  start: Callable[..., tuple[str, bool]]) -> None:
         self.engine, self.store, self.machines = engine, engine.store, dict(machines)
+        #: The machines whose instances may be read and sent to: those served and their
+        #: fan-outs' branch machines (a served instance's children).
+        self.readable = {m.name for cm in self.machines.values() for m in cm.family()}
         self.limits, self.start_fn = limits, start
         self.doc = api_doc.document(self.machines, limits)
 
@@ -187,12 +190,13 @@ class Api:
         return cm
 
     async def _served(self, instance_id: str) -> InstanceRecord:
-        """The instance, if its machine is served here (else ``not_found``, as unknown)."""
+        """The instance, if its machine is served here or is a branch machine of one (else
+        ``not_found``, as unknown)."""
         try:
             rec = await run_in_threadpool(self.store.get, instance_id)
         except InstanceNotFound:
             rec = None
-        if rec is None or rec.machine not in self.machines:
+        if rec is None or rec.machine not in self.readable:
             raise ApiError("not_found", f"no instance {instance_id!r}")
         return rec
 

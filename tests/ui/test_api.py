@@ -292,3 +292,17 @@ def test_the_openapi_document_is_valid_and_names_exactly_the_routes(engine: Engi
         assert len(owners) == 1, (path, method)
         matched.add((owners[0].path, method))
     assert matched == {(r.path, m.lower()) for r in routes for m in r.methods if m != "HEAD"}
+
+
+def test_a_served_fan_out_s_children_are_readable(engine: Engine) -> None:
+    from parallel_machines import pair
+    cm = engine.register(pair)
+    client = _client(create_api(engine, {cm.spec.name: cm}, token=TOKEN))
+    iid = client.post("/api/machines/pair/instances", json={"input": {}},
+                      headers=AUTH).json()["id"]
+    assert asyncio.run(engine.run(iid)).status == "completed"
+    children = engine.store.children(iid)
+    assert children and {c.machine for c in children} != {"pair"}
+    for child in children:
+        got = client.get(f"/api/instances/{child.id}", headers=AUTH)
+        assert got.status_code == 200 and got.json()["parent_id"] == iid
