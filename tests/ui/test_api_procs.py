@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ class Door:
     db: str
     env: dict[str, str]
     log: Path
+    proc: subprocess.Popen[str]
 
     def client(self, token: str | None = TOKEN) -> Any:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -65,7 +67,7 @@ def door(tmp_path: Path) -> Iterator[Door]:
         match = re.search(r"http://127\.0\.0\.1:(\d+)/api/", line)
         assert match, (line, log.read_text())
         assert TOKEN not in line
-        yield Door(f"http://127.0.0.1:{match.group(1)}", env["FSM_DB"], env, log)
+        yield Door(f"http://127.0.0.1:{match.group(1)}", env["FSM_DB"], env, log, serve)
     finally:
         stop(worker)
         stop(serve)
@@ -142,6 +144,21 @@ def test_each_refusal_over_the_wire_has_its_code_and_writes_nothing(door: Door) 
         assert store.list() == []
     finally:
         store.close()
+
+
+def test_sigterm_with_a_stream_open_stops_the_door(door: Door) -> None:
+    with door.client() as client:
+        iid = client.post("/api/machines/door/instances",
+                          json={"input": {"order": "o-2"}}).json()["id"]
+        with client.stream("GET", f"/api/instances/{iid}/stream") as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("retry:")  # open, served
+            door.proc.send_signal(signal.SIGTERM)
+            try:
+                code = door.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pytest.fail("fsm serve still running 30 s after SIGTERM")
+    assert code in (0, -signal.SIGTERM)
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
