@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +40,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import json_input
-from ..errors import FsmError, InstanceFinished, InstanceNotFound, InvalidInput, StaleWrite
+from ..errors import (
+    FsmError,
+    InstanceFinished,
+    InstanceNotFound,
+    InvalidInput,
+    StaleWrite,
+    StartConflict,
+)
 from ..redaction import redact
+from ..runtime import start_options
 from ..runtime.client import validate_input
+from ..runtime.start_options import StartOptions
 from ..store.records import InstanceRecord
 from . import api_doc
 from .app import TokenGate
@@ -60,8 +70,8 @@ CODES = {
     "not_waiting": 409, "key_conflict": 409, "body_too_large": 413, "invalid_input": 422,
     "misdirected": 421, "internal": 500, "unavailable": 503, "deadline_exceeded": 504,
 }
-#: Most characters of an ``Idempotency-Key``.
-MAX_KEY = 200
+#: Most characters of an ``Idempotency-Key`` (a start key).
+MAX_KEY = start_options.MAX_KEY
 
 
 @dataclass(frozen=True)
@@ -152,14 +162,16 @@ def _fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 def instance_view(rec: InstanceRecord) -> dict[str, Any]:
     """What ``GET /api/instances/{id}`` answers: ``{id, machine, status, state, reason,
-    context, created_at, updated_at, due_at, deadline, tokens_used, token_budget,
-    parent_id}``; times are epoch seconds, ``due_at`` when it next runs by itself (a
-    retry, a wait, a delayed start; ``None``: not by the clock)."""
+    context, created_at, updated_at, due_at, deadline, priority, key, tokens_used,
+    token_budget, parent_id}``; times are epoch seconds, ``due_at`` when it next runs by
+    itself (a delayed start while ``scheduled``, a retry, a rate wait; ``None``: not by the
+    clock); ``key`` its start key (``Idempotency-Key``)."""
     return {"id": rec.id, "machine": rec.machine, "status": rec.status, "state": rec.state,
             "reason": rec.reason, "context": rec.context, "created_at": rec.created_at,
             "updated_at": rec.updated_at, "due_at": rec.next_attempt_at,
-            "deadline": rec.deadline, "tokens_used": rec.tokens_used,
-            "token_budget": rec.token_budget, "parent_id": rec.parent_id}
+            "deadline": rec.deadline, "priority": rec.priority, "key": rec.start_key,
+            "tokens_used": rec.tokens_used, "token_budget": rec.token_budget,
+            "parent_id": rec.parent_id}
 
 
 def _status_of(exc: FsmError) -> str:
@@ -208,14 +220,14 @@ class Api:
                                           "characters")
         body = await read_json(request, self.limits)
         _fields(body, ("input", "priority", "delay"))
-        options = start_options(body, key)
+        options = options_of(body, key, self.engine.clock())
         data = body.get("input", {})
         if not isinstance(data, dict):
             raise ApiError("not_an_object", "'input' must be a JSON object")
         try:
             validate_input(cm.spec.context, data)  # 422 before anything is written
             iid, created = await run_in_threadpool(self.start_fn, self.engine, cm.spec, data,
-                                                   **options)
+                                                   options)
         except FsmError as exc:
             raise ApiError(_status_of(exc), redact(exc)) from None
         return reply({"id": iid, "machine": cm.spec.name, "created": created},
@@ -284,27 +296,32 @@ class Api:
         return endpoint
 
 
-def start_options(body: dict[str, Any], key: str | None) -> dict[str, Any]:
-    """The start's options from the body and the ``Idempotency-Key``: ``key``,
-    ``priority`` (an integer), ``delay`` (seconds ≥ 0); ``ApiError`` when malformed."""
-    priority, delay = body.get("priority"), body.get("delay")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise ApiError("bad_request", "'priority' must be an integer")
-    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))
-                              or not math.isfinite(delay) or delay < 0):
-        raise ApiError("bad_request", "'delay' must be a number of seconds, 0 or more")
-    return {"key": key, "priority": priority, "delay": delay}
+def options_of(body: dict[str, Any], key: str | None, now: float) -> StartOptions:
+    """The start's options at ``now`` (epoch seconds) from the body and the
+    ``Idempotency-Key``: ``key``, ``priority`` (an integer), ``delay`` (seconds ≥ 0), checked
+    by ``start_options.check``; ``ApiError`` (``bad_request``) when malformed."""
+    priority, delay = body.get("priority", 0), body.get("delay")
+    if priority is None:
+        priority = 0
+    try:
+        return start_options.check(now, key=key, delay=delay, priority=priority)
+    except InvalidInput as exc:
+        raise ApiError("bad_request", redact(exc)) from None
 
 
-def start(engine: Any, machine: Any, data: dict[str, Any], *, key: str | None,
-          priority: int | None, delay: float | None) -> tuple[str, bool]:
+def start(engine: Any, machine: Any, data: dict[str, Any], options: StartOptions
+          ) -> tuple[str, bool]:
     """Enqueue one instance of ``machine`` (the ``Machine`` the engine loaded) with the
-    input ``data`` for the workers:
-    (its id, True when created).  The one place the API's start options meet the engine."""
-    if key is not None or priority is not None or delay is not None:
-        raise ApiError("bad_request", "this engine does not take Idempotency-Key, priority "
-                                      "or delay yet")
-    return engine.start_many(machine, [data], enqueue=True)[0], True
+    input ``data`` and the checked ``options`` for the workers: (the id of the instance
+    standing for it, True when this start created it; False: its key named one started
+    before with the same input).  ``ApiError`` (``key_conflict``) when the key names one
+    started with another input.  The one place the API's start options meet the engine."""
+    new = os.urandom(6).hex()
+    try:
+        held = engine.start_many(machine, [data], enqueue=True, ids=[new], options=options)[0]
+    except StartConflict as exc:
+        raise ApiError("key_conflict", redact(exc)) from None
+    return held, held == new
 
 
 def _not_found(request: Request, exc: Exception) -> Response:

@@ -13,6 +13,9 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from ..runtime.start_options import MAX_DELAY_S, MAX_KEY
+from ..store.records import PRIORITY_MAX, PRIORITY_MIN
+
 __all__ = ["document", "component_name"]
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -52,14 +55,16 @@ def _input_schema(name: str, cm: Any, components: dict[str, Any]) -> dict[str, A
 def _start_path(name: str, cm: Any, components: dict[str, Any]) -> dict[str, Any]:
     body = {"type": "object", "additionalProperties": False, "properties": {
         "input": _input_schema(name, cm, components),
-        "priority": {"type": "integer", "description": "Claimed before lower priorities."},
-        "delay": {"type": "number", "minimum": 0, "description": "Seconds before it runs."}}}
+        "priority": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX,
+                     "description": "Claimed before lower priorities (default 0)."},
+        "delay": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_S,
+                  "description": "Seconds before it runs (status scheduled until then)."}}}
     started = {"$ref": "#/components/schemas/Started"}
     return {"post": {
         "operationId": f"start_{component_name(name)}",
         "summary": f"Start an instance of {name} (enqueued for the workers)",
         "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY},
                         "description": "The start's key: a second start with it returns "
                                        "the first instance"}],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
@@ -94,6 +99,7 @@ def _schemas() -> dict[str, Any]:
                          "reason": {"type": ["string", "null"]}, "context": {"type": "object"},
                          "created_at": {"type": "number"}, "updated_at": {"type": "number"},
                          "due_at": nullable_num, "deadline": nullable_num,
+                         "priority": {"type": "integer"}, "key": {"type": ["string", "null"]},
                          "tokens_used": {"type": "integer"},
                          "token_budget": {"type": ["integer", "null"]},
                          "parent_id": {"type": ["string", "null"]}}},

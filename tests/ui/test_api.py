@@ -306,3 +306,36 @@ def test_a_served_fan_out_s_children_are_readable(engine: Engine) -> None:
     for child in children:
         got = client.get(f"/api/instances/{child.id}", headers=AUTH)
         assert got.status_code == 200 and got.json()["parent_id"] == iid
+
+
+def test_an_idempotency_key_starts_once_and_refuses_another_input(engine: Engine) -> None:
+    client = _client(_app(engine))
+    path, key = "/api/machines/door/instances", {"Idempotency-Key": "order-42"}
+    first = client.post(path, json={"input": {"order": "a"}}, headers=AUTH | key)
+    again = client.post(path, json={"input": {"order": "a"}}, headers=AUTH | key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == {"id": first.json()["id"], "machine": "door", "created": False}
+    other = client.post(path, json={"input": {"order": "b"}}, headers=AUTH | key)
+    assert _code(other) == "key_conflict" and first.json()["id"] in other.json()["error"]["message"]
+    assert [r.id for r in engine.store.list()] == [first.json()["id"]]
+    got = client.get(f"/api/instances/{first.json()['id']}", headers=AUTH).json()
+    assert got["key"] == "order-42"
+
+
+def test_priority_and_delay_reach_the_instance(engine: Engine) -> None:
+    client = _client(_app(engine))
+    iid = client.post("/api/machines/door/instances",
+                      json={"input": {"order": "a"}, "priority": 7, "delay": 3600},
+                      headers=AUTH).json()["id"]
+    got = client.get(f"/api/instances/{iid}", headers=AUTH).json()
+    assert (got["status"], got["priority"]) == ("scheduled", 7)
+    assert got["due_at"] - got["created_at"] == pytest.approx(3600, abs=60)
+
+
+@pytest.mark.parametrize("body", [{"priority": 5000}, {"delay": 1e12}, {"delay": "soon"}])
+def test_a_start_option_out_of_range_is_a_400(engine: Engine, body: dict[str, Any]) -> None:
+    client = _client(_app(engine))
+    response = client.post("/api/machines/door/instances",
+                           json={"input": {"order": "a"}} | body, headers=AUTH)
+    assert _code(response) == "bad_request"
+    assert engine.store.list() == []

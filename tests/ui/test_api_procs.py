@@ -1,7 +1,8 @@
 """``fsm serve`` as a real process on a loopback port, driven by httpx, beside a real
-``fsm worker`` (issue 38 item 7): start, get, the stream read until ``final`` while a send
-moves the instance on, each error code over the wire, and the command's own refusals (one
-line, exit 2, the token never printed)."""
+``fsm worker`` (issue 38 item 7): start, an idempotent start (the same id; another input
+409), get, the stream read until ``final`` while a send moves the instance on, each error
+code over the wire, SIGTERM with a stream open, and the command's own refusals (one line,
+exit 2, the token never printed)."""
 
 from __future__ import annotations
 
@@ -83,11 +84,19 @@ def _events(response: Any) -> Iterator[dict[str, Any]]:
 
 def test_start_get_stream_and_send_through_the_door(door: Door) -> None:
     with door.client() as client:
+        key = {"Idempotency-Key": "order-o-1"}
         started = client.post("/api/machines/door/instances",
-                              json={"input": {"order": "o-1", "qty": 2}})
+                              json={"input": {"order": "o-1", "qty": 2}}, headers=key)
         assert started.status_code == 201, started.text
         iid = started.json()["id"]
         assert started.json() == {"id": iid, "machine": "door", "created": True}
+        again = client.post("/api/machines/door/instances",
+                            json={"input": {"order": "o-1", "qty": 2}}, headers=key)
+        assert (again.status_code, again.json()["id"], again.json()["created"]) == (
+            200, iid, False)
+        conflict = client.post("/api/machines/door/instances",
+                               json={"input": {"order": "o-1", "qty": 3}}, headers=key)
+        assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "key_conflict")
         wait_until(lambda: client.get(f"/api/instances/{iid}").json()["status"] == "waiting",
                    60, "a worker to take it to its wait")
         got = client.get(f"/api/instances/{iid}").json()
@@ -113,6 +122,7 @@ def test_start_get_stream_and_send_through_the_door(door: Door) -> None:
         rows = store.history(iid)
         sent_row = next(r for r in rows if r.trigger == "release")
         assert sent_row.detail["operator"] == "api"
+        assert [r.id for r in store.list()] == [iid]  # the repeat and the conflict: nothing
     finally:
         store.close()
 
