@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.slow
 MODULE = "tests/helpers/api_machine.py"
 FSM = [sys.executable, "-m", "fsm_engine.cli"]
 TOKEN = "proc-token-abcdefghijklmnop"
+#: Seconds a connection of the door has to send a request whole (``FSM_UI_HEADER_TIMEOUT``).
+SEND_S = 2
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Door:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "FSM_MACHINES_ROOT": str(ROOT),
-            "FSM_DB": str(tmp_path / "fsm.db")}
+            "FSM_DB": str(tmp_path / "fsm.db"), "FSM_UI_HEADER_TIMEOUT": str(SEND_S)}
 
 
 @pytest.fixture
@@ -149,6 +152,26 @@ def test_each_refusal_over_the_wire_has_its_code_and_writes_nothing(door: Door) 
                                                  "message": response.json()["error"]["message"]}}
             assert TOKEN not in response.text
         assert client.get("/api/openapi.json").json()["openapi"].startswith("3.1")
+    store = open_store(door.db)
+    try:
+        assert store.list() == []
+    finally:
+        store.close()
+
+
+def test_a_body_that_stalls_over_the_wire_is_cut_and_writes_nothing(door: Door) -> None:
+    port = int(door.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(b"POST /api/machines/door/instances HTTP/1.1\r\nHost: 127.0.0.1:"
+                     + str(port).encode() + b"\r\nAuthorization: Bearer " + TOKEN.encode()
+                     + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                     + b'{"input": {"order": ')  # and the rest never comes
+        answer = b""
+        while chunk := conn.recv(4096):  # until the server closes it (or answers and closes)
+            answer += chunk
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer
+    with door.client() as client:  # the door still serves, and nothing was started
+        assert client.get("/api/openapi.json").status_code == 200
     store = open_store(door.db)
     try:
         assert store.list() == []
