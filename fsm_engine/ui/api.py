@@ -198,7 +198,7 @@ class Api:
     def _machine(self, name: str) -> Any:
         cm = self.machines.get(name)
         if cm is None:
-            raise ApiError("not_found", f"this server serves no machine {name!r}")
+            raise ApiError("not_found", f"this server serves no machine {name[:100]!r}")
         return cm
 
     async def _served(self, instance_id: str) -> InstanceRecord:
@@ -209,7 +209,7 @@ class Api:
         except InstanceNotFound:
             rec = None
         if rec is None or rec.machine not in self.readable:
-            raise ApiError("not_found", f"no instance {instance_id!r}")
+            raise ApiError("not_found", f"no instance {instance_id[:100]!r}")
         return rec
 
     async def start(self, request: Request) -> Response:
