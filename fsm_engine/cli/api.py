@@ -73,14 +73,22 @@ def serve(machines: list[str] = typer.Option(..., "--machines", metavar="MODULE"
         from ..ui.server import listen, make_protocol, run
     except ImportError as exc:
         _fail(f"fsm serve needs the [ui] extra (pip install 'fsm_engine[ui]'): {exc}")
-    from ..runtime import Engine
+    from ..runtime import Engine, load_machine
+    from ..runtime.compiled import compile_machine
     made = make_protocol()
+    loaded = list({ref: (machine, ref) for machine, ref in (  # (a module named twice: once)
+        load_machine(module, named=True) for module in machines)}.values())
+    names = [machine.name for machine, _ in loaded]
+    for machine, _ in loaded:
+        compile_machine(machine)  # a broken module: refused before the store is opened
+        if names.count(machine.name) > 1:
+            _fail(f"two --machines modules define machine {machine.name!r}")
     engine = Engine(_open(db, create=True), llm=None)  # (beside workers: either may be first)
     try:
         served = {}
-        for module in machines:
-            cm = engine.load(module)
-            served[cm.spec.name] = cm
+        for machine, ref in loaded:
+            engine.trust.allow(ref)  # as Engine.load: the instances naming it may load it
+            served[machine.name] = engine.register(machine, ref)
         sock = listen(host, port)
     except BaseException:
         engine.close()

@@ -204,6 +204,7 @@ def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     ("short", (), "at least 16 characters"),
     ("two words-long-enough", (), "one word"),
     (TOKEN, ("--host", "0.0.0.0"), "give --expose too"),
+    (TOKEN, ("--machines", "tests/helpers/no_such_machine.py"), "cannot load machine"),
 ])
 def test_the_command_refuses_in_one_line_without_showing_the_token(
         tmp_path: Path, content: str | None, args: tuple[str, ...], says: str) -> None:
@@ -215,3 +216,4 @@ def test_the_command_refuses_in_one_line_without_showing_the_token(
     assert done.stderr.startswith("fsm: error: ") and len(done.stderr.splitlines()) == 1
     assert says in done.stderr
     assert content is None or content not in done.stderr
+    assert not (tmp_path / "fsm.db").exists()  # refused before the store is opened
