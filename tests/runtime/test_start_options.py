@@ -13,6 +13,8 @@ from start_race import race
 
 from fsm_engine import open_store
 from fsm_engine.errors import InvalidInput, StartConflict
+from fsm_engine.store.records import AGING_S
+from fsm_engine.testing import VirtualClock
 
 
 # -- idempotent start --------------------------------------------------------------------
@@ -101,3 +103,113 @@ def test_a_key_or_debounce_applies_to_one_input(engine_factory: Callable[..., An
     with pytest.raises(InvalidInput, match="applies to one input, not 2"):
         engine.start_many(MACHINE, [{"n": 1}, {"n": 2}], options=check(0.0, key="k"))
     assert engine.store.list() == []
+
+
+# -- delayed start -------------------------------------------------------------------------
+def _vc_engine(vc: VirtualClock, store_url: str) -> Any:
+    return vc.engine(store_url)
+
+
+def test_a_delayed_start_waits_scheduled_then_runs_when_due(store_url: str) -> None:
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    start = vc.now()
+    iid = engine.start(MACHINE, {"n": 2}, delay=3600)
+    rec = engine.store.get(iid)
+    assert (rec.status, rec.owner, rec.next_attempt_at) == ("scheduled", None, start + 3600)
+    assert vc.run(engine.resume()) == []  # not due: no claim takes it, not even a resume
+    assert engine.store.get(iid).status == "scheduled"
+    vc.advance(3600)
+    [done] = vc.run(engine.resume())
+    assert (done.id, done.status, done.context["total"]) == (iid, "completed", 2)
+    assert engine.store.history(iid)[0].at >= start + 3600
+
+
+def test_running_a_delayed_start_waits_for_its_time_on_the_clock(store_url: str) -> None:
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    due = datetime.fromtimestamp(vc.now() + 90, tz=UTC)
+    iid = engine.start(MACHINE, {"n": 1}, at=due)
+    rec = vc.run(engine.run(iid))  # the virtual clock jumps to the due time at once
+    assert rec.status == "completed" and vc.now() >= due.timestamp()
+    assert engine.store.history(iid)[0].at == pytest.approx(due.timestamp(), abs=1)
+
+
+def test_a_delayed_start_is_cancellable_before_it_is_due(store_url: str) -> None:
+    from fsm_engine.errors import InstanceFinished
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    iid = engine.start(MACHINE, {"n": 1}, delay=60)
+    assert engine.cancel(iid).status == "cancelled"
+    vc.advance(120)
+    assert vc.run(engine.resume()) == []
+    with pytest.raises(InstanceFinished):
+        vc.run(engine.run(iid))
+    assert engine.store.history(iid)[-1].dest == "work"  # only its cancel row, never a step
+
+
+# -- debounce ------------------------------------------------------------------------------
+def test_a_burst_of_debounced_starts_runs_once_with_the_latest_input(store_url: str) -> None:
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    first_at = vc.now()
+    ids = set()
+    for n in (1, 2, 3):
+        ids.add(engine.start(MACHINE, {"n": n}, debounce_key="doc", debounce=30,
+                             max_wait=45))
+        vc.advance(10)
+    [iid] = ids
+    rec = engine.store.get(iid)
+    assert (rec.status, rec.input["n"]) == ("scheduled", 3)
+    assert rec.next_attempt_at == first_at + 45  # pushed back, but never past the max wait
+    done = vc.run(engine.run(iid))
+    assert (done.status, done.context["total"]) == ("completed", 3)
+    assert engine.store.history(iid)[0].at >= first_at + 45
+    later = engine.start(MACHINE, {"n": 4}, debounce_key="doc", debounce=30)
+    assert later != iid  # the burst ran: a new one begins
+    assert [r.id for r in engine.store.list()] == [iid, later]
+
+
+@pytest.mark.slow
+def test_concurrent_debounced_starts_from_8_processes_make_one_instance(store_url: str) -> None:
+    ids = race(store_url, "debounce", 8)
+    store = open_store(store_url)
+    try:
+        [rec] = store.list()
+    finally:
+        store.close()
+    assert set(ids) == {rec.id} and rec.status == "scheduled"
+    assert 0 <= rec.input["n"] < 8 and rec.debounce_key == "doc"
+
+
+# -- priority ------------------------------------------------------------------------------
+def test_claims_take_higher_priority_first_then_age(store_url: str) -> None:
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    old = engine.start(MACHINE, {"n": 1})
+    vc.advance(10)
+    low = engine.start(MACHINE, {"n": 2}, priority=-1)
+    vc.advance(10)
+    high = engine.start(MACHINE, {"n": 3}, priority=1)
+    vc.advance(10)
+    plain = engine.start(MACHINE, {"n": 4})
+    engine.close()
+    engine = _vc_engine(vc, store_url)
+    # ranks: high 20 - 60, old 0, plain 30, low 10 + 60
+    order = [r.id for r in vc.run(engine.resume(chunk=1))]
+    assert order == [high, old, plain, low]
+
+
+def test_aging_bounds_how_long_a_priority_overtakes(store_url: str) -> None:
+    """An instance of priority 0 is overtaken by a priority 1 one started less than
+    ``AGING_S`` after it, never by one started later than that."""
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    waiting = engine.start(MACHINE, {"n": 1})
+    vc.advance(AGING_S - 1)
+    soon = engine.start(MACHINE, {"n": 2}, priority=1)
+    vc.advance(2)
+    late = engine.start(MACHINE, {"n": 3}, priority=1)
+    engine.close()
+    engine = _vc_engine(vc, store_url)
+    assert [r.id for r in vc.run(engine.resume(chunk=1))] == [soon, waiting, late]
