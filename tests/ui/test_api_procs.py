@@ -130,6 +130,18 @@ def test_start_get_stream_and_send_through_the_door(door: Door) -> None:
         store.close()
 
 
+def test_a_delayed_start_is_scheduled_then_a_worker_takes_it_once_due(door: Door) -> None:
+    with door.client() as client:
+        started = client.post("/api/machines/door/instances",
+                              json={"input": {"order": "later"}, "delay": 1, "priority": 3})
+        assert started.status_code == 201, started.text
+        iid = started.json()["id"]
+        got = client.get(f"/api/instances/{iid}").json()
+        assert (got["status"], got["priority"]) == ("scheduled", 3) and got["due_at"]
+        wait_until(lambda: client.get(f"/api/instances/{iid}").json()["status"] == "waiting",
+                   60, "a worker to take the delayed start once due")
+
+
 def test_each_refusal_over_the_wire_has_its_code_and_writes_nothing(door: Door) -> None:
     path = "/api/machines/door/instances"
     with door.client() as client, door.client(None) as anonymous, \
