@@ -25,6 +25,7 @@ from ..terminal import error_line, safe_logging
 from . import run, instance, diagram  # noqa: F401
 from . import fork, inspect, limits, migrate, observe, review, scale, stream, testkit  # noqa: F401
 from . import console  # noqa: F401 - cancel, pause, unpause, restart, send, review link
+from . import api  # noqa: F401 - serve
 # isort: on
 from .common import DB, _fail, _find, _input_for, _live, _open, _print_json, app, exit_code, out  # noqa: F401,E501
 

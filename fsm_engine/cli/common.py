@@ -76,7 +76,7 @@ def _fail(msg: str) -> NoReturn:
 
 
 def _open(db: str | None, *, create: bool = False) -> Store:
-    """The store ``db`` names (``store_url``); only ``fsm run``/``start``/``worker``
+    """The store ``db`` names (``store_url``); only ``fsm run``/``start``/``worker``/``serve``
     (``create``) may start a new one.  An older schema is migrated forward on open."""
     from ..store import open_store, store_url
     return open_store(store_url(db), create=create)

@@ -64,11 +64,29 @@ class InstanceStore(Protocol):
 
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         """Insert new instances in one transaction (all or none; a duplicate id fails all);
-        each record's ``key`` is set to its new integer key (increasing in creation order).
+        each record's ``key`` is set to its new integer key (increasing in creation order);
+        ``StartKeyTaken`` (nothing written) when another instance of a record's machine
+        holds its ``start_key``.
         ``history`` rows (of these new instances, by ``instance_id``) are inserted in the
         same transaction (a fork's copied history).
 
         Status: none → each record's own (``pending``; a fork's copy keeps its source's)."""
+
+    def debounce(self, rec: InstanceRecord) -> str:
+        """Start ``rec`` (new, ``scheduled``, with a ``debounce_key``; due at its
+        ``next_attempt_at``) or fold it into the ``scheduled`` instance of its machine with
+        that key: that one's context and input become ``rec``'s, its ``next_attempt_at``
+        ``min(rec.next_attempt_at, its debounce_until)``, ``updated_at`` ``rec.created_at``
+        (``version`` + 1).  Atomic across processes: at most one scheduled instance per
+        machine and key.  Returns the id of the instance holding the burst (``rec.id``
+        when inserted: ``rec.key`` is then set).
+
+        Status: none → ``scheduled``, or none changes."""
+
+    def by_start_key(self, machine: str, key: str) -> InstanceRecord | None:
+        """The instance of ``machine`` started with ``key`` (``start_key``), or ``None``.
+
+        Status: none changes."""
 
     def get(self, instance_id: str) -> InstanceRecord:
         """The instance; ``InstanceNotFound`` when absent.

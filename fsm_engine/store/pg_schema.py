@@ -151,9 +151,22 @@ def _v13(cur: Any) -> None:
     move_requests(cur, "%s")
 
 
+def _v14(cur: Any) -> None:
+    """Format 14: idempotency keys, priorities, the claim order and debounced starts (the
+    same as SQLite's, ``schema.START_OPTIONS``), and the claim's partial indexes in claim
+    order (``rank``) beside those in key order."""
+    from .schema import START_OPTIONS
+    for sql in START_OPTIONS:
+        cur.execute(sql.format(real="DOUBLE PRECISION"))
+    cur.execute("CREATE INDEX idx_instances_runnable_rank ON instances (rank) "
+                "WHERE status IN ('pending', 'running')")
+    cur.execute("CREATE INDEX idx_instances_queue_runnable_rank ON instances (queue, rank) "
+                "WHERE status IN ('pending', 'running')")
+
+
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
     3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-    13: _v13}
+    13: _v13, 14: _v14}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -38,6 +38,7 @@ from .contract_outbox import OutboxContract
 from .contract_queues import QueueContract
 from .contract_reads import ReadSideContract
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract
+from .contract_starts import StartContract
 from .contract_streams import StreamContract
 from .contract_workers import WorkerContract
 
@@ -47,7 +48,7 @@ __all__ = [
     "InstanceContract", "CommitContract", "HistoryContract", "OutboxContract", "WorkerContract",
     "BreakerContract", "ClaimContract", "LeaseContract", "FamilyContract", "ReadSideContract",
     "ReviewContract", "ForkContract", "ReplyContract", "QueueContract", "LargeValueContract",
-    "BatchContract", "DefinitionContract", "MetaContract", "StreamContract",
+    "BatchContract", "DefinitionContract", "MetaContract", "StreamContract", "StartContract",
     # the fixtures (contract_fixtures)
     "UNICODE", "record", "moved", "hist", "live", "attempt", "concurrently", "fleet",
 ]
@@ -57,7 +58,7 @@ class StoreContract(InstanceContract, CommitContract, HistoryContract, OutboxCon
                     WorkerContract, BreakerContract, ClaimContract, FamilyContract,
                     ReadSideContract, ReviewContract, ForkContract, ReplyContract,
                     QueueContract, LargeValueContract, LeaseContract, BatchContract,
-                    DefinitionContract, StreamContract, MetaContract):
+                    DefinitionContract, StreamContract, MetaContract, StartContract):
     """Behaviour every ``Store`` backend must have: the union of the facet mixins above
     (:class:`ReadSideContract` among them).
 

@@ -93,10 +93,21 @@ def _same(given: str, expected: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
 
 
-class TokenGate:
-    """ASGI middleware: 401 unless the request carries the token (see the module doc)."""
+def _refused() -> Response:
+    return PlainTextResponse("401: this viewer needs its token "
+                             "(Authorization: Bearer …, or ?token=…)\n",
+                             status_code=401, headers=SECURITY_HEADERS
+                             | {"WWW-Authenticate": 'Bearer realm="fsm"'})
 
-    def __init__(self, app: Any, token: str | None, open_prefix: str | None = None) -> None:
+
+class TokenGate:
+    """ASGI middleware: 401 unless the request carries the token (see the module doc).
+
+    ``browser`` False: only ``Authorization: Bearer`` counts (no ``?token=``, no cookie:
+    ``fsm serve``); ``denied``: the 401 response (default: the viewer's one line)."""
+
+    def __init__(self, app: Any, token: str | None, open_prefix: str | None = None, *,
+                 browser: bool = True, denied: Callable[[], Response] = _refused) -> None:
         if token is not None and (not token or any(c.isspace() for c in token)):
             raise InvalidInput("a viewer token is one word: no spaces, not blank")
         self.app = app
@@ -105,12 +116,15 @@ class TokenGate:
         #: Paths under it need no token: the console's signed review links, which the
         #: route itself verifies (``ui.actions``); ``None``: every path needs it.
         self.open_prefix = open_prefix
+        self.browser, self.denied = browser, denied
 
     def _ok(self, request: Request) -> tuple[bool, bool]:
         """(allowed, came in the query string)."""
         token, given = str(self.token), request.headers.get("authorization", "")
         if given.lower().startswith("bearer ") and _same(given[7:].strip(), token):
             return True, False
+        if not self.browser:
+            return False, False
         if _same(request.query_params.get("token", ""), token):
             return True, True
         return _same(request.cookies.get(COOKIE, ""), str(self.session)), False
@@ -129,11 +143,7 @@ class TokenGate:
         if allowed:
             authenticated(scope)
         if not allowed:
-            response = PlainTextResponse("401: this viewer needs its token "
-                                         "(Authorization: Bearer …, or ?token=…)\n",
-                                         status_code=401, headers=SECURITY_HEADERS
-                                         | {"WWW-Authenticate": 'Bearer realm="fsm"'})
-            await response(scope, receive, send)
+            await self.denied()(scope, receive, send)
             return
         if not from_query:
             await self.app(scope, receive, send)

@@ -48,8 +48,11 @@ class Secured:
     does not set itself (a page's own policy stays); an exception before any response is
     answered 500 with them and a one-line body, then re-raised for the server's log."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, failed: tuple[bytes, bytes] = (
+            b"text/plain; charset=utf-8", b"500: the viewer failed to answer this request\n")
+                 ) -> None:
+        #: ``failed``: the content type and body of the 500 (``fsm serve``: its JSON error).
+        self.app, self.failed = app, failed
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -71,7 +74,6 @@ class Secured:
             if not started:
                 _LOG.error("fsm ui: a request failed: answered 500")
                 await secured({"type": "http.response.start", "status": 500, "headers": [
-                    (b"content-type", b"text/plain; charset=utf-8")]})
-                await send({"type": "http.response.body",
-                            "body": b"500: the viewer failed to answer this request\n"})
+                    (b"content-type", self.failed[0])]})
+                await send({"type": "http.response.body", "body": self.failed[1]})
             raise

@@ -17,7 +17,7 @@ Request`` with a one-line body and none of the database's data.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,11 +83,22 @@ class HostRule:
         return (port if port is not None else 80) == self.port and self._own(name)
 
 
-class HostGate:
-    """ASGI middleware: 421 for a request whose ``Host`` the ``rule`` does not serve."""
+def _misdirected() -> Any:
+    from starlette.responses import PlainTextResponse
 
-    def __init__(self, app: Any, rule: HostRule) -> None:
-        self.app, self.rule = app, rule
+    return PlainTextResponse(
+        "421: this viewer does not serve that Host (start fsm ui with "
+        "--allowed-host NAME to serve a name)\n", status_code=421,
+        headers=SECURITY_HEADERS)
+
+
+class HostGate:
+    """ASGI middleware: 421 for a request whose ``Host`` the ``rule`` does not serve
+    (``misdirected()``: that response, default the viewer's one line)."""
+
+    def __init__(self, app: Any, rule: HostRule, misdirected: Callable[[], Any] = _misdirected
+                 ) -> None:
+        self.app, self.rule, self.misdirected = app, rule, misdirected
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -97,10 +108,4 @@ class HostGate:
         if len(hosts) == 1 and self.rule.serves(next(iter(hosts))):
             await self.app(scope, receive, send)
             return
-        from starlette.responses import PlainTextResponse
-
-        response = PlainTextResponse(
-            "421: this viewer does not serve that Host (start fsm ui with "
-            "--allowed-host NAME to serve a name)\n", status_code=421,
-            headers=SECURITY_HEADERS)
-        await response(scope, receive, send)
+        await self.misdirected()(scope, receive, send)

@@ -158,7 +158,7 @@ def _positive(name: str, default: float) -> float:
     return value
 
 
-def _protocol() -> type[DeadlineProtocol]:
+def make_protocol() -> type[DeadlineProtocol]:
     """A protocol class for one server: its deadline, its bound, its own pending set."""
     return type("ServerProtocol", (DeadlineProtocol,), {
         "request_timeout_s": _positive("FSM_UI_HEADER_TIMEOUT", REQUEST_TIMEOUT_S),
@@ -166,7 +166,9 @@ def _protocol() -> type[DeadlineProtocol]:
         "pending": set()})
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (0: a free port); ``InvalidInput`` when it
+    cannot bind."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -192,14 +194,13 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     the end); None: read-only.  Raises ``StoreError`` for a missing or unreadable
     database, ``InvalidInput`` for a port it cannot bind.
     """
-    import uvicorn
-    protocol = _protocol()
+    made = make_protocol()  # (an env var's bad value: refused before anything is opened)
     # with the console the pages read through the engine's own connection: a second,
     # read-only SQLite connection in this process to the same file loses the engine's
     # writes once another process opens and closes the database (its WAL is reset)
     store = engine.store if engine is not None else open_store(store_url(db), readonly=True)
     try:
-        sock = _listen(host, port)
+        sock = listen(host, port)
     except InvalidInput:
         (engine or store).close()
         raise
@@ -214,8 +215,20 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
         console = Console(engine)
     app: Any = create_app(store, token=token, refresh_s=refresh_s,
                           hosts=HostRule(host, bound, tuple(allowed_hosts)), console=console)
+    try:
+        run(app, sock, made)
+    finally:
+        (engine or store).close()
+
+
+def run(app: Any, sock: socket.socket, protocol: type[DeadlineProtocol] | None = None) -> None:
+    """Serve the ASGI ``app`` on the listening ``sock`` until SIGTERM or Ctrl-C, with the
+    bounds of the module doc (``DeadlineProtocol``, the keep-alive and header limits,
+    ``GRACE_S``; ``protocol``: one made by ``make_protocol()``, default a new one); closes ``sock``
+    at the end.  ``fsm ui`` and ``fsm serve`` both run so."""
+    import uvicorn
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            http=protocol, timeout_keep_alive=KEEP_ALIVE_S,
+                            http=protocol or make_protocol(), timeout_keep_alive=KEEP_ALIVE_S,
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                             timeout_graceful_shutdown=GRACE_S)
     server = _server_class()(config)
@@ -224,6 +237,5 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8765,
     except KeyboardInterrupt:
         pass
     finally:
-        (engine or store).close()
         sock.close()
     sys.stdout.flush()

@@ -63,11 +63,25 @@ async def _sse(store: Any, instance_id: str, start: str, open_: list[int]) -> As
         open_[0] -= 1
 
 
-def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
+#: An endpoint's error response: (status, code, message, extra headers) -> response.
+Refuse = Callable[[int, str, str, dict[str, str]], Response]
+
+
+def _refuse(status: int, code: str, message: str, headers: dict[str, str]) -> Response:
+    """The viewer's error: ``{"error": message}`` (``code`` unused)."""
+    return JSONResponse({"error": message}, status, headers=SECURITY_HEADERS | headers)
+
+
+#: The code each status of the endpoint's refusals carries.
+CODES = {400: "bad_request", 404: "not_found", 503: "unavailable"}
+
+
+def stream_endpoint(store: Any, refuse: Refuse = _refuse
+                    ) -> Callable[[Request], Awaitable[Response]]:
     """The endpoint over ``store``: 404 for an unknown instance, 400 for a bad offset (or
     one past the end of the log), 204 for a resume from the ``final`` event's cursor
     (nothing more: an ``EventSource`` stops reconnecting), 503
-    past ``MAX_STREAMS`` at once."""
+    past ``MAX_STREAMS`` at once; ``refuse`` makes those errors' responses (``CODES``)."""
     open_ = [0]  # streams being served
 
     async def endpoint(request: Request) -> Response:
@@ -83,10 +97,10 @@ def stream_endpoint(store: Any) -> Callable[[Request], Awaitable[Response]]:
         except (InstanceNotFound, InvalidInput, StoreError) as exc:
             code = 404 if isinstance(exc, InstanceNotFound) else (
                 400 if isinstance(exc, InvalidInput) else 503)
-            return JSONResponse({"error": redact(exc)}, code, headers=SECURITY_HEADERS)
+            return refuse(code, CODES[code], redact(exc), {})
         if open_[0] >= MAX_STREAMS:
-            return JSONResponse({"error": f"this viewer serves {MAX_STREAMS} streams at once"},
-                                503, headers=SECURITY_HEADERS | {"Retry-After": "5"})
+            return refuse(503, CODES[503], f"this server serves {MAX_STREAMS} streams at once",
+                          {"Retry-After": "5"})
         return StreamingResponse(_sse(store, instance_id, start, open_),
                                  media_type="text/event-stream",
                                  headers=SECURITY_HEADERS | {"X-Accel-Buffering": "no"})

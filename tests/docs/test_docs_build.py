@@ -34,6 +34,7 @@ CAPABILITIES = {
     "versions and migrations": "how-to/versions.md",
     "testing machines": "how-to/testing.md",
     "the viewer and the console": "how-to/viewer.md",
+    "the HTTP API for other services": "how-to/http-api.md",
     "telemetry": "how-to/telemetry.md",
     "choosing a model": "how-to/models.md",
 }
