@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,11 +193,15 @@ def _finish(lab: Lab, kind: Kind, *others: Any) -> None:
     """Run the step again where the fault left it unmade, then let a worker (started here
     unless one is given) finish everything; stop every worker, each exiting 0."""
     workers = list(others) or [lab.worker()]
-    for _ in range(3):
-        if not kind.todo(lab):
-            break
-        for proc in kind.op(lab, None):
+    # as many rounds as the work asks (an approved call may lead to another approval; under
+    # load a round can come before the worker opened the next item), within ``settle``
+    ends = time.monotonic() + max(kind.settle, 30.0)
+    while kind.todo(lab) and time.monotonic() < ends:
+        procs = kind.op(lab, None)
+        for proc in procs:
             lab.run(proc)
+        if not procs:
+            time.sleep(0.2)  # a poll: nothing to do until a worker steps on
     try:
         until(lab.all_final, "every instance to end", timeout=kind.settle)
     except AssertionError:
