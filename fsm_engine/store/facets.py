@@ -39,6 +39,7 @@ from .records import (
     StepRow,
     WorkerRow,
 )
+from .schedules import ScheduleRow
 from .streams import StreamOp, StreamRow
 
 
@@ -392,6 +393,41 @@ class MetaStore(Protocol):
         Status: none changes."""
 
 
+class ScheduleStore(Protocol):
+    """Stored schedules (``store.schedules``, format 14): what ``fsm worker`` fires.
+    Every change is a compare-and-set on the row's ``version``."""
+
+    def add_schedule(self, row: ScheduleRow) -> bool:
+        """Insert ``row`` unless its name exists: True when this call inserted it.
+
+        Status: none changes."""
+
+    def get_schedule(self, name: str) -> ScheduleRow | None:
+        """The schedule named ``name`` (``None``: none).  Status: none changes."""
+
+    def schedules(self) -> builtins.list[ScheduleRow]:
+        """Every schedule, by name.  Status: none changes."""
+
+    def due_schedules(self, now: float, limit: int) -> builtins.list[ScheduleRow]:
+        """At most ``limit`` unpaused schedules whose ``next_fire`` is at or before
+        ``now`` (epoch seconds), earliest first (one indexed query).  Status: none changes."""
+
+    def next_schedule_fire(self) -> float | None:
+        """The earliest ``next_fire`` of the unpaused schedules (``None``: none).
+
+        Status: none changes."""
+
+    def update_schedule(self, row: ScheduleRow, expected_version: int) -> bool:
+        """Write ``row`` (by name) when the stored version is ``expected_version``, the
+        version then growing by one (set on ``row``); False, nothing written, when another
+        writer changed it first or it is gone.  Status: none changes."""
+
+    def delete_schedule(self, name: str) -> bool:
+        """Remove the schedule (its instances stay); False when there was none.
+
+        Status: none changes."""
+
+
 class ReadStore(Protocol):
     """The read side — the viewer, ``fsm stats`` and ``fsm list`` (filtered and paged by the
     backend, so 100,000 instances stay fast) — and maintenance (``fsm prune``/``fsm check``)."""
@@ -440,8 +476,8 @@ class ReadStore(Protocol):
 #: Every facet, in the order ``Store`` lists them.
 FACETS: tuple[type, ...] = (StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore,
                             ReviewStore, LeaseStore, LimitStore, DefinitionStore, StreamStore,
-                            MetaStore, ReadStore)
+                            MetaStore, ScheduleStore, ReadStore)
 
 __all__ = ["FACETS", "StoreConnection", "InstanceStore", "HistoryStore", "OutboxStore",
            "ReplyStore", "ReviewStore", "LeaseStore", "LimitStore", "DefinitionStore",
-           "StreamStore", "MetaStore", "ReadStore"]
+           "StreamStore", "MetaStore", "ScheduleStore", "ReadStore"]

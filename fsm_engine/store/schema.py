@@ -224,7 +224,15 @@ def _v13(db: sqlite_utils.Database) -> None:
     move_requests(db.conn, "?")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13]
+def _v14(db: sqlite_utils.Database) -> None:
+    """Format 14: stored schedules (``store.schedules``), fired by every ``fsm worker``
+    (issue 38)."""
+    from .schedules import INDEX, TABLE
+    db.execute(TABLE.format(real="REAL"))
+    db.execute(INDEX)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

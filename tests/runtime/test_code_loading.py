@@ -252,6 +252,7 @@ def test_a_format_10_store_is_migrated_to_keep_definitions(store_url: str) -> No
     execute(store_url, "DROP TABLE definitions", ())  # as fsm_engine at format 10 left it
     execute(store_url, "DROP TABLE stream_rows", ())  # (format 12's)
     execute(store_url, "ALTER TABLE instances DROP COLUMN pause_request", ())  # (13's)
+    execute(store_url, "DROP TABLE schedules", ())  # (14's)
     execute(store_url, "UPDATE fsm_meta SET value = '10' WHERE key = 'schema_version'", ())
     store = open_store(store_url)  # a writer: migrated forward on open
     try:

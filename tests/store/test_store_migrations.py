@@ -113,7 +113,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("13",)]
+        [(str(FORMAT_VERSION),)] == [("14",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -212,6 +212,7 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
 #: Undo format 9 on PostgreSQL (large context values beside the row): a format 8 database
 #: (and format 11's definitions and 12's stream rows, which a format 10 database has not).
 _DROP_V9 = ("DROP TABLE {schema}.definitions; DROP TABLE {schema}.stream_rows; "
+            "DROP TABLE {schema}.schedules; "
             "ALTER TABLE {schema}.instances DROP COLUMN context_refs; "
             "ALTER TABLE {schema}.instances DROP COLUMN pause_request")
 #: Undo format 8 on PostgreSQL (queues, partitions, rate limits): a format 7 database.
@@ -280,6 +281,7 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
     pg_cluster.sql(f"ALTER TABLE {schema}.instances RESET (fillfactor)")  # as format 9 left it
     pg_cluster.sql(f"DROP TABLE {schema}.definitions")
     pg_cluster.sql(f"DROP TABLE {schema}.stream_rows")
+    pg_cluster.sql(f"DROP TABLE {schema}.schedules")
     pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN pause_request")
     pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value = '9' WHERE key = 'schema_version'")
     store = open_store(url)
@@ -299,6 +301,7 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
 #: request), ``b`` carrying the marker with its row lost, ``c`` paused since (its row
 #: spent), and a row of an instance gone.
 _V12_PAUSES = (
+    "DROP TABLE {t}schedules",
     "ALTER TABLE {t}instances DROP COLUMN pause_request",
     "UPDATE {t}instances SET reason = 'pause_requested', version = 3 WHERE id IN ('a', 'b')",
     "UPDATE {t}instances SET status = 'paused', reason = 'hold' WHERE id = 'c'",
@@ -352,6 +355,52 @@ def test_postgres_format_12_pause_requests_move_into_their_instances(pg_cluster)
         _v12_pauses_moved(store)
     finally:
         store.close()
+
+
+def _v13_schedules_added(store: Any) -> None:
+    from fsm_engine.store.schedules import ScheduleRow
+    assert store.get("a").state == "start" and store.schedules() == []
+    row = ScheduleRow("nightly", "m.py", "m", "0 6 * * *", None, "UTC", {}, "skip", "none",
+                      False, 1.0, 2.0)
+    assert store.add_schedule(row) and store.get_schedule("nightly") == row
+
+
+def test_sqlite_format_13_is_migrated_to_store_schedules(tmp_path: Path) -> None:
+    from fsm_engine.testing.contract import record
+    path = tmp_path / "v13.db"
+    store = SqliteStore(str(path))
+    store.create(record("a"))
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE schedules")  # as format 13 left it
+    conn.execute("UPDATE fsm_meta SET value = '13' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(path))
+    try:
+        _v13_schedules_added(store)
+    finally:
+        store.close()
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("14",)]
+
+
+def test_postgres_format_13_is_migrated_to_store_schedules(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine.store import open_store
+    from fsm_engine.testing.contract import record
+    url = pg_cluster.database()
+    schema = url.rsplit("%3D", 1)[1]
+    store = open_store(url)
+    store.create(record("a"))
+    store.close()
+    pg_cluster.sql(f"DROP TABLE {schema}.schedules; UPDATE {schema}.fsm_meta SET value = '13' "
+                   "WHERE key = 'schema_version'")
+    store = open_store(url)
+    try:
+        _v13_schedules_added(store)
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
+                          "WHERE key = 'schema_version'") == [("14",)]
 
 
 def _fresh(code: str) -> str:
