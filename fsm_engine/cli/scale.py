@@ -202,7 +202,10 @@ def worker(db: str | None = DB,
            grace: float = typer.Option(10.0, "--grace", min=0.0,
                                        help="Seconds SIGTERM lets in-flight steps finish."),
            poll: float = typer.Option(1.0, "--poll", min=0.01,
-                                      help="Most seconds between claims while idle.")) -> None:
+                                      help="Most seconds between claims while idle."),
+           schedules: bool = typer.Option(True, "--schedules/--no-schedules",
+                                          help="Fire the store's due schedule ticks "
+                                               "(`fsm schedule`).")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
     from ..runtime.worker import Worker
     safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
@@ -224,7 +227,8 @@ def worker(db: str | None = DB,
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
-    runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan)
+    runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan,
+                    schedules=schedules)
     import asyncio
 
     async def serve() -> None:

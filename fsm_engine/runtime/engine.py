@@ -47,6 +47,7 @@ from .runner import OnStep, Runner
 from .threads import ActionThreads
 
 if TYPE_CHECKING:
+    from .schedules import Schedules
     from .stream_read import StreamEvent
 
 _BREAKER = BreakerPolicy()  # the default breaker thresholds
@@ -123,6 +124,7 @@ class Engine:
         #: The runner's tables, under the names they had here (tests reach for them).
         self._known = self.runner.known
         self._tasks = self.runner.tasks
+        self._schedules: Schedules | None = None
 
     @property
     def llm(self) -> Any:
@@ -208,6 +210,16 @@ class Engine:
         return self.client.start_many(machine, inputs, token_budget=token_budget,
                                       deadline_s=deadline_s, ids=ids, enqueue=enqueue,
                                       partition=partition)
+
+    @property
+    def schedules(self) -> Schedules:
+        """The store's schedules: ``add``, ``list``, ``pause``, ``resume``, ``delete``,
+        ``backfill``, and ``fire_due`` (what ``fsm worker`` calls): see
+        :mod:`fsm_engine.runtime.schedules`."""
+        if self._schedules is None:
+            from .schedules import Schedules
+            self._schedules = Schedules(self)
+        return self._schedules
 
     # -- ownership and running (``runtime.runner``) -----------------------------------------
     @property

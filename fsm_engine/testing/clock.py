@@ -124,9 +124,13 @@ class VirtualClock:
     def advance(self, seconds: float) -> None:
         """Move virtual time forward by ``seconds`` (≥ 0), e.g. past a review's SLA
         between runs; the engines made by ``engine()`` renew their leases, as their
-        heartbeats would have.  Raises ``ValueError`` for a negative amount."""
+        heartbeats would have, and the schedule ticks that fall due on the way fire at once,
+        in order (``Engine.schedules``, each at its own time).  Raises ``ValueError`` for a
+        negative amount."""
         if seconds < 0:
             raise ValueError("virtual time only moves forward")
+        target = self.offset + seconds
+        self._fire_ticks(self.start + target)
         for engine in self._engines:  # the renewals that time would have seen: one,
             own = engine.ownership      # long enough to cover the jump
             if own.registered:
@@ -135,7 +139,20 @@ class VirtualClock:
                     own.renew()
                 finally:
                     own.lease_seconds = lease
-        self.offset += seconds
+        self.offset = target
+
+    def _fire_ticks(self, until: float) -> None:
+        """Fire, in order, every schedule tick due by ``until`` of the engines made here
+        that use schedules (``Engine.schedules``), moving time to each tick first: a jump
+        is time passing, not downtime (no tick is lost to ``catchup``)."""
+        users = [e for e in self._engines if e._schedules is not None]
+        while users:
+            due = [t for t in (e.store.next_schedule_fire() for e in users) if t is not None]
+            if not due or min(due) > until:
+                return
+            self.offset = max(self.offset, min(due) - self.start)
+            for engine in users:
+                engine.schedules.fire_due()
 
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep`` on the virtual loop (returns at once in real time)."""
