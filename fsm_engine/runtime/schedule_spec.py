@@ -4,8 +4,8 @@ A schedule ticks either on a **cron** expression — five fields (minute hour da
 weekday), or six with a *seconds* field first (``*/10 * * * * *``: every ten seconds), read
 by ``croniter`` in the schedule's IANA time zone (``zoneinfo``; a daylight-saving gap skips
 the missing wall-clock times, as croniter does) — or **every** fixed interval
-(``2s``, ``500ms``, ``10m``, ``1h30m``, ``1d``), its ticks at ``anchor + n * every``
-(``anchor``: the second after the schedule was added).  Ticks are epoch seconds, kept to
+(``2s``, ``500ms``, ``10m``, ``1h30m``, ``1d``), its ticks at ``anchor + n * every`` for
+every integer ``n`` (``anchor``: the second after the schedule was added).  Ticks are epoch seconds, kept to
 the millisecond; ``tick_id`` names a tick's instance.
 """
 
@@ -104,7 +104,7 @@ def next_after(row: ScheduleRow, t: float) -> float:
     """The schedule's first tick strictly after ``t`` (epoch seconds)."""
     if row.every_s is not None:
         n = math.floor((t - row.anchor) / row.every_s + 1e-9) + 1
-        tick = round(row.anchor + max(n, 0) * row.every_s, 3)
+        tick = round(row.anchor + n * row.every_s, 3)
         return tick if tick > t else round(tick + row.every_s, 3)
     return float(_cron(row, math.floor(t)).get_next(float))  # type: ignore[attr-defined]
 
@@ -114,7 +114,7 @@ def ticks(row: ScheduleRow, lo: float, hi: float, limit: int) -> list[float]:
     if hi < lo or limit <= 0:
         return []
     if row.every_s is not None:
-        first = max(0, math.ceil((lo - row.anchor) / row.every_s - 1e-9))
+        first = math.ceil((lo - row.anchor) / row.every_s - 1e-9)
         last = math.floor((hi - row.anchor) / row.every_s + 1e-9)
         return [round(row.anchor + n * row.every_s, 3)
                 for n in range(max(first, last - limit + 1), last + 1)]
@@ -139,7 +139,7 @@ def count_older(row: ScheduleRow, lo: float, before: float) -> int:
 
 def _span(row: ScheduleRow, lo: float, before: float) -> tuple[int, int]:
     assert row.every_s is not None
-    first = max(0, math.ceil((lo - row.anchor) / row.every_s - 1e-9))
+    first = math.ceil((lo - row.anchor) / row.every_s - 1e-9)
     end = math.ceil((before - row.anchor) / row.every_s - 1e-9)
     return first, max(first, end)
 
