@@ -30,6 +30,7 @@ CAPABILITIES = {
     "streaming": "how-to/streaming.md",
     "agent states": "how-to/agent-states.md",
     "workers on PostgreSQL, queues and limits": "how-to/workers.md",
+    "schedules": "how-to/schedules.md",
     "fork, rerun and replay": "how-to/fork-rerun-replay.md",
     "versions and migrations": "how-to/versions.md",
     "testing machines": "how-to/testing.md",
