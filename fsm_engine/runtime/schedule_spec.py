@@ -152,6 +152,22 @@ def tick_id(name: str, tick: float) -> str:
     return f"{name}-{when:%Y%m%dT%H%M%S}{f'.{ms:03d}' if ms else ''}Z"
 
 
+_TICK_ID = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,99})-"
+                      r"(?P<stamp>\d{8}T\d{6})(?:\.(?P<ms>\d{3}))?Z")
+
+
+def parse_tick_id(instance_id: str) -> tuple[str, float] | None:
+    """``(schedule name, tick)`` of an id ``tick_id`` made (``None``: not one)."""
+    m = _TICK_ID.fullmatch(instance_id)
+    if m is None:
+        return None
+    try:
+        when = datetime.strptime(m["stamp"], "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return m["name"], when.timestamp() + int(m["ms"] or 0) / 1000
+
+
 def iso(t: float | None) -> str | None:
     """Epoch seconds as ISO 8601 in UTC (``None`` stays ``None``)."""
     if t is None:

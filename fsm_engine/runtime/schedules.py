@@ -287,6 +287,16 @@ class Schedules:
         return iid, True
 
 
+def started_by(store: Any, instance_id: str) -> tuple[ScheduleRow, float] | None:
+    """The schedule and tick whose instance ``instance_id`` is (its id names them, and the
+    schedule has that tick); ``None`` for any other instance (or a deleted schedule's)."""
+    found = spec.parse_tick_id(instance_id)
+    row = None if found is None else store.get_schedule(found[0])
+    if found is None or row is None or spec.ticks(row, found[1], found[1], 1) != [found[1]]:
+        return None
+    return row, found[1]
+
+
 def checked(name: str, *, cron: str | None, every: str | float | timedelta | None, tz: str,
             overlap: str, catchup: str) -> tuple[str | None, float | None]:
     """Check a schedule's parts without touching a store: ``(the cron expression

@@ -52,6 +52,10 @@ def test_a_schedule_from_add_to_delete(tmp_path: Path, capsys, monkeypatch) -> N
     assert [f["new"] for f in json.loads(out)] == [False] * 5
     code, out, _ = run_main(["schedule", "list", "--db", db], capsys)
     assert "digest" in out and "ticked" in out
+    code, out, _ = run_main(["show", "digest-20261130T050000Z", "--json", "--db", db], capsys)
+    assert json.loads(out)["schedule"]["tick"] == "2026-11-30T05:00:00.000Z"  # fsm show
+    code, out, _ = run_main(["show", "digest-20261130T050000Z", "--db", db], capsys)
+    assert 'schedule: {"name": "digest", "tick": "2026-11-30T05:00:00.000Z"' in out
     assert run_main(["schedule", "delete", "digest", "--db", db], capsys)[0] == 0
     assert run_main(["schedule", "list", "--db", db], capsys)[1].startswith("no schedules")
     assert _tables(tmp_path / "fsm.db")["instances"] == 5  # a schedule's instances stay

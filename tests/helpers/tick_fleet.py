@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-FSM = str(Path(sys.executable).with_name("fsm"))
+#: ``fsm`` as a real process (the interpreter running the tests, this tree on its path).
+FSM = [sys.executable, "-m", "fsm_engine.cli"]
 TICKED = str(ROOT / "tests" / "helpers" / "tick_machine.py")
 
 
@@ -21,7 +22,7 @@ class Workers:
 
     def __init__(self, url: str, folder: Path, *, poll: float = 0.2, lease: float = 1.0) -> None:
         self.url, self.folder = url, folder
-        self.argv = [FSM, "worker", "--db", url, "--lease", str(lease), "--poll", str(poll),
+        self.argv = [*FSM, "worker", "--db", url, "--lease", str(lease), "--poll", str(poll),
                      "--grace", "5"]
         self.procs: list[subprocess.Popen[bytes]] = []
 

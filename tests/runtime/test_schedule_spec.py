@@ -82,6 +82,10 @@ def test_zones_names_and_ids() -> None:
     assert spec.tick_id("s", at("2026-12-07T06:00:00+00:00")) == "s-20261207T060000Z"
     assert spec.tick_id("s", at("2026-12-07T06:00:00+00:00") + 0.25) == \
         "s-20261207T060000.250Z"
+    assert spec.parse_tick_id("a-b.c-20261207T060000.250Z") == (
+        "a-b.c", at("2026-12-07T06:00:00+00:00") + 0.25)
+    for other in ("20261207T060000Z", "s-20261307T060000Z", "s-20261207T060000", "x"):
+        assert spec.parse_tick_id(other) is None
     assert spec.iso(0.0) == "1970-01-01T00:00:00.000Z" and spec.iso(None) is None
     assert spec.parse_time("2026-12-07T07:00", "Europe/Paris") == \
         datetime(2026, 12, 7, 6, tzinfo=UTC).timestamp()
