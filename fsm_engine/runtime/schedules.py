@@ -200,7 +200,7 @@ class Schedules:
         return store.next_schedule_fire()
 
     def _fire(self, row: ScheduleRow, now: float) -> None:
-        prev = self._previous(row)
+        prev = self._previous(row) if row.overlap != "allow" else _Previous(False, None)
         if row.overlap == "queue" and prev.running:
             return  # its tick stays due: started once the last instance ends
         due = spec.ticks(row, row.next_fire, now, CATCHUP_MAX)
