@@ -422,6 +422,12 @@ class ScheduleStore(Protocol):
         version then growing by one (set on ``row``); False, nothing written, when another
         writer changed it first or it is gone.  Status: none changes."""
 
+    def update_schedules(self, changes: Sequence[tuple[ScheduleRow, int]]
+                         ) -> builtins.list[bool]:
+        """``update_schedule`` of each ``(row, expected_version)``, in one transaction, in
+        the order given (callers sort by name: concurrent batches lock rows in one order);
+        per change, True when it applied.  Status: none changes."""
+
     def delete_schedule(self, name: str) -> bool:
         """Remove the schedule (its instances stay); False when there was none.
 

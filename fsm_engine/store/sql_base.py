@@ -100,11 +100,17 @@ class SqlPlain:
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def update_schedule(self, row: ScheduleRow, expected_version: int) -> bool:
-        done = self._sql_write((schedules_sql.UPDATE,
-                                schedules_sql.update_args(row, expected_version)))[0] == 1
-        if done:
-            row.version = expected_version + 1
-        return done
+        return self.update_schedules([(row, expected_version)])[0]
+
+    def update_schedules(self, changes: Sequence[tuple[ScheduleRow, int]]) -> list[bool]:
+        if not changes:
+            return []
+        counts = self._sql_write(*((schedules_sql.UPDATE, schedules_sql.update_args(row, v))
+                                   for row, v in changes))
+        for (row, version), n in zip(changes, counts, strict=True):
+            if n == 1:
+                row.version = version + 1
+        return [n == 1 for n in counts]
 
     def delete_schedule(self, name: str) -> bool:
         return self._sql_write((schedules_sql.DELETE, (name,)))[0] == 1

@@ -62,6 +62,17 @@ class ScheduleContract:
         assert store.get_schedule("a") == moved
         assert store.update_schedule(schedule("gone"), 1) is False
 
+    def test_schedule_updates_in_one_transaction_apply_each_at_its_version(
+            self, store: Store) -> None:
+        for name in ("a", "b", "c"):
+            store.add_schedule(schedule(name))
+        a, b, c = (schedule(n, next_fire=500.0) for n in "abc")
+        assert store.update_schedules([(a, 1), (b, 7), (c, 1)]) == [True, False, True]
+        assert (a.version, b.version, c.version) == (2, 1, 2)
+        assert [(r.name, r.next_fire, r.version) for r in store.schedules()] == [
+            ("a", 500.0, 2), ("b", 100.0, 1), ("c", 500.0, 2)]
+        assert store.update_schedules([]) == []
+
     def test_one_of_concurrent_schedule_updates_wins(self, store: Store, reopen: Any) -> None:
         store.add_schedule(schedule("a"))
         won: list[int] = []

@@ -162,15 +162,15 @@ def test_a_tick_cut_between_its_start_and_its_advance_starts_once(engine, clock,
                                                                  monkeypatch) -> None:
     engine.schedules.add("s", tick_machine.machine, every="1s")
     clock.t = T0 + 2.2
-    real = engine.store.update_schedule
+    real = engine.store.update_schedules
     calls: list[int] = []
 
-    def fail_the_advance(row: Any, expected: int) -> bool:
-        calls.append(expected)
+    def fail_the_advance(changes: Any) -> list[bool]:
+        calls.append(len(changes))
         if len(calls) == 2:  # 1: the claim; 2: the advance, after the start
             raise StoreError("connection lost")
-        return real(row, expected)
-    monkeypatch.setattr(engine.store, "update_schedule", fail_the_advance)
+        return real(changes)
+    monkeypatch.setattr(engine.store, "update_schedules", fail_the_advance)
     with pytest.raises(StoreError):
         engine.schedules.fire_due()
     assert ids(engine) == [tick_id("s", T0 + 2)]
@@ -254,3 +254,24 @@ def test_a_virtual_clock_fires_every_tick_in_order_when_advanced(tmp_path) -> No
         assert {r.status for r in engine.store.list()} == {"completed"}
     finally:
         engine.close()
+
+
+def test_a_schedule_this_worker_may_not_load_is_left_to_others(tmp_path, clock, monkeypatch,
+                                                               caplog) -> None:
+    url = str(tmp_path / "fsm.db")
+    adder = Engine(url, clock=clock)
+    adder.schedules.add("theirs", tick_machine.machine, every="1s", overlap="allow")
+    adder.schedules.add("ours", held_machine.machine, every="1s", overlap="allow")
+    adder.close()
+    monkeypatch.setenv("FSM_MACHINES_ROOT", str(tmp_path))  # tick_machine's file is outside
+    worker = Engine(url, clock=clock)
+    try:
+        worker.register(held_machine.machine)  # what this worker runs
+        for t in (T0 + 2, T0 + 3):
+            clock.t = t
+            worker.schedules.fire_due()
+        assert ids(worker) == [tick_id("ours", T0 + 2), tick_id("ours", T0 + 3)]
+        assert worker.schedules.get("theirs").next_fire == T0 + 2  # due, for another worker
+        assert caplog.text.count("schedule theirs left to other workers") == 1
+    finally:
+        worker.close()
