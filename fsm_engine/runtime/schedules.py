@@ -67,7 +67,7 @@ log = logging.getLogger("fsm_engine")
 CATCHUP_MAX, ON_TIME_S = fire.CATCHUP_MAX, fire.ON_TIME_S
 #: Most ticks one ``backfill`` starts.
 BACKFILL_MAX = 1000
-#: Most due schedules one ``fire_due`` reads (the next call takes the rest).
+#: Most due schedules one batch of ``fire_due`` reads (then the next batch, at once).
 DUE_BATCH = 100
 
 
@@ -182,25 +182,33 @@ class Schedules:
 
     # -- firing (``fsm worker``'s poll loop) --------------------------------------------------
     def fire_due(self) -> float | None:
-        """Fire every due tick of the store's unpaused schedules, at most ``DUE_BATCH``
-        schedules a call, in three transactions (``runtime.schedule_fire``); return the
-        earliest next tick (epoch seconds; ``None``: no schedule).  Raises ``StoreError``
-        when the database is unusable (a tick half done is finished by the next call, on
-        any worker)."""
-        store = self.engine.store
-        now = self.engine.clock()
+        """Fire every due tick of the store's unpaused schedules, ``DUE_BATCH`` schedules at
+        a time, each batch in three transactions (``runtime.schedule_fire``); return the
+        earliest next tick (epoch seconds; ``None``: no schedule; a time already past: a
+        schedule left due, queued behind its last instance or refused here).  Raises
+        ``StoreError`` when the database is unusable (a tick half done is finished by the
+        next call, on any worker)."""
+        while self._batch(self.engine.clock()):
+            pass  # a full batch that moved on: more may be due behind it
+        return self.engine.store.next_schedule_fire()
+
+    def _batch(self, now: float) -> bool:
+        """Fire one batch; True when it was full and wrote something."""
+        limit = DUE_BATCH + len(self.refused)
+        rows = self.engine.store.due_schedules(now, limit)
         plans = []
-        for row in store.due_schedules(now, DUE_BATCH + len(self.refused)):
+        for row in rows:
             if self.refused.get(row.name) != row.version:
                 found = fire.plan(row, now, fire.previous(self.engine, row))
                 if found is not None:
                     plans.append(found)
-        if plans:
-            _, refused = fire.write(self.engine, plans, self._machine)
-            for name, (version, exc) in refused.items():
-                self.refused[name] = version
-                log.warning("schedule %s left to other workers: %s", name, exc)
-        return store.next_schedule_fire()
+        if not plans:
+            return False
+        _, refused = fire.write(self.engine, plans, self._machine)
+        for name, (version, exc) in refused.items():
+            self.refused[name] = version
+            log.warning("schedule %s left to other workers: %s", name, exc)
+        return len(rows) == limit and len(refused) < len(plans)
 
     def _machine(self, row: ScheduleRow) -> CompiledMachine:
         """The schedule's machine: registered here, or its module if this process trusts it
