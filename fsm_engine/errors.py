@@ -16,12 +16,14 @@ line that names the thing at fault.  Errors carry structured fields
     │   ├── InstanceNotFound     no instance with that id
     │   ├── StaleWrite           another writer moved the instance first (lease lost, cancelled)
     │   ├── StepRejected         the store refused one step's values (nothing of its batch written)
+    │   ├── StartKeyTaken        a new instance's start key is held by another of its machine
     │   └── FingerprintMismatch  the instance was started from a different definition
     │       ├── VersionTooNew    it was stored by a newer machine version than the code's
     │       └── NeedsMigration   it cannot be upcast to the code's version (``cause``)
     ├── InvalidInput             input or a context update fails the machine's context model
-    │   └── ReviewRefused        a review answer is stale, second, someone else's, not
-    │                            offered, or its edit fails the ``editable`` model
+    │   ├── ReviewRefused        a review answer is stale, second, someone else's, not
+    │   │                        offered, or its edit fails the ``editable`` model
+    │   └── StartConflict        a start repeats a key with a different input
     ├── InstanceFinished         a step was asked of an instance in a final status
     ├── ActionError              an action raised (wraps the original as ``__cause__``)
     ├── StepTimeout              an action ran past its state's timeout
@@ -130,6 +132,15 @@ class StepRejected(StoreError):
         self.index = index
 
 
+class StartKeyTaken(StoreError):
+    """``Store.create`` refused an instance (nothing of its batch written): another instance
+    of its machine holds its ``start_key`` (``machine``, ``key``: which)."""
+
+    def __init__(self, machine: str, key: str) -> None:
+        super().__init__(f"machine {machine!r} has an instance with start key {key!r} already")
+        self.machine, self.key = machine, key
+
+
 class FingerprintMismatch(StoreError):
     """An instance was started from a definition whose structure has since changed.
 
@@ -182,6 +193,16 @@ class ReviewRefused(InvalidInput):
                  instance_id: str | None = None) -> None:
         super().__init__(message, instance_id=instance_id)
         self.item_id = item_id
+
+
+class StartConflict(InvalidInput):
+    """A start gave the key of an existing instance of its machine (``instance_id``) with
+    another input: nothing was started (the same input returns that instance's id)."""
+
+    def __init__(self, machine: str, key: str, instance_id: str) -> None:
+        super().__init__(f"start key {key!r} of machine {machine!r} is instance "
+                         f"{instance_id}, started with another input", instance_id=instance_id)
+        self.machine, self.key = machine, key
 
 
 class InstanceFinished(FsmError):

@@ -11,10 +11,14 @@ from .store.records import PAUSE, UNPAUSE, HistoryRow, InstanceRecord, OutboxRow
 
 def instance_json(rec: InstanceRecord) -> dict[str, Any]:
     """``{id, machine, state, status, reason, loop_count, max_transitions, tokens_used,
-    token_budget, tokens_remaining, context, …}`` (times in epoch seconds)."""
+    token_budget, tokens_remaining, context, …}`` (times in epoch seconds); a ``scheduled``
+    instance's due time also as ``due_at`` (after ``status``)."""
     data = asdict(rec)
     data["tokens_remaining"] = rec.tokens_remaining
-    order = ["id", "machine", "state", "status", "reason", "loop_count", "max_transitions",
+    if rec.status == "scheduled":
+        data["due_at"] = rec.next_attempt_at
+    order = ["id", "machine", "state", "status", *(("due_at",) if "due_at" in data else ()),
+             "reason", "loop_count", "max_transitions",
              "tokens_used", "token_budget", "tokens_remaining", "context"]
     return {k: data[k] for k in order} | {k: v for k, v in data.items() if k not in order}
 

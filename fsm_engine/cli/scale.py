@@ -125,7 +125,21 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
                                                    help="Seconds each instance may take in all."),
           partition: str | None = typer.Option(
               None, "--partition", help="Partition key (e.g. a tenant id): see "
-                                        "`fsm worker --partition-limit`.")
+                                        "`fsm worker --partition-limit`."),
+          key: str | None = typer.Option(
+              None, "--key", help="Idempotency key: a second start with it prints the "
+                                  "first instance's id and starts nothing."),
+          delay: str | None = typer.Option(None, "--in", help="Start later: 90s, 10m, 2h …"),
+          at: str | None = typer.Option(None, "--at", help="Start at this ISO time, with its "
+                                                         "zone (2030-01-01T09:00+01:00)."),
+          priority: int = typer.Option(0, "--priority", help="Higher is claimed first "
+                                                              "(-1000…1000; aging: 60 s a step)."),
+          debounce_key: str | None = typer.Option(
+              None, "--debounce-key", help="Collapse starts with this key into one."),
+          debounce: str | None = typer.Option(None, "--debounce", help="… started this "
+                                              "long after the latest start (30s)."),
+          max_wait: str | None = typer.Option(None, "--max-wait", help="… but no later than "
+                                              "this after the first (5m).")
           ) -> None:
     """Enqueue one instance per input for `fsm worker`s; print their ids (one a line)."""
     files = list(input) + list(more or [])
@@ -134,13 +148,16 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
     inputs = [_input_for(f) for f in files]
     from ..runtime import Engine, load_machine
     from ..runtime.compiled import compile_machine
+    from .when import start_options
+    opts = start_options(key=key, delay=delay, at=at, priority=priority,
+                         debounce_key=debounce_key, debounce=debounce, max_wait=max_wait)
     machine, ref = load_machine(module, named=True)
     compile_machine(machine)  # a broken module creates nothing
     engine = Engine(_open(db, create=True))
     try:
         engine.register(machine, ref)
         ids = engine.start_many(machine, inputs, token_budget=budget, deadline_s=deadline,
-                                enqueue=True, partition=partition)
+                                enqueue=True, partition=partition, options=opts)
     finally:
         engine.close()
     for iid in ids:

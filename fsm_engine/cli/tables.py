@@ -63,7 +63,9 @@ def record_cells(rec: Any, live: set[str] | None, now: float) -> list[str]:
         cells = [rec.instance_id or "?", "", "", "error", "", "", "", "", "", str(rec)]
     else:
         status = shown_status(rec, live) if live is not None else rec.status
-        cells = [rec.id, rec.machine, rec.state, status, rec.reason or "", str(rec.loop_count),
+        reason = rec.reason or (f"due {when(rec.next_attempt_at, now)}"
+                                if rec.status == "scheduled" else "")
+        cells = [rec.id, rec.machine, rec.state, status, reason, str(rec.loop_count),
                  str(rec.tokens_used), when(rec.created_at, now), when(rec.updated_at, now),
                  (rec.last_error or "")[:200]]
     return [shown(c) for c in cells]  # stored text: never markup, never a control code

@@ -26,7 +26,7 @@ from ..store.records import (
     ReviewItem,
     StepCommit,
 )
-from . import outcome, values
+from . import outcome, start_options, values
 from .compiled import CompiledMachine
 from .driver import Driver
 from .fleet.ownership import Ownership
@@ -87,18 +87,27 @@ class Client:
                    inputs: Iterable[BaseModel | dict[str, Any] | None], *,
                    token_budget: int | None = None, deadline_s: float | None = None,
                    ids: list[str] | None = None, enqueue: bool = False,
-                   partition: str | None = None) -> list[str]:
+                   partition: str | None = None,
+                   options: start_options.StartOptions | None = None) -> list[str]:
         """See ``Engine.start_many``: all created in one transaction, or none
-        (``InvalidInput`` with ``index``)."""
+        (``InvalidInput`` with ``index``).  ``options`` (``runtime.start_options``: a key, a
+        delay, a debounce, a priority) apply to one input only."""
         _check_partition(partition)
         reg = self.registry
         cm = reg.load(machine) if isinstance(machine, str) else reg.register(machine)
+        enqueue = enqueue or (options is not None and (options.due is not None
+                                                       or options.debounce_s is not None))
         if not enqueue:
             self.ownership.register()
         owner = None if enqueue else self.ownership.worker.id
         records = [self._record(cm, i, data, token_budget, deadline_s, ids, owner, partition)
                    for i, data in enumerate(inputs)]
-        self.ledger.create(records)
+        if options is not None and not options.plain:
+            held = start_options.create_all(self.ledger, records, options)
+            if held != [r.id for r in records] or enqueue:
+                return held
+        else:
+            self.ledger.create(records)
         if not enqueue and len(self.known) + len(records) <= KNOWN_MAX:
             self.known.update((r.id, r) for r in records)  # run() needn't read them back
         return [r.id for r in records]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -31,7 +32,7 @@ from ..store.records import (
     StepCommit,
     WorkerRow,
 )
-from . import bulk
+from . import bulk, start_options
 from .client import Client
 from .commit import GroupCommitter
 from .compiled import CompiledMachine
@@ -180,7 +181,10 @@ class Engine:
     # -- creating (``runtime.client``) ----------------------------------------------------
     def start(self, machine: Machine | str, input: BaseModel | dict[str, Any] | None = None, *,
               token_budget: int | None = None, deadline_s: float | None = None,
-              instance_id: str | None = None, partition: str | None = None) -> str:
+              instance_id: str | None = None, partition: str | None = None,
+              key: str | None = None, delay: float | None = None, at: datetime | None = None,
+              priority: int = 0, debounce_key: str | None = None,
+              debounce: float | None = None, max_wait: float | None = None) -> str:
         """Create an instance in the initial state (status ``pending``); return its id.
 
         ``input`` is validated against the machine's context model
@@ -191,25 +195,42 @@ class Engine:
         with a partition limit hold at most that many instances of one key at
         once.  The instance is owned by this engine until it runs or this
         process dies (then any ``resume`` adopts it).
+
+        How it starts (``runtime.start_options``; ``InvalidInput`` for a bad one, nothing
+        written): ``key`` (1–200 characters, unique per machine): a second start with it
+        returns the first instance's id and starts nothing, with another input it raises
+        ``StartConflict`` naming that instance; ``delay`` (seconds) or ``at`` (an aware
+        ``datetime``, not past): status ``scheduled``, unowned, until then; ``debounce_key``
+        with ``debounce`` (seconds) and ``max_wait`` (seconds): starts with the key while
+        one is scheduled fold into it (the latest input, due ``debounce`` after the latest
+        start, never past ``max_wait`` after the first; its id is returned);
+        ``priority`` (−1000…1000, default 0): claimed before lower priorities started up
+        to ``priority × AGING_S`` seconds earlier (``store.records.AGING_S``).
         """
+        opts = start_options.check(self.clock(), key=key, delay=delay, at=at,
+                                   priority=priority, debounce_key=debounce_key,
+                                   debounce=debounce, max_wait=max_wait)
         return self.start_many(machine, [input], token_budget=token_budget,
                                deadline_s=deadline_s, partition=partition,
-                               ids=None if instance_id is None else [instance_id])[0]
+                               ids=None if instance_id is None else [instance_id],
+                               options=opts)[0]
 
     def start_many(self, machine: Machine | str,
                    inputs: Iterable[BaseModel | dict[str, Any] | None], *,
                    token_budget: int | None = None, deadline_s: float | None = None,
                    ids: list[str] | None = None, enqueue: bool = False,
-                   partition: str | None = None) -> list[str]:
+                   partition: str | None = None,
+                   options: start_options.StartOptions | None = None) -> list[str]:
         """``start`` for many inputs in one transaction (all created, or none); an
         ``InvalidInput`` carries ``index``, the position of the input at fault.
 
         ``enqueue``: create them unowned, for any worker to claim (``fsm start``),
-        instead of held by this engine.
+        instead of held by this engine.  ``options``: ``start``'s, checked
+        (``start_options.check``; a key or a debounce for one input only).
         """
         return self.client.start_many(machine, inputs, token_budget=token_budget,
                                       deadline_s=deadline_s, ids=ids, enqueue=enqueue,
-                                      partition=partition)
+                                      partition=partition, options=options)
 
     @property
     def schedules(self) -> Schedules:

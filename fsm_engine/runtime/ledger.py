@@ -1,5 +1,5 @@
-"""The one writer: the only code that calls ``Store.commit``, ``create``, ``claim``,
-``release`` or ``delete``.
+"""The one writer: the only code that calls ``Store.commit``, ``create``, ``debounce``,
+``claim``, ``release`` or ``delete``.
 
 Every change to an instance — a step (through the group committer), a review
 decision, a cancel, a send, an in-place rerun, a claim, a migration, a parked
@@ -105,6 +105,12 @@ class Ledger:
         in one transaction, all or none (``Store.create``: a duplicate id fails all; each
         record's ``key`` is set)."""
         self.store.create(*records, history=history)
+
+    def debounce(self, record: InstanceRecord) -> str:
+        """Start the debounced ``record`` (``scheduled``, due when its window ends) or fold it
+        into the scheduled instance of its burst, in one atomic write (``Store.debounce``);
+        the id of the instance that holds the burst."""
+        return self.store.debounce(record)
 
     def delete(self, records: Sequence[InstanceRecord]) -> int:
         """Delete the ended instances ``records`` (a prune) with all their rows, in one

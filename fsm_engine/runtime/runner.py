@@ -31,6 +31,7 @@ from ..store.records import (
     PENDING,
     RATE_LIMITED,
     RUNNING,
+    SCHEDULED,
     InstanceRecord,
     StepCommit,
     WorkerRow,
@@ -200,6 +201,8 @@ class Runner:
     async def _claim(self, instance_id: str) -> tuple[CompiledMachine, InstanceRecord]:
         rec = self.known.pop(instance_id, None) or self.families.born.pop(instance_id, None) \
             or self.store.get(instance_id)
+        if rec.status == SCHEDULED:
+            rec = await self._due(rec)
         if rec.final:
             raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                    instance_id=rec.id, state=rec.state)
@@ -214,6 +217,19 @@ class Runner:
         if not await self.driver.committer.submit(step):
             raise _lost_claim(rec.id)
         return cm, self.registry.upcast(cm, await self._checked(cm, step.record))
+
+    async def _due(self, rec: InstanceRecord) -> InstanceRecord:
+        """``rec`` (``scheduled``: a delayed or debounced start) once due: asleep on the
+        engine's clock until its ``next_attempt_at`` (a ``VirtualClock`` jumps there), read
+        again after each sleep (a later start of its burst may have pushed it back, a
+        cancel ended it, a worker started it)."""
+        while rec.status == SCHEDULED and rec.next_attempt_at is not None:
+            wait = rec.next_attempt_at - self.clock()
+            if wait <= 0:
+                break
+            await asyncio.sleep(wait)
+            rec = self.store.get(rec.id)
+        return rec
 
     async def _checked(self, cm: CompiledMachine, rec: InstanceRecord) -> InstanceRecord:
         """``rec`` once held here: failed when crash-looping, its parked reason cleared."""

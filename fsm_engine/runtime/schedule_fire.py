@@ -7,9 +7,10 @@ batch, however many schedules are due:
 
 1. **claim** every row that starts a tick (a compare-and-set of its version, nothing else
    changed) and write the rows that start nothing (dropped or skipped ticks);
-2. **start** the claimed ticks' instances under their ids (``schedule_spec.tick_id``: the
-   ticks' idempotency keys), one ``start_many`` per machine; a tick whose instance is
-   there already (another worker, or this tick again after a crash) is not started twice;
+2. **start** each claimed tick's instance under its id (``schedule_spec.tick_id``) and its
+   idempotency key (``schedule_spec.tick_key``: ``Engine.start(..., key=...)``, unique per
+   machine); a tick whose instance is there already (another worker, or this tick again
+   after a crash) is not started twice;
 3. **advance** each claimed row from its claimed version.
 
 A worker that dies between 1 and 3 leaves its rows claimed but due: the next call, on any
@@ -24,9 +25,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..errors import DefinitionError, FsmError, InstanceNotFound, InvalidInput, StoreError
+from ..errors import (
+    DefinitionError,
+    FsmError,
+    InstanceNotFound,
+    InvalidInput,
+    StartConflict,
+    StoreError,
+)
 from ..store.schedules import ScheduleRow
 from . import schedule_spec as spec
+from . import start_options
 
 if TYPE_CHECKING:
     from .compiled import CompiledMachine
@@ -124,41 +133,47 @@ def write(engine: Engine, plans: Sequence[Plan],
 
 def _start(engine: Engine, group: list[Plan],
            machine: Callable[[ScheduleRow], CompiledMachine]) -> dict[str, FsmError]:
-    """Create the ticks' instances of one machine's plans: in one transaction, else (one
-    is there already, or an input is refused) each on its own; the rows refused, by name."""
+    """Start the ticks' instances of one machine's plans; the rows refused, by name."""
     try:
         cm = machine(group[0].row)
     except (DefinitionError, InvalidInput) as exc:
         return {p.row.name: exc for p in group}
-    ticks = [(p.row, t) for p in group for t in p.start]
-    try:
-        engine.start_many(cm.spec, [row.input for row, _ in ticks],
-                          ids=[spec.tick_id(row.name, t) for row, t in ticks], enqueue=True)
-        return {}
-    except (StoreError, InvalidInput):  # all or none: a tick started before, or one input
-        pass
     refused: dict[str, FsmError] = {}
-    for row, t in ticks:
-        if row.name not in refused:
+    for p in group:
+        for t in p.start:
             try:
-                start_tick(engine, cm, row, t)
+                start_tick(engine, cm, p.row, t)
             except InvalidInput as exc:
-                refused[row.name] = exc
+                refused[p.row.name] = exc
+                break
     return refused
 
 
 def start_tick(engine: Engine, cm: CompiledMachine, row: ScheduleRow,
                tick: float) -> tuple[str, bool]:
-    """Create one tick's instance (unowned, for any worker): ``(its id, created now)``; one
-    already there under that id is the tick's, started before.  Raises ``StoreError``
-    (the store failed), ``InvalidInput`` (the input no longer fits the machine)."""
+    """Start one tick's instance (unowned, for any worker) under its id and its idempotency
+    key (``schedule_spec.tick_key``, through ``Engine.start_many``'s ``key``): ``(its id,
+    started now)``; the instance already there for the tick is returned, not started again.
+    Raises ``StoreError`` (the store failed: the tick stays due), ``InvalidInput`` (the
+    input no longer fits the machine)."""
     iid = spec.tick_id(row.name, tick)
-    try:
-        engine.start_many(cm.spec, [row.input], ids=[iid], enqueue=True)
-    except StoreError:
-        try:
-            engine.store.get(iid)
-        except InstanceNotFound:
-            raise  # the store failed: the tick stays due
+    if _exists(engine, iid):
         return iid, False
-    return iid, True
+    key = start_options.check(engine.clock(), key=spec.tick_key(row.name, tick))
+    try:
+        got = engine.start_many(cm.spec, [row.input], ids=[iid], enqueue=True, options=key)[0]
+    except StartConflict as exc:  # the key's instance, started with another input
+        return exc.instance_id or iid, False
+    except StoreError:
+        if not _exists(engine, iid):  # (a racer took the id: the tick's instance)
+            raise
+        return iid, False
+    return got, got == iid
+
+
+def _exists(engine: Engine, instance_id: str) -> bool:
+    try:
+        engine.store.get(instance_id)
+    except InstanceNotFound:
+        return False
+    return True

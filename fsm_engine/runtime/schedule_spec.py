@@ -168,6 +168,12 @@ def parse_tick_id(instance_id: str) -> tuple[str, float] | None:
     return m["name"], when.timestamp() + int(m["ms"] or 0) / 1000
 
 
+def tick_key(name: str, tick: float) -> str:
+    """The idempotency key (``Engine.start``'s ``key``) of a tick's instance:
+    ``schedule:NAME:ISO-TIME`` (one instance per key and machine, on every backend)."""
+    return f"schedule:{name}:{iso(tick)}"
+
+
 def iso(t: float | None) -> str | None:
     """Epoch seconds as ISO 8601 in UTC (``None`` stays ``None``)."""
     if t is None:

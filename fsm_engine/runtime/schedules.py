@@ -8,17 +8,18 @@ restarts:
 
 1. *claim*: a compare-and-set on the schedule row's ``version`` (nothing else changes), so
    a worker holding a stale read of the row (another advanced it meanwhile) stops here;
-2. *start*: the tick's instance is created with an id naming the schedule and the tick
-   (``schedule_spec.tick_id``, e.g. ``nightly-20261207T060000Z``): its idempotency key.
-   A second start of that tick (a racing worker, or one taking over after a worker died
-   between 2 and 3) finds the instance there and starts nothing;
+2. *start*: the tick's instance is created with the idempotency key naming the schedule
+   and the tick (``Engine.start(..., key=...)``, ``schedule_spec.tick_key``:
+   ``schedule:nightly:2026-12-07T06:00:00.000Z``) under an id naming them too
+   (``schedule_spec.tick_id``: ``nightly-20261207T060000Z``).  A second start of that tick
+   (a racing worker, or one taking over after a worker died between 2 and 3) finds the
+   instance there and starts nothing;
 3. *advance*: a compare-and-set of ``next_fire`` (and ``last_fire``, ``last_instance``).
    A worker that dies after 2 leaves the row due; the next worker repeats 1-3 for the
    same tick, and 2 finds the instance.
 
-Each step is one transaction for all the schedules due at once (``runtime.schedule_fire``),
-so a thousand ticks falling in the same second cost three transactions per
-``DUE_BATCH``, not three per tick.
+Steps 1 and 3 are one transaction each for all the schedules due at once
+(``runtime.schedule_fire``); step 2 is one per tick.
 
 What a due tick does:
 
@@ -183,7 +184,7 @@ class Schedules:
     # -- firing (``fsm worker``'s poll loop) --------------------------------------------------
     def fire_due(self) -> float | None:
         """Fire every due tick of the store's unpaused schedules, ``DUE_BATCH`` schedules at
-        a time, each batch in three transactions (``runtime.schedule_fire``); return the
+        a time (``runtime.schedule_fire``); return the
         earliest next tick (epoch seconds; ``None``: no schedule; a time already past: a
         schedule left due, queued behind its last instance or refused here).  Raises
         ``StoreError`` when the database is unusable (a tick half done is finished by the

@@ -1,8 +1,9 @@
 """What a claim writes: the pure part of ``Store.claim`` shared by every backend.
 
 A worker claims an instance that is runnable (``pending`` or ``running``, due
-now, or ``waiting`` with a timer that is due: a review's SLA) and not leased by anyone
-else: no owner, or an owner whose lease has expired or who is known dead.  Claiming makes
+now, ``waiting`` with a timer that is due: a review's SLA, or ``scheduled`` and due: a
+delayed or debounced start, never before its time even for a resume) and not leased by
+anyone else: no owner, or an owner whose lease has expired or who is known dead.  Claiming makes
 the claimer the owner and, when
 the instance was taken over from a dead owner in the middle of a step (not
 asleep in a retry backoff), counts one recovery; the runtime fails an instance
@@ -24,8 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+from ..errors import StartKeyTaken
 from . import leases
-from .records import RATE_LIMITED, RECOVERY, RUNNING, WAITING, HistoryRow, InstanceRecord
+from .records import (
+    RATE_LIMITED,
+    RECOVERY,
+    RUNNING,
+    SCHEDULED,
+    WAITING,
+    HistoryRow,
+    InstanceRecord,
+)
 
 _FIELDS = operator.attrgetter(*(f.name for f in fields(InstanceRecord)))
 
@@ -106,7 +116,8 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
         owners.append(f"i.owner IN ({', '.join('?' * len(req.dead))})")
         args.extend(req.dead)
     sql = ("(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
-           "i.next_attempt_at <= ?) OR i.status = 'waiting' AND i.next_attempt_at <= ?) "
+           "i.next_attempt_at <= ?) OR i.status IN ('waiting', 'scheduled') AND "
+           "i.next_attempt_at <= ?) "
            f"AND ({' OR '.join(owners)})")
     if req.machines is not None:
         sql += f" AND i.machine IN ({', '.join('?' * len(req.machines)) or 'NULL'})"
@@ -118,6 +129,13 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
         sql += f" AND i.queue NOT IN ({', '.join('?' * len(req.skip_queues))})"
         args.extend(req.skip_queues)
     return sql, args
+
+
+def key_taken(records: Sequence[InstanceRecord]) -> StartKeyTaken:
+    """The refusal of a ``Store.create`` of ``records`` whose unique start-key index refused
+    one: the first with a key (a batch start gives keys to one record at most)."""
+    rec = next((r for r in records if r.start_key is not None), records[0])
+    return StartKeyTaken(rec.machine, rec.start_key or "")
 
 
 def leased(req: ClaimRequest) -> tuple[str, list[object]]:
@@ -143,7 +161,8 @@ class ClaimTxn(Protocol):
         """Serialise with every other claim taking ``name`` until this transaction ends."""
 
     def take(self, cond: str, args: Sequence[object], limit: int) -> list[InstanceRecord]:
-        """Claim up to ``limit`` rows matching ``cond``, oldest first (see ``adopted``)."""
+        """Claim up to ``limit`` rows matching ``cond`` in claim order (``ORDER``: priority,
+        then age; see ``adopted``)."""
 
 
 def claim(req: ClaimRequest, txn: ClaimTxn) -> list[InstanceRecord]:
@@ -168,8 +187,8 @@ def claim(req: ClaimRequest, txn: ClaimTxn) -> list[InstanceRecord]:
     loads = {row[0]: int(row[1]) for row in txn.rows(
         f"SELECT i.partition_key, COUNT(*) FROM instances i WHERE i.partition_key IS NOT NULL "
         f"AND {live} GROUP BY i.partition_key", live_args)}
-    groups = [(row[0], int(row[1]), int(row[2])) for row in txn.rows(
-        f"SELECT i.partition_key, MIN(i.key), COUNT(*) FROM instances i WHERE {cond} "
+    groups = [(row[0], float(row[1]), int(row[2])) for row in txn.rows(
+        f"SELECT i.partition_key, MIN(i.rank), COUNT(*) FROM instances i WHERE {cond} "
         "GROUP BY i.partition_key", args)]
     out: list[InstanceRecord] = []
     for key, n in share(groups, loads, req.partition_limit, limit):
@@ -196,10 +215,10 @@ def takeable(req: ClaimRequest, found: list[tuple[InstanceRecord, float | None]]
     return [(rec, prior) for rec, prior in found if rec.owner not in renewed]
 
 
-def share(groups: Sequence[tuple[str | None, int, int]], loads: dict[str, int],
+def share(groups: Sequence[tuple[str | None, float, int]], loads: dict[str, int],
           per_key: int, limit: int) -> list[tuple[str | None, int]]:
-    """How many of ``limit`` slots each partition gets: ``groups`` are (key, oldest
-    instance's key, runnable count); ``loads`` the live leases per key.  Least loaded
+    """How many of ``limit`` slots each partition gets: ``groups`` are (key, first
+    instance's claim rank, runnable count); ``loads`` the live leases per key.  Least loaded
     first (then oldest), one slot per partition per round; a key never goes past
     ``per_key`` leases, instances without a key (``None``) are not limited."""
     order = sorted(groups, key=lambda g: (loads.get(g[0], 0) if g[0] is not None else 0, g[1]))
@@ -215,6 +234,11 @@ def share(groups: Sequence[tuple[str | None, int, int]], loads: dict[str, int],
             given[k] += 1
         left -= min(left, len(turn))
     return [(k, n) for k, n in given.items() if n > 0]
+
+
+#: The claim order (``ClaimTxn.take``): the lowest ``rank`` (``created_at - priority *
+#: AGING_S``, ``records.AGING_S``) first, creation order among equals.
+ORDER = " ORDER BY i.rank, i.key"
 
 
 def select(columns: tuple[str, ...]) -> str:
@@ -248,6 +272,8 @@ def adopted(rec: InstanceRecord, owner: str, now: float,
     new = InstanceRecord(*_FIELDS(rec))
     new.context, new.visits = dict(rec.context), dict(rec.visits)
     new.owner, new.updated_at = owner, now
+    if new.status == SCHEDULED:  # due: it starts now
+        new.next_attempt_at = None
     if new.status != WAITING:
         new.status = RUNNING
     elif rec.reason == RATE_LIMITED:  # its wait is over: it calls again

@@ -23,6 +23,7 @@ import pydantic_core
 
 from ..errors import StepRejected, StoreError
 from .records import (
+    AGING_S,
     AttemptRow,
     BreakerRow,
     ChildOutput,
@@ -177,7 +178,8 @@ def reviews_where(statuses: Any, machine: str | None, instance_id: str | None,
 #: a migration moves it with ``machine_version``).
 IMMUTABLE = frozenset({"id", "key", "version", "machine", "module", "input",
                        "created_at", "forked_from", "forked_at_seq",
-                       "parent_id", "branch", "fork_options", "partition_key"})
+                       "parent_id", "branch", "fork_options", "partition_key",
+                       "start_key", "priority", "rank", "debounce_key", "debounce_until"})
 #: Mutable JSON columns: encoded only when written, and written when ``before`` holds the
 #: very same dict as ``after`` (an edit made in place would otherwise look unchanged).
 DICTS = ("visits",)
@@ -263,7 +265,10 @@ def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
 def instance_row(rec: InstanceRecord, blobs: Blobs,
                  threshold: int = CONTEXT_THRESHOLD) -> builtins.list[Any]:
     """``rec``'s values in column order for an INSERT (large context values to ``blobs``;
-    ``rec.context_refs`` is set to where they went)."""
+    ``rec.context_refs`` is set to where they went; ``rec.rank``, when ``None``, to its
+    claim order: ``created_at - priority * AGING_S``)."""
+    if rec.rank is None:
+        rec.rank = rec.created_at - rec.priority * AGING_S
     text, rec.context_refs = split_context(None, rec, blobs, threshold)
     row = INSTANCE.values(rec, skip=CONTEXT + ("input",))
     if _same(rec.input, rec.context):  # a fresh start: the input's JSON is the context's

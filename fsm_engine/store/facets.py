@@ -39,7 +39,7 @@ from .records import (
     StepRow,
     WorkerRow,
 )
-from .schedules import ScheduleRow
+from .schedules import ScheduleStore  # (its facet lives beside its SQL)
 from .streams import StreamOp, StreamRow
 
 
@@ -65,11 +65,29 @@ class InstanceStore(Protocol):
 
     def create(self, *records: InstanceRecord, history: Sequence[HistoryRow] = ()) -> None:
         """Insert new instances in one transaction (all or none; a duplicate id fails all);
-        each record's ``key`` is set to its new integer key (increasing in creation order).
+        each record's ``key`` is set to its new integer key (increasing in creation order);
+        ``StartKeyTaken`` (nothing written) when another instance of a record's machine
+        holds its ``start_key``.
         ``history`` rows (of these new instances, by ``instance_id``) are inserted in the
         same transaction (a fork's copied history).
 
         Status: none → each record's own (``pending``; a fork's copy keeps its source's)."""
+
+    def debounce(self, rec: InstanceRecord) -> str:
+        """Start ``rec`` (new, ``scheduled``, with a ``debounce_key``; due at its
+        ``next_attempt_at``) or fold it into the ``scheduled`` instance of its machine with
+        that key: that one's context and input become ``rec``'s, its ``next_attempt_at``
+        ``min(rec.next_attempt_at, its debounce_until)``, ``updated_at`` ``rec.created_at``
+        (``version`` + 1).  Atomic across processes: at most one scheduled instance per
+        machine and key.  Returns the id of the instance holding the burst (``rec.id``
+        when inserted: ``rec.key`` is then set).
+
+        Status: none → ``scheduled``, or none changes."""
+
+    def by_start_key(self, machine: str, key: str) -> InstanceRecord | None:
+        """The instance of ``machine`` started with ``key`` (``start_key``), or ``None``.
+
+        Status: none changes."""
 
     def get(self, instance_id: str) -> InstanceRecord:
         """The instance; ``InstanceNotFound`` when absent.
@@ -389,47 +407,6 @@ class MetaStore(Protocol):
     def add_meta(self, key: str, value: str) -> bool:
         """Insert ``key`` unless it exists: True when this call inserted it (exactly one
         of concurrent callers wins).
-
-        Status: none changes."""
-
-
-class ScheduleStore(Protocol):
-    """Stored schedules (``store.schedules``, format 14): what ``fsm worker`` fires.
-    Every change is a compare-and-set on the row's ``version``."""
-
-    def add_schedule(self, row: ScheduleRow) -> bool:
-        """Insert ``row`` unless its name exists: True when this call inserted it.
-
-        Status: none changes."""
-
-    def get_schedule(self, name: str) -> ScheduleRow | None:
-        """The schedule named ``name`` (``None``: none).  Status: none changes."""
-
-    def schedules(self) -> builtins.list[ScheduleRow]:
-        """Every schedule, by name.  Status: none changes."""
-
-    def due_schedules(self, now: float, limit: int) -> builtins.list[ScheduleRow]:
-        """At most ``limit`` unpaused schedules whose ``next_fire`` is at or before
-        ``now`` (epoch seconds), earliest first (one indexed query).  Status: none changes."""
-
-    def next_schedule_fire(self) -> float | None:
-        """The earliest ``next_fire`` of the unpaused schedules (``None``: none).
-
-        Status: none changes."""
-
-    def update_schedule(self, row: ScheduleRow, expected_version: int) -> bool:
-        """Write ``row`` (by name) when the stored version is ``expected_version``, the
-        version then growing by one (set on ``row``); False, nothing written, when another
-        writer changed it first or it is gone.  Status: none changes."""
-
-    def update_schedules(self, changes: Sequence[tuple[ScheduleRow, int]]
-                         ) -> builtins.list[bool]:
-        """``update_schedule`` of each ``(row, expected_version)``, in one transaction, in
-        the order given (callers sort by name: concurrent batches lock rows in one order);
-        per change, True when it applied.  Status: none changes."""
-
-    def delete_schedule(self, name: str) -> bool:
-        """Remove the schedule (its instances stay); False when there was none.
 
         Status: none changes."""
 

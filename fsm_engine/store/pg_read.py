@@ -30,7 +30,7 @@ from .sql_filter import where_sql as sql_where
 from .sqlite_read import CHECKS, describe, ended_at
 
 _ORDER_COLUMNS = {"created": "key", "updated": "updated_at", "tokens": "tokens_used",
-                  "transitions": "loop_count"}
+                  "transitions": "loop_count", "priority": "rank"}
 assert set(_ORDER_COLUMNS) == set(ORDERS)
 _FIELD = re.compile(r"^context\.([A-Za-z_][A-Za-z0-9_]*)$")
 

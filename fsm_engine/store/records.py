@@ -18,9 +18,12 @@ if TYPE_CHECKING:
 #: rate limit, its children); ``paused``: stopped by an operator (``Engine.pause``) or by an
 #: ``on_exhausted="pause"`` policy, claimed by no worker or resume until ``Engine.unpause``
 #: (its timers stopped: the time left is in its ``pause`` history row);
+#: ``scheduled``: to start at its ``next_attempt_at`` (a delayed or debounced start);
 #: ``completed``/``failed``/``cancelled``: final.
-Status = Literal["pending", "running", "waiting", "paused", "completed", "failed", "cancelled"]
+Status = Literal["pending", "running", "waiting", "paused", "scheduled", "completed", "failed",
+                 "cancelled"]
 PENDING: Final = "pending"
+SCHEDULED: Final = "scheduled"
 RUNNING: Final = "running"
 WAITING: Final = "waiting"
 COMPLETED: Final = "completed"
@@ -28,7 +31,8 @@ FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 PAUSED: Final = "paused"
 FINAL_STATUSES: frozenset[Status] = frozenset({COMPLETED, FAILED, CANCELLED})
-STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, PAUSED, COMPLETED, FAILED, CANCELLED)
+STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, PAUSED, SCHEDULED, COMPLETED, FAILED,
+                                CANCELLED)
 
 #: History kind of a takeover: another worker adopted the instance from an owner that died,
 #: lost its lease or went away (``store.claims.takeover_row``).  Not a transition: it counts
@@ -48,7 +52,12 @@ PAUSE, UNPAUSE = "pause", "unpause"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 14
+FORMAT_VERSION = 15
+
+#: Seconds of age one step of priority is worth, and the priorities a start may give (format
+#: 14): claims take the lowest ``rank = created_at - priority * AGING_S`` first (the
+#: starvation bound: ``runtime.start_options``).
+AGING_S, PRIORITY_MIN, PRIORITY_MAX = 60.0, -1000, 1000
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"
@@ -127,6 +136,14 @@ class InstanceRecord:
     #: *touch*, which bumps ``version`` so the holder's running step goes stale), dropped
     #: by the commit that pauses or ends the instance; ``None``: no request.
     pause_request: str | None = None
+    #: How it was started (format 14, fixed at creation; ``runtime.start_options``): its
+    #: idempotency key (unique per machine), priority, claim ``rank`` (set by the store when
+    #: ``None``), debounce key and the latest its start may be pushed back to (epoch s).
+    start_key: str | None = None
+    priority: int = 0
+    rank: float | None = None
+    debounce_key: str | None = None
+    debounce_until: float | None = None
 
     @property
     def final(self) -> bool:
@@ -418,7 +435,7 @@ class StepCommit:
 # -- read-side queries (the viewer, ``fsm stats``, ``fsm list``) ------------------------------
 
 #: Sort keys of ``Store.query``: creation order, last update, tokens used, transitions made.
-ORDERS = ("created", "updated", "tokens", "transitions")
+ORDERS = ("created", "updated", "tokens", "transitions", "priority")
 #: Columns ``Store.count`` groups by (besides ``context.FIELD``).
 GROUPS = ("status", "state", "reason", "machine")
 

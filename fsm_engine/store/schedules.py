@@ -1,4 +1,4 @@
-"""Schedules in the store (format 14): shared SQL of every backend.
+"""Schedules in the store (format 15): shared SQL of every backend.
 
 One row per schedule (``ScheduleRow``), keyed by its name: what to start (a machine's
 module and name, an input), when (a cron expression or an interval, in a time zone),
@@ -13,10 +13,11 @@ a row's module against the process's trust before importing it.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import StoreError
 
@@ -109,3 +110,44 @@ def decode(values: Sequence[Any]) -> ScheduleRow:
         next_fire=float(v[11]), last_fire=None if v[12] is None else float(v[12]),
         last_instance=v[13], skipped=int(v[14]), missed=int(v[15]),
         created_at=float(v[16] or 0), version=int(v[17]))
+
+
+class ScheduleStore(Protocol):
+    """Stored schedules (``store.schedules``, format 15): what ``fsm worker`` fires.
+    Every change is a compare-and-set on the row's ``version``."""
+
+    def add_schedule(self, row: ScheduleRow) -> bool:
+        """Insert ``row`` unless its name exists: True when this call inserted it.
+
+        Status: none changes."""
+
+    def get_schedule(self, name: str) -> ScheduleRow | None:
+        """The schedule named ``name`` (``None``: none).  Status: none changes."""
+
+    def schedules(self) -> builtins.list[ScheduleRow]:
+        """Every schedule, by name.  Status: none changes."""
+
+    def due_schedules(self, now: float, limit: int) -> builtins.list[ScheduleRow]:
+        """At most ``limit`` unpaused schedules whose ``next_fire`` is at or before
+        ``now`` (epoch seconds), earliest first (one indexed query).  Status: none changes."""
+
+    def next_schedule_fire(self) -> float | None:
+        """The earliest ``next_fire`` of the unpaused schedules (``None``: none).
+
+        Status: none changes."""
+
+    def update_schedule(self, row: ScheduleRow, expected_version: int) -> bool:
+        """Write ``row`` (by name) when the stored version is ``expected_version``, the
+        version then growing by one (set on ``row``); False, nothing written, when another
+        writer changed it first or it is gone.  Status: none changes."""
+
+    def update_schedules(self, changes: Sequence[tuple[ScheduleRow, int]]
+                         ) -> builtins.list[bool]:
+        """``update_schedule`` of each ``(row, expected_version)``, in one transaction, in
+        the order given (callers sort by name: concurrent batches lock rows in one order);
+        per change, True when it applied.  Status: none changes."""
+
+    def delete_schedule(self, name: str) -> bool:
+        """Remove the schedule (its instances stay); False when there was none.
+
+        Status: none changes."""

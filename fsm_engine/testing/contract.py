@@ -39,6 +39,7 @@ from .contract_queues import QueueContract
 from .contract_reads import ReadSideContract
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract
 from .contract_schedules import ScheduleContract
+from .contract_starts import StartContract
 from .contract_streams import StreamContract
 from .contract_workers import WorkerContract
 
@@ -48,7 +49,8 @@ __all__ = [
     "InstanceContract", "CommitContract", "HistoryContract", "OutboxContract", "WorkerContract",
     "BreakerContract", "ClaimContract", "LeaseContract", "FamilyContract", "ReadSideContract",
     "ReviewContract", "ForkContract", "ReplyContract", "QueueContract", "LargeValueContract",
-    "BatchContract", "DefinitionContract", "MetaContract", "StreamContract", "ScheduleContract",
+    "BatchContract", "DefinitionContract", "MetaContract", "StreamContract", "StartContract",
+    "ScheduleContract",
     # the fixtures (contract_fixtures)
     "UNICODE", "record", "moved", "hist", "live", "attempt", "concurrently", "fleet",
 ]
@@ -58,7 +60,8 @@ class StoreContract(InstanceContract, CommitContract, HistoryContract, OutboxCon
                     WorkerContract, BreakerContract, ClaimContract, FamilyContract,
                     ReadSideContract, ReviewContract, ForkContract, ReplyContract,
                     QueueContract, LargeValueContract, LeaseContract, BatchContract,
-                    DefinitionContract, StreamContract, MetaContract, ScheduleContract):
+                    DefinitionContract, StreamContract, MetaContract, StartContract,
+                    ScheduleContract):
     """Behaviour every ``Store`` backend must have: the union of the facet mixins above
     (:class:`ReadSideContract` among them).
 

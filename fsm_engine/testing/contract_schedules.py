@@ -1,4 +1,4 @@
-"""Contract cases for stored schedules (format 14, ``store.schedules``; mixed into
+"""Contract cases for stored schedules (format 15, ``store.schedules``; mixed into
 ``StoreContract``): names are unique, due rows come earliest first, and every change is a
 compare-and-set on the row's version, also among concurrent writers."""
 

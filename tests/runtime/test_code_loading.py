@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from format13 import undo_14
 from procs import stop
 
 from fsm_engine.store import open_store
@@ -252,7 +253,8 @@ def test_a_format_10_store_is_migrated_to_keep_definitions(store_url: str) -> No
     execute(store_url, "DROP TABLE definitions", ())  # as fsm_engine at format 10 left it
     execute(store_url, "DROP TABLE stream_rows", ())  # (format 12's)
     execute(store_url, "ALTER TABLE instances DROP COLUMN pause_request", ())  # (13's)
-    execute(store_url, "DROP TABLE schedules", ())  # (14's)
+    for sql in undo_14():  # (14's)
+        execute(store_url, sql, ())
     execute(store_url, "UPDATE fsm_meta SET value = '10' WHERE key = 'schema_version'", ())
     store = open_store(store_url)  # a writer: migrated forward on open
     try:

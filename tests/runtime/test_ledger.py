@@ -21,7 +21,7 @@ PACKAGE = Path(fsm_engine.__file__).resolve().parent
 ALLOWED = {PACKAGE / "runtime" / "ledger.py"}
 EXEMPT_DIRS = (PACKAGE / "store", PACKAGE / "testing")
 #: The store's instance writes only the ledger makes.
-VERBS = frozenset({"commit", "create", "claim", "release", "delete"})
+VERBS = frozenset({"commit", "create", "debounce", "claim", "release", "delete"})
 
 
 def _names_store(node: ast.expr) -> bool:

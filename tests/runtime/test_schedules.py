@@ -60,6 +60,8 @@ def test_each_interval_tick_starts_one_instance_named_by_its_tick(engine, clock)
         "two-20231114T221323Z", "two-20231114T221325Z"]
     rec = engine.store.get("two-20231114T221325Z")
     assert (rec.status, rec.owner, rec.context["label"]) == ("pending", None, "x")
+    assert rec.start_key == "schedule:two:2023-11-14T22:13:25.000Z"  # its idempotency key
+    assert engine.start(tick_machine.machine, {"label": "x"}, key=rec.start_key) == rec.id
     got = engine.schedules.get("two")
     assert (got.next_fire, got.last_fire, got.last_instance) == (T0 + 7, T0 + 5, rec.id)
 

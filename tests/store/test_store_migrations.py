@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from format13 import UNDO_14, undo_14
 
 from fsm_engine import SqliteStore, StoreError
 from fsm_engine.store import HistoryRow, StepCommit
@@ -113,7 +114,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("14",)]
+        [(str(FORMAT_VERSION),)] == [("15",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -210,9 +211,10 @@ def test_format_6_postgres_rows_read_back_under_machine_version_1(pg_cluster) ->
 
 
 #: Undo format 9 on PostgreSQL (large context values beside the row): a format 8 database
-#: (and format 11's definitions and 12's stream rows, which a format 10 database has not).
-_DROP_V9 = ("DROP TABLE {schema}.definitions; DROP TABLE {schema}.stream_rows; "
-            "DROP TABLE {schema}.schedules; "
+#: (and format 11's definitions, 12's stream rows and 14's start options, which a format 10
+#: database has not).
+_DROP_V9 = ("; ".join(undo_14("{schema}.")) + "; "
+            "DROP TABLE {schema}.definitions; DROP TABLE {schema}.stream_rows; "
             "ALTER TABLE {schema}.instances DROP COLUMN context_refs; "
             "ALTER TABLE {schema}.instances DROP COLUMN pause_request")
 #: Undo format 8 on PostgreSQL (queues, partitions, rate limits): a format 7 database.
@@ -281,8 +283,8 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
     pg_cluster.sql(f"ALTER TABLE {schema}.instances RESET (fillfactor)")  # as format 9 left it
     pg_cluster.sql(f"DROP TABLE {schema}.definitions")
     pg_cluster.sql(f"DROP TABLE {schema}.stream_rows")
-    pg_cluster.sql(f"DROP TABLE {schema}.schedules")
     pg_cluster.sql(f"ALTER TABLE {schema}.instances DROP COLUMN pause_request")
+    pg_cluster.sql("; ".join(undo_14(f"{schema}.")))
     pg_cluster.sql(f"UPDATE {schema}.fsm_meta SET value = '9' WHERE key = 'schema_version'")
     store = open_store(url)
     try:
@@ -301,7 +303,7 @@ def test_postgres_format_9_is_migrated_to_half_filled_instance_pages(pg_cluster)
 #: request), ``b`` carrying the marker with its row lost, ``c`` paused since (its row
 #: spent), and a row of an instance gone.
 _V12_PAUSES = (
-    "DROP TABLE {t}schedules",
+    *UNDO_14,
     "ALTER TABLE {t}instances DROP COLUMN pause_request",
     "UPDATE {t}instances SET reason = 'pause_requested', version = 3 WHERE id IN ('a', 'b')",
     "UPDATE {t}instances SET status = 'paused', reason = 'hold' WHERE id = 'c'",
@@ -357,50 +359,63 @@ def test_postgres_format_12_pause_requests_move_into_their_instances(pg_cluster)
         store.close()
 
 
-def _v13_schedules_added(store: Any) -> None:
-    from fsm_engine.store.schedules import ScheduleRow
-    assert store.get("a").state == "start" and store.schedules() == []
-    row = ScheduleRow("nightly", "m.py", "m", "0 6 * * *", None, "UTC", {}, "skip", "none",
-                      False, 1.0, 2.0)
-    assert store.add_schedule(row) and store.get_schedule("nightly") == row
-
-
-def test_sqlite_format_13_is_migrated_to_store_schedules(tmp_path: Path) -> None:
+def _v13_store(create: Callable[[], Any]) -> None:
     from fsm_engine.testing.contract import record
-    path = tmp_path / "v13.db"
-    store = SqliteStore(str(path))
-    store.create(record("a"))
+    store = create()
+    old, new = record("old"), record("new")
+    old.created_at, new.created_at = 100.0, 200.0
+    store.create(old, new)
     store.close()
+
+
+def _v14_columns_work(store: Any) -> None:
+    """A format 13 database migrated: its rows claim in creation order (``rank`` their
+    ``created_at``, priority 0), and the start key and debounce indexes hold."""
+    from fsm_engine.errors import StartKeyTaken
+    from fsm_engine.store.claims import ClaimRequest
+    from fsm_engine.testing.contract import record
+    old = store.get("old")
+    assert (old.priority, old.rank, old.start_key, old.debounce_key) == (0, 100.0, None, None)
+    urgent = record("urgent", machine="m")
+    urgent.created_at, urgent.priority, urgent.start_key = 250.0, 1, "k"
+    store.create(urgent)  # rank 250 - 60 = 190: ahead of "new" (200), behind "old" (100)
+    twin = record("twin", machine="m")
+    twin.start_key = "k"
+    with pytest.raises(StartKeyTaken):
+        store.create(twin)
+    claimed = store.claim(ClaimRequest(owner="w", now=1000.0, limit=3))
+    assert [r.id for r in claimed] == ["old", "urgent", "new"]
+
+
+def test_sqlite_format_13_is_migrated_to_start_options(tmp_path: Path) -> None:
+    path = tmp_path / "v13.db"
+    _v13_store(lambda: SqliteStore(str(path)))
     conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE schedules")  # as format 13 left it
-    conn.execute("UPDATE fsm_meta SET value = '13' WHERE key = 'schema_version'")
+    for sql in [*undo_14(), "UPDATE fsm_meta SET value = '13' WHERE key = 'schema_version'"]:
+        conn.execute(sql)
     conn.commit()
     conn.close()
     store = SqliteStore(str(path))
     try:
-        _v13_schedules_added(store)
+        _v14_columns_work(store)
     finally:
         store.close()
-    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("14",)]
 
 
-def test_postgres_format_13_is_migrated_to_store_schedules(pg_cluster) -> None:  # noqa: ANN001
+def test_postgres_format_13_is_migrated_to_start_options(pg_cluster) -> None:  # noqa: ANN001
     from fsm_engine.store import open_store
-    from fsm_engine.testing.contract import record
     url = pg_cluster.database()
     schema = url.rsplit("%3D", 1)[1]
-    store = open_store(url)
-    store.create(record("a"))
-    store.close()
-    pg_cluster.sql(f"DROP TABLE {schema}.schedules; UPDATE {schema}.fsm_meta SET value = '13' "
-                   "WHERE key = 'schema_version'")
+    _v13_store(lambda: open_store(url))
+    pg_cluster.sql("; ".join([*undo_14(f"{schema}."), f"UPDATE {schema}.fsm_meta SET "
+                              "value = '13' WHERE key = 'schema_version'"]))
     store = open_store(url)
     try:
-        _v13_schedules_added(store)
+        _v14_columns_work(store)
     finally:
         store.close()
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
-                          "WHERE key = 'schema_version'") == [("14",)]
+                          "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]
 
 
 def _fresh(code: str) -> str:
@@ -446,3 +461,43 @@ def test_sqlite_utils_still_stores_numpy_values_after_a_database_was_created(tmp
         f"db = sqlite_utils.Database(os.path.join({str(tmp_path)!r}, 'user.db'))\n"
         "db['t'].insert({'x': numpy.int64(3), 'y': numpy.float32(1.5)})\n"
         "print(db['t'].columns_dict)\n") == "{'x': <class 'int'>, 'y': <class 'float'>}"
+
+
+def _v14_schedules_added(store: Any) -> None:
+    from fsm_engine.store.schedules import ScheduleRow
+    assert store.get("old").state == "start" and store.schedules() == []
+    row = ScheduleRow("nightly", "m.py", "m", "0 6 * * *", None, "UTC", {}, "skip", "none",
+                      False, 1.0, 2.0)
+    assert store.add_schedule(row) and store.get_schedule("nightly") == row
+
+
+def test_sqlite_format_14_is_migrated_to_store_schedules(tmp_path: Path) -> None:
+    path = tmp_path / "v14.db"
+    _v13_store(lambda: SqliteStore(str(path)))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE schedules")  # as format 14 left it
+    conn.execute("UPDATE fsm_meta SET value = '14' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(path))
+    try:
+        _v14_schedules_added(store)
+    finally:
+        store.close()
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("15",)]
+
+
+def test_postgres_format_14_is_migrated_to_store_schedules(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine.store import open_store
+    url = pg_cluster.database()
+    schema = url.rsplit("%3D", 1)[1]
+    _v13_store(lambda: open_store(url))
+    pg_cluster.sql(f"DROP TABLE {schema}.schedules; UPDATE {schema}.fsm_meta SET value = '14' "
+                   "WHERE key = 'schema_version'")
+    store = open_store(url)
+    try:
+        _v14_schedules_added(store)
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
+                          "WHERE key = 'schema_version'") == [("15",)]

@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 
-from ...errors import InstanceNotFound, StepRejected
+from ...errors import InstanceNotFound, StepRejected, StoreError
 from .. import pg_commit
+from ..claims import key_taken
 from ..codec import (
     CLOSE_OPEN_REVIEWS,
     CLOSE_REVIEW,
@@ -31,6 +32,8 @@ from ..codec import (
     marks,
     update_sql,
 )
+from ..debounce import FOLD, fold_args
+from ..debounce import INDEX as DEBOUNCE_INDEX
 from ..records import (
     CHILD_OUTPUT_COLUMNS,
     CHILD_STATE_COLUMNS,
@@ -56,6 +59,7 @@ from .connect import (
 )
 from .streams import write as write_stream
 
+_FOLD = marks(FOLD.format(least="LEAST"))
 
 class PostgresSteps(PostgresBase):
     """Instances and their steps (``store.facets.InstanceStore``): the group commit."""
@@ -68,7 +72,12 @@ class PostgresSteps(PostgresBase):
 
         def go(conn: psycopg.Connection[Any]) -> builtins.list[int]:
             self._put_blobs(conn, blobs)
-            keys = self._keys(conn, rows)
+            try:
+                keys = self._keys(conn, rows)
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name == "idx_instances_start_key":
+                    raise key_taken(records) from None
+                raise
             with conn.cursor() as cur:
                 by_id = {r.id: k for r, k in zip(records, keys, strict=False)}
                 copied = []
@@ -114,6 +123,38 @@ class PostgresSteps(PostgresBase):
         self._put_blobs(conn, blobs)
         for rec, key in zip(records, self._keys(conn, rows), strict=False):
             rec.key = key
+
+    def debounce(self, rec: InstanceRecord) -> str:
+        blobs: Blobs = []
+        args = fold_args(rec, blobs)
+
+        def go(conn: psycopg.Connection[Any]) -> str | None:
+            self._put_blobs(conn, blobs)
+            with conn.cursor() as cur:
+                row = cur.execute(_FOLD, args).fetchone()
+                if row is not None:
+                    return str(row[0])
+                try:
+                    with conn.transaction():  # a savepoint: a racing first start won
+                        [key] = self._keys(conn, self._instance_rows([rec])[0])
+                except psycopg.errors.UniqueViolation as exc:
+                    if exc.diag.constraint_name != DEBOUNCE_INDEX:
+                        raise
+                    return None  # fold into the winner's, in a new transaction
+                cur.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+            rec.key = key
+            return rec.id
+        for _ in range(10):
+            held = self._run(go, txn=True)
+            if held is not None:
+                return held
+        raise StoreError(f"database {self.url}: a debounced start of {rec.debounce_key!r} "
+                         "lost ten races in a row")
+
+    def by_start_key(self, machine: str, key: str) -> InstanceRecord | None:
+        rows = self._rows(marks(SELECT_INSTANCES + " WHERE machine=? AND start_key=?"),
+                          (machine, key))
+        return self._full([INSTANCE.decode(rows[0])])[0] if rows else None
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._rows(_SQL_INSTANCE_BY_ID, (instance_id,))

@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from ...errors import StoreError
 from ...process import session_name
 from .. import claims, leases, pg_fence, pg_read, rates
-from ..claims import ClaimRequest, select, take
+from ..claims import ORDER, ClaimRequest, select, take
 from ..codec import (
     ATTEMPT,
     BREAKER,
@@ -317,7 +317,7 @@ class _ClaimTxn:
 
     def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
         sql = marks(select(INSTANCE.columns) + cond
-                    + " ORDER BY i.key LIMIT ? FOR UPDATE OF i SKIP LOCKED")
+                    + ORDER + " LIMIT ? FOR UPDATE OF i SKIP LOCKED")
         with self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql, [*args, limit])
             rows = cur.fetchall()

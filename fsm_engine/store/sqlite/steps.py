@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import InstanceNotFound
 from .. import streams
+from ..claims import key_taken
 from ..codec import (
     CLOSE_OPEN_REVIEWS,
     CLOSE_REVIEW,
@@ -47,6 +48,7 @@ from ..codec import (
 from ..codec import (
     update_sql as _update_sql,
 )
+from ..debounce import FOLD, fold_args
 from ..records import (
     CHILD_OUTPUT_COLUMNS,
     CHILD_STATE_COLUMNS,
@@ -63,6 +65,8 @@ from .connect import SqliteBase, _decode
 #: The final statuses as an SQL list (``child_outputs``).
 _FINAL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATUSES))
 
+_FOLD = FOLD.format(least="MIN")
+
 #: ``StepCommit.wake``: a parent waiting for its children becomes claimable.
 _WAKE = ("UPDATE instances SET status='running', updated_at=?, version=version+1 "
          "WHERE id=? AND status='waiting' AND reason='children'")
@@ -77,15 +81,32 @@ class SqliteSteps(SqliteBase):
             keys = [r.key for r in records]
             try:
                 self._insert(conn, records)
-            except BaseException:
+            except BaseException as exc:
                 for rec, key in zip(records, keys, strict=False):  # nothing was stored: no key either
                     rec.key = key
+                if isinstance(exc, sqlite3.IntegrityError) and "start_key" in str(exc):
+                    raise key_taken(records) from None
                 raise
             by_id = {r.id: r.key for r in records}
             for h in history:
                 row = _HISTORY.values(h)
                 row[0] = by_id[h.instance_id]
                 conn.execute(_INSERT_HISTORY, row)
+
+    def debounce(self, rec: InstanceRecord) -> str:
+        with self._write() as conn:  # the write lock: no other start of the key between
+            blobs: Blobs = []
+            args = fold_args(rec, blobs)
+            self._put_blobs(conn, blobs)
+            row = conn.execute(_FOLD, args).fetchone()
+            if row is not None:
+                return str(row[0])
+            self._insert(conn, [rec])
+        return rec.id
+
+    def by_start_key(self, machine: str, key: str) -> InstanceRecord | None:
+        rows = self._read(_SELECT_INSTANCES + " WHERE machine=? AND start_key=?", (machine, key))
+        return self._full([_decode(InstanceRecord, rows[0])])[0] if rows else None
 
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read(_SELECT_INSTANCES + " WHERE id=?", (instance_id,))

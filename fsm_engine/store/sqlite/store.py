@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import claims, leases, rates, sqlite_read
-from ..claims import ClaimRequest, select, take
+from ..claims import ORDER, ClaimRequest, select, take
 from ..codec import (
     BREAKER as _BREAKER,
 )
@@ -307,7 +307,7 @@ class _ClaimTxn:
         return None
 
     def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
-        sql = select(_INSTANCE.columns) + cond + " ORDER BY i.key LIMIT ?"
+        sql = select(_INSTANCE.columns) + cond + ORDER + " LIMIT ?"
         out: builtins.list[InstanceRecord] = []
         req = self.request
         found = []
