@@ -220,17 +220,21 @@ class Engine:
                    token_budget: int | None = None, deadline_s: float | None = None,
                    ids: list[str] | None = None, enqueue: bool = False,
                    partition: str | None = None,
-                   options: start_options.StartOptions | None = None) -> list[str]:
+                   options: start_options.StartOptions | None = None,
+                   keys: list[str] | None = None) -> list[str]:
         """``start`` for many inputs in one transaction (all created, or none); an
         ``InvalidInput`` carries ``index``, the position of the input at fault.
 
         ``enqueue``: create them unowned, for any worker to claim (``fsm start``),
         instead of held by this engine.  ``options``: ``start``'s, checked
-        (``start_options.check``; a key or a debounce for one input only).
+        (``start_options.check``; a key or a debounce for one input only).  ``keys``: a
+        start key per input (1–200 characters; schedule ticks): when one is held already,
+        nothing is created (``StartKeyTaken``; start that input alone with its ``key`` to get
+        the holder's id).
         """
         return self.client.start_many(machine, inputs, token_budget=token_budget,
                                       deadline_s=deadline_s, ids=ids, enqueue=enqueue,
-                                      partition=partition, options=options)
+                                      partition=partition, options=options, keys=keys)
 
     @property
     def schedules(self) -> Schedules:

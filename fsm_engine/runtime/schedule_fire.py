@@ -7,10 +7,11 @@ batch, however many schedules are due:
 
 1. **claim** every row that starts a tick (a compare-and-set of its version, nothing else
    changed) and write the rows that start nothing (dropped or skipped ticks);
-2. **start** each claimed tick's instance under its id (``schedule_spec.tick_id``) and its
-   idempotency key (``schedule_spec.tick_key``: ``Engine.start(..., key=...)``, unique per
-   machine); a tick whose instance is there already (another worker, or this tick again
-   after a crash) is not started twice;
+2. **start** the claimed ticks' instances under their ids (``schedule_spec.tick_id``) and
+   idempotency keys (``schedule_spec.tick_key``, unique per machine: ``Engine.start``'s
+   ``key``), one ``start_many`` per machine (all or none); when one is there already
+   (another worker, or this tick again after a crash) each starts alone, and a tick whose
+   instance is there is not started twice;
 3. **advance** each claimed row from its claimed version.
 
 A worker that dies between 1 and 3 leaves its rows claimed but due: the next call, on any
@@ -138,6 +139,14 @@ def _start(engine: Engine, group: list[Plan],
         cm = machine(group[0].row)
     except (DefinitionError, InvalidInput) as exc:
         return {p.row.name: exc for p in group}
+    ticks = [(p.row, t) for p in group for t in p.start]
+    try:  # one transaction for them all (a tick started before fails it: each alone, below)
+        engine.start_many(cm.spec, [row.input for row, _ in ticks], enqueue=True,
+                          ids=[spec.tick_id(row.name, t) for row, t in ticks],
+                          keys=[spec.tick_key(row.name, t) for row, t in ticks])
+        return {}
+    except (StoreError, InvalidInput):
+        pass
     refused: dict[str, FsmError] = {}
     for p in group:
         for t in p.start:

@@ -18,8 +18,9 @@ restarts:
    A worker that dies after 2 leaves the row due; the next worker repeats 1-3 for the
    same tick, and 2 finds the instance.
 
-Steps 1 and 3 are one transaction each for all the schedules due at once
-(``runtime.schedule_fire``); step 2 is one per tick.
+Each step is one transaction for all the schedules due at once (``runtime.schedule_fire``),
+so a thousand ticks falling in the same second cost three transactions per ``DUE_BATCH``,
+not three per tick.
 
 What a due tick does:
 

@@ -277,3 +277,15 @@ def test_a_schedule_this_worker_may_not_load_is_left_to_others(tmp_path, clock, 
         assert caplog.text.count("schedule theirs left to other workers") == 1
     finally:
         worker.close()
+
+
+def test_start_many_with_a_key_per_input_is_all_or_none(engine) -> None:
+    """What a batch of ticks starts with (``Engine.start_many(keys=...)``)."""
+    from fsm_engine.errors import StartKeyTaken
+    made = engine.start_many(tick_machine.machine, [{}, {}], keys=["k1", "k2"], enqueue=True)
+    assert [engine.store.get(i).start_key for i in made] == ["k1", "k2"]
+    with pytest.raises(StartKeyTaken):
+        engine.start_many(tick_machine.machine, [{}, {}], keys=["k3", "k2"], enqueue=True)
+    with pytest.raises(InvalidInput, match="1 start keys for 2 inputs"):
+        engine.start_many(tick_machine.machine, [{}, {}], keys=["k4"], enqueue=True)
+    assert sorted(r.start_key for r in engine.store.list()) == ["k1", "k2"]  # nothing else
