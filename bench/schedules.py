@@ -1,9 +1,10 @@
 """Schedules (issue 38): 1,000 stored schedules and one ``fsm worker``.
 
     python bench/schedules.py [--n 1000] [--every 10] [--seconds 35] [--poll 0.5]
-                              [--db postgresql://…]
+                              [--db postgresql://… | --postgres]
 
-Two phases on one store (a fresh SQLite file unless ``--db``):
+Two phases on one store (a fresh SQLite file unless ``--db``; ``--postgres``: a fresh
+PostgreSQL server of the test kit's, ``fsm_engine.testing.postgres``, fsync on):
 
 1. **idle**: ``n`` schedules that are not due (a daily cron at 03:00): the worker's CPU
    per poll (its CPU seconds from ``/proc/PID/stat`` over ``--idle`` seconds, divided by
@@ -137,11 +138,21 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--poll", type=float, default=0.5)
     parser.add_argument("--db", default=None)
+    parser.add_argument("--postgres", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        url = args.db or str(Path(tmp) / "sched.db")
-        idle(url, args, Path(tmp) / "idle.log")
-        ticking(url, args, Path(tmp) / "ticking.log")
+    cluster = None
+    if args.postgres:
+        from fsm_engine.testing.postgres import PostgresCluster
+        cluster = PostgresCluster().start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            url = cluster.database() if cluster else args.db or str(Path(tmp) / "sched.db")
+            print(f"store: {url.split('?')[0]}")
+            idle(url, args, Path(tmp) / "idle.log")
+            ticking(url, args, Path(tmp) / "ticking.log")
+    finally:
+        if cluster is not None:
+            cluster.stop()
 
 
 if __name__ == "__main__":

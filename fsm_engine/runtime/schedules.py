@@ -26,7 +26,8 @@ What a due tick does:
 
 - ``overlap`` (while the schedule's last instance is not final): ``skip`` advances past
   the tick, counting it in ``skipped``; ``queue`` leaves it due, started once the last
-  instance ends; ``allow`` starts it anyway.
+  instance ends (ticks that came meanwhile follow ``catchup``: with ``none``, the newest of
+  them starts); ``allow`` starts it anyway.
 - ``catchup`` (ticks missed during downtime, found when ``fire_due`` runs later than
   the next tick): ``none`` starts the newest due tick only while it is at most
   ``ON_TIME_S`` late (the ticks skipped count in ``missed``); ``latest`` starts the

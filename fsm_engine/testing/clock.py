@@ -144,15 +144,18 @@ class VirtualClock:
     def _fire_ticks(self, until: float) -> None:
         """Fire, in order, every schedule tick due by ``until`` of the engines made here
         that use schedules (``Engine.schedules``), moving time to each tick first: a jump
-        is time passing, not downtime (no tick is lost to ``catchup``)."""
+        is time passing, not downtime (no tick is lost to ``catchup``).  A tick left due
+        (queued behind its schedule's last instance) is tried again at each later tick."""
         users = [e for e in self._engines if e._schedules is not None]
         while users:
-            due = [t for t in (e.store.next_schedule_fire() for e in users) if t is not None]
-            if not due or min(due) > until:
-                return
-            self.offset = max(self.offset, min(due) - self.start)
+            now = self.now()
             for engine in users:
                 engine.schedules.fire_due()
+            upcoming = [r.next_fire for e in users for r in e.store.schedules()
+                        if not r.paused and r.next_fire > now]
+            if not upcoming or min(upcoming) > until:
+                return
+            self.offset = min(upcoming) - self.start
 
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep`` on the virtual loop (returns at once in real time)."""

@@ -258,6 +258,22 @@ def test_a_virtual_clock_fires_every_tick_in_order_when_advanced(tmp_path) -> No
         engine.close()
 
 
+def test_a_virtual_clock_goes_past_a_tick_queued_behind_a_running_instance(tmp_path) -> None:
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    try:
+        engine.schedules.add("h", held_machine.machine, every="2s", overlap="queue")
+        vc.advance(10)  # tick 3 starts; tick 5 waits behind it (it holds): no endless loop
+        assert ids(engine) == [tick_id("h", vc.start + 3)]
+        assert engine.schedules.get("h").next_fire == vc.start + 5
+        engine.cancel(tick_id("h", vc.start + 3))
+        vc.advance(1)  # at the next look: of the ticks that waited (5, 7, 9), catchup none
+        assert ids(engine)[-1] == tick_id("h", vc.start + 9)  # starts the newest
+        assert engine.schedules.get("h").missed == 2
+    finally:
+        engine.close()
+
+
 def test_a_schedule_this_worker_may_not_load_is_left_to_others(tmp_path, clock, monkeypatch,
                                                                caplog) -> None:
     url = str(tmp_path / "fsm.db")
