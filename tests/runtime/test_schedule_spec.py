@@ -54,6 +54,13 @@ def test_cron_reads_an_optional_seconds_field_first() -> None:
                                                 at("2026-12-07T06:30:30+00:00")]
 
 
+def test_a_cron_schedules_missed_ticks_are_counted_up_to_a_cap() -> None:
+    every_second = row(cron="* * * * * *")
+    t = at("2026-12-07T06:00:00+00:00")
+    assert spec.count_older(every_second, t, t + 50) == 50
+    assert spec.count_older(every_second, t, t + 86400) == spec.COUNT_CAP  # not a day's walk
+
+
 def test_cron_ticks_in_its_zone_across_a_daylight_saving_change() -> None:
     daily = row(cron="0 9 * * *", tz="Europe/Paris")  # 09:00 wall clock, CET then CEST
     first = spec.next_after(daily, at("2026-03-28T12:00:00+00:00"))
