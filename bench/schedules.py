@@ -147,7 +147,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             url = cluster.database() if cluster else args.db or str(Path(tmp) / "sched.db")
-            print(f"store: {url.split('?')[0]}")
+            print(f"store: {'postgresql' if cluster or '://' in url else 'sqlite'}")  # no URL:
+            # (a URL may carry a password)
             idle(url, args, Path(tmp) / "idle.log")
             ticking(url, args, Path(tmp) / "ticking.log")
     finally:
