@@ -232,3 +232,19 @@ def test_fan_out_children_and_forks_keep_their_parents_priority(tmp_path: Path) 
         assert engine.store.get(engine.fork(iid, from_state="map")).priority == 3
     finally:
         engine.close()
+
+
+def test_an_unpaused_delayed_start_is_scheduled_again_with_the_time_it_had_left(
+        store_url: str) -> None:
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    iid = engine.start(MACHINE, {"n": 1}, delay=100)
+    vc.advance(40)
+    assert engine.pause(iid, by="ann").status == "paused"
+    vc.advance(500)
+    assert vc.run(engine.resume()) == []
+    back = engine.unpause(iid, by="ann")
+    assert (back.status, back.next_attempt_at) == ("scheduled", vc.now() + 60)
+    assert vc.run(engine.resume()) == []  # (it came back running and ran at once)
+    vc.advance(60)
+    assert [r.status for r in vc.run(engine.resume())] == ["completed"]
