@@ -153,15 +153,10 @@ def _v13(cur: Any) -> None:
 
 def _v14(cur: Any) -> None:
     """Format 14: idempotency keys, priorities, the claim order and debounced starts (the
-    same as SQLite's, ``schema.START_OPTIONS``), and the claim's partial indexes in claim
-    order (``rank``) beside those in key order."""
+    same as SQLite's, ``schema.START_OPTIONS``)."""
     from .schema import START_OPTIONS
     for sql in START_OPTIONS:
         cur.execute(sql.format(real="DOUBLE PRECISION"))
-    cur.execute("CREATE INDEX idx_instances_runnable_rank ON instances (rank) "
-                "WHERE status IN ('pending', 'running')")
-    cur.execute("CREATE INDEX idx_instances_queue_runnable_rank ON instances (queue, rank) "
-                "WHERE status IN ('pending', 'running')")
 
 
 def _v15(cur: Any) -> None:

@@ -43,6 +43,7 @@ from ..views import (
     iso_time,
     pause_note,
     recovery_note,
+    shown_reason,
     shown_status,
     when,
 )
@@ -151,7 +152,7 @@ class Viewer:
         return {str(k): v for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))}
 
     def _row(self, rec: InstanceRecord, live: set[str], now: float) -> Row:
-        return Row(rec.id, rec.machine, rec.state, shown_status(rec, live), rec.reason or "",
+        return Row(rec.id, rec.machine, rec.state, shown_status(rec, live), shown_reason(rec, now),
                    rec.loop_count, rec.tokens_used, when(rec.created_at, now),
                    when(rec.updated_at, now), iso_time(rec.created_at), iso_time(rec.updated_at),
                    (rec.last_error or "")[:300])

@@ -37,6 +37,7 @@ CAPABILITIES = {
     "the viewer and the console": "how-to/viewer.md",
     "telemetry": "how-to/telemetry.md",
     "choosing a model": "how-to/models.md",
+    "starting instances: keys, delays, debounce, priority": "how-to/starting.md",
 }
 
 
