@@ -201,17 +201,26 @@ class Schedules:
         rows = self.engine.store.due_schedules(now, limit)
         plans = []
         for row in rows:
-            if self.refused.get(row.name) != row.version:
+            if self.refused.get(row.name) == row.version:
+                continue
+            try:
                 found = fire.plan(row, now, fire.previous(self.engine, row))
-                if found is not None:
-                    plans.append(found)
+            except (InvalidInput, ValueError, KeyError, TypeError) as exc:  # a stored cron or zone
+                # gone bad (a store that fails raises StoreError: the batch stops)
+                self._refuse(row.name, row.version, InvalidInput(f"unreadable: {exc}"))
+                continue
+            if found is not None:
+                plans.append(found)
         if not plans:
             return False
         _, refused = fire.write(self.engine, plans, self._machine)
         for name, (version, exc) in refused.items():
-            self.refused[name] = version
-            log.warning("schedule %s left to other workers: %s", name, exc)
+            self._refuse(name, version, exc)
         return len(rows) == limit and len(refused) < len(plans)
+
+    def _refuse(self, name: str, version: int, exc: Exception) -> None:
+        self.refused[name] = version
+        log.warning("schedule %s left to other workers: %s", name, exc)
 
     def _machine(self, row: ScheduleRow) -> CompiledMachine:
         """The schedule's machine: registered here, or its module if this process trusts it

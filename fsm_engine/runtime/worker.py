@@ -130,8 +130,12 @@ class Worker:
         now = self.engine.clock()
         if now < self._ticks_at:
             return
-        self._ticks_at = now + self.poll  # (a store error: tried again after the backoff)
-        nxt = await self._call(self.engine.schedules.fire_due)
+        self._ticks_at = now + self.poll
+        try:
+            nxt = await self._call(self.engine.schedules.fire_due)
+        except (FsmError, ValueError) as exc:  # a store error, a stored row gone bad: the
+            log.warning("worker %s: schedules not fired: %s", self.id, exc)  # claims go on
+            return
         if nxt is not None and nxt > now:  # (still due: queued behind its last instance)
             self._ticks_at = min(self._ticks_at, nxt)
 

@@ -305,3 +305,45 @@ def test_start_many_with_a_key_per_input_is_all_or_none(engine) -> None:
     with pytest.raises(InvalidInput, match="1 start keys for 2 inputs"):
         engine.start_many(tick_machine.machine, [{}, {}], keys=["k4"], enqueue=True)
     assert sorted(r.start_key for r in engine.store.list()) == ["k1", "k2"]  # nothing else
+
+
+def _tamper(db: str, sql: str) -> None:
+    import sqlite3
+    conn = sqlite3.connect(db)
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
+def test_a_stored_schedule_gone_bad_is_left_and_the_others_fire(tmp_path, clock,
+                                                                caplog) -> None:
+    db = str(tmp_path / "fsm.db")
+    engine = Engine(db, clock=clock)
+    try:
+        engine.schedules.add("bad", tick_machine.machine, cron="* * * * * *")
+        engine.schedules.add("good", tick_machine.machine, every="1s")
+        _tamper(db, "UPDATE schedules SET cron = 'not a cron', tz = 'Nowhere/Land' "
+                    "WHERE name = 'bad'")
+        clock.t = T0 + 2
+        engine.schedules.fire_due()
+        assert ids(engine) == [tick_id("good", T0 + 2)]
+        assert "schedule bad left to other workers: unreadable" in caplog.text
+    finally:
+        engine.close()
+
+
+def test_a_worker_goes_on_claiming_when_a_schedule_row_is_unreadable(tmp_path,
+                                                                     caplog) -> None:
+    from background_worker import Background, until
+    db = str(tmp_path / "fsm.db")
+    engine = Engine(db)
+    engine.schedules.add("bad", tick_machine.machine, every="1h")
+    _tamper(db, "UPDATE schedules SET input = '[1, 2', next_fire = 0 WHERE name = 'bad'")
+    [iid] = engine.start_many(tick_machine.machine, [{}], enqueue=True)
+    bg = Background(engine)
+    try:
+        until(lambda: engine.store.get(iid).status == "completed", "the instance to run")
+    finally:
+        bg.stop()
+        engine.close()
+    assert "schedules not fired" in caplog.text and "is not JSON" in caplog.text
