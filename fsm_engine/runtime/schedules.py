@@ -214,8 +214,8 @@ class Schedules:
         if not plans:
             return False
         _, refused = fire.write(self.engine, plans, self._machine)
-        for name, (version, exc) in refused.items():
-            self._refuse(name, version, exc)
+        for name, (version, why) in refused.items():
+            self._refuse(name, version, why)
         return len(rows) == limit and len(refused) < len(plans)
 
     def _refuse(self, name: str, version: int, exc: Exception) -> None:
