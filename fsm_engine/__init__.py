@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         ReviewRefused,
         ServerError,
         StaleWrite,
+        StartConflict,
         StepRejected,
         StepTimeout,
         StoreError,
@@ -98,5 +99,5 @@ __all__ = [
     "InstanceFinished",
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
-    "ClientError", "ReviewRefused", "VersionTooNew", "NeedsMigration",
+    "ClientError", "ReviewRefused", "VersionTooNew", "NeedsMigration", "StartConflict",
 ]

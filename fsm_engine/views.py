@@ -106,6 +106,14 @@ def when(ts: float | None, now: float | None = None) -> str:
     return "-" if ts is None else f"{local_time(ts, now)} ({age(ts, now)})"
 
 
+def shown_reason(rec: InstanceRecord, now: float | None = None) -> str:
+    """The reason to show: the stored one, else for a ``scheduled`` instance its due time
+    (``due 12:03:04 (in 5 min)``), else ``""``."""
+    if rec.reason:
+        return rec.reason
+    return f"due {when(rec.next_attempt_at, now)}" if rec.status == "scheduled" else ""
+
+
 def shown_status(rec: InstanceRecord, live: set[str] | frozenset[str]) -> str:
     """The status to show: ``orphaned`` for a pending or running instance whose owner is
     no live worker (``fsm resume`` adopts it), else the stored status."""

@@ -31,6 +31,7 @@ EXPECTED = {
     "ActionError", "StepTimeout", "BudgetExhausted", "CircuitOpen", "StructuredOutputError",
     "ProviderError", "ProviderUnavailable", "ProviderTimeout", "RateLimited", "ServerError",
     "ClientError", "Review", "ReviewRefused", "CachePolicy", "VersionTooNew", "NeedsMigration",
+    "StartConflict",
     "Agent", "Tool", "ToolCall", "tool",
 }
 

@@ -24,6 +24,7 @@ from ..terminal import error_line, safe_logging
 # registered in this order (``fsm --help`` lists them so): running, one instance, the rest
 from . import run, instance, diagram  # noqa: F401
 from . import fork, inspect, limits, migrate, observe, review, scale, stream, testkit  # noqa: F401
+from . import schedule  # noqa: F401
 from . import console  # noqa: F401 - cancel, pause, unpause, restart, send, review link
 from . import api  # noqa: F401 - serve
 # isort: on

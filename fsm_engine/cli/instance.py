@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import Any
 
 import typer
 from rich.text import Text
 
 from ..terminal import shown
 from .common import DB, _find, _open, _print_json, app, out
+
+
+def _schedule(store: Any, instance_id: str) -> dict[str, Any]:
+    """``{"schedule": {name, tick, next_fire}}`` for a schedule's tick instance, else ``{}``."""
+    from ..runtime.schedule_spec import iso
+    from ..runtime.schedules import started_by
+    found = started_by(store, instance_id)
+    if found is None:
+        return {}
+    row, tick = found
+    return {"schedule": {"name": row.name, "tick": iso(tick),
+                         "next_fire": None if row.paused else iso(row.next_fire)}}
 
 
 @app.command()
@@ -23,6 +36,7 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     limits = limits_json(rec, store.history(rec.id))
     if limits:  # rate-limit waits, breaker-open fallbacks, budget exhaustion: each apart
         data["limits"] = limits
+    data.update(_schedule(store, rec.id))
     kids = store.children(rec.id)
     if kids:
         data["children"] = [{"id": k.id, "branch": k.branch, "machine": k.machine,

@@ -219,7 +219,10 @@ def worker(db: str | None = DB,
            grace: float = typer.Option(10.0, "--grace", min=0.0,
                                        help="Seconds SIGTERM lets in-flight steps finish."),
            poll: float = typer.Option(1.0, "--poll", min=0.01,
-                                      help="Most seconds between claims while idle.")) -> None:
+                                      help="Most seconds between claims while idle."),
+           schedules: bool = typer.Option(True, "--schedules/--no-schedules",
+                                          help="Fire the store's due schedule ticks "
+                                               "(`fsm schedule`).")) -> None:
     """Claim and run instances from the store until SIGTERM (then drain and exit 0)."""
     from ..runtime.worker import Worker
     safe_logging("fsm worker: %(levelname)s %(message)s")  # no credential, no control code
@@ -241,9 +244,14 @@ def worker(db: str | None = DB,
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
+<<<<<<< HEAD
     runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan)
     from .. import collector
     collector.tune_if_owned()  # a long-lived process of ours: see fsm_engine.collector
+=======
+    runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan,
+                    schedules=schedules)
+>>>>>>> schedules
     import asyncio
 
     async def serve() -> None:

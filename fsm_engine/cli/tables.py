@@ -22,7 +22,7 @@ from rich.text import Text
 from ..errors import FsmError
 from ..terminal import console as safe_console
 from ..terminal import shown
-from ..views import shown_status, when
+from ..views import shown_reason, shown_status, when
 
 #: (header, min width, right-aligned) of the instance table.
 COLUMNS = (("instance", 12, False), ("machine", 7, False), ("state", 5, False),
@@ -63,9 +63,8 @@ def record_cells(rec: Any, live: set[str] | None, now: float) -> list[str]:
         cells = [rec.instance_id or "?", "", "", "error", "", "", "", "", "", str(rec)]
     else:
         status = shown_status(rec, live) if live is not None else rec.status
-        reason = rec.reason or (f"due {when(rec.next_attempt_at, now)}"
-                                if rec.status == "scheduled" else "")
-        cells = [rec.id, rec.machine, rec.state, status, reason, str(rec.loop_count),
+        cells = [rec.id, rec.machine, rec.state, status, shown_reason(rec, now),
+                 str(rec.loop_count),
                  str(rec.tokens_used), when(rec.created_at, now), when(rec.updated_at, now),
                  (rec.last_error or "")[:200]]
     return [shown(c) for c in cells]  # stored text: never markup, never a control code

@@ -88,10 +88,12 @@ class Client:
                    token_budget: int | None = None, deadline_s: float | None = None,
                    ids: list[str] | None = None, enqueue: bool = False,
                    partition: str | None = None,
-                   options: start_options.StartOptions | None = None) -> list[str]:
+                   options: start_options.StartOptions | None = None,
+                   keys: list[str] | None = None) -> list[str]:
         """See ``Engine.start_many``: all created in one transaction, or none
         (``InvalidInput`` with ``index``).  ``options`` (``runtime.start_options``: a key, a
-        delay, a debounce, a priority) apply to one input only."""
+        delay, a debounce, a priority) apply to one input only; ``keys``: one start key per
+        input (``StartKeyTaken`` when one is held: nothing created)."""
         _check_partition(partition)
         reg = self.registry
         cm = reg.load(machine) if isinstance(machine, str) else reg.register(machine)
@@ -102,6 +104,8 @@ class Client:
         owner = None if enqueue else self.ownership.worker.id
         records = [self._record(cm, i, data, token_budget, deadline_s, ids, owner, partition)
                    for i, data in enumerate(inputs)]
+        if keys is not None:
+            start_options.keyed(records, keys)
         if options is not None and not options.plain:
             held = start_options.create_all(self.ledger, records, options)
             if held != [r.id for r in records] or enqueue:

@@ -48,6 +48,7 @@ from .runner import OnStep, Runner
 from .threads import ActionThreads
 
 if TYPE_CHECKING:
+    from .schedules import Schedules
     from .stream_read import StreamEvent
 
 _BREAKER = BreakerPolicy()  # the default breaker thresholds
@@ -124,6 +125,7 @@ class Engine:
         #: The runner's tables, under the names they had here (tests reach for them).
         self._known = self.runner.known
         self._tasks = self.runner.tasks
+        self._schedules: Schedules | None = None
 
     @property
     def llm(self) -> Any:
@@ -218,17 +220,31 @@ class Engine:
                    token_budget: int | None = None, deadline_s: float | None = None,
                    ids: list[str] | None = None, enqueue: bool = False,
                    partition: str | None = None,
-                   options: start_options.StartOptions | None = None) -> list[str]:
+                   options: start_options.StartOptions | None = None,
+                   keys: list[str] | None = None) -> list[str]:
         """``start`` for many inputs in one transaction (all created, or none); an
         ``InvalidInput`` carries ``index``, the position of the input at fault.
 
         ``enqueue``: create them unowned, for any worker to claim (``fsm start``),
         instead of held by this engine.  ``options``: ``start``'s, checked
-        (``start_options.check``; a key or a debounce for one input only).
+        (``start_options.check``; a key or a debounce for one input only).  ``keys``: a
+        start key per input (1–200 characters; schedule ticks): when one is held already,
+        nothing is created (``StartKeyTaken``; start that input alone with its ``key`` to get
+        the holder's id).
         """
         return self.client.start_many(machine, inputs, token_budget=token_budget,
                                       deadline_s=deadline_s, ids=ids, enqueue=enqueue,
-                                      partition=partition, options=options)
+                                      partition=partition, options=options, keys=keys)
+
+    @property
+    def schedules(self) -> Schedules:
+        """The store's schedules: ``add``, ``list``, ``pause``, ``resume``, ``delete``,
+        ``backfill``, and ``fire_due`` (what ``fsm worker`` calls): see
+        :mod:`fsm_engine.runtime.schedules`."""
+        if self._schedules is None:
+            from .schedules import Schedules
+            self._schedules = Schedules(self)
+        return self._schedules
 
     # -- ownership and running (``runtime.runner``) -----------------------------------------
     @property

@@ -22,6 +22,7 @@ from ..store.records import (
     PENDING,
     RATE_LIMITED,
     RUNNING,
+    SCHEDULED,
     UNPAUSE,
     WAITING,
     AttemptRow,
@@ -348,7 +349,7 @@ def unpaused(rec: InstanceRecord, pause: HistoryRow, now: float, *, by: str | No
     new = clone(rec)
     d = pause.detail
     status: Status = RUNNING
-    for known in (PENDING, WAITING):
+    for known in (PENDING, WAITING, SCHEDULED):  # (a delayed start: due when its time is up)
         if d.get("status") == known:
             status = known
     reason = d.get("reason") if isinstance(d.get("reason"), str) else None

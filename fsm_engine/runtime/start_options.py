@@ -144,6 +144,15 @@ def apply(rec: InstanceRecord, opts: StartOptions) -> None:
         rec.status, rec.next_attempt_at, rec.owner = SCHEDULED, due, None
 
 
+def keyed(records: Sequence[InstanceRecord], keys: Sequence[str]) -> None:
+    """Give each new record its start key (``Engine.start_many``'s ``keys``: one per
+    record, each 1–``MAX_KEY`` characters, else ``InvalidInput``)."""
+    if len(keys) != len(records):
+        raise InvalidInput(f"{len(keys)} start keys for {len(records)} inputs")
+    for rec, key in zip(records, keys, strict=True):
+        rec.start_key = _key("start key", key)
+
+
 def create_all(ledger: Ledger, records: Sequence[InstanceRecord], opts: StartOptions
                ) -> list[str]:
     """``apply`` ``opts`` to the new ``records`` and write them (one transaction); the ids

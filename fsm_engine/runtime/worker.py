@@ -16,7 +16,9 @@ commit is given back once the store answers again, then claimed afresh (its
 step runs again; a commit either applied or not, never half).  Queues, per-queue
 and per-partition limits: see ``runtime.fleet.queues``; the fleet's stored limits
 (``fsm limits``, ``runtime.fleet.limits``) are read again every ``fleet.REFRESH_S`` seconds
-and tighten the worker's own.
+and tighten the worker's own.  Every worker also fires the store's due schedule ticks in
+its poll loop (``runtime.schedules``: one instance per tick across the fleet), waking for
+the next tick when it comes before the next poll.
 """
 
 from __future__ import annotations
@@ -54,12 +56,16 @@ class Worker:
             and releasing them.
         plan: the queues served and the limits per queue and partition
             (``runtime.fleet.queues.QueuePlan``; default: every queue, ``concurrency`` in all).
+        schedules: fire the store's due schedule ticks (``Engine.schedules.fire_due``).
     """
 
     def __init__(self, engine: Engine, *, concurrency: int = 32,
                  machines: Sequence[str] | None = None, poll: float = 1.0,
-                 grace: float = 10.0, plan: QueuePlan | None = None) -> None:
+                 grace: float = 10.0, plan: QueuePlan | None = None,
+                 schedules: bool = True) -> None:
         self.engine = engine
+        #: When (epoch seconds, the engine's clock) the schedules are looked at next.
+        self._ticks_at = float("-inf") if schedules else float("inf")
         #: The plan as given (flags); ``plan`` is it under the fleet's stored limits.
         self.own_plan = self.plan = plan or QueuePlan(total=concurrency)
         self._limits_at = float("-inf")  # monotonic time the stored limits were read
@@ -101,6 +107,7 @@ class Worker:
         self.runner.ensure_worker()
         while not self._stopping.is_set():
             try:
+                await self._fire_ticks()
                 claimed = await self._fill()
                 backoff = 0.05
             except StoreError as exc:
@@ -116,6 +123,21 @@ class Worker:
     async def _call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` in a thread: store calls may block on the network."""
         return await asyncio.to_thread(fn, *args)
+
+    async def _fire_ticks(self) -> None:
+        """Fire the due schedule ticks when the next one is due, and at least every
+        ``poll`` seconds (a schedule added meanwhile)."""
+        now = self.engine.clock()
+        if now < self._ticks_at:
+            return
+        self._ticks_at = now + self.poll
+        try:
+            nxt = await self._call(self.engine.schedules.fire_due)
+        except (FsmError, ValueError) as exc:  # a store error, a stored row gone bad: the
+            log.warning("worker %s: schedules not fired: %s", self.id, exc)  # claims go on
+            return
+        if nxt is not None and nxt > now:  # (still due: queued behind its last instance)
+            self._ticks_at = min(self._ticks_at, nxt)
 
     async def _fill(self) -> bool:
         """Give orphans back, then claim up to the free slots; True when slots were filled."""
@@ -245,7 +267,8 @@ class Worker:
                 self._call(self.runner.store.wait_for_work, self.poll))
         waits: set[asyncio.Future[Any]] = {self._waiter, asyncio.ensure_future(self._wake.wait()),
                  asyncio.ensure_future(self._stopping.wait())}
-        done, pending = await asyncio.wait(waits, timeout=self.poll,
+        timeout = min(self.poll, max(0.0, self._ticks_at - self.engine.clock()))
+        done, pending = await asyncio.wait(waits, timeout=timeout,
                                            return_when=asyncio.FIRST_COMPLETED)
         for fut in pending:
             if fut is not self._waiter:

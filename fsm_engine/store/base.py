@@ -16,16 +16,18 @@ from .facets import (
     ReadStore,
     ReplyStore,
     ReviewStore,
+    ScheduleStore,
     StoreConnection,
     StreamStore,
 )
 
 
 class Store(StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore, ReviewStore,
-            LeaseStore, LimitStore, DefinitionStore, StreamStore, MetaStore, ReadStore,
+            LeaseStore, LimitStore, DefinitionStore, StreamStore, MetaStore, ScheduleStore,
+            ReadStore,
             Protocol):
     """Durable storage for instances, their history, attempts, outbox, replies, reviews,
-    workers, breakers, rate windows, limits, definitions and streams: every facet of
+    workers, breakers, rate windows, limits, definitions, streams and schedules: every facet of
     ``store.facets`` (a caller needing one concern may ask for that facet alone).
 
     Every method is synchronous and owns its own transaction.  ``commit`` is

@@ -100,7 +100,9 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     """The WHERE clause (``?`` placeholders) selecting claimable rows of ``instances i``,
     and its arguments.
 
-    The owner's lease is tested by a correlated subquery, not a join: PostgreSQL
+    It begins with the term of the claim-order indexes (``schema.LIVE``), so both backends
+    walk the live instances in claim order (``ORDER``), never the ended ones.  The owner's
+    lease is tested by a correlated subquery, not a join: PostgreSQL
     re-evaluates it against the newest row version when a concurrent claim
     committed first, whereas a LEFT JOIN would be rechecked with the stale,
     NULL-extended owner row and hand the instance out twice.
@@ -115,7 +117,8 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     if req.dead:
         owners.append(f"i.owner IN ({', '.join('?' * len(req.dead))})")
         args.extend(req.dead)
-    sql = ("(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
+    sql = ("i.status IN ('pending', 'running', 'waiting', 'scheduled') AND "  # schema.LIVE
+           "(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
            "i.next_attempt_at <= ?) OR i.status IN ('waiting', 'scheduled') AND "
            "i.next_attempt_at <= ?) "
            f"AND ({' OR '.join(owners)})")

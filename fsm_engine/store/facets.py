@@ -39,6 +39,7 @@ from .records import (
     StepRow,
     WorkerRow,
 )
+from .schedules import ScheduleStore  # (its facet lives beside its SQL)
 from .streams import StreamOp, StreamRow
 
 
@@ -458,8 +459,8 @@ class ReadStore(Protocol):
 #: Every facet, in the order ``Store`` lists them.
 FACETS: tuple[type, ...] = (StoreConnection, InstanceStore, HistoryStore, OutboxStore, ReplyStore,
                             ReviewStore, LeaseStore, LimitStore, DefinitionStore, StreamStore,
-                            MetaStore, ReadStore)
+                            MetaStore, ScheduleStore, ReadStore)
 
 __all__ = ["FACETS", "StoreConnection", "InstanceStore", "HistoryStore", "OutboxStore",
            "ReplyStore", "ReviewStore", "LeaseStore", "LimitStore", "DefinitionStore",
-           "StreamStore", "MetaStore", "ReadStore"]
+           "StreamStore", "MetaStore", "ScheduleStore", "ReadStore"]

@@ -153,20 +153,23 @@ def _v13(cur: Any) -> None:
 
 def _v14(cur: Any) -> None:
     """Format 14: idempotency keys, priorities, the claim order and debounced starts (the
-    same as SQLite's, ``schema.START_OPTIONS``), and the claim's partial indexes in claim
-    order (``rank``) beside those in key order."""
+    same as SQLite's, ``schema.START_OPTIONS``)."""
     from .schema import START_OPTIONS
     for sql in START_OPTIONS:
         cur.execute(sql.format(real="DOUBLE PRECISION"))
-    cur.execute("CREATE INDEX idx_instances_runnable_rank ON instances (rank) "
-                "WHERE status IN ('pending', 'running')")
-    cur.execute("CREATE INDEX idx_instances_queue_runnable_rank ON instances (queue, rank) "
-                "WHERE status IN ('pending', 'running')")
+
+
+def _v15(cur: Any) -> None:
+    """Format 15: stored schedules (the same table as SQLite's, ``store.schedules``;
+    issue 38)."""
+    from .schedules import INDEX, TABLE
+    cur.execute(TABLE.format(real="DOUBLE PRECISION"))
+    cur.execute(INDEX)
 
 
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
     3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-    13: _v13, 14: _v14}
+    13: _v13, 14: _v14, 15: _v15}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -228,7 +228,11 @@ def _v13(db: sqlite_utils.Database) -> None:
 #: started.  ``start_key`` is unique per machine (the index refuses a second start with a
 #: key, not a read before the write); at most one ``scheduled`` instance per machine and
 #: ``debounce_key`` (a partial unique index); ``rank`` orders every claim (priority, then
-#: age: ``records.AGING_S``), rows written before get their ``created_at``.
+#: age: ``records.AGING_S``), rows written before get their ``created_at``.  The rank
+#: indexes hold only the statuses a claim may take (``LIVE``, the term
+#: ``claims.where`` begins with), so a claim walks live instances in claim order and
+#: never the ended ones before them.
+LIVE = "status IN ('pending', 'running', 'waiting', 'scheduled')"
 START_OPTIONS = (
     "ALTER TABLE instances ADD COLUMN start_key TEXT",
     "ALTER TABLE instances ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
@@ -236,12 +240,14 @@ START_OPTIONS = (
     "ALTER TABLE instances ADD COLUMN debounce_key TEXT",
     "ALTER TABLE instances ADD COLUMN debounce_until {real}",
     "UPDATE instances SET rank = COALESCE(created_at, 0)",
-    "CREATE UNIQUE INDEX idx_instances_start_key ON instances (machine, start_key)",
+    "CREATE UNIQUE INDEX idx_instances_start_key ON instances (machine, start_key) "
+    "WHERE start_key IS NOT NULL",
     "CREATE UNIQUE INDEX idx_instances_debounce ON instances (machine, debounce_key) "
     "WHERE status = 'scheduled'",
     "CREATE INDEX idx_instances_scheduled ON instances (next_attempt_at) "
     "WHERE status = 'scheduled'",
-    "CREATE INDEX idx_instances_rank ON instances (rank)")
+    f"CREATE INDEX idx_instances_rank ON instances (rank) WHERE {LIVE}",
+    f"CREATE INDEX idx_instances_queue_rank ON instances (queue, rank) WHERE {LIVE}")
 
 
 def _v14(db: sqlite_utils.Database) -> None:
@@ -252,7 +258,15 @@ def _v14(db: sqlite_utils.Database) -> None:
         db.execute(sql.format(real="REAL"))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14]
+def _v15(db: sqlite_utils.Database) -> None:
+    """Format 15: stored schedules (``store.schedules``), fired by every ``fsm worker``
+    (issue 38)."""
+    from .schedules import INDEX, TABLE
+    db.execute(TABLE.format(real="REAL"))
+    db.execute(INDEX)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

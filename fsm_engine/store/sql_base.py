@@ -1,7 +1,7 @@
 """The store methods whose SQL is the same on every backend, written once.
 
 ``SqlPlain`` holds the plain facets' methods (named values, the fleet's limits, stored
-definitions, a rate limit's settlement, a worker row's removal) over two primitives each
+definitions, schedules, a rate limit's settlement, a worker row's removal) over two primitives each
 backend gives, in the SQL of ``?`` placeholders (PostgreSQL's turns them into ``%s``):
 
 - ``_sql_rows(sql, args)``: all rows of one read, as plain tuples;
@@ -23,7 +23,9 @@ from . import definitions as definitions_sql
 from . import limits as limits_sql
 from . import meta as meta_sql
 from . import rates
+from . import schedules as schedules_sql
 from .records import DefinitionRow
+from .schedules import ScheduleRow
 
 __all__ = ["SqlPlain"]
 
@@ -78,6 +80,40 @@ class SqlPlain:
                        fingerprint: str) -> DefinitionRow | None:
         return definitions_sql.decode(self._sql_rows(definitions_sql.GET,
                                                      (machine, version, fingerprint)))
+
+    # -- schedules (``store.schedules``) ------------------------------------------------------
+    def add_schedule(self, row: ScheduleRow) -> bool:
+        return self._sql_write((schedules_sql.ADD, schedules_sql.encode(row)))[0] == 1
+
+    def get_schedule(self, name: str) -> ScheduleRow | None:
+        rows = self._sql_rows(schedules_sql.GET, (name,))
+        return schedules_sql.decode(rows[0]) if rows else None
+
+    def schedules(self) -> list[ScheduleRow]:
+        return [schedules_sql.decode(r) for r in self._sql_rows(schedules_sql.ALL)]
+
+    def due_schedules(self, now: float, limit: int) -> list[ScheduleRow]:
+        return [schedules_sql.decode(r) for r in self._sql_rows(schedules_sql.DUE, (now, limit))]
+
+    def next_schedule_fire(self) -> float | None:
+        rows = self._sql_rows(schedules_sql.NEXT)
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def update_schedule(self, row: ScheduleRow, expected_version: int) -> bool:
+        return self.update_schedules([(row, expected_version)])[0]
+
+    def update_schedules(self, changes: Sequence[tuple[ScheduleRow, int]]) -> list[bool]:
+        if not changes:
+            return []
+        counts = self._sql_write(*((schedules_sql.UPDATE, schedules_sql.update_args(row, v))
+                                   for row, v in changes))
+        for (row, version), n in zip(changes, counts, strict=True):
+            if n == 1:
+                row.version = version + 1
+        return [n == 1 for n in counts]
+
+    def delete_schedule(self, name: str) -> bool:
+        return self._sql_write((schedules_sql.DELETE, (name,)))[0] == 1
 
     # -- rate limits, workers ---------------------------------------------------------------
     def rate_settle(self, name: str, key: str, tokens: int, until: float) -> None:

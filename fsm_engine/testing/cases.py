@@ -14,7 +14,9 @@ A case is a plain-JSON object:
   ``{"send": TRIGGER, "update", "by"}`` fires a trigger on the waiting instance
   (``fsm send``); ``{"rerun": STATE, "by"}`` reruns the ended instance in place from
   ``STATE`` (``fsm rerun --in-place``);
-* ``deadline_s``, ``token_budget``: as ``Engine.start`` takes them; ``version``: the
+* ``deadline_s``, ``token_budget``, ``priority``, and ``delay_s`` (``Engine.start``'s
+  ``delay``: the instance starts ``scheduled``; the virtual clock makes it due at once):
+  as ``Engine.start`` takes them; ``version``: the
   machine version ``input`` was given to (an int; default: the machine's): an older one's
   input is first passed through the machine's ``migrations`` after it, in order, as
   ``fsm migrate`` upcasts a stored context;
@@ -62,7 +64,7 @@ __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
 
 _KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
          "moves", "final", "status", "output", "results", "stub", "tool_results",
-         "branch_results", "version"}
+         "branch_results", "version", "delay_s", "priority"}
 #: A script no call fits: a case without ``replies`` fails any model call it makes.
 _NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
 
@@ -159,7 +161,15 @@ def _check(case: Any, where: str) -> None:
                 isinstance(d.get(k), str) for k in ("choice", "send", "rerun")))):
             raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
                                "'choice' (or 'send', 'rerun')")
-    for key in ("deadline_s", "token_budget"):
+    _check_numbers(case, where)
+
+
+def _check_numbers(case: dict[str, Any], where: str) -> None:
+    """The case's start numbers: ``priority`` an int, the others numbers > 0."""
+    priority = case.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput(f"{where}: 'priority' must be an int")
+    for key in ("deadline_s", "token_budget", "delay_s"):
         value = case.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value <= 0):
@@ -333,7 +343,8 @@ def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     try:
         iid = engine.start(machine, _upcast_input(machine, case),
                            deadline_s=case.get("deadline_s"),
-                           token_budget=case.get("token_budget"))
+                           token_budget=case.get("token_budget"), delay=case.get("delay_s"),
+                           priority=case.get("priority", 0))
         rec = vc.run(_drive(engine, iid, list(case.get("decisions") or ()), vc))
         moves = _moves(engine.store.history(iid))
     finally:

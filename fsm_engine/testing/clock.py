@@ -124,9 +124,13 @@ class VirtualClock:
     def advance(self, seconds: float) -> None:
         """Move virtual time forward by ``seconds`` (≥ 0), e.g. past a review's SLA
         between runs; the engines made by ``engine()`` renew their leases, as their
-        heartbeats would have.  Raises ``ValueError`` for a negative amount."""
+        heartbeats would have, and the schedule ticks that fall due on the way fire at once,
+        in order (``Engine.schedules``, each at its own time).  Raises ``ValueError`` for a
+        negative amount."""
         if seconds < 0:
             raise ValueError("virtual time only moves forward")
+        target = self.offset + seconds
+        self._fire_ticks(self.start + target)
         for engine in self._engines:  # the renewals that time would have seen: one,
             own = engine.ownership      # long enough to cover the jump
             if own.registered:
@@ -135,7 +139,23 @@ class VirtualClock:
                     own.renew()
                 finally:
                     own.lease_seconds = lease
-        self.offset += seconds
+        self.offset = target
+
+    def _fire_ticks(self, until: float) -> None:
+        """Fire, in order, every schedule tick due by ``until`` of the engines made here
+        that use schedules (``Engine.schedules``), moving time to each tick first: a jump
+        is time passing, not downtime (no tick is lost to ``catchup``).  A tick left due
+        (queued behind its schedule's last instance) is tried again at each later tick."""
+        users = [e for e in self._engines if e._schedules is not None]
+        while users:
+            now = self.now()
+            for engine in users:
+                engine.schedules.fire_due()
+            upcoming = [r.next_fire for e in users for r in e.store.schedules()
+                        if not r.paused and r.next_fire > now]
+            if not upcoming or min(upcoming) > until:
+                return
+            self.offset = min(upcoming) - self.start
 
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep`` on the virtual loop (returns at once in real time)."""

@@ -17,7 +17,7 @@ subclassing :class:`StoreContract` with a ``store`` fixture::
 One mixin per facet of the contract, each in its own module (``contract_<facet>.py``):
 instances, commit, history, outbox, workers, breakers, claims, leases, families, reads,
 reviews (with forks and replies), queues, large values, batches, definitions (with meta
-values) and streams; the records and rows they build are ``contract_fixtures``'s,
+values), streams and schedules; the records and rows they build are ``contract_fixtures``'s,
 re-exported here for backends' own tests.
 """
 
@@ -38,6 +38,7 @@ from .contract_outbox import OutboxContract
 from .contract_queues import QueueContract
 from .contract_reads import ReadSideContract
 from .contract_reviews import ForkContract, ReplyContract, ReviewContract
+from .contract_schedules import ScheduleContract
 from .contract_starts import StartContract
 from .contract_streams import StreamContract
 from .contract_workers import WorkerContract
@@ -49,6 +50,7 @@ __all__ = [
     "BreakerContract", "ClaimContract", "LeaseContract", "FamilyContract", "ReadSideContract",
     "ReviewContract", "ForkContract", "ReplyContract", "QueueContract", "LargeValueContract",
     "BatchContract", "DefinitionContract", "MetaContract", "StreamContract", "StartContract",
+    "ScheduleContract",
     # the fixtures (contract_fixtures)
     "UNICODE", "record", "moved", "hist", "live", "attempt", "concurrently", "fleet",
 ]
@@ -58,7 +60,8 @@ class StoreContract(InstanceContract, CommitContract, HistoryContract, OutboxCon
                     WorkerContract, BreakerContract, ClaimContract, FamilyContract,
                     ReadSideContract, ReviewContract, ForkContract, ReplyContract,
                     QueueContract, LargeValueContract, LeaseContract, BatchContract,
-                    DefinitionContract, StreamContract, MetaContract, StartContract):
+                    DefinitionContract, StreamContract, MetaContract, StartContract,
+                    ScheduleContract):
     """Behaviour every ``Store`` backend must have: the union of the facet mixins above
     (:class:`ReadSideContract` among them).
 

@@ -237,6 +237,7 @@ def create_app(store: Store, *, token: str | None = None, refresh_s: int = 3,
               Route("/instances/{instance_id}/stream", stream_endpoint(store)),
               Route("/instances/{instance_id}", guarded(instance, "instance.html")),
               Route("/machines/{name:path}", guarded(machine, "machine.html")),
+              Route("/schedules", guarded(lambda request: viewer.schedules(), "schedules.html")),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
     routes[-1:-1] = console.routes(page) if write else []
     app = Starlette(routes=routes, exception_handlers={404: not_found})

@@ -25,6 +25,7 @@ from ..diagram.dot import pipe
 from ..diagram.overlays import aggregate_overlay, instance_overlay
 from ..errors import FsmError, InvalidInput, StoreError
 from ..runtime.fleet.liveness import live_ids
+from ..runtime.schedules import started_by
 from ..store.base import Store
 from ..store.records import (
     NOT_MOVES,
@@ -42,6 +43,7 @@ from ..views import (
     iso_time,
     pause_note,
     recovery_note,
+    shown_reason,
     shown_status,
     when,
 )
@@ -150,7 +152,7 @@ class Viewer:
         return {str(k): v for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))}
 
     def _row(self, rec: InstanceRecord, live: set[str], now: float) -> Row:
-        return Row(rec.id, rec.machine, rec.state, shown_status(rec, live), rec.reason or "",
+        return Row(rec.id, rec.machine, rec.state, shown_status(rec, live), shown_reason(rec, now),
                    rec.loop_count, rec.tokens_used, when(rec.created_at, now),
                    when(rec.updated_at, now), iso_time(rec.created_at), iso_time(rec.updated_at),
                    (rec.last_error or "")[:300])
@@ -212,9 +214,31 @@ class Viewer:
                 "context": _pretty(rec.context), "input": _pretty(rec.input),
                 "svg": svg, "svg_error": svg_error, "diagram_note": note,
                 "refresh": not rec.final and status != "orphaned",
-                "family": self.family(rec, live, now),
+                "family": self.family(rec, live, now), "tick": self._tick(rec, now),
                 "open_reviews": [i.id for i in self.store.reviews(statuses=["open"],
                                                                   instance_id=rec.id)]}
+
+    def schedules(self) -> dict[str, Any]:
+        """The schedules page: each schedule with when it ticks, its next and last tick and
+        the last tick's instance (``runtime.schedules``)."""
+        now, rows = time.time(), []
+        for r in self.store.schedules():
+            rows.append({"name": r.name, "machine": r.machine,
+                         "when": f"every {r.every_s:g}s" if r.every_s is not None
+                         else f"cron {r.cron}", "tz": r.tz, "paused": r.paused,
+                         "next_text": "paused" if r.paused else when(r.next_fire, now),
+                         "last_text": when(r.last_fire, now), "last_instance": r.last_instance,
+                         "overlap": r.overlap, "catchup": r.catchup, "skipped": r.skipped,
+                         "missed": r.missed})
+        return {"schedules": rows, "running": False}
+
+    def _tick(self, rec: InstanceRecord, now: float) -> dict[str, Any] | None:
+        """The schedule and tick that started ``rec`` (None: none did)."""
+        found = started_by(self.store, rec.id)
+        if found is None:
+            return None
+        row, tick = found
+        return {"name": row.name, "tick_text": when(tick, now), "tick_iso": iso_time(tick)}
 
     def whole(self, instance_id: str) -> dict[str, Any]:
         """One instance with nothing cut: ``instance_json`` of the record plus

@@ -30,6 +30,7 @@ CAPABILITIES = {
     "streaming": "how-to/streaming.md",
     "agent states": "how-to/agent-states.md",
     "workers on PostgreSQL, queues and limits": "how-to/workers.md",
+    "schedules": "how-to/schedules.md",
     "fork, rerun and replay": "how-to/fork-rerun-replay.md",
     "versions and migrations": "how-to/versions.md",
     "testing machines": "how-to/testing.md",
@@ -37,6 +38,7 @@ CAPABILITIES = {
     "the HTTP API for other services": "how-to/http-api.md",
     "telemetry": "how-to/telemetry.md",
     "choosing a model": "how-to/models.md",
+    "starting instances: keys, delays, debounce, priority": "how-to/starting.md",
 }
 
 

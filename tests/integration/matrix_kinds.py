@@ -81,6 +81,13 @@ class Kind:
     #: The default run's cells of this kind, as (fault, before/after, backend) (None:
     #: every cell the default points give; FSM_MATRIX_FULL runs them all).
     default_cells: frozenset[tuple[str, str, str]] | None = None
+    #: A worker kind whose faulted worker holds instances at its crash point (a SIGKILL
+    #: before it is followed by a takeover); False: it holds none (a schedule tick).
+    holds: bool = True
+    #: What the kind itself asserts after the cell (one line per problem; ``[]``: holds),
+    #: and when its work is all there (``_finish`` waits for it beside every instance
+    #: ending).
+    problems: Callable[[Lab], list[str]] = lambda lab: []
 
 
 # -- plain action, fan-out child, join: steps a worker makes -------------------------------
@@ -180,6 +187,61 @@ def _unmigrated(lab: Lab) -> bool:
     return any(r.machine_version == 1 and r.status != "completed" for r in lab.records())
 
 
+# -- a schedule tick (issue 38): a worker fires it, one instance per tick --------------------
+TICKS = "tick"
+
+
+def _scheduled(lab: Lab, n: int) -> list[str]:
+    """A schedule of ``flow`` ticking ``n`` times, one second apart, from 3 s on (a cron of
+    those seconds: then not again for a year), every tick started (``catchup=all``,
+    ``overlap=allow``); no instance yet."""
+    import math
+    import time
+    from datetime import UTC, datetime
+    first = math.ceil(time.time()) + 3
+    if first % 60 + n > 60:  # the n seconds within one minute
+        first += 60 - first % 60
+    at = datetime.fromtimestamp(first, UTC)
+    cron = (f"{','.join(str(at.second + i) for i in range(n))} {at.minute} {at.hour} "
+            f"{at.day} {at.month} *")
+    engine = lab.engine()
+    try:
+        engine.schedules.add(TICKS, ref("flow"), cron=cron, input={"item": TICKS},
+                             catchup="all", overlap="allow")
+    finally:
+        engine.close()
+    return []
+
+
+def _tick_problems(lab: Lab) -> list[str]:
+    """Each of the schedule's ticks has exactly one instance (its id and start key name the
+    tick), and the schedule advanced past them all."""
+    from fsm_engine.runtime.schedule_spec import tick_id, tick_key, ticks
+    engine = lab.engine()
+    try:
+        row = engine.store.get_schedule(TICKS)
+        assert row is not None
+        first = row.created_at
+        want = [tick_id(TICKS, t) for t in ticks(row, first, first + 120, 100)]
+        records = engine.store.list()
+    finally:
+        engine.close()
+    have = sorted(r.id for r in records)
+    out = [] if have == want else [f"{TICKS}: tick instances {have}, expected {want}"]
+    out += [f"{r.id}: start key {r.start_key!r}" for r in records
+            if r.id in want and r.start_key != tick_key(TICKS, _tick_of(r.id))]
+    if row.last_instance != (want[-1] if want else None):
+        out.append(f"{TICKS}: last instance {row.last_instance}, expected {want[-1:]}")
+    return out
+
+
+def _tick_of(iid: str) -> float:
+    from fsm_engine.runtime.schedule_spec import parse_tick_id
+    found = parse_tick_id(iid)
+    assert found is not None
+    return found[1]
+
+
 def _commit(when: str, label: str, n: int = 1) -> Point:
     return Point("commit", when, label, n)
 
@@ -247,4 +309,8 @@ KINDS = {k.name: k for k in [
          default_cells=frozenset({("kill", "after", "sqlite"), ("kill", "after", "postgres"),
                                   ("stop", "before", "postgres"),
                                   ("pg_restart", "before", "postgres")})),
+    # a schedule tick a worker fires (issue 38): the tick's instance created, before or
+    # after its commit; one instance per tick whoever fires it next (its id and start key)
+    Kind("schedule-tick", _scheduled, _worker_op, _both("start", "create"), by_worker=True,
+         holds=False, problems=_tick_problems, keys_per_item=4, many_per_process=True),
 ]}

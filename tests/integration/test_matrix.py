@@ -5,12 +5,13 @@ a lone instance, and of a fan-out child), a send, an in-place rerun, a fork, a m
 a plain action whose guard reads its state's token budget, an agent loop's step (a turn,
 a tool call, a side effect's delivery: ``agent-call``), a person's approval of an
 agent's tool call (``agent-approval``) and a step that streams its model call, one that
-ends within the batcher's ``FLUSH_S`` (``stream-short``: its rows ride the step's commit)
-and one several batches long (``stream-long``: its crash points include the stream
-writes, mid-stream), and an agent whose model turns stream several batches long
-(``agent-stream``, issue 36: cut mid-turn, after the turn's first batch, at its commit).
-Faults, each at the kind's commit point (``fsm_engine.store.crash``: the process that makes
-the step stops itself there):
+ends within the batcher's ``FLUSH_S`` (``stream-short``: its rows ride the step's commit),
+one several batches long (``stream-long``: its crash points include the stream
+writes, mid-stream), an agent whose model turns stream several batches long
+(``agent-stream``, issue 36: cut mid-turn, after the turn's first batch, at its commit),
+and a schedule tick a worker fires (``schedule-tick``: the tick's instance created, one
+per tick). Faults, each at the kind's commit point (``fsm_engine.store.crash``: the
+process that makes the step stops itself there):
 
 - ``kill``: SIGKILL just before / just after the commit; a second ``fsm worker`` takes
   the dead owner's instances over (and the operator runs a killed command again);
@@ -167,6 +168,7 @@ def _assert_holds(lab: Lab, kind: Kind, lost_commits: int = 0) -> None:
                                       lost_commits=lost_commits)
     finally:
         engine.close()
+    problems += kind.problems(lab)
     if problems:
         _show_evidence(lab, problems[0].split(":")[0])
     assert not problems, "\n".join(problems)
@@ -203,7 +205,8 @@ def _finish(lab: Lab, kind: Kind, *others: Any) -> None:
         if not procs:
             time.sleep(0.2)  # a poll: nothing to do until a worker steps on
     try:
-        until(lab.all_final, "every instance to end", timeout=kind.settle)
+        until(lambda: lab.all_final() and not kind.problems(lab), "every instance to end",
+              timeout=kind.settle)
     except AssertionError:
         pass  # the checker names what was left unfinished, and why
     for proc in workers:
@@ -250,7 +253,7 @@ def kill(lab: Lab, kind: Kind, point: Point) -> None:
     code = lab.run(first)
     assert code == -signal.SIGKILL, f"never reached {point} (exit {code}):\n{lab.output(first)}"
     _finish(lab, kind)
-    if kind.by_worker and point.when == "before":  # its claim was taken over, pid gone
+    if kind.by_worker and kind.holds and point.when == "before":  # taken over, pid gone
         assert "process_gone" in _taken_from(lab, first.pid)
 
 
@@ -286,7 +289,8 @@ def pg_restart(lab: Lab, kind: Kind, point: Point) -> None:
     lab.cluster.restart()
     owner.send_signal(signal.SIGCONT)
     if kind.by_worker:  # the worker itself gets over the restart and finishes alone
-        until(lab.all_final, "the worker to recover from the restart", timeout=60)
+        until(lambda: lab.all_final() and not kind.problems(lab),
+              "the worker to recover from the restart", timeout=60)
         _finish(lab, kind, owner)
     else:
         lab.run(owner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -213,3 +214,37 @@ def test_aging_bounds_how_long_a_priority_overtakes(store_url: str) -> None:
     engine.close()
     engine = _vc_engine(vc, store_url)
     assert [r.id for r in vc.run(engine.resume(chunk=1))] == [soon, waiting, late]
+
+
+def test_fan_out_children_and_forks_keep_their_parents_priority(tmp_path: Path) -> None:
+    import asyncio
+
+    from parallel_machines import fan
+
+    from fsm_engine import Engine
+    engine = Engine(str(tmp_path / "fsm.db"))
+    try:
+        iid = engine.start(fan, {"words": ["a", "b"]}, priority=3)
+        assert asyncio.run(engine.run(iid)).status == "completed"
+        kids = engine.store.children(iid)
+        assert [k.priority for k in kids] == [3, 3]
+        assert all(k.rank == pytest.approx(k.created_at - 3 * AGING_S) for k in kids)
+        assert engine.store.get(engine.fork(iid, from_state="map")).priority == 3
+    finally:
+        engine.close()
+
+
+def test_an_unpaused_delayed_start_is_scheduled_again_with_the_time_it_had_left(
+        store_url: str) -> None:
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    iid = engine.start(MACHINE, {"n": 1}, delay=100)
+    vc.advance(40)
+    assert engine.pause(iid, by="ann").status == "paused"
+    vc.advance(500)
+    assert vc.run(engine.resume()) == []
+    back = engine.unpause(iid, by="ann")
+    assert (back.status, back.next_attempt_at) == ("scheduled", vc.now() + 60)
+    assert vc.run(engine.resume()) == []  # (it came back running and ran at once)
+    vc.advance(60)
+    assert [r.status for r in vc.run(engine.resume())] == ["completed"]

@@ -114,7 +114,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("14",)]
+        [(str(FORMAT_VERSION),)] == [("15",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -461,3 +461,43 @@ def test_sqlite_utils_still_stores_numpy_values_after_a_database_was_created(tmp
         f"db = sqlite_utils.Database(os.path.join({str(tmp_path)!r}, 'user.db'))\n"
         "db['t'].insert({'x': numpy.int64(3), 'y': numpy.float32(1.5)})\n"
         "print(db['t'].columns_dict)\n") == "{'x': <class 'int'>, 'y': <class 'float'>}"
+
+
+def _v14_schedules_added(store: Any) -> None:
+    from fsm_engine.store.schedules import ScheduleRow
+    assert store.get("old").state == "start" and store.schedules() == []
+    row = ScheduleRow("nightly", "m.py", "m", "0 6 * * *", None, "UTC", {}, "skip", "none",
+                      False, 1.0, 2.0)
+    assert store.add_schedule(row) and store.get_schedule("nightly") == row
+
+
+def test_sqlite_format_14_is_migrated_to_store_schedules(tmp_path: Path) -> None:
+    path = tmp_path / "v14.db"
+    _v13_store(lambda: SqliteStore(str(path)))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE schedules")  # as format 14 left it
+    conn.execute("UPDATE fsm_meta SET value = '14' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(path))
+    try:
+        _v14_schedules_added(store)
+    finally:
+        store.close()
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("15",)]
+
+
+def test_postgres_format_14_is_migrated_to_store_schedules(pg_cluster) -> None:  # noqa: ANN001
+    from fsm_engine.store import open_store
+    url = pg_cluster.database()
+    schema = url.rsplit("%3D", 1)[1]
+    _v13_store(lambda: open_store(url))
+    pg_cluster.sql(f"DROP TABLE {schema}.schedules; UPDATE {schema}.fsm_meta SET value = '14' "
+                   "WHERE key = 'schema_version'")
+    store = open_store(url)
+    try:
+        _v14_schedules_added(store)
+    finally:
+        store.close()
+    assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
+                          "WHERE key = 'schema_version'") == [("15",)]

@@ -232,6 +232,8 @@ def test_a_fan_out_run_exports_its_childrens_replies(
     ('{"input": {}, "decisions": "approve"}', "'decisions' must be a list"),
     ('{"input": [1]}', "'input' must be an object"),
     ('{"input": {}, "deadline_s": "soon"}', "'deadline_s' must be a number"),
+    ('{"input": {}, "delay_s": -1}', "'delay_s' must be a number > 0"),
+    ('{"input": {}, "priority": 1.5}', "'priority' must be an int"),
     ('{"input": {}, "replies": [{"colour": 1}]}', "scripted reply #0"),
     ('[1, 2]', "a case is an object"),
     ('{"input": ', "line 1: not valid JSON"),
@@ -310,3 +312,17 @@ def test_export_refuses_a_module_the_row_names_outside_the_machines_root(
     code, _, err = run_main(["export-test", iid, "-o", str(target), "--db", db,
                              "--machine", str(outside)], capsys)
     assert code == 0, err  # named on the command line: trusted
+
+
+def test_a_case_may_start_delayed_and_with_a_priority(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``delay_s`` starts the case's instance ``scheduled``; the virtual clock makes it due at
+    once (issue 38), so the case runs to its end as a plain one does."""
+    module = tmp_path / "later.py"
+    module.write_text("from tests.helpers.start_machine import MACHINE  # noqa: F401\n")
+    case = {"name": "in an hour", "input": {"n": 2}, "delay_s": 3600, "priority": 2,
+            "path": ["work", "done"], "status": "completed", "output": {"total": 2}}
+    (tmp_path / "later_cases.jsonl").write_text(json.dumps(case) + "\n")
+    code, out, err = run_main(["test", str(module)], capsys)
+    assert code == 0, out + err
+    assert "in an hour" in out

@@ -269,3 +269,27 @@ def test_a_pause_row_reads_as_a_pause_not_an_error_on_the_instance_page(tmp_path
     [cell] = re.findall(r'<td class="error-cell">(.*?)</td>', page)
     assert "paused by ann: audit &lt;b&gt;" in cell
     assert '<span class="reason">' not in cell
+
+
+def test_a_delayed_start_is_listed_scheduled_with_its_due_time(tmp_path) -> None:
+    """Issue 38: the list page shows a scheduled instance's due time in its reason cell,
+    and filters by the status; its page holds ``due_at``."""
+    from conftest import HELPERS
+
+    from fsm_engine import Engine, load_machine
+    db = str(tmp_path / "d.db")
+    eng = Engine(db, llm=None)
+    machine = load_machine(str(HELPERS / "start_machine.py"))[0]
+    later = eng.start(machine, {"n": 1}, delay=3600)
+    eng.start(machine, {"n": 2})
+    eng.close()
+    reader = SqliteStore(db, readonly=True)
+    try:
+        client = TestClient(create_app(reader))
+        page = client.get("/?status=scheduled").text
+        detail = client.get(f"/instances/{later}").text
+    finally:
+        reader.close()
+    assert row_ids(page) == [later]
+    assert re.search(r"due [0-9:]+ \(in 59 min\)", page)
+    assert re.search(r'<dd id="due-at">due [0-9:]+ \(in 59 min\)</dd>', detail)

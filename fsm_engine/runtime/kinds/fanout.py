@@ -136,7 +136,7 @@ def work(cm: CompiledMachine, plan: FanOutPlan, rec: InstanceRecord, start: int 
 def _child(rec: InstanceRecord, w: Work, now: float, owner: str | None,
            mine: str) -> InstanceRecord:
     """The record of child ``w`` of ``rec``, id ``{mine}{index}`` (``mine``: its family's
-    id prefix)."""
+    id prefix), with its parent's partition key and priority."""
     name, index, child, _, data = w
     own = child.spec.token_budget
     family = None if rec.token_budget is None else max(0, rec.token_budget - rec.tokens_used)
@@ -147,7 +147,8 @@ def _child(rec: InstanceRecord, w: Work, now: float, owner: str | None,
         input=dict(data), max_transitions=child.spec.max_transitions, token_budget=budget,
         created_at=now, updated_at=now, visits={child.spec.initial: 1}, deadline=rec.deadline,
         parent_id=rec.id, branch=name, machine_version=child.spec.version, owner=owner,
-        queue=child.states[child.spec.initial].queue, partition_key=rec.partition_key)
+        queue=child.states[child.spec.initial].queue, partition_key=rec.partition_key,
+        priority=rec.priority)
 
 
 def _limit(plan: FanOutPlan) -> int:

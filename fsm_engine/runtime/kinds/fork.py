@@ -96,7 +96,8 @@ def forked(cm: CompiledMachine, orig: InstanceRecord, history: Sequence[HistoryR
         else orig.machine_version,  # the input is in the shape of the first row's version
         fork_options={k: v for k, v in (("reuse_llm", reuse_llm), ("redeliver", redeliver),
                                         ("by", by)) if v},
-        queue=cm.states[now_named].queue, partition_key=orig.partition_key)
+        queue=cm.states[now_named].queue, partition_key=orig.partition_key,
+        priority=orig.priority)
     return rec, rows
 
 
