@@ -244,14 +244,10 @@ def worker(db: str | None = DB,
     names = None
     if machines:
         names = [engine.load(m).spec.name for m in machines]
-<<<<<<< HEAD
-    runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan)
-    from .. import collector
-    collector.tune_if_owned()  # a long-lived process of ours: see fsm_engine.collector
-=======
     runner = Worker(engine, machines=names, poll=poll, grace=grace, plan=plan,
                     schedules=schedules)
->>>>>>> schedules
+    from .. import collector
+    collector.tune_if_owned()  # a long-lived process of ours: see fsm_engine.collector
     import asyncio
 
     async def serve() -> None:
