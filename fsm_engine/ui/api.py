@@ -84,8 +84,9 @@ class Limits:
     request_s: float = 30.0
 
 
-class ApiError(Exception):
-    """An error answered as ``{"error": {"code", "message"}}`` with ``CODES[code]``."""
+class ApiError(FsmError):
+    """An error answered as ``{"error": {"code", "message"}}`` with ``CODES[code]`` (in
+    the one error tree: an ``FsmError``, its message one line)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -228,6 +229,8 @@ class Api:
             validate_input(cm.spec.context, data)  # 422 before anything is written
             iid, created = await run_in_threadpool(self.start_fn, self.engine, cm.spec, data,
                                                    options)
+        except ApiError:
+            raise  # already answered with its own code (an FsmError too)
         except FsmError as exc:
             raise ApiError(_status_of(exc), redact(exc)) from None
         return reply({"id": iid, "machine": cm.spec.name, "created": created},
