@@ -357,8 +357,8 @@ class Runner:
         if self.tasks.get(run.iid) is run.task:  # held by nobody while it waits
             self.tasks.pop(run.iid, None)
         rec = await self._family(cm, rec, run.on_step)
-        if rec.final or rec.status == "waiting":
-            return cm, rec, False
+        if rec.final or rec.status == "waiting" and not kinds.timer_due(rec, self.clock()):
+            return cm, rec, False  # (a timer due: its step here fires it)
         if run.task is not None:
             self.tasks[run.iid] = run.task
         cm, rec = await self._claim(run.iid)
