@@ -5,7 +5,7 @@
 failed becomes a scripted ``error`` of its kind), the provider errors of its failed
 attempts (``Store.attempts``), its review decisions (an agent's tool-call approvals and
 rejections included, each with the choice its item recorded; ``"timeout"`` for one its SLA
-timer took), the operator moves of ``fsm send`` and ``fsm rerun --in-place`` (in order
+timer took, and for each fire of a timer edge), the operator moves of ``fsm send`` and ``fsm rerun --in-place`` (in order
 among the decisions), its deadline and token budget, the machine version its input was
 given to (``version``: a migrated instance's replay upcasts it), what each successful action
 returned
@@ -130,7 +130,9 @@ def _decisions(store: Any, history: Sequence[HistoryRow]) -> list[Any]:
         review = h.detail.get("review") if h.kind in ("review", TOOL) else None
         if h.kind == TOOL and h.detail.get("agent") != "decision":
             review = None
-        if review is None:
+        if h.kind == "timer":  # a timer edge fired: the case lets the next timer fire
+            out.append("timeout")
+        elif review is None:
             move = _operator_move(h)
             if move is not None:
                 out.append(move)

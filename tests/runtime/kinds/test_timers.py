@@ -190,3 +190,58 @@ def test_a_timer_racing_send_in_two_processes_lets_exactly_one_win(tmp_path) -> 
         engine.close()
         worker.terminate()
         worker.wait(10)
+
+
+# -- seen everywhere: diagrams, fsm show, coverage, fsm paths, the test kit (item 8) ------
+def test_diagrams_draw_a_timer_edge_with_its_delay() -> None:
+    from fsm_engine.diagram.dot import to_dot
+    from fsm_engine.diagram.mermaid import to_mermaid
+    from fsm_engine.diagram.model import build_graph
+    graph = build_graph(timer_machine.nudge.export())
+    assert 'label="nudge ⏱ after 1m"' in to_dot(graph)
+    assert "nudge ⏱ after 1m" in to_mermaid(graph)
+    called = build_graph(timer_machine.called.export())
+    assert "nudge ⏱ after due_at()" in to_mermaid(called)
+
+
+def test_coverage_counts_a_timer_fire_and_paths_walk_timer_edges(tmp_path) -> None:
+    from fsm_engine.coverage import from_store
+    from fsm_engine.paths import paths
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(timer_machine.nudge, {})
+    vc.run(engine.run(iid))
+    vc.advance(61)
+    vc.run(engine.run(iid))
+    cov = from_store(engine.store, timer_machine.nudge.export())
+    taken = {(e.source, e.trigger, e.dest): n for e, n in cov.edges.items()}
+    assert taken[("wait", "nudge", "expired")] == 1 and taken[("wait", "reply", "done")] == 0
+    found = paths(timer_machine.nudge.export()).to_json()["paths"]
+    assert ["go", "nudge"] in [p["triggers"] for p in found]
+    engine.close()
+
+
+def test_fsm_show_gives_a_waiting_instance_its_next_timer(tmp_path) -> None:
+    from fsm_engine.views import timer_json
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(timer_machine.reviewed, {})
+    rec = vc.run(engine.run(iid))
+    shown = timer_json(rec, engine.store.history(iid))
+    assert shown is not None and shown["trigger"] == "late"
+    assert shown["due"] == rec.next_attempt_at
+    engine.close()
+
+
+def test_a_case_advancing_the_clock_fires_the_timers_due_in_order() -> None:
+    from fsm_engine.testing.cases import run_cases
+    machine = Machine(name="twice", context=C, initial="w", states=[
+        State("w", wait=True), State("bump", action=lambda c: {"n": c.n + 1}),
+        State("done", final=True)], transitions=[
+        Transition("tick", "w", "bump", after=10), Transition("back", "bump", "w"),
+        Transition("stop", "w", "done")])
+    case = {"name": "three ticks, then stop", "input": {},
+            "decisions": [{"advance": 35}, {"send": "stop"}],
+            "path": ["w", "bump", "w", "bump", "w", "bump", "w", "done"], "output": {"n": 3}}
+    [got], _ = run_cases(machine, [case])
+    assert got.ok, got.problems
