@@ -5,8 +5,8 @@
 failed becomes a scripted ``error`` of its kind), the provider errors of its failed
 attempts (``Store.attempts``), its review decisions (an agent's tool-call approvals and
 rejections included, each with the choice its item recorded; ``"timeout"`` for one its SLA
-timer took, and for each fire of a timer edge), the operator moves of ``fsm send`` and ``fsm rerun --in-place`` (in order
-among the decisions), its deadline and token budget, the machine version its input was
+timer took, and for each fire of a timer edge), the operator moves of ``fsm send`` and
+``fsm rerun --in-place`` (in order among the decisions), its deadline and token budget, the machine version its input was
 given to (``version``: a migrated instance's replay upcasts it), what each successful action
 returned
 (its row's ``delta``: side-effect states replay from it, never delivering again), what each
