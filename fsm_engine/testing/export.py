@@ -6,10 +6,9 @@ failed becomes a scripted ``error`` of its kind), the provider errors of its fai
 attempts (``Store.attempts``), its review decisions (an agent's tool-call approvals and
 rejections included, each with the choice its item recorded; ``"timeout"`` for one its SLA
 timer took, and for each fire of a timer edge), the operator moves of ``fsm send`` and
-``fsm rerun --in-place`` (in order among the decisions), its deadline and token budget, the machine version its input was
-given to (``version``: a migrated instance's replay upcasts it), what each successful action
-returned
-(its row's ``delta``: side-effect states replay from it, never delivering again), what each
+``fsm rerun --in-place`` (in order among the decisions), its deadline and token budget,
+the machine version its input was given to (``version``: a migrated instance's replay
+upcasts it), what each successful action returned (its row's ``delta``: side-effect states replay from it, never delivering again), what each
 side-effect tool call of an agent returned (``tool_results``: the tool is never run again,
 ``cases``), and what it did: its transitions, final state, status and context.  An instance
 with fan-out children brings their replies and decisions too, each keyed by its caller's
