@@ -435,7 +435,8 @@ class Runner:
         return list(await asyncio.gather(*[asyncio.ensure_future(one(i)) for i in ids]))
 
     def resumable(self) -> list[InstanceRecord]:
-        """Non-final, non-waiting instances not held by a live worker (nor run here)."""
+        """Instances not held by a live worker (nor run here) a step would move
+        (``Ownership.resumable``)."""
         busy = self.busy()
         return [r for r in self.ownership.resumable() if r.id not in busy]
 

@@ -245,3 +245,33 @@ def test_a_case_advancing_the_clock_fires_the_timers_due_in_order() -> None:
             "path": ["w", "bump", "w", "bump", "w", "bump", "w", "done"], "output": {"n": 3}}
     [got], _ = run_cases(machine, [case])
     assert got.ok, got.problems
+
+
+def test_fsm_resume_fires_a_timer_that_is_due(tmp_path, monkeypatch, capsys) -> None:
+    """``fsm resume`` once the timer is due fires it (it said "nothing to resume": a waiting
+    instance was never resumable, its timer due or not)."""
+    import time
+
+    from cli import run_main
+    module = tmp_path / "quick.py"
+    module.write_text(
+        "from pydantic import BaseModel\n"
+        "from fsm_engine import Machine, State, Transition\n"
+        "class C(BaseModel):\n    n: int = 0\n"
+        "machine = Machine(name='quick', context=C, initial='a', states=[State('a'), "
+        "State('w', wait=True), State('late', final=True)], transitions=["
+        "Transition('go', 'a', 'w'), Transition('t', 'w', 'late', after=0.05)])\n")
+    monkeypatch.setenv("FSM_MACHINES_ROOT", str(tmp_path))
+    db = str(tmp_path / "fsm.db")
+    engine = Engine(db)
+    iid = engine.start(str(module), {})
+    rec = asyncio.run(engine.run(iid))
+    engine.close()
+    assert rec.status == "waiting" and rec.next_attempt_at is not None
+    while time.time() <= rec.next_attempt_at:  # the CLI's clock is the real one
+        time.sleep(0.01)
+    code, out, err = run_main(["resume", "--db", db, "-q"], capsys)
+    assert code == 0, err
+    engine = Engine(db)
+    assert engine.store.get(iid).state == "late", out
+    engine.close()
