@@ -48,7 +48,7 @@ PAUSE, UNPAUSE = "pause", "unpause"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 13
+FORMAT_VERSION = 14
 
 #: The queue of a state that names none (``State.queue``).
 DEFAULT_QUEUE = "default"

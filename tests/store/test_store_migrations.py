@@ -113,7 +113,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("13",)]
+        [(str(FORMAT_VERSION),)] == [("14",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -352,6 +352,26 @@ def test_postgres_format_12_pause_requests_move_into_their_instances(pg_cluster)
         _v12_pauses_moved(store)
     finally:
         store.close()
+
+
+def test_sqlite_format_14_claims_due_timers_through_an_index(tmp_path: Path) -> None:
+    """Format 14 (issue 38): the claim's waiting term (``status = 'waiting' AND
+    next_attempt_at <= ?``) searches ``idx_instances_timers``, not every waiting row."""
+    from fsm_engine.store.claims import ClaimRequest, select, where
+    path = tmp_path / "v13.db"
+    SqliteStore(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX idx_instances_timers")
+    conn.execute("UPDATE fsm_meta SET value = '13' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    SqliteStore(str(path)).close()  # migrated to 14
+    cond, args = where(ClaimRequest(owner="w", now=100.0))
+    plan = _sql(path, "EXPLAIN QUERY PLAN " + select(("id",)).replace("?", "100.0") +
+                cond.replace("?", "100.0") + " ORDER BY i.key LIMIT 10")
+    assert any("idx_instances_timers (status=? AND next_attempt_at<?)" in str(row[-1])
+               for row in plan), plan
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("14",)]
 
 
 def _fresh(code: str) -> str:
