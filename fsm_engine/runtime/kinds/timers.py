@@ -163,10 +163,27 @@ def firing(cm: CompiledMachine, store: Store, rec: InstanceRecord, now: float,
         return None
     if rec.status != WAITING and (held is not None or rec.reason != CHILDREN):
         return None  # only a fan-out parent woken by a child (the wake cleared it) is asked
-    trigger, due = _earliest(recorded(cm, store, rec))
+    first = _known_first(cm, rec.state)
+    if first is not None and held is not None and other_due is None:
+        trigger, due = first, held  # no history read: the hot path of a fire
+    else:
+        trigger, due = _earliest(recorded(cm, store, rec))
     if (other_due is not None and other_due < due) or (held is None and due > now):
         return None
     return trigger, due if held is None else min(due, held)
+
+
+def _known_first(cm: CompiledMachine, state: str) -> str | None:
+    """The trigger of ``state``'s timer that falls due first when the definition alone
+    tells: its only timer, or the shortest when every delay is a constant (they were armed
+    together; ties: the first declared); else None (callables: their recorded due times)."""
+    timers = cm.timers.get(state, ())
+    if len(timers) == 1:
+        return timers[0][0]
+    delays = [(constant_s(after), trigger) for trigger, after in timers]
+    if not delays or any(d is None for d, _ in delays):
+        return None
+    return min(delays, key=lambda d: d[0] or 0.0)[1]
 
 
 def fire(api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,

@@ -275,3 +275,20 @@ def test_fsm_resume_fires_a_timer_that_is_due(tmp_path, monkeypatch, capsys) -> 
     engine = Engine(db)
     assert engine.store.get(iid).state == "late", out
     engine.close()
+
+
+@pytest.mark.parametrize("short", [10, lambda ctx: 10.0], ids=["constant", "callable"])
+def test_of_several_timers_the_first_due_fires(tmp_path, short) -> None:
+    machine = Machine(name="two", context=C, initial="a", states=[
+        State("a"), State("w", wait=True), State("long", final=True),
+        State("short", final=True)], transitions=[
+        Transition("go", "a", "w"), Transition("slow", "w", "long", after=100),
+        Transition("quick", "w", "short", after=short)])
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(machine, {})
+    rec = vc.run(engine.run(iid))
+    assert rec.next_attempt_at == engine.store.history(iid)[-1].at + 10
+    vc.advance(200)  # both due: the one due first fires
+    assert vc.run(engine.run(iid)).state == "short"
+    engine.close()
