@@ -132,6 +132,13 @@ class Runner:
         """True when at most one instance runs here (group commit: commit at once)."""
         return max(len(self.tasks), self._scheduled) <= 1
 
+    def scheduled(self, n: int) -> None:
+        """Count ``n`` more (or, negative, fewer) instances about to run here for group
+        commit (``solo``): a worker's claimed batch counts from its claim, so the first
+        of them to commit (a step that never awaits: a timer's fire) does not commit alone
+        while the others wait to start."""
+        self._scheduled += n
+
     @property
     def worker(self) -> WorkerRow:
         """This runner's worker row (its id is the ``owner`` of what it holds)."""
