@@ -1,6 +1,6 @@
 """Timer edges (issue 38): what 10,000 waiting instances cost, and how late their timers fire.
 
-    python bench/timers.py [--n 10000] [--idle 10] [--db URL]
+    python bench/timers.py [--n 10000] [--idle 10] [--concurrency 32]
 
 1. **idle**: ``n`` instances wait in a state whose timer falls due in an hour; one
    ``fsm worker`` runs ``--idle`` seconds beside them, and as long beside an empty store:
@@ -9,7 +9,7 @@
    plan is printed (SQLite: ``EXPLAIN QUERY PLAN``): the waiting term must use the
    partial index ``idx_instances_timers`` (``next_attempt_at`` of waiting rows).
 2. **lateness**: ``n`` instances whose timers all fall due in the same second (a callable
-   delay returning one aware ``datetime``); one worker fires them: each fire's
+   delay returning one aware ``datetime``); one worker (``--concurrency``) fires them: each fire's
    ``detail.timer.lateness_s`` p50 / p99 / max, and the seconds until the last fired.
 
 Results go to ``bench/RESULTS.md`` by hand (the machine and the load vary).
@@ -61,7 +61,8 @@ def _cpu_s(pid: int) -> float:
 
 def _worker(db: str, module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "fsm_engine.cli", "worker", "--db", db,
-                             "--machines", module, "--poll", "1"], env=env,
+                             "--machines", module, "--poll", "1",
+                             "--concurrency", env.get("BENCH_CONCURRENCY", "32")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -132,12 +133,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle measurement")
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="the worker's --concurrency (32: its default)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fsm-bench-timers-") as tmp:
         module = str(Path(tmp) / "timed.py")
         Path(module).write_text(MACHINE)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-            "PYTHONPATH", "")]), "FSM_MACHINES_ROOT": tmp}
+            "PYTHONPATH", "")]), "FSM_MACHINES_ROOT": tmp,
+               "BENCH_CONCURRENCY": str(args.concurrency)}
         empty, busy = str(Path(tmp) / "empty.db"), str(Path(tmp) / "waiting.db")
         Engine(empty).close()
         arm_s = _armed(busy, module, args.n, time.time() + 3600)
