@@ -181,6 +181,8 @@ def test_a_timer_racing_send_in_two_processes_lets_exactly_one_win(tmp_path) -> 
             deadline -= 1
             asyncio.run(asyncio.sleep(0.1))
         sent = {line.split()[1] for line in out.splitlines() if line.startswith("SENT")}
+        assert "Traceback" not in err, err[-2000:]  # a lost send is refused, one line
+        assert len(out.splitlines()) == len(ids), out
         for i in ids:
             left = [h for h in engine.store.history(i) if h.source == "wait"]
             assert len(left) == 1, (i, left)
