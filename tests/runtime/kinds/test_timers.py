@@ -294,3 +294,18 @@ def test_of_several_timers_the_first_due_fires(tmp_path, short) -> None:
     vc.advance(200)  # both due: the one due first fires
     assert vc.run(engine.run(iid)).state == "short"
     engine.close()
+
+
+def test_a_rerun_in_place_into_a_state_with_a_timer_arms_it(tmp_path) -> None:
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(timer_machine.nudge, {})
+    vc.run(engine.run(iid))
+    vc.run(engine.signal(iid, "reply"))
+    engine.rerun(iid, "wait", in_place=True, by="ops")
+    rec = engine.store.get(iid)
+    row = engine.store.history(iid)[-1]
+    assert (row.kind, rec.status, rec.next_attempt_at) == ("rerun", "waiting", row.at + 60)
+    vc.advance(61)
+    assert vc.run(engine.run(iid)).state == "expired"
+    engine.close()
