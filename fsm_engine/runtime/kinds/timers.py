@@ -94,7 +94,7 @@ def enter(cm: CompiledMachine, step: StepCommit) -> StepCommit:
     new = step.record
     if new.state not in cm.timers or new.status != WAITING or not step.history:
         return step
-    row = step.history[0]
+    row = step.history[-1]  # (a loop cap routing the transition on has its own row)
     if row.dest != new.state:
         return step
     times = dues(cm, new.state, new.context, row.at)

@@ -309,3 +309,26 @@ def test_a_rerun_in_place_into_a_state_with_a_timer_arms_it(tmp_path) -> None:
     vc.advance(61)
     assert vc.run(engine.run(iid)).state == "expired"
     engine.close()
+
+
+def test_a_loop_cap_routed_to_a_review_with_a_timer_arms_it(tmp_path) -> None:
+    from fsm_engine import fire
+    from fsm_engine.definition.review import Review
+    machine = Machine(name="capped", context=C, initial="a", max_transitions=3,
+                      on_loop_limit="stuck", states=[
+                          State("a", action=lambda c: fire("again", n=c.n + 1)),
+                          State("stuck", review=Review(prompt="?", choices=["retry"])),
+                          State("gave_up", final=True)],
+                      transitions=[Transition("again", "a", "a"),
+                                   Transition("quit", "a", "gave_up"),
+                                   Transition("retry", "stuck", "a"),
+                                   Transition("give_up", "stuck", "gave_up", after=10)])
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(machine, {})
+    rec = vc.run(engine.run(iid))
+    row = engine.store.history(iid)[-1]
+    assert (rec.state, row.kind, rec.next_attempt_at) == ("stuck", "loop_limit", row.at + 10)
+    vc.advance(11)
+    assert vc.run(engine.run(iid)).state == "gave_up"
+    engine.close()
