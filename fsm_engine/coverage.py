@@ -13,6 +13,8 @@ definition's plain-dict export (``Machine.export()``):
   the order the runtime tries them (``CompiledMachine.choose``), which says for each
   result the transition it was evaluated for; a row the walk cannot explain (a changed
   definition) counts for the first edge with its (source, trigger, dest), guards unseen;
+* a **timer edge** (``after=``) counts like any edge: its fire's row (``kind: timer``)
+  takes it;
 * a **guard outcome** is (edge, guard, True/False: what the guard function returned, also
   for an ``unless`` guard ``!g``, which passes on False); a guard with one outcome seen
   is *one-sided*;
@@ -206,7 +208,7 @@ def _attribute(plan: _Plan, row: HistoryRow
                ) -> tuple[Edge | None, list[tuple[Edge, str, bool]]]:
     """The declared edge ``row`` took (None: a forced move) and its guard outcomes."""
     log = [g for g in row.guards if isinstance(g, (list, tuple)) and len(g) == 2]
-    moved = row.kind in ("transition", "fallback", "skip", "review", "join")
+    moved = row.kind in ("transition", "fallback", "skip", "review", "join", "timer")
     hypotheses: list[str | None] = [None, row.trigger] if row.kind in ("transition", "skip") \
         else [row.trigger] if moved else [None]  # a failure records no trigger it tried
     for trigger in hypotheses:

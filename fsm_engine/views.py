@@ -38,6 +38,28 @@ def limits_json(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> dict[str, An
     return out
 
 
+def timer_json(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> dict[str, Any] | None:
+    """A waiting instance's next timer (timer edges, issue 38): ``{trigger, due, timers}``
+    (``due``: epoch seconds, when a worker fires it; ``timers``: every timer of the state,
+    trigger -> due, as its entering row recorded them); ``None`` when it waits on none."""
+    if rec.final or rec.status != "waiting" or rec.reason == "rate_limited":
+        return None
+    for row in reversed(list(rows)):
+        if row.dest != rec.state:
+            return None
+        kept = row.detail.get("timers")
+        if isinstance(kept, dict):
+            times = {str(t): float(v) for t, v in kept.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if times:
+                trigger = min(times, key=lambda t: times[t])
+                return {"trigger": trigger, "due": rec.next_attempt_at or times[trigger],
+                        "timers": times}
+        if row.source != row.dest:  # the row that entered it: it armed none
+            return None
+    return None
+
+
 def context_after(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> list[dict[str, Any]]:
     """The context after each history row: the input with the rows' deltas applied in order."""
     ctx = dict(rec.input)

@@ -31,12 +31,16 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
     """Show one instance, with its failed attempts (errors, tokens billed, next try)."""
     store = _open(db)
     rec = _find(store, instance_id)
-    from ..views import instance_json, limits_json
+    from ..views import instance_json, limits_json, timer_json
     data = instance_json(rec) | {"attempts": [asdict(a) for a in store.attempts(rec.id)]}
-    limits = limits_json(rec, store.history(rec.id))
+    rows = store.history(rec.id)
+    limits = limits_json(rec, rows)
     if limits:  # rate-limit waits, breaker-open fallbacks, budget exhaustion: each apart
         data["limits"] = limits
     data.update(_schedule(store, rec.id))
+    timer = timer_json(rec, rows)
+    if timer is not None:  # a waiting instance's next timer edge (issue 38)
+        data["timer"] = timer
     kids = store.children(rec.id)
     if kids:
         data["children"] = [{"id": k.id, "branch": k.branch, "machine": k.machine,

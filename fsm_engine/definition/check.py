@@ -12,7 +12,8 @@ resolve to callables taking 1 or 2 positional arguments; guards are not
 policies valid; ``max_transitions`` ≥ 1, ``token_budget`` ≥ 0; the context is
 a pydantic model; ``version`` ≥ 1 with ``migrations`` covering 2..version
 (functions of one argument, or None) and ``renamed_states`` naming declared
-states.
+states; timer edges (``after=``) only out of states that wait, with positive delays
+(``definition.timers``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..errors import DefinitionError
 from .check_fanout import problems as fan_out_problems
 from .refs import Ref, as_refs, ref_name
 from .spec import Machine, Transition
+from .timers import problems as timer_problems
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,7 @@ def check(machine: Machine) -> Checked:
     _states(machine, names, problems, actions)
     _guards(machine, problems, guards)
     _routes(machine, problems)
+    problems.extend(timer_problems(machine, machine.all_transitions(), _label))
     _outcome(machine, problems)
     _versions(machine, names, problems)
     for s in machine.states:

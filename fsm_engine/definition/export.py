@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .fanout import Map, completion_of
 from .refs import as_refs, ref_name
+from .timers import export as timer_export
 
 if TYPE_CHECKING:
     from .spec import Machine, State
@@ -67,13 +68,16 @@ def export_machine(machine: Machine) -> dict[str, Any]:
     """Return ``{"name", "initial", "max_transitions", "token_budget", "states", "transitions"}``.
 
     ``transitions`` has one entry per (source, trigger, dest) with guard names
-    in ``conditions`` / ``unless``; fallback transitions have trigger ``fallback``.
+    in ``conditions`` / ``unless``; fallback transitions have trigger ``fallback``; a
+    timer edge has ``after``: seconds, or ``"callable:NAME"``.
     """
     names = [s.name for s in machine.states]
     transitions = [
         {"trigger": t.trigger, "source": src, "dest": t.dest,
          "conditions": [ref_name(g) for g in as_refs(t.conditions)],
-         "unless": [ref_name(g) for g in as_refs(t.unless)]}
+         "unless": [ref_name(g) for g in as_refs(t.unless)],
+         # only on a timer edge: old fingerprints hold
+         **({} if t.after is None else {"after": timer_export(t.after)})}
         for t in machine.all_transitions() for src in t.sources(names, machine.finals)
     ]
     out = {

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -187,6 +188,14 @@ class Transition:
     ``conditions`` must all be true and ``unless`` all false for it to be taken
     (the ``transitions`` library's semantics).  Among candidates the first
     declared wins.
+
+    ``after`` makes it a *timer* edge (``fsm_engine.definition.timers``): it fires by
+    itself once its source has been current for ``after`` — seconds (``int``/``float``
+    > 0), a ``timedelta``, or a callable of the context returning seconds or an aware
+    ``datetime`` (evaluated once, when the source is entered, and recorded in that
+    step's history row as ``detail.timers``) — and nothing else left it.  Only out of
+    a state that waits: ``wait=True``, a review, a fan-out.  Its fire is an ordinary
+    committed step (history ``kind: timer``, ``detail.timer``: ``due``, ``lateness_s``).
     """
 
     trigger: str
@@ -194,6 +203,7 @@ class Transition:
     dest: str
     conditions: Ref | Sequence[Ref] = ()
     unless: Ref | Sequence[Ref] = ()
+    after: float | timedelta | Callable[[Any], float | datetime] | None = None
 
     def sources(self, all_states: Sequence[str], finals: frozenset[str] = frozenset()) -> list[str]:
         """The source state names, ``"*"`` expanded to every state not in ``finals``."""

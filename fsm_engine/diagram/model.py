@@ -118,7 +118,9 @@ def build_graph(export: Mapping[str, Any], overlay: Mapping[str, Any] | None = N
     taken, forced = _count_moves(keys, history)
     nodes = _nodes(export, initial, overlay, history)
     failing = {n.name for n in nodes if n.kind == "failure"}
-    edges = [_declared_edge(key, taken[key], key[1] in failing) for key in keys]
+    delays = _delays(export.get("transitions", ()))
+    edges = [_declared_edge(key, taken[key], key[1] in failing, delays.get((key[0], key[2])))
+             for key in keys]
     edges += [Edge(src, dst, trig, "forced", n, True) for (src, dst, trig), n in forced]
     return Graph(
         name=str(export.get("name", "machine")),
@@ -211,9 +213,23 @@ def _edge_kind(trigger: str) -> EdgeKind:
     return "budget" if trigger == BUDGET_TRIGGER else "normal"
 
 
-def _declared_edge(key: _EdgeKey, taken: int, failure: bool) -> Edge:
+def _delays(transitions: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(source, trigger) -> the delay's text (``after 1h``) of each timer edge."""
+    from ..definition.timers import label
+    out: dict[tuple[str, str], str] = {}
+    for t in transitions:
+        after = t.get("after")
+        if after is not None:
+            text = after.partition(":")[2] + "()" if isinstance(after, str) else label(after)
+            out.setdefault((str(t["source"]), str(t["trigger"])), f"after {text}")
+    return out
+
+
+def _declared_edge(key: _EdgeKey, taken: int, failure: bool, delay: str | None = None) -> Edge:
+    """The edge of ``key``; ``delay``: a timer's (``after 1h``), shown after its trigger."""
     source, dest, trigger, guards = key
-    label = f"{trigger} [{', '.join(guards)}]" if guards else trigger  # ok [valid, !too_long]
+    shown = trigger if delay is None else f"{trigger} ⏱ {delay}"
+    label = f"{shown} [{', '.join(guards)}]" if guards else shown  # ok [valid, !too_long]
     return Edge(source, dest, label, _edge_kind(trigger), taken, failure)
 
 

@@ -30,7 +30,7 @@ from . import outcome, start_options, values
 from .compiled import CompiledMachine
 from .driver import Driver
 from .fleet.ownership import Ownership
-from .kinds import pausing
+from .kinds import pausing, timers
 from .kinds import reviews as review_queue
 from .ledger import Ledger
 from .registry import Registry
@@ -302,7 +302,7 @@ class Client:
         for row in history[:n]:
             context.update(row.delta)
         rec = self.registry.upcast(cm, rec)
-        reset = outcome.reset(cm, rec, state, context, n, self.clock())
+        reset = timers.enter(cm, outcome.reset(cm, rec, state, context, n, self.clock()))
         if by is not None:
             reset.history[0].detail["operator"] = by
         if not self.ledger.apply_one(self.driver.attach(reset)):
@@ -330,7 +330,7 @@ class Client:
                 context.update(row.delta)
             state = history[n - 1].dest if n else cm.spec.initial
         rec = self.registry.upcast(cm, rec)
-        step = outcome.reset(cm, rec, state, context, n, self.clock())
+        step = timers.enter(cm, outcome.reset(cm, rec, state, context, n, self.clock()))
         step.history[0].detail.update(operator=by, restarted=rec.status)
         return self.driver.attach(step)
 

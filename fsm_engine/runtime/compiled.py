@@ -22,6 +22,7 @@ from ..definition import Machine, RunInfo, check, fingerprint
 from ..definition.fanout import completion_of
 from ..definition.refs import as_refs, ref_name
 from ..definition.spec import RESERVED_TRIGGERS, State
+from ..definition.timers import by_state as timers_by_state
 from ..errors import ActionError
 from .values import partial_dump
 
@@ -125,7 +126,11 @@ class CompiledMachine:
                 self._tm.add_transition(t.trigger, src, t.dest, conditions=conds, unless=unless)
                 if t.trigger not in self.triggers[src]:
                     self.triggers[src].append(t.trigger)
-        self._choosable = {s: tuple(t for t in trigs if t not in RESERVED_TRIGGERS)
+        #: Each waiting state's timers, ``[(trigger, after), ...]`` (``definition.timers``).
+        self.timers = timers_by_state(machine)
+        timed = {(s, trig) for s, ts in self.timers.items() for trig, _ in ts}
+        self._choosable = {s: tuple(t for t in trigs if t not in RESERVED_TRIGGERS
+                                    and (s, t) not in timed)
                            for s, trigs in self.triggers.items()}
         self.fields = frozenset(machine.context.model_fields)
         #: A step may dump only the fields it updated (``values.partial_dump``).
@@ -167,7 +172,8 @@ class CompiledMachine:
         return trigger in self.triggers.get(state, ())
 
     def choosable(self, state: str) -> tuple[str, ...]:
-        """Declared triggers from ``state`` that normal selection considers (not reserved)."""
+        """Declared triggers from ``state`` that normal selection considers (not reserved,
+        not a timer's)."""
         return self._choosable.get(state, ())
 
     def choose(self, state: str, ctx: Any, run: Callable[[], RunInfo],

@@ -286,8 +286,9 @@ class Engine:
         return await self.runner.run_many(ids, on_step)
 
     def resumable(self) -> list[InstanceRecord]:
-        """Non-final, non-waiting instances not held by a live worker (nor being run by
-        one of this engine's own tasks)."""
+        """Non-final instances not held by a live worker (nor being run by one of this
+        engine's own tasks) that a step would move: not waiting, or waiting with a timer
+        due (a timer edge, a review's SLA)."""
         return self.runner.resumable()
 
     async def resume(self, on_step: OnStep | None = None, *, chunk: int = 500

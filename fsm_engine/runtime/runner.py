@@ -133,6 +133,13 @@ class Runner:
         """True when at most one instance runs here (group commit: commit at once)."""
         return max(len(self.tasks), self._scheduled) <= 1
 
+    def scheduled(self, n: int) -> None:
+        """Count ``n`` more (or, negative, fewer) instances about to run here for group
+        commit (``solo``): a worker's claimed batch counts from its claim, so the first
+        of them to commit (a step that never awaits: a timer's fire) does not commit alone
+        while the others wait to start."""
+        self._scheduled += n
+
     @property
     def worker(self) -> WorkerRow:
         """This runner's worker row (its id is the ``owner`` of what it holds)."""
@@ -374,8 +381,8 @@ class Runner:
         if self.tasks.get(run.iid) is run.task:  # held by nobody while it waits
             self.tasks.pop(run.iid, None)
         rec = await self._family(cm, rec, run.on_step)
-        if rec.final or rec.status == "waiting":
-            return cm, rec, False
+        if rec.final or rec.status == "waiting" and not kinds.timer_due(rec, self.clock()):
+            return cm, rec, False  # (a timer due: its step here fires it)
         if run.task is not None:
             self.tasks[run.iid] = run.task
         cm, rec = await self._claim(run.iid)
@@ -452,7 +459,8 @@ class Runner:
         return list(await asyncio.gather(*[asyncio.ensure_future(one(i)) for i in ids]))
 
     def resumable(self) -> list[InstanceRecord]:
-        """Non-final, non-waiting instances not held by a live worker (nor run here)."""
+        """Instances not held by a live worker (nor run here) a step would move
+        (``Ownership.resumable``)."""
         busy = self.busy()
         return [r for r in self.ownership.resumable() if r.id not in busy]
 

@@ -206,10 +206,12 @@ class Worker:
         task = asyncio.ensure_future(self._one(rec, before))
         self._running[rec.id] = task
         self._queue[rec.id] = rec.queue
+        self.runner.scheduled(1)  # counted for group commit before it starts
         task.add_done_callback(functools.partial(self._done, rec.id))
 
     def _done(self, instance_id: str, task: asyncio.Task[None]) -> None:
         self.runner.ownership.started(instance_id)  # e.g. ended before it ran a step
+        self.runner.scheduled(-1)
         if self._running.get(instance_id) is task:
             self._running.pop(instance_id, None)
             self._queue.pop(instance_id, None)

@@ -100,8 +100,12 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     """The WHERE clause (``?`` placeholders) selecting claimable rows of ``instances i``,
     and its arguments.
 
-    It begins with the term of the claim-order indexes (``schema.LIVE``), so both backends
-    walk the live instances in claim order (``ORDER``), never the ended ones.  The owner's
+    Its status terms are three arms, each one index can answer (SQLite: a MULTI-INDEX OR;
+    each arm implies the claim-order indexes' ``schema.LIVE``, so PostgreSQL can walk those
+    in claim order, ``ORDER``): the runnable, the waiting whose timer is due
+    (``idx_instances_timers``: 10,000 instances waiting on timers cost one index search per
+    poll, not a walk of every waiting row, as one ``status IN (...live)`` term made SQLite
+    do) and the scheduled that are due.  The owner's
     lease is tested by a correlated subquery, not a join: PostgreSQL
     re-evaluates it against the newest row version when a concurrent claim
     committed first, whereas a LEFT JOIN would be rechecked with the stale,
@@ -110,17 +114,16 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     owners = ["i.owner IS NULL",
               "NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = i.owner AND "
               "COALESCE(w.lease_until, w.heartbeat_at + ?) >= ?)"]
-    args: list[object] = [req.due, req.now, req.lease_seconds, req.now]
+    args: list[object] = [req.due, req.now, req.now, req.lease_seconds, req.now]
     if req.own:
         owners.append("i.owner = ?")
         args.append(req.owner)
     if req.dead:
         owners.append(f"i.owner IN ({', '.join('?' * len(req.dead))})")
         args.extend(req.dead)
-    sql = ("i.status IN ('pending', 'running', 'waiting', 'scheduled') AND "  # schema.LIVE
-           "(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
-           "i.next_attempt_at <= ?) OR i.status IN ('waiting', 'scheduled') AND "
-           "i.next_attempt_at <= ?) "
+    sql = ("(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
+           "i.next_attempt_at <= ?) OR i.status = 'waiting' AND i.next_attempt_at <= ? "
+           "OR i.status = 'scheduled' AND i.next_attempt_at <= ?) "
            f"AND ({' OR '.join(owners)})")
     if req.machines is not None:
         sql += f" AND i.machine IN ({', '.join('?' * len(req.machines)) or 'NULL'})"

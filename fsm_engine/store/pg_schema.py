@@ -167,9 +167,15 @@ def _v15(cur: Any) -> None:
     cur.execute(INDEX)
 
 
+def _v16(cur: Any) -> None:
+    """Format 16 (issue 38): nothing for PostgreSQL: the partial index of waiting instances
+    by due time that SQLite's format 16 adds (``schema.TIMERS_INDEX``) is its format 5's
+    ``idx_instances_timers``."""
+
+
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
     3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-    13: _v13, 14: _v14, 15: _v15}
+    13: _v13, 14: _v14, 15: _v15, 16: _v16}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

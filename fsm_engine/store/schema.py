@@ -266,7 +266,23 @@ def _v15(db: sqlite_utils.Database) -> None:
     db.execute(INDEX)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15]
+
+#: Format 16 (issue 38): waiting instances by due time, for the claim's waiting term
+#: (``status = 'waiting' AND next_attempt_at <= ?``: timer edges, review SLAs, rate waits):
+#: 10,000 instances waiting on timers cost one index search per poll, not a scan of every
+#: waiting row.  Partial: a step of a running instance never touches it.
+TIMERS_INDEX = ("CREATE INDEX IF NOT EXISTS idx_instances_timers ON instances (status, next_attempt_at) "
+                "WHERE status = 'waiting'")
+
+
+def _v16(db: sqlite_utils.Database) -> None:
+    """Format 16: the partial index of waiting instances by due time (``TIMERS_INDEX``;
+    PostgreSQL has had its own since its format 5)."""
+    db.execute(TIMERS_INDEX)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15,
+              _v16]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

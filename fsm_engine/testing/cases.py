@@ -13,7 +13,9 @@ A case is a plain-JSON object:
   the review's SLA timer decide (``{"timeout": true, "input"}``: a descendant's);
   ``{"send": TRIGGER, "update", "by"}`` fires a trigger on the waiting instance
   (``fsm send``); ``{"rerun": STATE, "by"}`` reruns the ended instance in place from
-  ``STATE`` (``fsm rerun --in-place``);
+  ``STATE`` (``fsm rerun --in-place``); ``{"advance": SECONDS}`` moves the clock on,
+  firing the timers (timer edges, SLAs) due meanwhile at their times, in order; with no
+  decision left, a waiting instance's next timer fires (the clock moved to it);
 * ``deadline_s``, ``token_budget``, ``priority``, and ``delay_s`` (``Engine.start``'s
   ``delay``: the instance starts ``scheduled``; the virtual clock makes it due at once):
   as ``Engine.start`` takes them; ``version``: the
@@ -158,9 +160,10 @@ def _check(case: Any, where: str) -> None:
     _check_replies(case, where)
     for d in case.get("decisions", []):
         if d != "timeout" and not (isinstance(d, dict) and (d.get("timeout") is True or any(
-                isinstance(d.get(k), str) for k in ("choice", "send", "rerun")))):
+                isinstance(d.get(k), str) for k in ("choice", "send", "rerun"))
+                or _seconds(d.get("advance")))):
             raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
-                               "'choice' (or 'send', 'rerun')")
+                               "'choice' (or 'send', 'rerun', 'advance')")
     _check_numbers(case, where)
 
 
@@ -300,9 +303,31 @@ async def _child_timer(engine: Any, iid: str, decisions: list[Any], vc: VirtualC
     return False
 
 
+def _seconds(value: Any) -> bool:
+    """True for an ``advance`` decision's amount: a number of seconds ≥ 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+async def _advance(engine: Any, iid: str, seconds: float, vc: VirtualClock) -> Any:
+    """Move the clock ``seconds`` on, firing the case instance's timers (timer edges, a
+    review's SLA, a retry's backoff) falling due meanwhile at their times, in order."""
+    until = vc.now() + max(0.0, seconds)
+    rec = engine.store.get(iid)
+    while not rec.final and rec.next_attempt_at is not None and rec.next_attempt_at <= until:
+        vc.advance(max(0.0, rec.next_attempt_at - vc.now()))
+        rec = await engine.run(iid)
+    vc.advance(max(0.0, until - vc.now()))
+    return rec
+
+
 async def _drive(engine: Any, iid: str, decisions: list[Any], vc: VirtualClock) -> Any:
     rec = await engine.run(iid)
     for _ in range(1000):  # a bound: a review loop that never ends is the case's fault
+        head = decisions[0] if decisions else None
+        if isinstance(head, dict) and _seconds(head.get("advance")):
+            decisions.pop(0)
+            rec = await _advance(engine, iid, float(head["advance"]), vc)
+            continue
         if await _operate(engine, iid, rec, decisions) or (
                 rec.status == "waiting" and await _child_timer(engine, iid, decisions, vc)):
             rec = engine.store.get(iid)

@@ -2,25 +2,24 @@
 
 ``case_from_store`` reads the instance's input, its recorded model replies (the
 ``llm_calls`` entries of its history rows: ``reply`` text and token counts; a call that
-failed becomes a scripted ``error`` of its kind), the provider errors of its failed
-attempts (``Store.attempts``), its review decisions (an agent's tool-call approvals and
-rejections included, each with the choice its item recorded; ``"timeout"`` for one its SLA
-timer took), the operator moves of ``fsm send`` and ``fsm rerun --in-place`` (in order
-among the decisions), its deadline and token budget, the machine version its input was
-given to (``version``: a migrated instance's replay upcasts it), what each successful action
-returned
-(its row's ``delta``: side-effect states replay from it, never delivering again), what each
-side-effect tool call of an agent returned (``tool_results``: the tool is never run again,
-``cases``), and what it did: its transitions, final state, status and context.  An instance
-with fan-out children brings their replies and decisions too, each keyed by its caller's
-input (``input`` in the script line and the decision), since children run at once.  An
-instance an operator cancelled is refused (``InvalidInput``, one line): when the cancel came
-is not something a replay can reproduce.  A fan-out descendant that delivered a side
-effect brings what its actions and side-effect tools returned (``branch_results``, keyed
-by its input): a replay delivers none of them again.
-``write_test`` writes a pytest file holding that case as JSON, which replays it through
-the current machine on the virtual clock (``cases.assert_case``) and fails naming the
-first divergent transition.
+failed becomes a scripted ``error`` of its kind), the provider errors of its failed attempts
+(``Store.attempts``), its review decisions (an agent's tool-call approvals and rejections
+included, each with the choice its item recorded; ``"timeout"`` for one its SLA timer took,
+and for each fire of a timer edge), the operator moves of ``fsm send`` and ``fsm rerun
+--in-place`` (in order among the decisions), its deadline and token budget, the machine version
+its input was given to (``version``: a migrated instance's replay upcasts it), what each
+successful action returned (its row's ``delta``: side-effect states replay from it, never
+delivering again), what each side-effect tool call of an agent returned (``tool_results``:
+the tool is never run again, ``cases``), and what it did: its transitions, final state,
+status and context. An instance with fan-out children brings their replies and decisions
+too, each keyed by its caller's input (``input`` in the script line and the decision), since
+children run at once. An instance an operator cancelled is refused (``InvalidInput``, one
+line): when the cancel came is not something a replay can reproduce. A fan-out descendant
+that delivered a side effect brings what its actions and side-effect tools returned
+(``branch_results``, keyed by its input): a replay delivers none of them again.
+``write_test`` writes a pytest file holding that case as JSON, which replays it through the
+current machine on the virtual clock (``cases.assert_case``) and fails naming the first
+divergent transition.
 
 Every string written passes through ``fsm_engine.redaction.redact``, and the value of a
 field whose name says it holds a secret (``secret_name``: ``password``, ``api_key``, …, not
@@ -130,7 +129,9 @@ def _decisions(store: Any, history: Sequence[HistoryRow]) -> list[Any]:
         review = h.detail.get("review") if h.kind in ("review", TOOL) else None
         if h.kind == TOOL and h.detail.get("agent") != "decision":
             review = None
-        if review is None:
+        if h.kind == "timer":  # a timer edge fired: the case lets the next timer fire
+            out.append("timeout")
+        elif review is None:
             move = _operator_move(h)
             if move is not None:
                 out.append(move)

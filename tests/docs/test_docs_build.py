@@ -27,6 +27,7 @@ CAPABILITIES = {
     "side effects and the outbox": "how-to/side-effects.md",
     "fan-out, Map and DAG": "how-to/fan-out.md",
     "human review": "how-to/human-review.md",
+    "timers": "how-to/timers.md",
     "streaming": "how-to/streaming.md",
     "agent states": "how-to/agent-states.md",
     "workers on PostgreSQL, queues and limits": "how-to/workers.md",

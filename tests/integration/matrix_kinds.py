@@ -266,6 +266,10 @@ KINDS = {k.name: k for k in [
     Kind("budget", _enqueue("budgeted"), _worker_op, _both("src=work"), by_worker=True),
     Kind("send", lambda lab, n: _started(lab, "signal", n, run=True), _send,
          _both("src=wait"), todo=lambda lab: bool(_waiting(lab, "wait"))),
+    # a timer edge's fire (issue 38): instances wait in ``wait`` (armed in this process),
+    # a worker claims each once due and commits the fire (row kind ``timer``)
+    Kind("timer", lambda lab, n: _started(lab, "timed", n, run=True), _worker_op,
+         _both("timer"), by_worker=True, many_per_process=True),
     Kind("rerun", lambda lab, n: _started(lab, "flow", n, run=True), _rerun,
          _both("rerun"), todo=lambda lab: bool(_not_rerun(lab)), keys_per_item=2),
     Kind("fork", lambda lab, n: _started(lab, "flow", n, run=True), _fork,

@@ -15,6 +15,8 @@ for the migration cells.
   being work -> notify -> done (fan-out child, join);
 - ``reviewed``: work -> human-review (approve / reject) -> notify -> done (review decision);
 - ``signal``: work -> wait (``Engine.send(id, "go")``) -> notify -> done (send);
+- ``timed``: work -> wait (its timer edge ``late`` after ``$MATRIX_TIMER_S``, default 1 s)
+  -> notify -> done (a timer's fire, issue 38);
 - ``fan_review``: ``fan`` whose children are ``reviewed`` (a review decision ending a child);
 - ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay);
 - ``agent_loop``: research (an agent state: ``look``, then the side effect ``report``,
@@ -111,6 +113,12 @@ reviewed = _line("reviewed", Ctx, [State("human-review", review=Review(
 signal = _line("signal", Ctx, [State("wait", wait=True)],
                [Transition("worked", "work", "wait"), Transition("go", "wait", "notify"),
                 Transition("no", "wait", "rejected")])
+
+timed = _line("timed", Ctx, [State("wait", wait=True)],
+              [Transition("worked", "work", "wait"),
+               Transition("late", "wait", "notify",
+                          after=float(os.environ.get("MATRIX_TIMER_S", "1"))),
+               Transition("no", "wait", "rejected")])
 
 leaf = _line("leaf", Ctx, [], [Transition("worked", "work", "notify")])
 

@@ -1,7 +1,8 @@
 """The intersection matrix: each kind of step × each fault × each backend, one checker.
 
 Kinds (``matrix_kinds``): a plain action, a fan-out child, a join, a review decision (of
-a lone instance, and of a fan-out child), a send, an in-place rerun, a fork, a migration,
+a lone instance, and of a fan-out child), a send, a timer edge's fire (``timer``), an
+in-place rerun, a fork, a migration,
 a plain action whose guard reads its state's token budget, an agent loop's step (a turn,
 a tool call, a side effect's delivery: ``agent-call``), a person's approval of an
 agent's tool call (``agent-approval``) and a step that streams its model call, one that

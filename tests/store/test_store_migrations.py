@@ -114,7 +114,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("15",)]
+        [(str(FORMAT_VERSION),)] == [("16",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -418,6 +418,26 @@ def test_postgres_format_13_is_migrated_to_start_options(pg_cluster) -> None:  #
                           "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]
 
 
+def test_sqlite_format_16_claims_due_timers_through_an_index(tmp_path: Path) -> None:
+    """Format 16 (issue 38): the claim's waiting term (``status = 'waiting' AND
+    next_attempt_at <= ?``) searches ``idx_instances_timers``, not every waiting row."""
+    from fsm_engine.store.claims import ClaimRequest, select, where
+    path = tmp_path / "v15.db"
+    SqliteStore(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX idx_instances_timers")
+    conn.execute("UPDATE fsm_meta SET value = '15' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    SqliteStore(str(path)).close()  # migrated to 16
+    cond, args = where(ClaimRequest(owner="w", now=100.0))
+    plan = _sql(path, "EXPLAIN QUERY PLAN " + select(("id",)).replace("?", "100.0") +
+                cond.replace("?", "100.0") + " ORDER BY i.key LIMIT 10")
+    assert any("idx_instances_timers (status=? AND next_attempt_at<?)" in str(row[-1])
+               for row in plan), plan
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("16",)]
+
+
 def _fresh(code: str) -> str:
     """What ``code`` prints in a fresh interpreter (its stderr on failure)."""
     import subprocess
@@ -484,7 +504,8 @@ def test_sqlite_format_14_is_migrated_to_store_schedules(tmp_path: Path) -> None
         _v14_schedules_added(store)
     finally:
         store.close()
-    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("15",)]
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
+        [(str(FORMAT_VERSION),)]
 
 
 def test_postgres_format_14_is_migrated_to_store_schedules(pg_cluster) -> None:  # noqa: ANN001
@@ -500,4 +521,4 @@ def test_postgres_format_14_is_migrated_to_store_schedules(pg_cluster) -> None: 
     finally:
         store.close()
     assert pg_cluster.sql(f"SELECT value FROM {schema}.fsm_meta "
-                          "WHERE key = 'schema_version'") == [("15",)]
+                          "WHERE key = 'schema_version'") == [(str(FORMAT_VERSION),)]

@@ -489,3 +489,21 @@ def test_an_instance_migrated_mid_run_replays_on_the_new_version(
     out_file = _export(tmp_path, capsys, db, iid, str(module))
     assert _case(out_file)["version"] == 1
     _replay(out_file, iid)  # before the fix: input does not fit Ctx: Field required at lang
+
+
+def test_an_instance_a_timer_edge_moved_before_a_send(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """machines/reminder.py: one reminder (the timer), then the reply (a send): the export's
+    decisions let the timer fire first, and its replay takes the same path."""
+    module = str(Path(__file__).resolve().parents[2] / "machines" / "reminder.py")
+    machine, _ = load_machine(module)
+    vc, engine, db = _engine(tmp_path, [])
+    iid = engine.start(machine, {})
+    vc.run(engine.run(iid))
+    vc.advance(24 * 3600 + 1)
+    vc.run(engine.run(iid))
+    vc.run(engine.signal(iid, "reply", {"answer": "ok"}))
+    engine.close()
+    out_file = _export(tmp_path, capsys, db, iid, module)
+    assert _case(out_file)["decisions"][0] == "timeout"
+    _replay(out_file, iid)

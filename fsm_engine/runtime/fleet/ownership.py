@@ -488,7 +488,9 @@ class Ownership:
         return rec.status == RUNNING and rec.recoveries > self.max_recoveries
 
     def resumable(self) -> list[InstanceRecord]:
-        """Non-final, non-waiting instances not held by a live worker (a read; claims nothing)."""
-        _, live = self.view(self.clock())
-        return [r for r in self.store.list(statuses=["pending", RUNNING])
-                if r.owner is None or r.owner == self.id or r.owner not in live]
+        """Instances not held by a live worker that a step would move (a read; claims
+        nothing): non-final, non-waiting ones, and waiting ones whose timer is due."""
+        now, live = self.clock(), self.view(self.clock())[1]
+        return [r for r in self.store.list(statuses=["pending", RUNNING, "waiting"])
+                if (r.status != "waiting" or (r.next_attempt_at or now + 1) <= now)
+                and (r.owner is None or r.owner == self.id or r.owner not in live)]

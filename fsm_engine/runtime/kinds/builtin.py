@@ -1,5 +1,6 @@
 """The built-in kinds of step on the ``kinds.base`` protocol, registered in dispatch order:
 review, wait, fan-out/join, agent (the plain action is ``base.PLAIN``, the default).
+The three that wait consult ``timers`` (timer edges, issue 38) in ``enter`` and ``plan``.
 
 Each class is a thin adapter: the kind's logic stays in its module (``reviews``,
 ``fanout``, ``agent``), reached through the driver's public surface (``base.DriverAPI``).
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from ...errors import StaleWrite
 from ...store.records import InstanceRecord, StepCommit
 from .. import outcome
-from . import agent, fanout, reviews
+from . import agent, fanout, reviews, timers
 from .base import DriverAPI, StepKind, register, waiting
 
 if TYPE_CHECKING:
@@ -32,9 +33,18 @@ class Review(StepKind):
 
     def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
              now: float) -> StepCommit | None:
-        if reviews.timer_due(rec, now):
+        if timers.has(cm, state.name):  # a timer beside the SLA: the earlier fires
+            fired = timers.firing(cm, api.store, rec, now, reviews.sla_due(cm, api.store, rec))
+            if fired is not None:
+                return timers.fire(api, cm, rec, state, *fired, now)
+        if reviews.timer_due(rec, now) and state.review is not None \
+                and state.review.on_timeout is not None:
             return reviews.timed_out(cm, rec, api.store, now, api.advance)
-        return outcome.awaiting_review(cm, rec, now)
+        return timers.armed(cm, api.store, outcome.awaiting_review(cm, rec, now))
+
+    def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
+              rec: InstanceRecord) -> StepCommit:
+        return timers.enter(cm, step)
 
 
 class Wait(StepKind):
@@ -48,7 +58,16 @@ class Wait(StepKind):
 
     def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
              now: float) -> StepCommit | None:
-        return waiting(rec, now)
+        if not timers.has(cm, state.name):
+            return waiting(rec, now)
+        fired = timers.firing(cm, api.store, rec, now)
+        if fired is not None:  # races ``send``: the version compare-and-set picks one
+            return timers.fire(api, cm, rec, state, *fired, now)
+        return timers.armed(cm, api.store, waiting(rec, now))
+
+    def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
+              rec: InstanceRecord) -> StepCommit:
+        return timers.enter(cm, step)
 
 
 class FanOut(StepKind):
@@ -62,7 +81,13 @@ class FanOut(StepKind):
 
     def plan(self, api: DriverAPI, cm: CompiledMachine, rec: InstanceRecord, state: State,
              now: float) -> StepCommit | None:
-        return fanout.step(cm, api.store, rec, now, api.host(rec))
+        if not timers.has(cm, state.name):
+            return fanout.step(cm, api.store, rec, now, api.host(rec))
+        fired = timers.firing(cm, api.store, rec, now)
+        if fired is not None:  # the children still running are cancelled with it
+            return fanout.timed_out(api.store, rec, now,
+                                    timers.fire(api, cm, rec, state, *fired, now))
+        return timers.armed(cm, api.store, fanout.step(cm, api.store, rec, now, api.host(rec)))
 
     async def commit(self, api: DriverAPI, cm: CompiledMachine,
                      rec: InstanceRecord) -> InstanceRecord:
@@ -78,7 +103,7 @@ class FanOut(StepKind):
 
     def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
               rec: InstanceRecord) -> StepCommit:
-        return fanout.enter(cm, step, api.clock(), api.host(rec))
+        return timers.enter(cm, fanout.enter(cm, step, api.clock(), api.host(rec)))
 
 
 class Agent(StepKind):

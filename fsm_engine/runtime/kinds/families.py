@@ -18,7 +18,7 @@ from ...store import Store
 from ...store.records import RATE_LIMITED, WAITING, ChildState, InstanceRecord
 from ..compiled import CompiledMachine
 from ..fleet.ownership import Ownership
-from . import fanout
+from . import fanout, timers
 
 
 def _runnable(kid: ChildState, parked: set[str]) -> bool:
@@ -58,7 +58,7 @@ class Families:
                   one: Callable[[str], Any]) -> InstanceRecord:
         """Run ``parent``'s current children here until it has a step to take (its join or
         a top-up: ``fanout.needs_step``; other wakes are skipped), ends, or is left
-        waiting; return it.
+        waiting, or its timer (``kinds.timers``) is due; return it.
 
         Children another live worker holds are left to it (polled every
         ``lease_seconds / 3``); children of children run the same way.  A child waiting
@@ -71,6 +71,7 @@ class Families:
         ended = self.ended.setdefault(parent.id, asyncio.Event())
         parked: set[str] = set()  # children whose run here left them waiting
         kids: list[ChildState] = []
+        due = timers.due_of(cm, self.store, parent)  # its timer's (kept over the wakes)
         try:
             while True:
                 ended.clear()  # before the read: a child ending after it sets it again
@@ -81,11 +82,14 @@ class Families:
                 states = self.store.child_states(parent.id)
                 if rec.status == "running" and fanout.needs_step(cm, rec, states):
                     break  # woken with something to do
+                left = poll if due is None else due - self.ownership.clock()
+                if left <= 0:
+                    break  # its timer is due: the parent's step fires it
                 kids = fanout.current(parent.id, states)
                 if not self._spawn(rec, kids, one, parked):
                     break  # every child left waits: so does the parent
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(ended.wait(), poll)
+                    await asyncio.wait_for(ended.wait(), min(poll, left))
         finally:
             self.ended.pop(parent.id, None)
         if rec.final or rec.reason != CHILDREN:

@@ -344,6 +344,18 @@ def join(cm: CompiledMachine, store: Store, plan: FanOutPlan, rec: InstanceRecor
     return step
 
 
+def timed_out(store: Store, rec: InstanceRecord, now: float, step: StepCommit) -> StepCommit:
+    """``step`` (a timer's fire out of ``rec``'s fan-out state) with the children still
+    running cancelled in its commit (reason ``timer``), their tokens added to ``rec``."""
+    also, tokens = cancel_running(store, current(rec.id, store.children(rec.id)), now, "timer")
+    step.also = [*step.also, *also] if step.also else also
+    step.record.tokens_used += tokens
+    if step.history:
+        step.history[0].tokens += tokens
+        step.history[0].detail["children_tokens"] = tokens
+    return step
+
+
 def cancel_running(store: Store, kids: Sequence[InstanceRecord], now: float,
                    reason: str) -> tuple[list[StepCommit], int]:
     """The steps cancelling the ``kids`` still running — with, for one waiting on its own

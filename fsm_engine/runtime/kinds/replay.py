@@ -26,8 +26,8 @@ from ..step import run_info
 
 #: Recorded kinds whose transition the definition chose (forced moves are not replayed);
 #: they are the ones that count against ``max_transitions`` (a fan-out's join included:
-#: its guards choose its edge).
-CHOSEN = frozenset({"transition", "fallback", "skip", "review", "join"})
+#: its guards choose its edge, and a timer's fire: ``kinds.timers``).
+CHOSEN = frozenset({"transition", "fallback", "skip", "review", "join", "timer"})
 
 
 def visit_tokens(attempts: Sequence[AttemptRow], state: str, visit: int) -> int:
@@ -128,7 +128,8 @@ def _choose(cm: CompiledMachine, h: HistoryRow, obj: Any, run: Callable[[], RunI
     """The definition's choice for recorded row ``h``: free selection first; a forced or
     fired trigger (fallback, skip, a review's choice, an action's ``fire``) when only
     that reproduces the recorded move; a join's trigger's edges only."""
-    if h.kind == "join":  # its trigger is the children's outcome: only that one's edges
+    if h.kind in ("join", "timer"):  # its trigger is given (the children's outcome, the
+        # timer's): only that one's edges
         return cm.choose(h.source, obj, run, h.trigger) \
             if cm.has_trigger(h.source, h.trigger) else None
     free = cm.choose(h.source, obj, run)

@@ -151,3 +151,14 @@ def timed_out(cm: CompiledMachine, rec: InstanceRecord, store: Store, now: float
 def timer_due(rec: InstanceRecord, now: float) -> bool:
     """True when ``rec`` waits with a timer (a review's SLA) that is due."""
     return rec.status == WAITING and rec.next_attempt_at is not None and rec.next_attempt_at <= now
+
+
+def sla_due(cm: CompiledMachine, store: Store, rec: InstanceRecord) -> float | None:
+    """When the SLA timer of ``rec``'s open review item falls due (epoch seconds; ``None``:
+    no SLA that decides, or no item)."""
+    review = cm.states[rec.state].review
+    if review is None or review.sla_s is None or review.on_timeout is None:
+        return None
+    items = store.reviews(id_prefix=outcome.review_id(rec.id, rec.state,
+                                                      rec.visits.get(rec.state, 1)))
+    return items[0].due_at if items else None

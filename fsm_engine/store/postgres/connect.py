@@ -63,7 +63,8 @@ _KEY = INSTANCE.columns.index("key")
 _NEW_COLUMNS = [c for c in INSTANCE.columns if c != "key"]  # ``key`` comes from the identity
 _SQL_INSERT_INSTANCE = (f"INSERT INTO instances({', '.join(_NEW_COLUMNS)}) VALUES "
                         f"({', '.join(['%s'] * len(_NEW_COLUMNS))}) RETURNING key")
-_SQL_WAKE = ("UPDATE instances SET status='running', updated_at=%s, version=version+1 "
+_SQL_WAKE = ("UPDATE instances SET status='running', updated_at=%s, version=version+1, "
+             "next_attempt_at=NULL "
              "WHERE id=%s AND status='waiting' AND reason='children'")
 _SQL_OUTBOX_DONE = "UPDATE outbox SET status='done', result=%s, updated_at=%s WHERE key=%s"
 _SQL_OUTBOX = f"SELECT {', '.join(OUTBOX.columns)} FROM outbox"

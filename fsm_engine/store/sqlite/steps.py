@@ -67,8 +67,11 @@ _FINAL = ", ".join(f"'{s}'" for s in sorted(FINAL_STATUSES))
 
 _FOLD = FOLD.format(least="MIN")
 
-#: ``StepCommit.wake``: a parent waiting for its children becomes claimable.
-_WAKE = ("UPDATE instances SET status='running', updated_at=?, version=version+1 "
+#: ``StepCommit.wake``: a parent waiting for its children becomes claimable (a timer's
+#: due time it held is cleared, so a worker claims it now; its step arms it again from
+#: the entering history row: ``runtime.kinds.timers``).
+_WAKE = ("UPDATE instances SET status='running', updated_at=?, version=version+1, "
+         "next_attempt_at=NULL "
          "WHERE id=? AND status='waiting' AND reason='children'")
 
 

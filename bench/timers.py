@@ -1,0 +1,162 @@
+"""Timer edges (issue 38): what 10,000 waiting instances cost, and how late their timers fire.
+
+    python bench/timers.py [--n 10000] [--idle 10] [--concurrency 32]
+
+1. **idle**: ``n`` instances wait in a state whose timer falls due in an hour; one
+   ``fsm worker`` runs ``--idle`` seconds beside them, and as long beside an empty store:
+   the worker's CPU (``/proc/PID/stat``, user + system) per second, both, and their
+   ratio (target: ~1, no per-instance work while nothing is due).  The claim query's
+   plan is printed (SQLite: ``EXPLAIN QUERY PLAN``): the waiting term must use the
+   partial index ``idx_instances_timers`` (``next_attempt_at`` of waiting rows).
+2. **lateness**: ``n`` instances whose timers all fall due in the same second (a callable
+   delay returning one aware ``datetime``); one worker (``--concurrency``) fires them: each fire's
+   ``detail.timer.lateness_s`` p50 / p99 / max, and the seconds until the last fired.
+
+Results go to ``bench/RESULTS.md`` by hand (the machine and the load vary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+from fsm_engine import Engine  # noqa: E402
+
+MACHINE = '''
+from datetime import UTC, datetime
+from pydantic import BaseModel
+from fsm_engine import Machine, State, Transition
+
+class Ctx(BaseModel):
+    due: float = 0.0
+
+def due_at(ctx: Ctx) -> datetime:
+    return datetime.fromtimestamp(ctx.due, UTC)
+
+machine = Machine(name="timed", context=Ctx, initial="start",
+                  states=[State("start"), State("wait", wait=True),
+                          State("replied", final=True), State("fired", final=True)],
+                  transitions=[Transition("go", "start", "wait"),
+                               Transition("reply", "wait", "replied"),
+                               Transition("fire", "wait", "fired", after=due_at)])
+'''
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _worker(db: str, module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "fsm_engine.cli", "worker", "--db", db,
+                             "--machines", module, "--poll", "1",
+                             "--concurrency", env.get("BENCH_CONCURRENCY", "32")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _armed(db: str, module: str, n: int, due: float) -> float:
+    """Start ``n`` instances waiting on a timer due at ``due``; the seconds it took."""
+    started = time.perf_counter()
+    engine = Engine(db)
+    try:
+        for lo in range(0, n, 1000):
+            ids = engine.start_many(module, [{"due": due}] * min(1000, n - lo))
+            asyncio.run(engine.run_many(ids))
+    finally:
+        engine.close()
+    return time.perf_counter() - started
+
+
+def _idle_cpu(db: str, module: str, env: dict[str, str], seconds: float) -> float:
+    """CPU seconds per second of one worker over ``seconds`` (after a 2 s warm-up)."""
+    proc = _worker(db, module, env)
+    try:
+        time.sleep(2.0)
+        before, t0 = _cpu_s(proc.pid), time.monotonic()
+        time.sleep(seconds)
+        return (_cpu_s(proc.pid) - before) / (time.monotonic() - t0)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _plan(db: str) -> list[str]:
+    """SQLite's plan of the claim query (``store.claims``), one line per step."""
+    import sqlite3
+
+    from fsm_engine.store.claims import ClaimRequest, select, where
+    req = ClaimRequest(owner="bench", now=time.time(), limit=10, lease_seconds=30.0)
+    cond, args = where(req)
+    sql = select(("id",)) + cond + " ORDER BY i.key LIMIT 10"
+    with sqlite3.connect(db) as conn:
+        return [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+
+
+def _lateness(db: str, module: str, env: dict[str, str], n: int) -> dict[str, Any]:
+    """Arm ``n`` timers due in the same second, fire them with one worker."""
+    lead = 5.0 + n / 1500.0  # time to arm them all before they fall due
+    due = float(int(time.time() + lead))
+    arm_s = _armed(db, module, n, due)
+    if time.time() >= due:
+        raise SystemExit(f"arming {n} timers took {arm_s:.1f} s, past their due time")
+    proc = _worker(db, module, env)
+    engine = Engine(db)
+    try:
+        while len(engine.store.list(statuses=["completed"])) < n:
+            time.sleep(0.5)
+        late = sorted(float(row.detail["timer"]["lateness_s"])
+                      for rec in engine.store.list() for row in engine.store.history(rec.id)
+                      if row.kind == "timer")
+        last = max(rec.updated_at for rec in engine.store.list())
+    finally:
+        engine.close()
+        proc.terminate()
+        proc.wait(30)
+    q = statistics.quantiles(late, n=100)
+    return {"fired": len(late), "p50_s": q[49], "p99_s": q[98], "max_s": late[-1],
+            "drain_s": last - due, "arm_s": arm_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle measurement")
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="the worker's --concurrency (32: its default)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fsm-bench-timers-") as tmp:
+        module = str(Path(tmp) / "timed.py")
+        Path(module).write_text(MACHINE)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+            "PYTHONPATH", "")]), "FSM_MACHINES_ROOT": tmp,
+               "BENCH_CONCURRENCY": str(args.concurrency)}
+        empty, busy = str(Path(tmp) / "empty.db"), str(Path(tmp) / "waiting.db")
+        Engine(empty).close()
+        arm_s = _armed(busy, module, args.n, time.time() + 3600)
+        print(f"armed {args.n} timers in {arm_s:.1f} s")
+        print("claim plan:", *_plan(busy), sep="\n  ")
+        cpu_empty = _idle_cpu(empty, module, env, args.idle)
+        cpu_busy = _idle_cpu(busy, module, env, args.idle)
+        print(f"idle worker CPU: {cpu_empty * 100:.2f} % (empty store), "
+              f"{cpu_busy * 100:.2f} % ({args.n} waiting): ratio {cpu_busy / cpu_empty:.2f}")
+        got = _lateness(str(Path(tmp) / "due.db"), module, env, args.n)
+        print(f"{got['fired']} timers due in one second, one worker: lateness p50 "
+              f"{got['p50_s']:.3f} s, p99 {got['p99_s']:.3f} s, max {got['max_s']:.3f} s; "
+              f"all fired {got['drain_s']:.2f} s after the due second (armed in "
+              f"{got['arm_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
