@@ -100,8 +100,9 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     """The WHERE clause (``?`` placeholders) selecting claimable rows of ``instances i``,
     and its arguments.
 
-    It begins with the term of the claim-order indexes (``schema.LIVE``), so both backends
-    walk the live instances in claim order (``ORDER``), never the ended ones.  The owner's
+    It begins with ``schema.LIVE`` (the claimable statuses), so neither backend reads the
+    ended instances: SQLite finds the live ones by status, PostgreSQL walks its partial
+    rank index in claim order (``ORDER``).  The owner's
     lease is tested by a correlated subquery, not a join: PostgreSQL
     re-evaluates it against the newest row version when a concurrent claim
     committed first, whereas a LEFT JOIN would be rechecked with the stale,
