@@ -153,10 +153,11 @@ def _v13(cur: Any) -> None:
 
 def _v14(cur: Any) -> None:
     """Format 14: idempotency keys, priorities, the claim order and debounced starts (the
-    same as SQLite's, ``schema.START_OPTIONS``)."""
-    from .schema import START_OPTIONS
+    same as SQLite's, ``schema.START_OPTIONS``) and the claim-order index ``PG_RANK``."""
+    from .schema import PG_RANK, START_OPTIONS
     for sql in START_OPTIONS:
         cur.execute(sql.format(real="DOUBLE PRECISION"))
+    cur.execute(PG_RANK)
 
 
 def _v15(cur: Any) -> None:

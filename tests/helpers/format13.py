@@ -8,8 +8,7 @@ from __future__ import annotations
 UNDO_14 = (
     "DROP TABLE IF EXISTS {t}schedules",  # format 15's (a store of 13 has neither)
     *(f"DROP INDEX IF EXISTS {{t}}{name}" for name in (
-        "idx_instances_start_key", "idx_instances_debounce", "idx_instances_scheduled",
-        "idx_instances_rank", "idx_instances_queue_rank")),
+        "idx_instances_start_key", "idx_instances_debounce", "idx_instances_rank")),
     *(f"ALTER TABLE {{t}}instances DROP COLUMN {col}" for col in (
         "start_key", "priority", "rank", "debounce_key", "debounce_until")),
 )
