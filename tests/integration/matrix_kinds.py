@@ -187,6 +187,20 @@ def _unmigrated(lab: Lab) -> bool:
     return any(r.machine_version == 1 and r.status != "completed" for r in lab.records())
 
 
+# -- a delayed start (issue 38): scheduled until due, then claimed by a worker --------------
+def _delayed(lab: Lab, n: int) -> list[str]:
+    """``n`` instances of ``flow`` started 2 s from now (status ``scheduled``), each with a
+    start key; none claimable before it is due."""
+    engine = lab.engine()
+    try:
+        ids = [engine.start(ref("flow"), {"item": f"delayed{i}"}, delay=2.0, key=f"delayed{i}")
+               for i in range(n)]
+        assert {engine.store.get(i).status for i in ids} == {"scheduled"}
+        return ids
+    finally:
+        engine.close()
+
+
 # -- a schedule tick (issue 38): a worker fires it, one instance per tick --------------------
 TICKS = "tick"
 
@@ -270,6 +284,11 @@ KINDS = {k.name: k for k in [
     # a worker claims each once due and commits the fire (row kind ``timer``)
     Kind("timer", lambda lab, n: _started(lab, "timed", n, run=True), _worker_op,
          _both("timer"), by_worker=True, many_per_process=True),
+    # a delayed start (issue 38): a worker claims each once due (just after the claim's
+    # commit: the claimed instance is left to a takeover; before it nothing is held, so
+    # there is no cell), then steps it
+    Kind("delayed", _delayed, _worker_op, [Point("claim", "after", "claim"), *_both("src=work")],
+         by_worker=True, many_per_process=True),
     Kind("rerun", lambda lab, n: _started(lab, "flow", n, run=True), _rerun,
          _both("rerun"), todo=lambda lab: bool(_not_rerun(lab)), keys_per_item=2),
     Kind("fork", lambda lab, n: _started(lab, "flow", n, run=True), _fork,
