@@ -130,10 +130,15 @@ def when(ts: float | None, now: float | None = None) -> str:
 
 def shown_reason(rec: InstanceRecord, now: float | None = None) -> str:
     """The reason to show: the stored one, else for a ``scheduled`` instance its due time
-    (``due 12:03:04 (in 5 min)``), else ``""``."""
+    (``due 12:03:04 (in 5 min)``), else ``""``; a ``waiting`` instance with a due time (a
+    timer edge's, a review's SLA: issue 38) shows it after its reason
+    (``children · due 12:03:04 (in 5 min)``)."""
+    due = f"due {when(rec.next_attempt_at, now)}" if rec.next_attempt_at is not None else ""
+    if rec.status == "waiting" and due:
+        return f"{rec.reason} · {due}" if rec.reason else due
     if rec.reason:
         return rec.reason
-    return f"due {when(rec.next_attempt_at, now)}" if rec.status == "scheduled" else ""
+    return due if rec.status == "scheduled" else ""
 
 
 def shown_status(rec: InstanceRecord, live: set[str] | frozenset[str]) -> str:
