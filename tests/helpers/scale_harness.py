@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from procs import wait_until  # noqa: F401 - its tests import it from here
+from worker_procs import WorkerProcs
 
 from fsm_engine.store.records import InstanceFilter
 
@@ -92,7 +92,7 @@ def enqueue(url: str, n: int) -> list[str]:
         engine.close()
 
 
-class Fleet:
+class Fleet(WorkerProcs):
     """``fsm worker`` processes on one store (each logs to its own file)."""
 
     def __init__(self, url: str, folder: Path, sink: Sink, *, lease: float = 1.0,
@@ -113,25 +113,6 @@ class Fleet:
             log = open(self.folder / f"worker{len(self.procs)}.log", "wb")
             self.procs.append(subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log,
                                                stderr=subprocess.STDOUT))
-
-    def log(self, i: int) -> str:
-        return (self.folder / f"worker{i}.log").read_text(errors="replace")
-
-    def stop(self, timeout: float = 30.0) -> list[int | None]:
-        """SIGTERM every live worker; their exit codes (None: had to be killed)."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGTERM)
-        codes: list[int | None] = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(timeout=timeout))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes.append(None)
-        return codes
 
 
 

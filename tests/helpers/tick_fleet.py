@@ -5,11 +5,12 @@ the books — which ticks have their instance, against the ticks the schedule ha
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from worker_procs import WorkerProcs
 
 ROOT = Path(__file__).resolve().parents[2]
 #: ``fsm`` as a real process (the interpreter running the tests, this tree on its path).
@@ -17,7 +18,7 @@ FSM = [sys.executable, "-m", "fsm_engine.cli"]
 TICKED = str(ROOT / "tests" / "helpers" / "tick_machine.py")
 
 
-class Workers:
+class Workers(WorkerProcs):
     """``fsm worker`` processes on one store, each logging to its own file."""
 
     def __init__(self, url: str, folder: Path, *, poll: float = 0.2, lease: float = 1.0) -> None:
@@ -33,24 +34,6 @@ class Workers:
                 self.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                 env=dict(os.environ, FSM_MACHINES_ROOT=str(ROOT), PYTHONUNBUFFERED="1",
                          **(env or {}))))
-
-    def log(self, i: int) -> str:
-        return (self.folder / f"worker{i}.log").read_text(errors="replace")
-
-    def stop(self, timeout: float = 30.0) -> list[int | None]:
-        """SIGTERM every live worker; the exit codes (None: had to be killed)."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        codes: list[int | None] = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(timeout=timeout))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes.append(None)
-        return codes
 
 
 def add(url: str, name: str, *, every: str = "1s", catchup: str = "all",
