@@ -36,7 +36,7 @@ from ..store.records import (
     StepCommit,
     WorkerRow,
 )
-from . import outcome
+from . import outcome, run_errors
 from .compiled import CompiledMachine
 from .driver import Driver
 from .fleet import limits as fleet
@@ -54,34 +54,6 @@ OnStep = Callable[[InstanceRecord], None]
 Outcome = InstanceRecord | FsmError
 #: Statuses ``_run`` steps at once (every other one goes through ``_turn``).
 _STEPPED = frozenset({PENDING, RUNNING})
-
-
-def _for_instance(exc: FsmError, instance_id: str) -> FsmError:
-    """``exc`` naming ``instance_id``: a copy when it names another instance (one store
-    failure reaches every step of its batch as the same exception object)."""
-    if exc.instance_id in (None, instance_id):
-        exc.instance_id = instance_id
-        return exc
-    copy = type(exc).__new__(type(exc))
-    copy.args, copy.__dict__ = exc.args, dict(exc.__dict__, instance_id=instance_id)
-    copy.__cause__ = exc.__cause__
-    return copy
-
-
-def _lost_claim(instance_id: str) -> StaleWrite:
-    return StaleWrite(f"instance {instance_id} was claimed by another worker first",
-                      instance_id=instance_id)
-
-
-async def _done(value: Any) -> Any:
-    return value
-
-
-def _unexpected(iid: str, exc: Exception) -> FsmError:
-    log.error("instance %s stopped by an unexpected error", iid, exc_info=True)
-    err = FsmError(f"instance {iid} stopped: {type(exc).__name__}: {exc}", instance_id=iid)
-    err.__cause__ = exc
-    return err
 
 
 @dataclass
@@ -222,7 +194,7 @@ class Runner:
             return cm, self.registry.upcast(cm, await self._checked(cm, rec))
         step = self.ownership.adoption(rec)
         if not await self.driver.committer.submit(step):
-            raise _lost_claim(rec.id)
+            raise run_errors.lost_claim(rec.id)
         return cm, self.registry.upcast(cm, await self._checked(cm, step.record))
 
     async def _due(self, rec: InstanceRecord) -> InstanceRecord:
@@ -446,9 +418,9 @@ class Runner:
             return self.store.get(iid)
         except FsmError as exc:
             log.warning("instance %s stopped: %s", iid, exc)
-            return _for_instance(exc, iid)
+            return run_errors.for_instance(exc, iid)
         except Exception as exc:  # noqa: BLE001 - one instance's fault stays its own
-            return _unexpected(iid, exc)
+            return run_errors.unexpected(iid, exc)
         finally:
             self._scheduled -= 1
 
@@ -493,7 +465,7 @@ class Runner:
         except FsmError as exc:
             exc.instance_id = exc.instance_id or rec.id
             parked.append((rec, exc))
-            return asyncio.ensure_future(_done(exc))
+            return asyncio.ensure_future(run_errors.done(exc))
         self.known[rec.id] = rec
         return asyncio.ensure_future(one(rec.id))
 
