@@ -40,13 +40,18 @@ def add(url: str, name: str, *, every: str = "1s", catchup: str = "all",
         overlap: str = "allow", machine: str = TICKED) -> Any:
     """Store the schedule (module references relative to ``ROOT``); its row."""
     from fsm_engine import Engine
-    os.environ.setdefault("FSM_MACHINES_ROOT", str(ROOT))
+    before = os.environ.get("FSM_MACHINES_ROOT")  # set for this call only: never leaked to
+    os.environ["FSM_MACHINES_ROOT"] = str(ROOT)  # the later tests of the process
     engine = Engine(url)
     try:
         return engine.schedules.add(name, machine, every=every, catchup=catchup,
                                     overlap=overlap)
     finally:
         engine.close()
+        if before is None:
+            os.environ.pop("FSM_MACHINES_ROOT", None)
+        else:
+            os.environ["FSM_MACHINES_ROOT"] = before
 
 
 def books(store: Any, name: str, first: float) -> tuple[list[str], list[str]]:
