@@ -75,10 +75,15 @@ def _link_target(db: str, item: str) -> tuple[str, str]:
 
 
 def _served(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(_head(port, "GET", "/", f"Authorization: Bearer {TOKEN}\r\n"
-                                             "Connection: close\r\n\r\n"))
-        return _answer(sock).startswith(b"HTTP/1.1 200 ")
+    """True when a page is served whole; False while the server is still cutting the slow
+    peers (a connection reset or refused meanwhile: polled again)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(_head(port, "GET", "/", f"Authorization: Bearer {TOKEN}\r\n"
+                                                 "Connection: close\r\n\r\n"))
+            return _answer(sock).startswith(b"HTTP/1.1 200 ")
+    except (ConnectionResetError, ConnectionRefusedError, BrokenPipeError):
+        return False
 
 
 def _fds(pid: int) -> int:
