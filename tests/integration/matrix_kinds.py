@@ -174,9 +174,11 @@ def _fork_approval(lab: Lab, crash: str | None) -> Procs:
 
 
 def _forks_to_step(lab: Lab) -> list[str]:
-    """Forks still to be stepped (running, never claimed since they were made)."""
-    return [r.id for r in lab.records() if r.forked_from and r.status == "running"
-            and r.seq == r.forked_at_seq]
+    """Forks still on their way to their own item (pending or running: a fork from the
+    start of ``research`` runs its turns again before it asks; one stepped only once was
+    taken for waiting, its item was not open yet when the others were decided, and nobody
+    decided it: the harness's own race, found under load)."""
+    return [r.id for r in lab.records() if r.forked_from and r.status in ("pending", "running")]
 
 
 def _migrate(lab: Lab, crash: str | None) -> Procs:
