@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from ..terminal import shown as text_of
-from .common import DB, _fail, _open, app
+from .common import ALLOWED_HOST, DB, _fail, _open, app
 from .observe import _loopback
 
 #: Most bytes of a token file; fewest characters of its token.
@@ -56,10 +56,7 @@ def serve(machines: list[str] = typer.Option(..., "--machines", metavar="MODULE"
           expose: bool = typer.Option(False, "--expose",
                                       help="Allow a --host beyond loopback (put TLS in "
                                            "front: the token travels in each request)."),
-          allowed_host: list[str] | None = typer.Option(
-              None, "--allowed-host", metavar="NAME[:PORT]",
-              help="Also serve requests whose Host is this name (repeatable; default: only "
-                   "loopback names and the bound address, with its port)."),
+          allowed_host: list[str] | None = ALLOWED_HOST,
           max_body: int = typer.Option(1024 * 1024, "--max-body", min=1, max=64 * 1024 * 1024,
                                        metavar="BYTES", help="Largest request body.")) -> None:
     """Serve a JSON API (start, send, get, stream; OpenAPI at /api/openapi.json) for other

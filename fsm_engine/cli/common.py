@@ -34,6 +34,11 @@ out = console()  # no markup, stored text shown safely (``terminal``)
 DB = typer.Option(None, "--db", show_default=False,
                   help="Store: a SQLite file, sqlite:///REL.db or sqlite:////ABS.db, or postgresql://… "
                        "(default: $FSM_DB, else fsm.db).")
+#: ``--allowed-host`` of the commands that serve HTTP (``fsm ui``, ``fsm serve``).
+ALLOWED_HOST = typer.Option(
+    None, "--allowed-host", metavar="NAME[:PORT]",
+    help="Also serve requests whose Host is this name (repeatable; default: only "
+         "loopback names and the bound address, with its port).")
 
 
 

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ..store.records import STATUSES, InstanceFilter
 from ..terminal import shown, text
-from .common import DB, _fail, _open, _print_json, app, out
+from .common import ALLOWED_HOST, DB, _fail, _open, _print_json, app, out
 from .trust import MACHINES, trusting
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -151,10 +151,7 @@ def ui(db: str = DB,
        refresh: int = typer.Option(3, "--refresh", min=0,
                                    help="Seconds between reloads of pages showing running "
                                         "instances (0: never)."),
-       allowed_host: list[str] | None = typer.Option(
-           None, "--allowed-host", metavar="NAME[:PORT]",
-           help="Also serve requests whose Host is this name (repeatable; default: only "
-                "loopback names and the bound address, with its port)."),
+       allowed_host: list[str] | None = ALLOWED_HOST,
        write: bool = typer.Option(False, "--write",
                                   help="The console: actions (pause, cancel, send, decide …) "
                                        "behind the token, which it requires."),
