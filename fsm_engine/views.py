@@ -133,12 +133,12 @@ def shown_reason(rec: InstanceRecord, now: float | None = None) -> str:
     (``due 12:03:04 (in 5 min)``), else ``""``; a ``waiting`` instance with a due time (a
     timer edge's, a review's SLA: issue 38) shows it after its reason
     (``children · due 12:03:04 (in 5 min)``)."""
-    due = f"due {when(rec.next_attempt_at, now)}" if rec.next_attempt_at is not None else ""
-    if rec.status == "waiting" and due:
-        return f"{rec.reason} · {due}" if rec.reason else due
-    if rec.reason:
+    if rec.status not in ("waiting", "scheduled") or rec.next_attempt_at is None:
+        return rec.reason or ""
+    if rec.status == "scheduled" and rec.reason:
         return rec.reason
-    return due if rec.status == "scheduled" else ""
+    due = f"due {when(rec.next_attempt_at, now)}"  # formatted only where it is shown
+    return f"{rec.reason} · {due}" if rec.reason else due
 
 
 def shown_status(rec: InstanceRecord, live: set[str] | frozenset[str]) -> str:
