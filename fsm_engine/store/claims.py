@@ -100,12 +100,12 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     """The WHERE clause (``?`` placeholders) selecting claimable rows of ``instances i``,
     and its arguments.
 
-    Its status terms are three arms, each one index can answer (SQLite: a MULTI-INDEX OR;
-    each arm implies the claim-order indexes' ``schema.LIVE``, so PostgreSQL can walk those
-    in claim order, ``ORDER``): the runnable, the waiting whose timer is due
-    (``idx_instances_timers``: 10,000 instances waiting on timers cost one index search per
-    poll, not a walk of every waiting row, as one ``status IN (...live)`` term made SQLite
-    do) and the scheduled that are due.  The owner's
+    Its status terms are three arms, each one index can answer (SQLite: a MULTI-INDEX OR):
+    the runnable, the waiting whose timer is due (``idx_instances_timers``: 10,000 instances
+    waiting on timers cost one index search per poll, not a walk of every waiting row, as a
+    leading ``status IN (...live)`` term made SQLite do) and the scheduled that are due.
+    PostgreSQL's ``take`` adds that leading ``schema.LIVE`` term, which its planner needs to
+    walk the partial rank index in claim order (``ORDER``).  The owner's
     lease is tested by a correlated subquery, not a join: PostgreSQL
     re-evaluates it against the newest row version when a concurrent claim
     committed first, whereas a LEFT JOIN would be rechecked with the stale,

@@ -229,11 +229,11 @@ def _v13(db: sqlite_utils.Database) -> None:
 #: key, not a read before the write); at most one ``scheduled`` instance per machine and
 #: ``debounce_key`` (a partial unique index); ``rank`` orders every claim (priority, then
 #: age: ``records.AGING_S``), rows written before get their ``created_at``.  Both unique
-#: indexes are partial, so a plain start and a step pay for neither.  A claim's WHERE
-#: begins with ``LIVE`` (``claims.where``): SQLite reads the live rows through
-#: ``idx_instances_status`` and sorts them by rank (an index on rank cost W1 ~14 % CPU per
-#: transition: every start and every end of an instance wrote it); PostgreSQL walks its
-#: partial ``PG_RANK`` index in claim order (its steps stay HOT: status is indexed already).
+#: indexes are partial, so a plain start and a step pay for neither.  SQLite reads a
+#: claim's rows through the status and timer indexes (``claims.where``) and sorts them by
+#: rank (an index on rank cost W1 ~14 % CPU per transition: every start and every end of an
+#: instance wrote it); PostgreSQL's claim begins with ``LIVE`` and walks its partial
+#: ``PG_RANK`` index in claim order (its steps stay HOT: status is indexed already).
 LIVE = "status IN ('pending', 'running', 'waiting', 'scheduled')"
 START_OPTIONS = (
     "ALTER TABLE instances ADD COLUMN start_key TEXT",
