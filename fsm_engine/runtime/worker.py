@@ -10,7 +10,7 @@ its lease, has lost them all: it drops them and goes on under a new id, see
 ``Store.wait_for_work`` (PostgreSQL ``LISTEN``: woken the moment an instance
 is started or released; SQLite: polled) and claims again at least every
 ``poll`` seconds, which also picks up instances whose owner died (lease
-expired).  A store error (the database restarting, the network gone) is
+expired); sooner when a timer or a delayed start falls due before the next poll (``Store.next_due``, read when a claim leaves slots free).  A store error (the database restarting, the network gone) is
 survived: claims back off and retry, and an instance whose step failed to
 commit is given back once the store answers again, then claimed afresh (its
 step runs again; a commit either applied or not, never half).  Queues, per-queue
@@ -86,6 +86,9 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._waiter: asyncio.Future[None] | None = None
+        #: The next due time the last unfilled claim saw (``Store.next_due``; engine clock).
+        self._due_at: float | None = None
+        self._due_read_at = float("-inf")  # when (engine clock) ``_due_at`` is read again
 
     @property
     def id(self) -> str:
@@ -184,6 +187,13 @@ class Worker:
             out += self.runner.ownership.claim(
                 limit, machines=self.machines, queues=c.queues, skip_queues=c.skip,
                 queue_limit=c.queue_limit, partition_limit=self.plan.partition_limit)
+        now = self.engine.clock()
+        if len(out) < free and (now >= self._due_read_at or (
+                self._due_at is not None and now >= self._due_at)):
+            # going idle: wake when the next timer or delayed start is due (read at most once
+            # a poll, and when the last one read came: one indexed query, issue 38)
+            self._due_at = self.runner.store.next_due(now, self.machines)
+            self._due_read_at = now + self.poll
         return out
 
     def _hands_off(self, before: InstanceRecord, after: InstanceRecord) -> bool:
@@ -269,7 +279,10 @@ class Worker:
                 self._call(self.runner.store.wait_for_work, self.poll))
         waits: set[asyncio.Future[Any]] = {self._waiter, asyncio.ensure_future(self._wake.wait()),
                  asyncio.ensure_future(self._stopping.wait())}
-        timeout = min(self.poll, max(0.0, self._ticks_at - self.engine.clock()))
+        now = self.engine.clock()
+        timeout = min(self.poll, max(0.0, self._ticks_at - now))
+        if self._due_at is not None:
+            timeout = min(timeout, max(0.0, self._due_at - now))
         done, pending = await asyncio.wait(waits, timeout=timeout,
                                            return_when=asyncio.FIRST_COMPLETED)
         for fut in pending:

@@ -137,6 +137,22 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     return sql, args
 
 
+def next_due(now: float, machines: Sequence[str] | None) -> tuple[str, list[object]]:
+    """``Store.next_due``'s read (``?`` placeholders) and its arguments: the least of two
+    minimums, one per timed arm of ``where``'s status terms, so that each can use its index
+    (the waiting arm ``idx_instances_timers``: one seek for 10,000 waiting; the scheduled
+    arm the status index)."""
+    where, extra = "", []
+    if machines is not None:
+        where = f" AND machine IN ({', '.join('?' * len(machines)) or 'NULL'})"
+        extra = list(machines)
+    arms = [f"SELECT MIN(next_attempt_at) AS due FROM instances WHERE {cond} "
+            f"AND next_attempt_at > ?{where}"
+            for cond in ("status = 'waiting'", "status = 'scheduled'")]
+    return (f"SELECT MIN(due) FROM ({' UNION ALL '.join(arms)}) AS arms",
+            [a for _ in arms for a in (now, *extra)])
+
+
 def key_taken(records: Sequence[InstanceRecord]) -> StartKeyTaken:
     """The refusal of a ``Store.create`` of ``records`` whose unique start-key index refused
     one: the first with a key (a batch start gives keys to one record at most)."""

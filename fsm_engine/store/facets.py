@@ -237,6 +237,16 @@ class LeaseStore(Protocol):
 
         Status: none changes (only the owner)."""
 
+    def next_due(self, now: float, machines: Sequence[str] | None = None) -> float | None:
+        """The earliest ``next_attempt_at`` after ``now`` (epoch seconds) of an instance a
+        claim skips only because it is not due yet — a timer, review SLA or rate wait of a
+        ``waiting`` one, a delayed or debounced start (``scheduled``) — of ``machines``
+        (``None``: all); ``None``: none.  An idle worker
+        sleeps until then instead of a whole poll (issue 38: timers fire when due, not at
+        the next poll).  One read; the waiting term searches ``idx_instances_timers``.
+
+        Status: none changes."""
+
     def wait_for_work(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds, returning early when instances may have become
         claimable (created or released); a backend without notifications polls.

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from . import claims as claims_sql
 from . import definitions as definitions_sql
 from . import limits as limits_sql
 from . import meta as meta_sql
@@ -97,6 +98,11 @@ class SqlPlain:
 
     def next_schedule_fire(self) -> float | None:
         rows = self._sql_rows(schedules_sql.NEXT)
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def next_due(self, now: float, machines: Sequence[str] | None = None) -> float | None:
+        sql, args = claims_sql.next_due(now, machines)
+        rows = self._sql_rows(sql, args)
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def update_schedule(self, row: ScheduleRow, expected_version: int) -> bool:

@@ -11,7 +11,7 @@ from .contract_fixtures import concurrently, live, moved, record
 
 
 class ClaimContract:
-    """``claim`` / ``held`` / ``release`` / ``wait_for_work``."""
+    """``claim`` / ``held`` / ``release`` / ``wait_for_work`` / ``next_due``."""
 
     def test_claim_takes_runnable_unowned_instances_oldest_first(self, store: Store) -> None:
         store.create(record("a"), record("b", status="running"), record("c", status="waiting"),
@@ -141,6 +141,25 @@ class ClaimContract:
 
     def test_wait_for_work_returns_within_its_timeout(self, store: Store) -> None:
         store.wait_for_work(0.05)  # nothing happens: it returns anyway
+
+    def test_next_due_is_the_earliest_timer_or_delayed_start_still_to_come(
+            self, store: Store) -> None:
+        assert store.next_due(0.0) is None  # an empty store
+        rows = []
+        for iid, status, due, machine in [("w1", "waiting", 1300.0, "m"),
+                                          ("w2", "waiting", 1100.0, "m"),
+                                          ("s1", "scheduled", 1200.0, "m"),
+                                          ("o1", "scheduled", 1050.0, "other"),
+                                          ("p1", "pending", 1010.0, "m"),
+                                          ("d1", "completed", 1020.0, "m")]:
+            rows.append(record(iid, status=status, machine=machine))  # type: ignore[arg-type]
+            rows[-1].next_attempt_at = due
+        store.create(*rows)
+        assert store.next_due(1000.0) == 1050.0  # neither a pending nor a final one
+        assert store.next_due(1000.0, ["m"]) == 1100.0
+        assert store.next_due(1100.0, ["m"]) == 1200.0  # after ``now``, not at it
+        assert store.next_due(1250.0, ["m", "other"]) == 1300.0
+        assert store.next_due(1300.0) is None and store.next_due(1000.0, []) is None
 
     def test_concurrent_claimers_never_share_an_instance(self, store: Store, reopen) -> None:
         store.create(*[record(f"i{n:03}") for n in range(120)])
