@@ -1,6 +1,6 @@
 """Timer edges (issue 38): what 10,000 waiting instances cost, and how late their timers fire.
 
-    python bench/timers.py [--n 10000] [--idle 10] [--concurrency 32]
+    python bench/timers.py [--n 10000] [--idle 10] [--concurrency 32] [--workers 1] [--postgres]
 
 1. **idle**: ``n`` instances wait in a state whose timer falls due in an hour; one
    ``fsm worker`` runs ``--idle`` seconds beside them, and as long beside an empty store:
@@ -9,8 +9,12 @@
    plan is printed (SQLite: ``EXPLAIN QUERY PLAN``): the waiting term must use the
    partial index ``idx_instances_timers`` (``next_attempt_at`` of waiting rows).
 2. **lateness**: ``n`` instances whose timers all fall due in the same second (a callable
-   delay returning one aware ``datetime``); one worker (``--concurrency``) fires them: each fire's
-   ``detail.timer.lateness_s`` p50 / p99 / max, and the seconds until the last fired.
+   delay returning one aware ``datetime``); ``--workers`` workers (``--concurrency`` each) fire
+   them: each fire's ``detail.timer.lateness_s`` p50 / p99 / max, and the seconds until the
+   last fired.
+
+``--postgres``: the same on a throwaway PostgreSQL cluster (``testing.postgres``; a fresh
+database per part; the plan is SQLite's only).
 
 Results go to ``bench/RESULTS.md`` by hand (the machine and the load vary).
 """
@@ -32,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from fsm_engine import Engine  # noqa: E402
+from fsm_engine.store import InstanceFilter  # noqa: E402
 
 MACHINE = '''
 from datetime import UTC, datetime
@@ -104,17 +109,19 @@ def _plan(db: str) -> list[str]:
         return [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
 
 
-def _lateness(db: str, module: str, env: dict[str, str], n: int) -> dict[str, Any]:
-    """Arm ``n`` timers due in the same second, fire them with one worker."""
+def _lateness(db: str, module: str, env: dict[str, str], n: int,
+              workers: int = 1) -> dict[str, Any]:
+    """Arm ``n`` timers due in the same second, fire them with ``workers`` workers."""
     lead = 5.0 + n / 1500.0  # time to arm them all before they fall due
     due = float(int(time.time() + lead))
     arm_s = _armed(db, module, n, due)
     if time.time() >= due:
         raise SystemExit(f"arming {n} timers took {arm_s:.1f} s, past their due time")
-    proc = _worker(db, module, env)
+    procs = [_worker(db, module, env) for _ in range(workers)]
     engine = Engine(db)
     try:
-        while len(engine.store.list(statuses=["completed"])) < n:
+        done = InstanceFilter(statuses=("completed",))
+        while sum(engine.store.count(done).values()) < n:  # a COUNT: no rows decoded
             time.sleep(0.5)
         late = sorted(float(row.detail["timer"]["lateness_s"])
                       for rec in engine.store.list() for row in engine.store.history(rec.id)
@@ -122,8 +129,9 @@ def _lateness(db: str, module: str, env: dict[str, str], n: int) -> dict[str, An
         last = max(rec.updated_at for rec in engine.store.list())
     finally:
         engine.close()
-        proc.terminate()
-        proc.wait(30)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
     q = statistics.quantiles(late, n=100)
     return {"fired": len(late), "p50_s": q[49], "p99_s": q[98], "max_s": late[-1],
             "drain_s": last - due, "arm_s": arm_s}
@@ -135,24 +143,43 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle measurement")
     parser.add_argument("--concurrency", type=int, default=32,
                         help="the worker's --concurrency (32: its default)")
+    parser.add_argument("--workers", type=int, default=1, help="workers firing the due timers")
+    parser.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL cluster")
     args = parser.parse_args()
+    cluster = None
+    if args.postgres:
+        from fsm_engine.testing.postgres import PostgresCluster
+        cluster = PostgresCluster().start()
+    try:
+        _run(args, cluster)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def _run(args: argparse.Namespace, cluster: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="fsm-bench-timers-") as tmp:
         module = str(Path(tmp) / "timed.py")
         Path(module).write_text(MACHINE)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
             "PYTHONPATH", "")]), "FSM_MACHINES_ROOT": tmp,
                "BENCH_CONCURRENCY": str(args.concurrency)}
-        empty, busy = str(Path(tmp) / "empty.db"), str(Path(tmp) / "waiting.db")
+        def fresh(name: str) -> str:
+            return cluster.database() if cluster else str(Path(tmp) / name)
+        print(f"store: {'postgresql' if cluster else 'sqlite'}")  # (a URL may hold a password)
+        empty, busy = fresh("empty.db"), fresh("waiting.db")
         Engine(empty).close()
         arm_s = _armed(busy, module, args.n, time.time() + 3600)
         print(f"armed {args.n} timers in {arm_s:.1f} s")
-        print("claim plan:", *_plan(busy), sep="\n  ")
+        if cluster is None:
+            print("claim plan:", *_plan(busy), sep="\n  ")
         cpu_empty = _idle_cpu(empty, module, env, args.idle)
         cpu_busy = _idle_cpu(busy, module, env, args.idle)
         print(f"idle worker CPU: {cpu_empty * 100:.2f} % (empty store), "
               f"{cpu_busy * 100:.2f} % ({args.n} waiting): ratio {cpu_busy / cpu_empty:.2f}")
-        got = _lateness(str(Path(tmp) / "due.db"), module, env, args.n)
-        print(f"{got['fired']} timers due in one second, one worker: lateness p50 "
+        got = _lateness(fresh("due.db"), module, env, args.n, args.workers)
+        print(f"{got['fired']} timers due in one second, {args.workers} worker(s) at "
+              f"--concurrency {args.concurrency}: lateness p50 "
               f"{got['p50_s']:.3f} s, p99 {got['p99_s']:.3f} s, max {got['max_s']:.3f} s; "
               f"all fired {got['drain_s']:.2f} s after the due second (armed in "
               f"{got['arm_s']:.1f} s)")

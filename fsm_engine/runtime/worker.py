@@ -10,10 +10,11 @@ its lease, has lost them all: it drops them and goes on under a new id, see
 ``Store.wait_for_work`` (PostgreSQL ``LISTEN``: woken the moment an instance
 is started or released; SQLite: polled) and claims again at least every
 ``poll`` seconds, which also picks up instances whose owner died (lease
-expired); sooner when a timer or a delayed start falls due before the next poll (``Store.next_due``, read when a claim leaves slots free).  A store error (the database restarting, the network gone) is
-survived: claims back off and retry, and an instance whose step failed to
-commit is given back once the store answers again, then claimed afresh (its
-step runs again; a commit either applied or not, never half).  Queues, per-queue
+expired); sooner when a timer or a delayed start falls due before the next poll
+(``Store.next_due``, read when a claim leaves slots free, at most once a poll).  A store
+error (the database restarting, the network gone) is survived: claims back off and
+retry, and an instance whose step failed to commit is given back once the store answers
+again, then claimed afresh (its step runs again; a commit either applied or not, never half).  Queues, per-queue
 and per-partition limits: see ``runtime.fleet.queues``; the fleet's stored limits
 (``fsm limits``, ``runtime.fleet.limits``) are read again every ``fleet.REFRESH_S`` seconds
 and tighten the worker's own.  Every worker also fires the store's due schedule ticks in

@@ -81,6 +81,7 @@ class Codec:
         self.columns = tuple(f.name for f in fields(cls))
         self._get = operator.attrgetter(*self.columns)
         self._json = tuple(i for i, col in enumerate(self.columns) if col in JSON_COLUMNS)
+        self._json_names = tuple(self.columns[i] for i in self._json)
 
     def values(self, obj: Any, skip: tuple[str, ...] = ()) -> builtins.list[Any]:
         """``obj``'s values in column order, JSON columns encoded (``None`` stays NULL;
@@ -97,10 +98,12 @@ class Codec:
         return f"{verb} INTO {table}({', '.join(self.columns)}) VALUES ({qs})"
 
     def decode(self, data: dict[str, Any]) -> Any:
-        """The record from a row as a column → value mapping (JSON columns decoded)."""
-        for col in JSON_COLUMNS & data.keys():
-            if data[col] is not None:
-                data[col] = json.loads(data[col])
+        """The record from a row as a column → value mapping (JSON columns decoded; an
+        empty object or list, the most common value of several, without a parse)."""
+        for col in self._json_names:
+            text = data.get(col)
+            if text is not None:
+                data[col] = {} if text == "{}" else [] if text == "[]" else json.loads(text)
         return self.cls(**data)
 
 

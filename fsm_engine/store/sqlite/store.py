@@ -314,16 +314,20 @@ class _ClaimTxn:
         for data in map(dict, self.conn.execute(sql, [*args, limit]).fetchall()):
             prior = data.pop("prior_heartbeat")
             found.append((_INSTANCE.decode(data), prior))
+        updates: dict[tuple[str, ...], builtins.list[builtins.list[Any]]] = {}
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, history = take(rec, req, prior)
             blobs: Blobs = []
             cols, values = _changes(rec, new, blobs)
             SqliteStore._put_blobs(self.conn, blobs)
-            self.conn.execute(_update_sql(cols, True), [*values, rec.key, rec.id, rec.version])
+            # one UPDATE per set of changed columns (most claims change the same ones)
+            updates.setdefault(cols, []).append([*values, rec.key, rec.id, rec.version])
             if history is not None:  # a takeover: its history row, in the claim's transaction
                 encoded = _HISTORY.values(history)
                 encoded[0] = rec.key
                 self.conn.execute(_INSERT_HISTORY, encoded)
             new.version = rec.version + 1
             out.append(new)
+        for cols, rows in updates.items():
+            self.conn.executemany(_update_sql(cols, True), rows)
         return out

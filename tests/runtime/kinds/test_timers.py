@@ -335,3 +335,45 @@ def test_a_loop_cap_routed_to_a_review_with_a_timer_arms_it(tmp_path) -> None:
     vc.advance(11)
     assert vc.run(engine.run(iid)).state == "gave_up"
     engine.close()
+
+
+_SOON = Machine(name="soon", context=C, initial="start",
+                states=[State("start"), State("wait", wait=True), State("late", final=True)],
+                transitions=[Transition("go", "start", "wait"),
+                             Transition("expire", "wait", "late", after=0.3)])
+
+
+def test_an_idle_worker_fires_a_timer_when_it_is_due_not_at_its_next_poll(tmp_path) -> None:
+    """A worker polling every 4 s fires a timer due in 0.3 s when it falls due: its
+    unfilled claim reads the next due time (``Store.next_due``) and its idle wait ends then
+    (before, the fire waited for the next poll)."""
+    import threading
+
+    from fsm_engine.runtime.worker import Worker
+    db = str(tmp_path / "fsm.db")
+    arming = Engine(db)
+    arming.register(_SOON)
+    iid = arming.start(_SOON, {})
+    assert asyncio.run(arming.run(iid)).status == "waiting"
+    arming.close()
+    engine = Engine(db)
+    engine.register(_SOON)
+    worker = Worker(engine, poll=4.0)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(worker.serve(),),
+                              daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):  # polled: at most 10 s
+            if engine.store.get(iid).final:
+                break
+            threading.Event().wait(0.05)
+        rec = engine.store.get(iid)
+        assert (rec.state, rec.status) == ("late", "completed")
+        [row] = _rows(engine, iid)
+        assert row.detail["timer"]["lateness_s"] < 2  # half the poll (which it waited before)
+    finally:
+        loop.call_soon_threadsafe(worker.stop)
+        thread.join(30)
+        loop.close()
+        engine.close()
