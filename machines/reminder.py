@@ -8,7 +8,8 @@ timer armed again) or, once ``max_reminders`` were sent, to ``escalate``.  A rep
 the timer race: whichever commits first wins, the other is refused.
 
 Run it on the virtual clock with ``fsm test machines/reminder.py``: a day passes in
-milliseconds.
+milliseconds (its last case asks every morning at 9, Paris time, through a schedule:
+``fsm schedule add``'s cron, two ticks, one instance each).
 """
 
 from __future__ import annotations
@@ -100,4 +101,9 @@ CASES = [
     {"name": "no reminders allowed: escalated at the first timer", "input": {"max_reminders": 0},
      "moves": [["ask", "asked", "await_reply"], ["await_reply", "nudge", "escalate"],
                ["escalate", "handed_over", "escalated"]]},
+    {"name": "asked every morning by a schedule, answered each time",
+     "input": {"question": "Anything blocking you today?"},
+     "schedule": {"cron": "0 9 * * *", "tz": "Europe/Paris", "ticks": 2},
+     "decisions": [{"send": "reply", "update": {"answer": "no"}, "by": "team"}],
+     "instances": 2, "path": ["ask", "await_reply", "answered"], "output": {"answer": "no"}},
 ]

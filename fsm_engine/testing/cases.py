@@ -31,9 +31,17 @@ A case is a plain-JSON object:
   ``branch_results``: ``[{"input", "results", "tool_results"}, …]``, the same for the
   fan-out descendant started with that input: with it, every branch machine's
   side-effect states and tools are answered from them (``case_stubs``);
+* how the instances start (``case_starts``): ``key`` (an idempotent start key: repeated
+  starts must return the case's instance), ``debounce`` (``{"key", "window_s",
+  "max_wait_s", "inputs"}``: a burst of starts that must collapse into one instance, the
+  last input's) or ``schedule`` (``{"every": "10s"}`` or ``{"cron", "tz"}``, with
+  ``ticks``, ``overlap``, ``catchup``: the schedule is added, the clock moved to each of
+  its next ``ticks`` ticks, each tick's instance run; exactly one per tick);
 * what to expect, each optional: ``path`` (the states entered, initial first), ``moves``
   (``[source, trigger, dest]`` per transition), ``final`` (the last state), ``status``
-  and ``output`` (context fields and their values).
+  and ``output`` (context fields and their values), checked on every instance the case
+  started (a schedule's ticks: each problem names its tick); ``instances``: how many
+  instances its starts made.
 
 A module gives its cases as ``CASES`` (a list), else a file ``<module>_cases.jsonl``
 beside it holds one case per line.  Each case runs in one store shared by the module's
@@ -59,6 +67,7 @@ from typing import Any
 
 from .. import json_input
 from ..errors import InvalidInput
+from . import case_starts
 from .clock import VirtualClock
 
 __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
@@ -66,7 +75,7 @@ __all__ = ["CaseResult", "cases_of", "run_case", "run_cases", "assert_case",
 
 _KEYS = {"name", "input", "replies", "decisions", "deadline_s", "token_budget", "path",
          "moves", "final", "status", "output", "results", "stub", "tool_results",
-         "branch_results", "version", "delay_s", "priority"}
+         "branch_results", "version", "delay_s", "priority", *case_starts.KEYS}
 #: A script no call fits: a case without ``replies`` fails any model call it makes.
 _NO_MODEL = [{"match": "\x00no model call is scripted for this case\x00", "text": ""}]
 
@@ -137,7 +146,7 @@ def _read_jsonl(path: Path) -> list[Any]:
 
 
 def _check(case: Any, where: str) -> None:
-    """``InvalidInput`` naming ``where`` and the first problem of ``case``."""
+    """``InvalidInput`` naming ``where`` and every problem of ``case``, in one line."""
     if not isinstance(case, dict):
         raise InvalidInput(f"{where}: a case is an object, not {type(case).__name__}")
     unknown = sorted(set(case) - _KEYS)
@@ -150,43 +159,51 @@ def _check(case: Any, where: str) -> None:
               ("stub", list, "'stub' is a list of states"),
               ("tool_results", dict, "'tool_results' is an object of lists"),
               ("branch_results", list, "'branch_results' is a list of objects"))
-    for key, kind, why in shapes:
-        if key in case and not isinstance(case[key], kind):
-            raise InvalidInput(f"{where}: {why}")
+    found = [why for key, kind, why in shapes if key in case and not isinstance(case[key], kind)]
     version = case.get("version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)
                                 or version < 1):
-        raise InvalidInput(f"{where}: 'version' must be an int >= 1")
-    _check_replies(case, where)
-    for d in case.get("decisions", []):
-        if d != "timeout" and not (isinstance(d, dict) and (d.get("timeout") is True or any(
-                isinstance(d.get(k), str) for k in ("choice", "send", "rerun"))
-                or _seconds(d.get("advance")))):
-            raise InvalidInput(f"{where}: a decision is \"timeout\" or an object with a "
-                               "'choice' (or 'send', 'rerun', 'advance')")
-    _check_numbers(case, where)
+        found.append("'version' must be an int >= 1")
+    found += _check_replies(case)
+    decisions = case.get("decisions")
+    if isinstance(decisions, list) and not all(map(_decision, decisions)):
+        found.append("a decision is \"timeout\" or an object with a 'choice' (or 'send', "
+                     "'rerun', 'advance')")
+    found += _check_numbers(case) + case_starts.problems(case)
+    if found:
+        raise InvalidInput(f"{where}: " + "; ".join(found))
 
 
-def _check_numbers(case: dict[str, Any], where: str) -> None:
-    """The case's start numbers: ``priority`` an int, the others numbers > 0."""
+def _decision(d: Any) -> bool:
+    """True for a decision's shape (``"timeout"``, or an object saying what it does)."""
+    return d == "timeout" or (isinstance(d, dict) and (d.get("timeout") is True or any(
+        isinstance(d.get(k), str) for k in ("choice", "send", "rerun"))
+        or _seconds(d.get("advance"))))
+
+
+def _check_numbers(case: dict[str, Any]) -> list[str]:
+    """The faults of the case's start numbers: ``priority`` an int, the others numbers > 0."""
+    out = []
     priority = case.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidInput(f"{where}: 'priority' must be an int")
+        out.append("'priority' must be an int")
     for key in ("deadline_s", "token_budget", "delay_s"):
         value = case.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value <= 0):
-            raise InvalidInput(f"{where}: {key!r} must be a number > 0")
+            out.append(f"{key!r} must be a number > 0")
+    return out
 
 
-def _check_replies(case: dict[str, Any], where: str) -> None:
-    """The case's script lines as the scripted provider checks them (before any case runs)."""
-    if case.get("replies"):
+def _check_replies(case: dict[str, Any]) -> list[str]:
+    """The fault of the case's script lines as the scripted provider finds it (``[]``)."""
+    if isinstance(case.get("replies"), list) and case["replies"]:
         from ..llm.scripted import Scripted
         try:
             Scripted.from_replies(case["replies"])
         except InvalidInput as exc:
-            raise InvalidInput(f"{where}: {exc}") from None
+            return [str(exc)]
+    return []
 
 
 def _moves(history: Sequence[Any]) -> list[list[str]]:
@@ -355,7 +372,8 @@ def _upcast_input(machine: Any, case: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
-    """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock."""
+    """Run ``case`` through ``machine`` in ``store`` on a fresh virtual clock: its instance
+    (or each one its starts made, ``case_starts``), every expectation checked on each."""
     from ..llm.scripted import Scripted
     from .case_stubs import Inputs, stubbed
     replayed: list[str] = []  # what a replayed tool call found different
@@ -365,20 +383,31 @@ def run_case(machine: Any, case: Mapping[str, Any], store: str) -> CaseResult:
     engine = vc.engine(store, llm=Scripted.from_replies(list(case.get("replies") or _NO_MODEL)),
                        breaker=None)
     inputs.store = engine.store
+
+    def drive(iid: str) -> Any:
+        return vc.run(_drive(engine, iid, list(case.get("decisions") or ()), vc))
     try:
-        iid = engine.start(machine, _upcast_input(machine, case),
-                           deadline_s=case.get("deadline_s"),
-                           token_budget=case.get("token_budget"), delay=case.get("delay_s"),
-                           priority=case.get("priority", 0))
-        rec = vc.run(_drive(engine, iid, list(case.get("decisions") or ()), vc))
-        moves = _moves(engine.store.history(iid))
+        runs, started = case_starts.run(engine, machine, case, vc,
+                                        lambda c: _upcast_input(machine, c), drive)
+        got = [_outcome(engine, machine, case, run) for run in runs]
     finally:
         engine.close()
+    first = got[0] if got else CaseResult(str(case.get("name", "case")), [], [], "", "", {})
+    first.problems = replayed + started + [p for one in got for p in one.problems]
+    return first
+
+
+def _outcome(engine: Any, machine: Any, case: Mapping[str, Any],
+             run: case_starts.Run) -> CaseResult:
+    """One instance's run as a ``CaseResult``, its problems labelled with ``run``'s label."""
+    label, iid, rec = run
+    moves = _moves(engine.store.history(iid))
     got = CaseResult(str(case.get("name", iid)), [machine.initial, *(m[2] for m in moves)],
                      moves, rec.state, rec.status, dict(rec.context))
-    got.problems = replayed + _problems(case, got)
-    if got.problems and rec.last_error:
-        got.problems.append(f"its last error: {rec.last_error}")
+    found = _problems(case, got)
+    if found and rec.last_error:
+        found.append(f"its last error: {rec.last_error}")
+    got.problems = [f"{label}: {p}" if label else p for p in found]
     return got
 
 

@@ -116,6 +116,9 @@ class VirtualClock:
         #: Real work outside the loop in flight (threads): while > 0 time follows real time.
         self.held = 0
         self._engines: list[Any] = []
+        #: Called after each firing of the due ticks (``advance``), e.g. to pause a
+        #: schedule after its last wanted tick (the test kit's schedule cases).
+        self.after_ticks: Callable[[], None] | None = None
 
     def now(self) -> float:
         """Virtual epoch seconds (``Engine(clock=vc.now)``)."""
@@ -131,15 +134,20 @@ class VirtualClock:
             raise ValueError("virtual time only moves forward")
         target = self.offset + seconds
         self._fire_ticks(self.start + target)
-        for engine in self._engines:  # the renewals that time would have seen: one,
-            own = engine.ownership      # long enough to cover the jump
+        self._renew(target - self.offset)
+        self.offset = target
+
+    def _renew(self, seconds: float) -> None:
+        """Renew the leases of the engines made here, as their heartbeats would have over
+        the next ``seconds``: one renewal, long enough to cover the jump."""
+        for engine in self._engines:
+            own = engine.ownership
             if own.registered:
                 lease, own.lease_seconds = own.lease_seconds, own.lease_seconds + seconds
                 try:
                     own.renew()
                 finally:
                     own.lease_seconds = lease
-        self.offset = target
 
     def _fire_ticks(self, until: float) -> None:
         """Fire, in order, every schedule tick due by ``until`` of the engines made here
@@ -151,10 +159,13 @@ class VirtualClock:
             now = self.now()
             for engine in users:
                 engine.schedules.fire_due()
+            if self.after_ticks is not None:
+                self.after_ticks()
             upcoming = [r.next_fire for e in users for r in e.store.schedules()
                         if not r.paused and r.next_fire > now]
             if not upcoming or min(upcoming) > until:
                 return
+            self._renew(min(upcoming) - now)  # the engines' leases live through the jump
             self.offset = min(upcoming) - self.start
 
     async def sleep(self, seconds: float) -> None:

@@ -21,6 +21,11 @@ that delivered a side effect brings what its actions and side-effect tools retur
 current machine on the virtual clock (``cases.assert_case``) and fails naming the first
 divergent transition.
 
+How the instance was started is not recorded, as for a delayed start (``delay_s``) or a
+priority: a tick of a schedule, a start under a key or a debounced burst replays as one plain
+start of its input.  The written file replays its case through ``assert_case``, so a case
+given by hand with ``schedule``, ``key`` or ``debounce`` (``case_starts``) replays there too.
+
 Every string written passes through ``fsm_engine.redaction.redact``, and the value of a
 field whose name says it holds a secret (``secret_name``: ``password``, ``api_key``, …, not
 ``author`` or ``passage``) is masked: a credential in an input, a reply or a context value

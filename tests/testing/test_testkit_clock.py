@@ -123,3 +123,23 @@ def test_same_seed_same_history_times_included(tmp_path: Path) -> None:
     first = once("a.db", 7)
     assert first == once("b.db", 7)  # the backoffs' jitter and every timestamp repeat
     assert first != once("c.db", 8)  # another seed, other backoffs
+
+
+def test_schedule_ticks_a_day_apart_keep_the_engines_lease(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``advance`` firing a tick a day on renews the lease before the tick's start writes:
+    the engine keeps its worker id (it rolled over, warning "lost its lease", before)."""
+    from tests.helpers.start_machine import machine
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    engine.start(machine("daily"), {"n": 1})  # registers the engine's worker
+    first = engine.worker.id
+    engine.schedules.add("daily", machine("daily"), every="1d", input={"n": 2},
+                          overlap="allow")
+    with caplog.at_level("WARNING", logger="fsm_engine"):
+        vc.advance(2 * 86400 + 5)
+        engine.start(machine("daily"), {"n": 3})
+    ids = [r.id for r in engine.store.list()]
+    engine.close()
+    assert engine.worker.id == first and "lost its lease" not in caplog.text
+    assert sum(i.startswith("daily-") for i in ids) == 2  # at +1 d 1 s and +2 d 1 s
