@@ -404,7 +404,9 @@ class Engine:
         ``original>fork:state:visit``); by default they are not repeated.  Raises
         ``InvalidInput`` for a fork point that does not exist or ends in a final state,
         ``FingerprintMismatch`` for a changed machine (an older version is upcast
-        when the fork runs).
+        when the fork runs).  A fork standing in a state with timers waits a fresh ``after``
+        from its first step (recorded in its own ``armed`` row), never the original's
+        time left (``runtime.kinds.timers``).
         """
         return self.client.fork(instance_id, from_seq=from_seq, from_state=from_state,
                                 from_failure=from_failure, reuse_llm=reuse_llm,

@@ -10,6 +10,8 @@ delivered are not repeated: the driver replays the original's recorded outcome f
 a side-effect visit the original completed (``delivered``).  The fork keeps the
 machine version (and fingerprint) of the rows it copied: a fork of rows written
 under an older version is upcast when it first steps, like any stored instance.
+A fork standing in a state with timers arms them afresh at its first step: a fresh
+``after`` from then, not the original's time left (``runtime.kinds.timers.armed``).
 """
 
 from __future__ import annotations

@@ -10,11 +10,14 @@ timers: ``Transition(trigger, source, dest, after=...)``.  The waiting kinds
   earliest (beside a review's SLA: the earlier of the two).  The instance then waits,
   unowned: ``store.claims`` hands a ``waiting`` instance out once ``next_attempt_at`` is
   due — one indexed query per poll, no per-instance work while nothing is due.  A visit
-  no row entered — the instance's initial state — is armed by its first step
-  (``armed``): the delays evaluated once, from that step's time (a delayed start's
-  timers count from when it starts), on its context, and recorded in an in-place row
-  (``kind: armed``, ``store.records.ARMED``, source = dest, ``detail.timers``), which
-  then stands for the entering row.
+  no row of the instance's own entered — its initial state, or the state a fork starts
+  in (the row that entered it is the original's, copied) — is armed by its first step
+  (``armed``): the delays evaluated once, from that step's time, on its context, and
+  recorded in an in-place row of its own (``kind: armed``, ``store.records.ARMED``,
+  source = dest, ``detail.timers``), which then stands for the entering row.  A fork
+  thus waits a fresh ``after`` from when it starts, as DBOS's fork re-runs the step it
+  starts from (and Temporal's reset re-runs from its reset point): never the time the
+  original had left.
 * **firing** (``fire``): stepped with ``next_attempt_at`` due, the kind takes the timer
   whose due time is the earliest, through ``DriverAPI.advance`` — an ordinary committed
   step (history ``kind: timer``, ``detail.timer``: ``due``, ``lateness_s``), fenced by
@@ -128,9 +131,13 @@ def _entry(history: list[HistoryRow], state: str) -> HistoryRow | None:
 
 
 def _own_entry(rec: InstanceRecord, history: list[HistoryRow]) -> HistoryRow | None:
-    """The row that began ``rec``'s current visit (``_entry``), or an ``armed`` one;
-    ``None`` when none did: its initial state."""
-    return _entry(history, rec.state)
+    """The row of ``rec``'s own that began its current visit (``_entry``), or an ``armed``
+    one; ``None`` when none did: its initial state, or a fork's visit of the state it
+    started in (rows up to ``forked_at_seq`` are the original's)."""
+    row = _entry(history, rec.state)
+    if row is not None and rec.forked_from is not None and row.seq <= (rec.forked_at_seq or 0):
+        return None
+    return row
 
 
 def _kept(cm: CompiledMachine, state: str, row: HistoryRow | None) -> dict[str, float]:
@@ -166,8 +173,8 @@ def armed(cm: CompiledMachine, store: Store, step: StepCommit, now: float) -> St
     """``step`` (at ``now``, epoch s) leaving its instance waiting in a state with timers,
     ``next_attempt_at`` the earliest of its timers' due times and the one it holds (a
     review's SLA): as recorded by the row that began the visit (a fan-out parent woken
-    by a child: the wake cleared it), or, when no row did (its initial state's first
-    step), evaluated now and recorded in an ``armed`` row the step
+    by a child: the wake cleared it), or, when no row of its own did (its initial state,
+    a fork's first step), evaluated now and recorded in an ``armed`` row the step
     appends (``ARMED``; so once: later steps read it back).  Raises ``InvalidInput``
     for a callable delay that gives no delay (the step is refused)."""
     new = step.record

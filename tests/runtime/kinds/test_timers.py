@@ -385,3 +385,35 @@ def test_a_delayed_start_in_a_state_with_a_timer_arms_it_when_it_starts(store_ur
     assert (rec.state, rec.status, rec.next_attempt_at) == ("w", "waiting", vc.now() + 100)
     engine.close()
 
+
+def test_a_fork_of_an_instance_waiting_on_a_timer_waits_a_fresh_delay(store_url) -> None:
+    """A fork from the state with the timer waits its own ``after`` from when it starts
+    (never what the original had left) and fires once; the original fires once, at its
+    own time."""
+    from fsm_engine.views import timer_json
+    vc = VirtualClock()
+    engine = vc.engine(store_url)
+    iid = engine.start(timer_machine.nudge, {})
+    vc.run(engine.run(iid))
+    entered = engine.store.history(iid)[-1]
+    vc.advance(40)
+    fork = engine.fork(iid, from_state="wait")
+    rec = vc.run(engine.run(fork))
+    armed = engine.store.history(fork)[-1]
+    assert (armed.kind, armed.detail["timers"]) == ("armed", {"nudge": vc.now() + 60})
+    assert (rec.state, rec.status, rec.next_attempt_at) == ("wait", "waiting", vc.now() + 60)
+    assert timer_json(rec, engine.store.history(fork))["due"] == vc.now() + 60
+    vc.advance(21)  # the original's due, not the fork's
+    assert vc.run(engine.run(iid)).state == "expired"
+    assert vc.run(engine.run(fork)).state == "wait"
+    vc.advance(40)
+    assert vc.run(engine.run(fork)).state == "expired"
+    vc.advance(100)
+    for each in (iid, fork):
+        with pytest.raises(FsmError):
+            vc.run(engine.run(each))  # finished: nothing fires again
+    [fired] = _rows(engine, iid)
+    assert fired.detail["timer"]["due"] == entered.at + 60
+    [fired] = _rows(engine, fork)
+    assert fired.detail["timer"]["due"] == armed.at + 60
+    engine.close()
