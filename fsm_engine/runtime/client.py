@@ -21,6 +21,7 @@ from ..store.records import (
     PAUSE,
     PAUSED,
     REVIEW_OPEN,
+    SCHEDULED,
     HistoryRow,
     InstanceRecord,
     ReviewItem,
@@ -239,7 +240,9 @@ class Client:
         """The commit ending ``rec``'s pause, or withdrawing a request not applied yet
         (a touch while a live worker holds it: its running step lands, unpaused; else the
         request dropped); None when it is withdrawn already.  ``InvalidInput`` when
-        ``rec`` is neither paused nor asked to pause."""
+        ``rec`` is neither paused nor asked to pause; ``DebounceKeyTaken`` for a debounced
+        start coming back ``scheduled`` while a newer burst of its key is
+        (``start_options.reschedulable``)."""
         if rec.status != PAUSED:
             req = pausing.decode(rec.pause_request)
             if req is None:
@@ -254,7 +257,10 @@ class Client:
                      None)
         if pause is None:
             raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
-        return outcome.unpaused(rec, pause, self.clock(), by=by)
+        step = outcome.unpaused(rec, pause, self.clock(), by=by)
+        if step.record.status == SCHEDULED:
+            start_options.reschedulable(self.store, rec)
+        return step
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,

@@ -16,7 +16,10 @@
   collapse into that one instance: its input becomes the latest and its start moves to
   ``debounce`` seconds after the latest start, never later than ``max_wait`` after the
   first (``Store.debounce``, one atomic write: at most one scheduled instance per machine
-  and key, a partial unique index).  Exactly one instance runs per burst.
+  and key, a partial unique index).  Exactly one instance runs per burst.  A paused or
+  cancelled one is out of its burst (the next start opens a new one): unpausing or
+  restarting it back to ``scheduled`` while a newer burst of its key is scheduled is
+  refused (``DebounceKeyTaken``, ``reschedulable``).
 - ``priority`` (an integer, ``PRIORITY_MIN`` … ``PRIORITY_MAX``, default 0): every
   claim takes the instance with the lowest ``rank = created_at - priority * AGING_S``
   first (``store.records.AGING_S``): higher priority first, then age, within the queue
@@ -34,7 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..errors import InvalidInput, StartConflict, StartKeyTaken
+from ..errors import DebounceKeyTaken, InvalidInput, StartConflict, StartKeyTaken
+from ..store.base import Store
 from ..store.records import PRIORITY_MAX, PRIORITY_MIN, SCHEDULED, InstanceRecord
 from .ledger import Ledger
 
@@ -189,3 +193,17 @@ def create(ledger: Ledger, rec: InstanceRecord, opts: StartOptions) -> str:
                 raise StartConflict(rec.machine, rec.start_key, held.id)
             return held.id
     raise StartKeyTaken(rec.machine, rec.start_key)
+
+
+def reschedulable(store: Store, rec: InstanceRecord) -> None:
+    """Check that ``rec`` (paused or cancelled) may be ``scheduled`` again: raises
+    ``DebounceKeyTaken`` (one line, naming the holder) when it is a debounced start and
+    another instance holds its machine's scheduled slot of that key — a newer burst, which
+    the store's partial unique index would refuse (a traceback-deep integrity error).  One
+    indexed read (``Store.by_debounce_key``); a start racing in after it is still refused
+    by the index (the step is rejected whole, nothing written)."""
+    if rec.debounce_key is None:
+        return
+    holder = store.by_debounce_key(rec.machine, rec.debounce_key)
+    if holder is not None and holder.id != rec.id:
+        raise DebounceKeyTaken(rec.id, rec.machine, rec.debounce_key, holder.id)
