@@ -319,9 +319,11 @@ class Client:
 
     def restarted(self, rec: InstanceRecord, *, by: str | None) -> StepCommit | None:
         """The commit resuming a cancelled or failed ``rec`` where it stopped (None: it is
-        neither): a cancelled one in its state with its context, a failed one just before
-        its last failure; one ``rerun`` row (``detail.operator``, ``detail.restarted``)
-        appended, nothing rewritten (``outcome.reset``)."""
+        neither): a cancelled one in its state with its context (a delayed start cancelled
+        before its time: ``scheduled`` for it again while it is ahead,
+        ``start_options.rescheduled``), a failed one just before its last failure; one
+        ``rerun`` row (``detail.operator``, ``detail.restarted``) appended, nothing
+        rewritten (``outcome.reset``)."""
         from .kinds.fork import fork_point
         if rec.status not in ("cancelled", "failed"):
             return None
@@ -336,8 +338,11 @@ class Client:
                 context.update(row.delta)
             state = history[n - 1].dest if n else cm.spec.initial
         rec = self.registry.upcast(cm, rec)
-        step = timers.enter(cm, outcome.reset(cm, rec, state, context, n, self.clock()))
+        now = self.clock()
+        step = timers.enter(cm, outcome.reset(cm, rec, state, context, n, now))
         step.history[0].detail.update(operator=by, restarted=rec.status)
+        if rec.status == "cancelled" and history:  # a delayed start: when it was due
+            step = start_options.rescheduled(self.store, step, history[-1], now)
         return self.driver.attach(step)
 
     def restart(self, instance_id: str, *, by: str | None) -> InstanceRecord:

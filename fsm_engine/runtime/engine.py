@@ -356,7 +356,10 @@ class Engine:
         """Resume a cancelled or failed instance where it stopped (DBOS's resume): a
         cancelled one in its state with its context, a failed one just before its last
         failure; one appended ``rerun`` row names ``by``; it is then runnable (a worker or
-        ``resume`` continues it).  ``InvalidInput`` for any other status."""
+        ``resume`` continues it).  A delayed start cancelled before its time is
+        ``scheduled`` for that time again while it is still ahead, else runnable at once.
+        ``InvalidInput`` for any other status; ``DebounceKeyTaken`` for a debounced start
+        scheduled again while a newer burst of its key is."""
         return self.client.restart(instance_id, by=by)
 
     def bulk_plan(self, action: str, where: InstanceFilter, *, preview: bool = False

@@ -16,7 +16,10 @@
   collapse into that one instance: its input becomes the latest and its start moves to
   ``debounce`` seconds after the latest start, never later than ``max_wait`` after the
   first (``Store.debounce``, one atomic write: at most one scheduled instance per machine
-  and key, a partial unique index).  Exactly one instance runs per burst.  A paused or
+  and key, a partial unique index).  Exactly one instance runs per burst.  A delayed or
+  debounced start cancelled before its time and then restarted (``Engine.restart``) is
+  ``scheduled`` again for that time while it is still ahead, else it starts at once
+  (``rescheduled``).  A paused or
   cancelled one is out of its burst (the next start opens a new one): unpausing or
   restarting it back to ``scheduled`` while a newer burst of its key is scheduled is
   refused (``DebounceKeyTaken``, ``reschedulable``).
@@ -39,7 +42,14 @@ from datetime import datetime
 
 from ..errors import DebounceKeyTaken, InvalidInput, StartConflict, StartKeyTaken
 from ..store.base import Store
-from ..store.records import PRIORITY_MAX, PRIORITY_MIN, SCHEDULED, InstanceRecord
+from ..store.records import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    SCHEDULED,
+    HistoryRow,
+    InstanceRecord,
+    StepCommit,
+)
 from .ledger import Ledger
 
 #: Longest start key and debounce key (characters).
@@ -207,3 +217,23 @@ def reschedulable(store: Store, rec: InstanceRecord) -> None:
     holder = store.by_debounce_key(rec.machine, rec.debounce_key)
     if holder is not None and holder.id != rec.id:
         raise DebounceKeyTaken(rec.id, rec.machine, rec.debounce_key, holder.id)
+
+
+def rescheduled(store: Store, step: StepCommit, cancel: HistoryRow, now: float) -> StepCommit:
+    """``step`` (the restart of a cancelled instance, ``Client.restarted``) ``scheduled``
+    again, unowned, for the due time its ``cancel`` row kept (``detail.scheduled_due``,
+    epoch s: it was a delayed or debounced start not started yet) when that is still
+    after ``now``; else ``step`` as it is (it runs at once).  The restart's row records
+    it (``detail.scheduled_due``); its state's timers are armed when it starts.  Raises
+    ``DebounceKeyTaken`` for a debounced start whose key has a newer burst
+    (``reschedulable``)."""
+    due = cancel.detail.get("scheduled_due") if cancel.kind == "cancel" else None
+    if isinstance(due, bool) or not isinstance(due, (int, float)) or due <= now:
+        return step
+    new = step.record
+    reschedulable(store, new)
+    new.status, new.next_attempt_at, new.owner = SCHEDULED, float(due), None
+    row = step.history[0]
+    row.detail.pop("timers", None)  # armed when it starts (``kinds.timers.armed``)
+    row.detail["scheduled_due"] = float(due)
+    return step

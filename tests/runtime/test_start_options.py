@@ -280,3 +280,42 @@ def test_unpausing_a_debounced_start_whose_key_has_a_newer_burst_is_refused(
     vc.advance(31)
     assert vc.run(engine.run(newer)).status == "completed"
     assert engine.unpause(first, by="ann").status == "scheduled"
+
+
+def test_a_restarted_cancelled_delayed_start_keeps_its_due_time_while_it_is_ahead(
+        store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fsm restart`` resumes a cancelled instance where it stopped: a delayed start
+    cancelled before its time comes back ``scheduled`` for that time (nothing runs before
+    it), once it has passed it starts at once; a debounced one whose key has a newer burst
+    is refused in one line."""
+    from cli import run_main
+
+    from fsm_engine.errors import DebounceKeyTaken
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    due = vc.now() + 100
+    iid = engine.start(MACHINE, {"n": 1}, delay=100)
+    vc.advance(40)
+    engine.cancel(iid)
+    back = engine.restart(iid, by="ann")
+    assert (back.status, back.owner, back.next_attempt_at) == ("scheduled", None, due)
+    assert engine.store.history(iid)[-1].detail["scheduled_due"] == due
+    assert vc.run(engine.resume()) == []  # not before its time
+    vc.advance(60)
+    [done] = vc.run(engine.resume())
+    assert (done.id, done.status, done.context["total"]) == (iid, "completed", 1)
+    late = engine.start(MACHINE, {"n": 2}, delay=100)
+    engine.cancel(late)
+    vc.advance(200)  # its time passed while it was cancelled: it starts now
+    code, out, errs = run_main(["restart", late, "--db", store_url], capsys)
+    assert code == 0 and "restarted, running" in out, (out, errs)
+    rec = engine.store.get(late)
+    assert (rec.status, rec.next_attempt_at) == ("running", None)
+    assert [r.status for r in vc.run(engine.resume())] == ["completed"]
+    first = engine.start(MACHINE, {"n": 3}, debounce_key="doc", debounce=30)
+    engine.cancel(first)
+    newer = engine.start(MACHINE, {"n": 4}, debounce_key="doc", debounce=30)
+    before = engine.store.get(first)
+    with pytest.raises(DebounceKeyTaken) as err:
+        engine.restart(first, by="ann")
+    assert newer in str(err.value) and engine.store.get(first) == before

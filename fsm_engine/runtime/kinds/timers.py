@@ -174,21 +174,20 @@ def armed(cm: CompiledMachine, store: Store, step: StepCommit, now: float) -> St
     ``next_attempt_at`` the earliest of its timers' due times and the one it holds (a
     review's SLA): as recorded by the row that began the visit (a fan-out parent woken
     by a child: the wake cleared it), or, when no row of its own did (its initial state,
-    a fork's first step), evaluated now and recorded in an ``armed`` row the step
-    appends (``ARMED``; so once: later steps read it back).  Raises ``InvalidInput``
+    a fork's first step) or that row recorded none (a restarted delayed start, scheduled
+    when it entered), evaluated now and recorded in an ``armed`` row the step appends
+    (``ARMED``; so once: later steps read it back).  Raises ``InvalidInput``
     for a callable delay that gives no delay (the step is refused)."""
     new = step.record
     if new.state not in cm.timers or new.status != WAITING or new.final:
         return step
-    row = _own_entry(new, [*store.history(new.id), *step.history])
-    if row is None:
+    times = _kept(cm, new.state, _own_entry(new, [*store.history(new.id), *step.history]))
+    if not times:  # (or its row recorded none: a restart scheduled for later, ``rescheduled``)
         times = dues(cm, new.state, new.context, now)
         new.seq += 1
         step.history = [*step.history, HistoryRow(
             instance_id=new.id, seq=new.seq, source=new.state, dest=new.state, trigger=ARMED,
             at=now, kind=ARMED, detail={"timers": times}, machine_version=new.machine_version)]
-    else:
-        times = _kept(cm, new.state, row) or dues(cm, new.state, new.context, row.at)
     due, held = _earliest(times)[1], new.next_attempt_at
     new.next_attempt_at = due if held is None else min(due, held)
     return step

@@ -417,3 +417,21 @@ def test_a_fork_of_an_instance_waiting_on_a_timer_waits_a_fresh_delay(store_url)
     [fired] = _rows(engine, fork)
     assert fired.detail["timer"]["due"] == armed.at + 60
     engine.close()
+
+
+def test_a_restarted_delayed_start_arms_its_initial_states_timer_when_it_starts(
+        tmp_path) -> None:
+    machine = Machine(name="again", context=C, initial="w", states=[
+        State("w", wait=True), State("z", final=True)],
+        transitions=[Transition("t", "w", "z", after=100)])
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(machine, {}, delay=1000)
+    engine.cancel(iid)
+    assert engine.restart(iid).status == "scheduled"
+    vc.advance(1000)
+    rec = vc.run(engine.run(iid))
+    row = engine.store.history(iid)[-1]
+    assert (row.kind, row.detail["timers"]) == ("armed", {"t": vc.now() + 100})
+    assert (rec.status, rec.next_attempt_at) == ("waiting", vc.now() + 100)
+    engine.close()
