@@ -23,7 +23,8 @@ line that names the thing at fault.  Errors carry structured fields
     ├── InvalidInput             input or a context update fails the machine's context model
     │   ├── ReviewRefused        a review answer is stale, second, someone else's, not
     │   │                        offered, or its edit fails the ``editable`` model
-    │   └── StartConflict        a start repeats a key with a different input
+    │   ├── StartConflict        a start repeats a key with a different input
+    │   └── DebounceKeyTaken     an unpause/restart would make a second burst of a debounce key
     ├── InstanceFinished         a step was asked of an instance in a final status
     ├── ActionError              an action raised (wraps the original as ``__cause__``)
     ├── StepTimeout              an action ran past its state's timeout
@@ -203,6 +204,19 @@ class StartConflict(InvalidInput):
         super().__init__(f"start key {key!r} of machine {machine!r} is instance "
                          f"{instance_id}, started with another input", instance_id=instance_id)
         self.machine, self.key = machine, key
+
+
+class DebounceKeyTaken(InvalidInput):
+    """Unpausing or restarting a debounced start (``instance_id``) would schedule it again
+    while another instance of its machine (``holder``) is the scheduled one of its
+    ``debounce_key`` (a newer burst began while it was paused or cancelled; at most one
+    scheduled instance per machine and key): nothing was written."""
+
+    def __init__(self, instance_id: str, machine: str, key: str, holder: str) -> None:
+        super().__init__(f"instance {instance_id} cannot be scheduled again: debounce key "
+                         f"{key!r} of machine {machine!r} has a newer burst, instance {holder} "
+                         "(cancel one of them first)", instance_id=instance_id)
+        self.machine, self.key, self.holder = machine, key, holder
 
 
 class InstanceFinished(FsmError):

@@ -193,7 +193,9 @@ class Transition:
     itself once its source has been current for ``after`` — seconds (``int``/``float``
     > 0), a ``timedelta``, or a callable of the context returning seconds or an aware
     ``datetime`` (evaluated once, when the source is entered, and recorded in that
-    step's history row as ``detail.timers``) — and nothing else left it.  Only out of
+    step's history row as ``detail.timers``; for the initial state, or the state a
+    fork starts in, in an ``armed`` row by the visit's first step) — and nothing else
+    left it.  Only out of
     a state that waits: ``wait=True``, a review, a fan-out.  Its fire is an ordinary
     committed step (history ``kind: timer``, ``detail.timer``: ``due``, ``lateness_s``).
     """

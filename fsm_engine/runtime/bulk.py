@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..errors import InstanceFinished, InstanceNotFound, InvalidInput
+from ..errors import DebounceKeyTaken, InstanceFinished, InstanceNotFound, InvalidInput
 from ..store.base import Store
 from ..store.records import (
     FINAL_STATUSES,
@@ -212,7 +212,16 @@ class Bulk:
                 and self.client.held_live(rec):
             self._request(rec, done)  # its running step commits first
             return None
-        step = self._build(action, rec)
+        return self._built(action, rec, done)
+
+    def _built(self, action: str, rec: InstanceRecord, done: Done) -> StepCommit | None:
+        """``_build``, counting a None in ``done.skipped`` and a refusal (a debounced start
+        whose key has a newer burst: ``DebounceKeyTaken``) in ``done.errors``."""
+        try:
+            step = self._build(action, rec)
+        except DebounceKeyTaken as exc:
+            done.errors.append(str(exc))
+            return None
         if step is None:
             done.skipped += 1
         return step
@@ -232,6 +241,8 @@ class Bulk:
             return self.client.pause_step(rec, self.by, reason=self.reason or "paused")
         try:  # the same commit as one ``Engine.unpause`` (a request withdrawn)
             return self.client.unpause_step(rec, self.by)
+        except DebounceKeyTaken:  # refused, not skipped
+            raise
         except InvalidInput:  # neither paused nor asked to: nothing to end
             return None
 
@@ -254,9 +265,8 @@ class Bulk:
             return
         for _ in range(5):
             rec = self.store.get(iid)
-            step = self._build(action, rec)
+            step = self._built(action, rec, done)
             if step is None:
-                done.skipped += 1
                 return
             if self.ledger.apply_one(step):
                 done.changed += 1

@@ -21,6 +21,7 @@ from ..store.records import (
     PAUSE,
     PAUSED,
     REVIEW_OPEN,
+    SCHEDULED,
     HistoryRow,
     InstanceRecord,
     ReviewItem,
@@ -239,7 +240,9 @@ class Client:
         """The commit ending ``rec``'s pause, or withdrawing a request not applied yet
         (a touch while a live worker holds it: its running step lands, unpaused; else the
         request dropped); None when it is withdrawn already.  ``InvalidInput`` when
-        ``rec`` is neither paused nor asked to pause."""
+        ``rec`` is neither paused nor asked to pause; ``DebounceKeyTaken`` for a debounced
+        start coming back ``scheduled`` while a newer burst of its key is
+        (``start_options.reschedulable``)."""
         if rec.status != PAUSED:
             req = pausing.decode(rec.pause_request)
             if req is None:
@@ -254,7 +257,10 @@ class Client:
                      None)
         if pause is None:
             raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
-        return outcome.unpaused(rec, pause, self.clock(), by=by)
+        step = outcome.unpaused(rec, pause, self.clock(), by=by)
+        if step.record.status == SCHEDULED:
+            start_options.reschedulable(self.store, rec)
+        return step
 
     def fork(self, instance_id: str, *, from_seq: int | None = None,
              from_state: str | None = None, from_failure: bool = False,
@@ -313,9 +319,11 @@ class Client:
 
     def restarted(self, rec: InstanceRecord, *, by: str | None) -> StepCommit | None:
         """The commit resuming a cancelled or failed ``rec`` where it stopped (None: it is
-        neither): a cancelled one in its state with its context, a failed one just before
-        its last failure; one ``rerun`` row (``detail.operator``, ``detail.restarted``)
-        appended, nothing rewritten (``outcome.reset``)."""
+        neither): a cancelled one in its state with its context (a delayed start cancelled
+        before its time: ``scheduled`` for it again while it is ahead,
+        ``start_options.rescheduled``), a failed one just before its last failure; one
+        ``rerun`` row (``detail.operator``, ``detail.restarted``) appended, nothing
+        rewritten (``outcome.reset``)."""
         from .kinds.fork import fork_point
         if rec.status not in ("cancelled", "failed"):
             return None
@@ -330,8 +338,11 @@ class Client:
                 context.update(row.delta)
             state = history[n - 1].dest if n else cm.spec.initial
         rec = self.registry.upcast(cm, rec)
-        step = timers.enter(cm, outcome.reset(cm, rec, state, context, n, self.clock()))
+        now = self.clock()
+        step = timers.enter(cm, outcome.reset(cm, rec, state, context, n, now))
         step.history[0].detail.update(operator=by, restarted=rec.status)
+        if rec.status == "cancelled" and history:  # a delayed start: when it was due
+            step = start_options.rescheduled(self.store, step, history[-1], now)
         return self.driver.attach(step)
 
     def restart(self, instance_id: str, *, by: str | None) -> InstanceRecord:

@@ -356,7 +356,10 @@ class Engine:
         """Resume a cancelled or failed instance where it stopped (DBOS's resume): a
         cancelled one in its state with its context, a failed one just before its last
         failure; one appended ``rerun`` row names ``by``; it is then runnable (a worker or
-        ``resume`` continues it).  ``InvalidInput`` for any other status."""
+        ``resume`` continues it).  A delayed start cancelled before its time is
+        ``scheduled`` for that time again while it is still ahead, else runnable at once.
+        ``InvalidInput`` for any other status; ``DebounceKeyTaken`` for a debounced start
+        scheduled again while a newer burst of its key is."""
         return self.client.restart(instance_id, by=by)
 
     def bulk_plan(self, action: str, where: InstanceFilter, *, preview: bool = False
@@ -404,7 +407,9 @@ class Engine:
         ``original>fork:state:visit``); by default they are not repeated.  Raises
         ``InvalidInput`` for a fork point that does not exist or ends in a final state,
         ``FingerprintMismatch`` for a changed machine (an older version is upcast
-        when the fork runs).
+        when the fork runs).  A fork standing in a state with timers waits a fresh ``after``
+        from its first step (recorded in its own ``armed`` row), never the original's
+        time left (``runtime.kinds.timers``).
         """
         return self.client.fork(instance_id, from_seq=from_seq, from_state=from_state,
                                 from_failure=from_failure, reuse_llm=reuse_llm,

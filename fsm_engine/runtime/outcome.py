@@ -254,11 +254,15 @@ def rate_limited(rec: InstanceRecord, *, error: str, tokens: int, next_at: float
 def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled",
               operator: str | None = None) -> StepCommit:
     """Record a cancellation (the instance stays in its state, status ``cancelled``);
-    ``operator``: who asked (``detail.operator``).  A waiting or paused instance's open
-    review items are closed undecided with it (``StepCommit.close_reviews``)."""
+    ``operator``: who asked (``detail.operator``); a delayed start not started yet keeps
+    its due time in ``detail.scheduled_due`` (epoch s: a restart schedules it again).  A
+    waiting or paused instance's open review items are closed undecided with it
+    (``StepCommit.close_reviews``)."""
     new = clone(rec)
     row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason,
                detail={} if operator is None else {"operator": operator})
+    if rec.status == SCHEDULED and rec.next_attempt_at is not None:
+        row.detail["scheduled_due"] = rec.next_attempt_at
     new.status, new.reason, new.updated_at = CANCELLED, reason, now
     new.next_attempt_at = new.pause_request = None  # a pending pause request ends with it
     step = StepCommit(new, rec.version, [row], before=rec)

@@ -16,7 +16,13 @@
   collapse into that one instance: its input becomes the latest and its start moves to
   ``debounce`` seconds after the latest start, never later than ``max_wait`` after the
   first (``Store.debounce``, one atomic write: at most one scheduled instance per machine
-  and key, a partial unique index).  Exactly one instance runs per burst.
+  and key, a partial unique index).  Exactly one instance runs per burst.  A delayed or
+  debounced start cancelled before its time and then restarted (``Engine.restart``) is
+  ``scheduled`` again for that time while it is still ahead, else it starts at once
+  (``rescheduled``).  A paused or
+  cancelled one is out of its burst (the next start opens a new one): unpausing or
+  restarting it back to ``scheduled`` while a newer burst of its key is scheduled is
+  refused (``DebounceKeyTaken``, ``reschedulable``).
 - ``priority`` (an integer, ``PRIORITY_MIN`` … ``PRIORITY_MAX``, default 0): every
   claim takes the instance with the lowest ``rank = created_at - priority * AGING_S``
   first (``store.records.AGING_S``): higher priority first, then age, within the queue
@@ -34,8 +40,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..errors import InvalidInput, StartConflict, StartKeyTaken
-from ..store.records import PRIORITY_MAX, PRIORITY_MIN, SCHEDULED, InstanceRecord
+from ..errors import DebounceKeyTaken, InvalidInput, StartConflict, StartKeyTaken
+from ..store.base import Store
+from ..store.records import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    SCHEDULED,
+    HistoryRow,
+    InstanceRecord,
+    StepCommit,
+)
 from .ledger import Ledger
 
 #: Longest start key and debounce key (characters).
@@ -189,3 +203,37 @@ def create(ledger: Ledger, rec: InstanceRecord, opts: StartOptions) -> str:
                 raise StartConflict(rec.machine, rec.start_key, held.id)
             return held.id
     raise StartKeyTaken(rec.machine, rec.start_key)
+
+
+def reschedulable(store: Store, rec: InstanceRecord) -> None:
+    """Check that ``rec`` (paused or cancelled) may be ``scheduled`` again: raises
+    ``DebounceKeyTaken`` (one line, naming the holder) when it is a debounced start and
+    another instance holds its machine's scheduled slot of that key — a newer burst, which
+    the store's partial unique index would refuse (a traceback-deep integrity error).  One
+    indexed read (``Store.by_debounce_key``); a start racing in after it is still refused
+    by the index (the step is rejected whole, nothing written)."""
+    if rec.debounce_key is None:
+        return
+    holder = store.by_debounce_key(rec.machine, rec.debounce_key)
+    if holder is not None and holder.id != rec.id:
+        raise DebounceKeyTaken(rec.id, rec.machine, rec.debounce_key, holder.id)
+
+
+def rescheduled(store: Store, step: StepCommit, cancel: HistoryRow, now: float) -> StepCommit:
+    """``step`` (the restart of a cancelled instance, ``Client.restarted``) ``scheduled``
+    again, unowned, for the due time its ``cancel`` row kept (``detail.scheduled_due``,
+    epoch s: it was a delayed or debounced start not started yet) when that is still
+    after ``now``; else ``step`` as it is (it runs at once).  The restart's row records
+    it (``detail.scheduled_due``); its state's timers are armed when it starts.  Raises
+    ``DebounceKeyTaken`` for a debounced start whose key has a newer burst
+    (``reschedulable``)."""
+    due = cancel.detail.get("scheduled_due") if cancel.kind == "cancel" else None
+    if isinstance(due, bool) or not isinstance(due, (int, float)) or due <= now:
+        return step
+    new = step.record
+    reschedulable(store, new)
+    new.status, new.next_attempt_at, new.owner = SCHEDULED, float(due), None
+    row = step.history[0]
+    row.detail.pop("timers", None)  # armed when it starts (``kinds.timers.armed``)
+    row.detail["scheduled_due"] = float(due)
+    return step

@@ -89,6 +89,12 @@ class InstanceStore(Protocol):
 
         Status: none changes."""
 
+    def by_debounce_key(self, machine: str, key: str) -> InstanceRecord | None:
+        """The ``scheduled`` instance of ``machine`` holding debounce key ``key`` (at most
+        one: a partial unique index), or ``None``; one indexed read.
+
+        Status: none changes."""
+
     def get(self, instance_id: str) -> InstanceRecord:
         """The instance; ``InstanceNotFound`` when absent.
 

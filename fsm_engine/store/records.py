@@ -44,12 +44,12 @@ MIGRATION = "migration"
 #: History kind of an agent state's journal (``runtime.kinds.agent``): one model turn, one tool
 #: call or one approval of a tool call; the instance stays in its state (source = dest).
 TOOL = "tool"
-#: History kinds of a pause and its end (``runtime.outcome.paused`` / ``unpaused``): the
-#: instance stays where it stands (source = dest); ``detail`` holds who did it
-#: (``operator``) and, for a pause, what it stopped (status, reason, timers left).
-PAUSE, UNPAUSE = "pause", "unpause"
+#: In-place kinds (source = dest): a pause and its end (``runtime.outcome.paused`` / ``unpaused``;
+#: ``detail``: who, ``operator``, and what a pause stopped: status, reason, timers left); the
+#: arming of a visit's timers no row entered (``runtime.kinds.timers.armed``; ``detail.timers``).
+PAUSE, UNPAUSE, ARMED = "pause", "unpause", "armed"
 #: History kinds that are not moves: statistics, diagrams and the viewer skip them.
-NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE})
+NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE, ARMED})
 
 #: Version of the stored record format; bumped with a migration.
 FORMAT_VERSION = 16

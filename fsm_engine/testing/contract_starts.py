@@ -39,8 +39,8 @@ def burst(iid: str, n: int, at: float, *, window: float = 30.0,
 
 
 class StartContract:
-    """``create`` with start keys, ``by_start_key``, ``debounce``, scheduled and priority
-    claims."""
+    """``create`` with start keys, ``by_start_key``, ``debounce``, ``by_debounce_key``,
+    scheduled and priority claims."""
 
     def test_a_start_key_is_unique_per_machine(self, store: Store) -> None:
         store.create(keyed("a", "order-42"))
@@ -113,6 +113,15 @@ class StartContract:
         assert claimed.id == "first" and claimed.context == {"n": 3}
         assert store.debounce(burst("next", 4, 1060.0)) == "next"  # a new burst
         assert [r.id for r in store.list()] == ["first", "next"]
+
+    def test_by_debounce_key_finds_the_scheduled_instance_of_the_key(self, store: Store) -> None:
+        assert store.by_debounce_key("m", "k") is None
+        store.debounce(burst("first", 1, 1000.0))
+        assert store.by_debounce_key("m", "k") == store.get("first")
+        assert store.by_debounce_key("m2", "k") is None
+        assert store.by_debounce_key("m", "other") is None
+        store.claim(ClaimRequest("w1", now=5000.0))  # started: no longer the burst's
+        assert store.by_debounce_key("m", "k") is None
 
     def test_concurrent_debounced_starts_make_one_instance(self, store: Store, reopen) -> None:
         others = [reopen() for _ in range(3)]

@@ -248,3 +248,74 @@ def test_an_unpaused_delayed_start_is_scheduled_again_with_the_time_it_had_left(
     assert vc.run(engine.resume()) == []  # (it came back running and ran at once)
     vc.advance(60)
     assert [r.status for r in vc.run(engine.resume())] == ["completed"]
+
+
+def test_unpausing_a_debounced_start_whose_key_has_a_newer_burst_is_refused(
+        store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A paused debounced start is out of its burst (only a ``scheduled`` one folds starts
+    in), so a start with its key opens a newer one; unpausing the first would make two
+    bursts of one key: refused in one line naming the newer, nothing written — from Python
+    and ``fsm unpause`` alike; once the newer one ran, the first unpauses."""
+    from cli import run_main
+
+    from fsm_engine.errors import FsmError
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    first = engine.start(MACHINE, {"n": 1}, debounce_key="doc", debounce=30)
+    engine.pause(first, by="ann")
+    newer = engine.start(MACHINE, {"n": 2}, debounce_key="doc", debounce=30)
+    assert newer != first
+    before = (engine.store.get(first), engine.store.history(first))
+    with pytest.raises(FsmError) as err:
+        engine.unpause(first, by="ann")
+    text = str(err.value)
+    assert newer in text and "debounce key 'doc'" in text and "\n" not in text
+    code, out, errs = run_main(["unpause", first, "--db", store_url, "--yes"], capsys)
+    assert code != 0 and newer in errs and "Traceback" not in errs, (out, errs)
+    assert len(errs.strip().splitlines()) == 1, errs
+    code, out, errs = run_main(["unpause", "--status", "paused", "--db", store_url, "--yes"],
+                               capsys)  # by query: counted as an error, not as skipped
+    assert "0 changed, 0 skipped" in out and newer in errs and "Traceback" not in errs
+    assert (engine.store.get(first), engine.store.history(first)) == before
+    vc.advance(31)
+    assert vc.run(engine.run(newer)).status == "completed"
+    assert engine.unpause(first, by="ann").status == "scheduled"
+
+
+def test_a_restarted_cancelled_delayed_start_keeps_its_due_time_while_it_is_ahead(
+        store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fsm restart`` resumes a cancelled instance where it stopped: a delayed start
+    cancelled before its time comes back ``scheduled`` for that time (nothing runs before
+    it), once it has passed it starts at once; a debounced one whose key has a newer burst
+    is refused in one line."""
+    from cli import run_main
+
+    from fsm_engine.errors import DebounceKeyTaken
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    due = vc.now() + 100
+    iid = engine.start(MACHINE, {"n": 1}, delay=100)
+    vc.advance(40)
+    engine.cancel(iid)
+    back = engine.restart(iid, by="ann")
+    assert (back.status, back.owner, back.next_attempt_at) == ("scheduled", None, due)
+    assert engine.store.history(iid)[-1].detail["scheduled_due"] == due
+    assert vc.run(engine.resume()) == []  # not before its time
+    vc.advance(60)
+    [done] = vc.run(engine.resume())
+    assert (done.id, done.status, done.context["total"]) == (iid, "completed", 1)
+    late = engine.start(MACHINE, {"n": 2}, delay=100)
+    engine.cancel(late)
+    vc.advance(200)  # its time passed while it was cancelled: it starts now
+    code, out, errs = run_main(["restart", late, "--db", store_url], capsys)
+    assert code == 0 and "restarted, running" in out, (out, errs)
+    rec = engine.store.get(late)
+    assert (rec.status, rec.next_attempt_at) == ("running", None)
+    assert [r.status for r in vc.run(engine.resume())] == ["completed"]
+    first = engine.start(MACHINE, {"n": 3}, debounce_key="doc", debounce=30)
+    engine.cancel(first)
+    newer = engine.start(MACHINE, {"n": 4}, debounce_key="doc", debounce=30)
+    before = engine.store.get(first)
+    with pytest.raises(DebounceKeyTaken) as err:
+        engine.restart(first, by="ann")
+    assert newer in str(err.value) and engine.store.get(first) == before

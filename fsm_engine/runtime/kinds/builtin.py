@@ -40,7 +40,7 @@ class Review(StepKind):
         if reviews.timer_due(rec, now) and state.review is not None \
                 and state.review.on_timeout is not None:
             return reviews.timed_out(cm, rec, api.store, now, api.advance)
-        return timers.armed(cm, api.store, outcome.awaiting_review(cm, rec, now))
+        return timers.armed(cm, api.store, outcome.awaiting_review(cm, rec, now), now)
 
     def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
               rec: InstanceRecord) -> StepCommit:
@@ -63,7 +63,7 @@ class Wait(StepKind):
         fired = timers.firing(cm, api.store, rec, now)
         if fired is not None:  # races ``send``: the version compare-and-set picks one
             return timers.fire(api, cm, rec, state, *fired, now)
-        return timers.armed(cm, api.store, waiting(rec, now))
+        return timers.armed(cm, api.store, waiting(rec, now), now)
 
     def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
               rec: InstanceRecord) -> StepCommit:
@@ -87,7 +87,8 @@ class FanOut(StepKind):
         if fired is not None:  # the children still running are cancelled with it
             return fanout.timed_out(api.store, rec, now,
                                     timers.fire(api, cm, rec, state, *fired, now))
-        return timers.armed(cm, api.store, fanout.step(cm, api.store, rec, now, api.host(rec)))
+        step = fanout.step(cm, api.store, rec, now, api.host(rec))
+        return timers.armed(cm, api.store, step, now)
 
     async def commit(self, api: DriverAPI, cm: CompiledMachine,
                      rec: InstanceRecord) -> InstanceRecord:

@@ -10,6 +10,8 @@ delivered are not repeated: the driver replays the original's recorded outcome f
 a side-effect visit the original completed (``delivered``).  The fork keeps the
 machine version (and fingerprint) of the rows it copied: a fork of rows written
 under an older version is upcast when it first steps, like any stored instance.
+A fork standing in a state with timers arms them afresh at its first step: a fresh
+``after`` from then, not the original's time left (``runtime.kinds.timers.armed``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import replace
 from ...errors import FsmError, InvalidInput
 from ...store.base import Store
 from ...store.records import (
+    ARMED,
     PAUSE,
     PENDING,
     RECOVERY,
@@ -42,15 +45,17 @@ def fork_point(history: Sequence[HistoryRow], *, seq: int | None = None,
     """How many rows a fork copies: ``seq`` itself; before the latest visit of ``state``
     is left (the row that entered it, or 0 for the state it started in and never entered
     again: an agent's journal rows, kind ``tool``, go on its visit and enter nothing, so
-    the fork starts before the visit's first turn); or before the last failure (the row
-    that failed).  ``InvalidInput`` when there is no such point."""
+    the fork starts before the visit's first turn; nor does an ``armed`` row, which
+    records its timers); or before the last failure (the row that failed).
+    ``InvalidInput`` when there is no such point."""
     if seq is not None:
         if not 0 <= seq <= len(history):
             raise InvalidInput(f"--from-seq {seq} is outside 0..{len(history)}")
         return seq
     if state is not None:
         entered = [h.seq for h in history
-                   if h.dest == state and h.kind not in ("cancel", RECOVERY, PAUSE, UNPAUSE, TOOL)]
+                   if h.dest == state
+                   and h.kind not in ("cancel", RECOVERY, PAUSE, UNPAUSE, TOOL, ARMED)]
         if entered:
             return entered[-1]
         if history and history[0].source == state:  # the state it started in: from the input

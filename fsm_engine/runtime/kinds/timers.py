@@ -9,9 +9,15 @@ timers: ``Transition(trigger, source, dest, after=...)``.  The waiting kinds
   (``detail.timers``: trigger -> epoch seconds) and sets ``next_attempt_at`` to the
   earliest (beside a review's SLA: the earlier of the two).  The instance then waits,
   unowned: ``store.claims`` hands a ``waiting`` instance out once ``next_attempt_at`` is
-  due — one indexed query per poll, no per-instance work while nothing is due.  An
-  instance entering its state without a transition (its initial state) is armed by its
-  first step (``armed``), from the instance's ``created_at``.
+  due — one indexed query per poll, no per-instance work while nothing is due.  A visit
+  no row of the instance's own entered — its initial state, or the state a fork starts
+  in (the row that entered it is the original's, copied) — is armed by its first step
+  (``armed``): the delays evaluated once, from that step's time, on its context, and
+  recorded in an in-place row of its own (``kind: armed``, ``store.records.ARMED``,
+  source = dest, ``detail.timers``), which then stands for the entering row.  A fork
+  thus waits a fresh ``after`` from when it starts, as DBOS's fork re-runs the step it
+  starts from (and Temporal's reset re-runs from its reset point): never the time the
+  original had left.
 * **firing** (``fire``): stepped with ``next_attempt_at`` due, the kind takes the timer
   whose due time is the earliest, through ``DriverAPI.advance`` — an ordinary committed
   step (history ``kind: timer``, ``detail.timer``: ``due``, ``lateness_s``), fenced by
@@ -31,7 +37,17 @@ from typing import TYPE_CHECKING, Any
 from ...definition.fanout import CHILDREN
 from ...definition.timers import After, constant_s
 from ...errors import InvalidInput
-from ...store.records import PAUSE, RECOVERY, TOOL, UNPAUSE, WAITING, HistoryRow, InstanceRecord, StepCommit
+from ...store.records import (
+    ARMED,
+    PAUSE,
+    RECOVERY,
+    TOOL,
+    UNPAUSE,
+    WAITING,
+    HistoryRow,
+    InstanceRecord,
+    StepCommit,
+)
 
 if TYPE_CHECKING:
     from ...definition.spec import State
@@ -114,18 +130,33 @@ def _entry(history: list[HistoryRow], state: str) -> HistoryRow | None:
     return None
 
 
-def recorded(cm: CompiledMachine, store: Store, rec: InstanceRecord) -> dict[str, float]:
-    """The due times of ``rec``'s timers in its current state, as its entering row recorded
-    them (or as they fall from that row's time, or the instance's ``created_at`` when it
-    started there)."""
-    row = _entry(store.history(rec.id), rec.state)
+def _own_entry(rec: InstanceRecord, history: list[HistoryRow]) -> HistoryRow | None:
+    """The row of ``rec``'s own that began its current visit (``_entry``), or an ``armed``
+    one; ``None`` when none did: its initial state, or a fork's visit of the state it
+    started in (rows up to ``forked_at_seq`` are the original's)."""
+    row = _entry(history, rec.state)
+    if row is not None and rec.forked_from is not None and row.seq <= (rec.forked_at_seq or 0):
+        return None
+    return row
+
+
+def _kept(cm: CompiledMachine, state: str, row: HistoryRow | None) -> dict[str, float]:
+    """The due times ``row`` recorded (``detail.timers``) of ``state``'s timers; ``{}``: none."""
     kept = row.detail.get("timers") if row is not None else None
-    if isinstance(kept, dict):
-        times = {t: float(v) for t, v in kept.items() if has_timer(cm, rec.state, t)
-                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if times:
-            return times
-    return dues(cm, rec.state, rec.context, row.at if row is not None else rec.created_at)
+    if not isinstance(kept, dict):
+        return {}
+    return {t: float(v) for t, v in kept.items() if has_timer(cm, state, t)
+            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def recorded(cm: CompiledMachine, store: Store, rec: InstanceRecord) -> dict[str, float]:
+    """The due times of ``rec``'s timers in its current state, as the row that began its
+    visit recorded them (an entering or ``armed`` row; else, for a row that recorded none
+    or an instance armed before ``armed`` rows, as they fall from that row's time or the
+    instance's ``created_at``)."""
+    row = _own_entry(rec, store.history(rec.id))
+    return _kept(cm, rec.state, row) or dues(
+        cm, rec.state, rec.context, row.at if row is not None else rec.created_at)
 
 
 def has_timer(cm: CompiledMachine, state: str, trigger: str) -> bool:
@@ -138,16 +169,27 @@ def due_of(cm: CompiledMachine, store: Store, rec: InstanceRecord) -> float | No
     return _earliest(recorded(cm, store, rec))[1] if rec.state in cm.timers else None
 
 
-def armed(cm: CompiledMachine, store: Store, step: StepCommit) -> StepCommit:
-    """``step`` leaving its instance waiting in a state with timers, ``next_attempt_at``
-    the earliest of its timers' recorded due times and the one it holds (a review's SLA):
-    an initial state's first step, a fan-out parent woken by a child (the wake cleared it)."""
+def armed(cm: CompiledMachine, store: Store, step: StepCommit, now: float) -> StepCommit:
+    """``step`` (at ``now``, epoch s) leaving its instance waiting in a state with timers,
+    ``next_attempt_at`` the earliest of its timers' due times and the one it holds (a
+    review's SLA): as recorded by the row that began the visit (a fan-out parent woken
+    by a child: the wake cleared it), or, when no row of its own did (its initial state,
+    a fork's first step) or that row recorded none (a restarted delayed start, scheduled
+    when it entered), evaluated now and recorded in an ``armed`` row the step appends
+    (``ARMED``; so once: later steps read it back).  Raises ``InvalidInput``
+    for a callable delay that gives no delay (the step is refused)."""
     new = step.record
-    if new.state in cm.timers and new.status == WAITING and not new.final:
-        due = due_of(cm, store, new)
-        if due is not None:
-            held = new.next_attempt_at
-            new.next_attempt_at = due if held is None else min(due, held)
+    if new.state not in cm.timers or new.status != WAITING or new.final:
+        return step
+    times = _kept(cm, new.state, _own_entry(new, [*store.history(new.id), *step.history]))
+    if not times:  # (or its row recorded none: a restart scheduled for later, ``rescheduled``)
+        times = dues(cm, new.state, new.context, now)
+        new.seq += 1
+        step.history = [*step.history, HistoryRow(
+            instance_id=new.id, seq=new.seq, source=new.state, dest=new.state, trigger=ARMED,
+            at=now, kind=ARMED, detail={"timers": times}, machine_version=new.machine_version)]
+    due, held = _earliest(times)[1], new.next_attempt_at
+    new.next_attempt_at = due if held is None else min(due, held)
     return step
 
 

@@ -156,6 +156,11 @@ class PostgresSteps(PostgresBase):
                           (machine, key))
         return self._full([INSTANCE.decode(rows[0])])[0] if rows else None
 
+    def by_debounce_key(self, machine: str, key: str) -> InstanceRecord | None:
+        rows = self._rows(marks(SELECT_INSTANCES + " WHERE machine=? AND debounce_key=? AND "
+                                "status='scheduled'"), (machine, key))
+        return self._full([INSTANCE.decode(rows[0])])[0] if rows else None
+
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._rows(_SQL_INSTANCE_BY_ID, (instance_id,))
         if not rows:

@@ -111,6 +111,11 @@ class SqliteSteps(SqliteBase):
         rows = self._read(_SELECT_INSTANCES + " WHERE machine=? AND start_key=?", (machine, key))
         return self._full([_decode(InstanceRecord, rows[0])])[0] if rows else None
 
+    def by_debounce_key(self, machine: str, key: str) -> InstanceRecord | None:
+        rows = self._read(_SELECT_INSTANCES + " WHERE machine=? AND debounce_key=? AND "
+                          "status='scheduled'", (machine, key))
+        return self._full([_decode(InstanceRecord, rows[0])])[0] if rows else None
+
     def get(self, instance_id: str) -> InstanceRecord:
         rows = self._read(_SELECT_INSTANCES + " WHERE id=?", (instance_id,))
         if not rows:

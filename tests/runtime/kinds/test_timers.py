@@ -377,3 +377,103 @@ def test_an_idle_worker_fires_a_timer_when_it_is_due_not_at_its_next_poll(tmp_pa
         thread.join(30)
         loop.close()
         engine.close()
+
+
+def test_an_initial_states_callable_delay_is_evaluated_once_and_recorded(store_url) -> None:
+    """An instance that starts in a state with timers has no row entering it: its first
+    step records the due times (an in-place ``armed`` row, ``detail.timers``), evaluated
+    once — ``fsm show`` gives the timer, the fire reads the recorded time back."""
+    from fsm_engine.views import timer_json
+    calls: list[float] = []
+
+    def soon(ctx: C) -> float:
+        calls.append(1.0)
+        return 100.0 * len(calls)  # a different answer each time it is asked
+
+    machine = Machine(name="first", context=C, initial="w", states=[
+        State("w", wait=True), State("soon", final=True), State("late", final=True)],
+        transitions=[Transition("quick", "w", "soon", after=soon),
+                     Transition("slow", "w", "late", after=lambda ctx: 500.0)])
+    vc = VirtualClock()
+    engine = vc.engine(store_url)
+    iid = engine.start(machine, {})
+    rec = vc.run(engine.run(iid))
+    [row] = engine.store.history(iid)
+    assert (row.kind, row.source, row.dest) == ("armed", "w", "w")
+    assert row.detail["timers"] == {"quick": row.at + 100, "slow": row.at + 500}
+    assert (rec.status, rec.next_attempt_at) == ("waiting", row.at + 100)
+    shown = timer_json(rec, engine.store.history(iid))
+    assert shown == {"trigger": "quick", "due": row.at + 100, "timers": row.detail["timers"]}
+    vc.advance(150)
+    rec = vc.run(engine.run(iid))
+    assert rec.state == "soon" and len(calls) == 1
+    [fired] = _rows(engine, iid)
+    assert fired.detail["timer"]["due"] == row.at + 100
+    assert replay(compile_machine(machine), rec, engine.store.history(iid)).divergence is None
+    engine.close()
+
+
+def test_a_delayed_start_in_a_state_with_a_timer_arms_it_when_it_starts(store_url) -> None:
+    """The initial state's timers count from the first step, not from the start call: a
+    start delayed past the timer's delay does not fire it at once."""
+    machine = Machine(name="later", context=C, initial="w", states=[
+        State("w", wait=True), State("z", final=True)],
+        transitions=[Transition("t", "w", "z", after=100)])
+    vc = VirtualClock()
+    engine = vc.engine(store_url)
+    iid = engine.start(machine, {}, delay=1000)
+    vc.advance(1001)
+    rec = vc.run(engine.run(iid))
+    assert (rec.state, rec.status, rec.next_attempt_at) == ("w", "waiting", vc.now() + 100)
+    engine.close()
+
+
+def test_a_fork_of_an_instance_waiting_on_a_timer_waits_a_fresh_delay(store_url) -> None:
+    """A fork from the state with the timer waits its own ``after`` from when it starts
+    (never what the original had left) and fires once; the original fires once, at its
+    own time."""
+    from fsm_engine.views import timer_json
+    vc = VirtualClock()
+    engine = vc.engine(store_url)
+    iid = engine.start(timer_machine.nudge, {})
+    vc.run(engine.run(iid))
+    entered = engine.store.history(iid)[-1]
+    vc.advance(40)
+    fork = engine.fork(iid, from_state="wait")
+    rec = vc.run(engine.run(fork))
+    armed = engine.store.history(fork)[-1]
+    assert (armed.kind, armed.detail["timers"]) == ("armed", {"nudge": vc.now() + 60})
+    assert (rec.state, rec.status, rec.next_attempt_at) == ("wait", "waiting", vc.now() + 60)
+    assert timer_json(rec, engine.store.history(fork))["due"] == vc.now() + 60
+    vc.advance(21)  # the original's due, not the fork's
+    assert vc.run(engine.run(iid)).state == "expired"
+    assert vc.run(engine.run(fork)).state == "wait"
+    vc.advance(40)
+    assert vc.run(engine.run(fork)).state == "expired"
+    vc.advance(100)
+    for each in (iid, fork):
+        with pytest.raises(FsmError):
+            vc.run(engine.run(each))  # finished: nothing fires again
+    [fired] = _rows(engine, iid)
+    assert fired.detail["timer"]["due"] == entered.at + 60
+    [fired] = _rows(engine, fork)
+    assert fired.detail["timer"]["due"] == armed.at + 60
+    engine.close()
+
+
+def test_a_restarted_delayed_start_arms_its_initial_states_timer_when_it_starts(
+        tmp_path) -> None:
+    machine = Machine(name="again", context=C, initial="w", states=[
+        State("w", wait=True), State("z", final=True)],
+        transitions=[Transition("t", "w", "z", after=100)])
+    vc = VirtualClock()
+    engine = vc.engine(tmp_path / "fsm.db")
+    iid = engine.start(machine, {}, delay=1000)
+    engine.cancel(iid)
+    assert engine.restart(iid).status == "scheduled"
+    vc.advance(1000)
+    rec = vc.run(engine.run(iid))
+    row = engine.store.history(iid)[-1]
+    assert (row.kind, row.detail["timers"]) == ("armed", {"t": vc.now() + 100})
+    assert (rec.status, rec.next_attempt_at) == ("waiting", vc.now() + 100)
+    engine.close()
