@@ -96,7 +96,8 @@ def serve(machines: list[str] = typer.Option(..., "--machines", metavar="MODULE"
                        f"{engine.store.url} on http://{where}:{bound}/api/  (Ctrl-C stops)"))
     try:
         api = create_api(engine, served, token=token, limits=Limits(max_body=max_body),
-                         hosts=HostRule(host, bound, tuple(allowed_host or ())))
+                         hosts=HostRule(host, bound, tuple(allowed_host or ())),
+                         audit=lambda line: typer.echo(text_of(f"fsm serve: {line}")))
         run(api, sock, made)
     finally:
         engine.close()

@@ -188,8 +188,10 @@ class Api:
     """The routes over ``engine`` serving ``machines`` (name → ``CompiledMachine``)."""
 
     def __init__(self, engine: Any, machines: Mapping[str, Any], limits: Limits,
-                 start: Callable[..., tuple[str, bool]]) -> None:
+                 start: Callable[..., tuple[str, bool]],
+                 audit: Callable[[str], None] | None = None) -> None:
         self.engine, self.store, self.machines = engine, engine.store, dict(machines)
+        self.audit = audit or (lambda line: None)
         #: The machines whose instances may be read and sent to: those served and their
         #: fan-outs' branch machines (a served instance's children).
         self.readable = {m.name for cm in self.machines.values() for m in cm.family()}
@@ -233,6 +235,8 @@ class Api:
             raise  # already answered with its own code (an FsmError too)
         except FsmError as exc:
             raise ApiError(_status_of(exc), redact(exc)) from None
+        self.audit(f"start {cm.spec.name} {iid} {'created' if created else 'existing'}"
+                   + (f" key {key}" if key is not None else "") + _peer(request))
         return reply({"id": iid, "machine": cm.spec.name, "created": created},
                      201 if created else 200)
 
@@ -251,6 +255,7 @@ class Api:
             rec = await self.engine.signal(rec.id, trigger, payload, operator=ACTOR)
         except FsmError as exc:
             raise ApiError(_status_of(exc), redact(exc)) from None
+        self.audit(f"send {trigger} {rec.id} now {rec.status} in {rec.state}" + _peer(request))
         return reply({"id": rec.id, "status": rec.status, "state": rec.state})
 
     async def get(self, request: Request) -> Response:
@@ -299,6 +304,11 @@ class Api:
         return endpoint
 
 
+def _peer(request: Request) -> str:
+    """`` from HOST`` naming the client's address (empty when the server gives none)."""
+    return f" from {request.client.host}" if request.client else ""
+
+
 def options_of(body: dict[str, Any], key: str | None, now: float) -> StartOptions:
     """The start's options at ``now`` (epoch seconds) from the body and the
     ``Idempotency-Key``: ``key``, ``priority`` (an integer), ``delay`` (seconds ≥ 0), checked
@@ -340,14 +350,18 @@ def _internal(request: Request, exc: Exception) -> Response:
 
 def create_api(engine: Any, machines: Mapping[str, Any], *, token: str,
                hosts: HostRule | None = None, limits: Limits = Limits(),
-               start_fn: Callable[..., tuple[str, bool]] = start) -> Any:
+               start_fn: Callable[..., tuple[str, bool]] = start,
+               audit: Callable[[str], None] | None = None) -> Any:
     """The API's ASGI app over ``engine`` for ``machines`` (name → the ``CompiledMachine``
     the engine loaded), behind ``token`` (required: ``InvalidInput`` when blank or not one
     word) and, with ``hosts``, the ``Host`` check; ``start_fn``: how a start reaches the
-    engine (``start``)."""
+    engine (``start``); ``audit``: called with one line per write made (a start: machine,
+    id, ``created``/``existing``, its key; a send: trigger, id, the status and state it left;
+    each with the client's address) — ``fsm serve`` prints them (a send's history row names
+    ``ACTOR`` too; a start writes no history row, its line is its audit)."""
     if not token or any(c.isspace() for c in token):
         raise InvalidInput("the API's token is one word: no spaces, not blank")
-    api = Api(engine, machines, limits, start_fn)
+    api = Api(engine, machines, limits, start_fn, audit)
     app = Starlette(routes=api.routes(),
                     exception_handlers={404: _not_found, 405: _not_found,
                                         Exception: _internal})

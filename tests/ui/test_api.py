@@ -339,3 +339,23 @@ def test_a_start_option_out_of_range_is_a_400(engine: Engine, body: dict[str, An
                            json={"input": {"order": "a"}} | body, headers=AUTH)
     assert _code(response) == "bad_request"
     assert engine.store.list() == []
+
+
+def test_every_write_is_audited_in_one_line_and_a_refused_one_is_not(engine: Engine) -> None:
+    """A start (created, or named again by its key) and a send each give the audit one
+    line naming the write, the instance and the client; a refused write gives none."""
+    lines: list[str] = []
+    client = _client(_app(engine, audit=lines.append))
+    path, key = "/api/machines/door/instances", {"Idempotency-Key": "order-7"}
+    iid = client.post(path, json={"input": {"order": "a"}}, headers=AUTH | key).json()["id"]
+    client.post(path, json={"input": {"order": "a"}}, headers=AUTH | key)
+    assert _code(client.post(path, json={"input": {"order": "b"}}, headers=AUTH | key)) \
+        == "key_conflict"
+    asyncio.run(engine.run(iid))
+    client.post(f"/api/instances/{iid}/send", json={"trigger": "nope"}, headers=AUTH)
+    client.post(f"/api/instances/{iid}/send", json={"trigger": "release"}, headers=AUTH)
+    client_host = "testclient"  # starlette's TestClient's address
+    assert lines == [f"start door {iid} created key order-7 from {client_host}",
+                     f"start door {iid} existing key order-7 from {client_host}",
+                     f"send release {iid} now {engine.store.get(iid).status} in "
+                     f"{engine.store.get(iid).state} from {client_host}"]
