@@ -129,6 +129,8 @@ def _query(engine: Engine, action: str, where: Any, *, yes: bool, batch: int,
                "transaction(s)")
     for line in done.errors:
         typer.echo(shown(line), err=True)
+    if done.errors:  # some were refused (each said above): not a clean run for a script
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -276,6 +276,7 @@ def test_unpausing_a_debounced_start_whose_key_has_a_newer_burst_is_refused(
     code, out, errs = run_main(["unpause", "--status", "paused", "--db", store_url, "--yes"],
                                capsys)  # by query: counted as an error, not as skipped
     assert "0 changed, 0 skipped" in out and newer in errs and "Traceback" not in errs
+    assert code == 1  # a refusal by query fails the command (a script sees it)
     assert (engine.store.get(first), engine.store.history(first)) == before
     vc.advance(31)
     assert vc.run(engine.run(newer)).status == "completed"
