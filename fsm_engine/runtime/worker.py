@@ -14,8 +14,8 @@ expired); sooner when a timer or a delayed start falls due before the next poll
 (``Store.next_due``, read when a claim leaves slots free, at most once a poll).  A store
 error (the database restarting, the network gone) is survived: claims back off and
 retry, and an instance whose step failed to commit is given back once the store answers
-again, then claimed afresh (its step runs again; a commit either applied or not, never half).  Queues, per-queue
-and per-partition limits: see ``runtime.fleet.queues``; the fleet's stored limits
+again, then claimed afresh (its step runs again; a commit either applied or not, never
+half).  Queues, per-queue and per-partition limits: see ``runtime.fleet.queues``; the fleet's stored limits
 (``fsm limits``, ``runtime.fleet.limits``) are read again every ``fleet.REFRESH_S`` seconds
 and tighten the worker's own.  Every worker also fires the store's due schedule ticks in
 its poll loop (``runtime.schedules``: one instance per tick across the fleet), waking for
@@ -181,6 +181,7 @@ class Worker:
         """One claim per limited queue with free slots here, one for the rest."""
         out: list[InstanceRecord] = []
         free = self.plan.total - sum(running.values())
+        now = self.engine.clock()  # (before the claims: a row due after it is in next_due's)
         for c in self.plan.claims(running):
             limit = min(c.limit, free - len(out))
             if limit <= 0:
@@ -188,7 +189,6 @@ class Worker:
             out += self.runner.ownership.claim(
                 limit, machines=self.machines, queues=c.queues, skip_queues=c.skip,
                 queue_limit=c.queue_limit, partition_limit=self.plan.partition_limit)
-        now = self.engine.clock()
         if len(out) < free and (now >= self._due_read_at or (
                 self._due_at is not None and now >= self._due_at)):
             # going idle: wake when the next timer or delayed start is due (read at most once
@@ -282,8 +282,8 @@ class Worker:
                  asyncio.ensure_future(self._stopping.wait())}
         now = self.engine.clock()
         timeout = min(self.poll, max(0.0, self._ticks_at - now))
-        if self._due_at is not None:
-            timeout = min(timeout, max(0.0, self._due_at - now))
+        if self._due_at is not None and self._due_at > now:  # (one past was claimed or
+            timeout = min(timeout, self._due_at - now)        # waits for a free slot)
         done, pending = await asyncio.wait(waits, timeout=timeout,
                                            return_when=asyncio.FIRST_COMPLETED)
         for fut in pending:

@@ -477,3 +477,27 @@ def test_a_restarted_delayed_start_arms_its_initial_states_timer_when_it_starts(
     assert (row.kind, row.detail["timers"]) == ("armed", {"t": vc.now() + 100})
     assert (rec.status, rec.next_attempt_at) == ("waiting", vc.now() + 100)
     engine.close()
+
+
+def test_a_due_time_already_past_does_not_end_an_idle_wait_at_once(tmp_path) -> None:
+    """The due time an unfilled claim read may have passed by the next idle wait (its
+    instance claimed meanwhile, or every slot full since): that wait still lasts until a
+    wake, a free slot or the poll — it does not return at once, round after round (a busy
+    loop while the worker is full)."""
+    from fsm_engine.runtime.worker import Worker
+    engine = Engine(str(tmp_path / "fsm.db"))
+    worker = Worker(engine, poll=2.0, schedules=False)  # (its store wait ends by then)
+
+    async def idle_once() -> None:
+        worker._stopping, worker._wake = asyncio.Event(), asyncio.Event()
+        worker._due_at = engine.clock() - 5.0  # read before; due since
+        try:
+            with pytest.raises(TimeoutError):  # nothing wakes it within half a second
+                await asyncio.wait_for(worker._idle(), 0.5)
+        finally:
+            if worker._waiter is not None:
+                worker._waiter.cancel()
+    try:
+        asyncio.run(idle_once())
+    finally:
+        engine.close()
