@@ -166,7 +166,7 @@ def start_tick(engine: Engine, cm: CompiledMachine, row: ScheduleRow,
     Raises ``StoreError`` (the store failed: the tick stays due), ``InvalidInput`` (the
     input no longer fits the machine)."""
     iid = spec.tick_id(row.name, tick)
-    if _exists(engine, iid):
+    if exists(engine, iid):
         return iid, False
     key = start_options.check(engine.clock(), key=spec.tick_key(row.name, tick))
     try:
@@ -174,13 +174,15 @@ def start_tick(engine: Engine, cm: CompiledMachine, row: ScheduleRow,
     except StartConflict as exc:  # the key's instance, started with another input
         return exc.instance_id or iid, False
     except StoreError:
-        if not _exists(engine, iid):  # (a racer took the id: the tick's instance)
+        if not exists(engine, iid):  # (a racer took the id: the tick's instance)
             raise
         return iid, False
     return got, got == iid
 
 
-def _exists(engine: Engine, instance_id: str) -> bool:
+def exists(engine: Engine, instance_id: str) -> bool:
+    """Whether ``engine``'s store holds an instance with id ``instance_id`` (a tick's
+    instance: ``schedule_spec.tick_id``)."""
     try:
         engine.store.get(instance_id)
     except InstanceNotFound:

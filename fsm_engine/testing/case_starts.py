@@ -41,8 +41,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import InstanceNotFound, InvalidInput, StartConflict
+from ..errors import InvalidInput, StartConflict
 from ..runtime import schedule_spec as spec
+from ..runtime.schedule_fire import exists
 
 __all__ = ["KEYS", "TICKS_MAX", "problems", "run"]
 
@@ -272,15 +273,8 @@ def _add(engine: Any, machine: Any, case: Mapping[str, Any], given: dict[str, An
         due = [row.next_fire]
         while len(due) < s.get("ticks", 1):
             due.append(spec.next_after(row, due[-1]))
-        if not any(_exists(engine, spec.tick_id(name, t)) for t in due):
+        if not any(exists(engine, spec.tick_id(name, t)) for t in due):
             return row, due
         engine.schedules.delete(name)  # an earlier case's ticks hold the name
     raise InvalidInput(f"no free schedule name for case {slug!r}")
 
-
-def _exists(engine: Any, instance_id: str) -> bool:
-    try:
-        engine.store.get(instance_id)
-    except InstanceNotFound:
-        return False
-    return True
