@@ -104,6 +104,11 @@ class Codec:
             text = data.get(col)
             if text is not None:
                 data[col] = {} if text == "{}" else [] if text == "[]" else json.loads(text)
+        if len(data) == len(self.columns):  # positional: ``cls(**data)`` compares each
+            try:                            # keyword with the parameter names (quadratic)
+                return self.cls(*map(data.__getitem__, self.columns))
+            except KeyError:
+                pass
         return self.cls(**data)
 
 
@@ -324,6 +329,16 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
         cols.append("context_refs")
         values.append(dumps(refs))
     return tuple(cols), values
+
+
+def scalar_changes(before: InstanceRecord, after: InstanceRecord
+                   ) -> tuple[tuple[str, ...], builtins.list[Any]]:
+    """The scalar instance columns (``SCALARS``) where ``after`` differs from ``before``,
+    and their values: what a claim writes (``claims.adopted`` moves owner, status, times
+    and recovery counts, never a JSON column), so no JSON is encoded or compared."""
+    news = _SCALAR_VALUES(after)
+    moved = [*map(operator.ne, _SCALAR_VALUES(before), news)]
+    return tuple(compress(SCALARS, moved)), [*compress(news, moved)]
 
 
 def resolve(records: builtins.list[InstanceRecord],

@@ -42,9 +42,9 @@ from ..codec import (
     SELECT_REPLY,
     SELECT_REVIEWS,
     WORKER,
-    changes,
     marks,
     reviews_where,
+    scalar_changes,
     update_sql,
 )
 from ..rates import RateRequest
@@ -334,7 +334,7 @@ class _ClaimTxn:
             found.append((INSTANCE.decode(data), prior))
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, row = take(rec, req, prior)
-            cols, values = changes(rec, new, [])  # a claim leaves the context alone
+            cols, values = scalar_changes(rec, new)  # a claim leaves the context alone
             writes.append((marks(update_sql(cols, True)),
                            [*values, rec.key, rec.id, rec.version]))
             if row is not None:  # a takeover: its history row, in the claim's transaction

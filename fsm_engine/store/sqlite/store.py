@@ -29,8 +29,8 @@ from ..codec import (
     REVIEW,
     SELECT_REPLY,
     SELECT_REVIEWS,
-    Blobs,
     reviews_where,
+    scalar_changes,
 )
 from ..codec import (
     HISTORY as _HISTORY,
@@ -51,9 +51,6 @@ from ..codec import (
     WORKER as _WORKER,
 )
 from ..codec import (
-    changes as _changes,
-)
-from ..codec import (
     update_sql as _update_sql,
 )
 from ..rates import RateRequest
@@ -71,7 +68,7 @@ from ..records import (
     WorkerRow,
 )
 from ..sql_base import SqlPlain
-from .connect import _decode, _decode_worker
+from .connect import _decode, _decode_worker, as_dict
 from .steps import SqliteSteps
 from .streams import SqliteStreams
 
@@ -134,7 +131,7 @@ class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
     # -- reply cache ---------------------------------------------------------------
     def get_reply(self, key: str, not_before: float) -> ReplyRow | None:
         rows = self._read(SELECT_REPLY, (key, not_before))
-        return REPLY.decode(dict(rows[0])) if rows else None
+        return REPLY.decode(as_dict(rows[0])) if rows else None
 
     def put_reply(self, row: ReplyRow) -> None:
         with self._write() as conn:
@@ -145,7 +142,7 @@ class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
                 instance_id: str | None = None,
                 id_prefix: str | None = None) -> builtins.list[ReviewItem]:
         sql, args = reviews_where(statuses, machine, instance_id, id_prefix)
-        return [REVIEW.decode(dict(r)) for r in self._read(SELECT_REVIEWS + sql, args)]
+        return [REVIEW.decode(as_dict(r)) for r in self._read(SELECT_REVIEWS + sql, args)]
 
     def claim_review(self, item_id: str, by: str, now: float) -> bool:
         with self._write() as conn:
@@ -311,15 +308,13 @@ class _ClaimTxn:
         out: builtins.list[InstanceRecord] = []
         req = self.request
         found = []
-        for data in map(dict, self.conn.execute(sql, [*args, limit]).fetchall()):
+        for data in map(as_dict, self.conn.execute(sql, [*args, limit]).fetchall()):
             prior = data.pop("prior_heartbeat")
             found.append((_INSTANCE.decode(data), prior))
         updates: dict[tuple[str, ...], builtins.list[builtins.list[Any]]] = {}
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, history = take(rec, req, prior)
-            blobs: Blobs = []
-            cols, values = _changes(rec, new, blobs)
-            SqliteStore._put_blobs(self.conn, blobs)
+            cols, values = scalar_changes(rec, new)  # a claim leaves the context alone
             # one UPDATE per set of changed columns (most claims change the same ones)
             updates.setdefault(cols, []).append([*values, rec.key, rec.id, rec.version])
             if history is not None:  # a takeover: its history row, in the claim's transaction
