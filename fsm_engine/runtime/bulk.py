@@ -31,7 +31,6 @@ from ..store.records import (
     InstanceRecord,
     StepCommit,
 )
-from . import outcome
 from .client import Client
 from .ledger import Ledger
 
@@ -234,7 +233,7 @@ class Bulk:
         if rec.final:
             return None
         if action == "cancel":
-            return outcome.cancelled(rec, now, self.reason or "cancelled", self.by)
+            return self.client.cancel_step(rec, now, self.reason or "cancelled", self.by)
         if action == "pause":  # the same commit as one ``Engine.pause``
             if rec.status == PAUSED:
                 return None

@@ -147,10 +147,22 @@ class Client:
             if rec.final:
                 raise InstanceFinished(f"instance {rec.id} is already {rec.status}",
                                        instance_id=rec.id)
-            step = outcome.cancelled(rec, self.clock(), reason, operator)
+            step = self.cancel_step(rec, self.clock(), reason, operator)
             if self.ledger.apply_one(step):  # its running children are cancelled with it
                 self.stop_local(instance_id)
                 return step.record
+
+    def cancel_step(self, rec: InstanceRecord, now: float, reason: str,
+                    operator: str | None) -> StepCommit:
+        """The commit cancelling ``rec`` (not final) at ``now`` (``outcome.cancelled``); a
+        paused delayed start keeps the due time its pause row kept (one history read)."""
+        due = outcome.scheduled_due(self.pause_row(rec.id)) if rec.status == PAUSED else None
+        return outcome.cancelled(rec, now, reason, operator, paused_due=due)
+
+    def pause_row(self, instance_id: str) -> HistoryRow | None:
+        """The last ``kind: pause`` row of ``instance_id`` (None: never paused)."""
+        return next((h for h in reversed(self.store.history(instance_id)) if h.kind == PAUSE),
+                    None)
 
     def held_live(self, rec: InstanceRecord) -> bool:
         """True when ``rec``'s owner may be in the middle of a step (this process, or a
@@ -253,8 +265,7 @@ class Client:
                 return pausing.touch(rec, req, self.clock(), by=req.by, reason=req.reason,
                                      withdrawn=True)
             return pausing.dropped(rec)
-        pause = next((h for h in reversed(self.store.history(rec.id)) if h.kind == PAUSE),
-                     None)
+        pause = self.pause_row(rec.id)
         if pause is None:
             raise InvalidInput(f"instance {rec.id} is paused but has no pause row")
         step = outcome.unpaused(rec, pause, self.clock(), by=by)

@@ -252,17 +252,20 @@ def rate_limited(rec: InstanceRecord, *, error: str, tokens: int, next_at: float
 
 
 def cancelled(rec: InstanceRecord, now: float, reason: str = "cancelled",
-              operator: str | None = None) -> StepCommit:
+              operator: str | None = None, *, paused_due: float | None = None
+              ) -> StepCommit:
     """Record a cancellation (the instance stays in its state, status ``cancelled``);
     ``operator``: who asked (``detail.operator``); a delayed start not started yet keeps
-    its due time in ``detail.scheduled_due`` (epoch s: a restart schedules it again).  A
-    waiting or paused instance's open review items are closed undecided with it
+    its due time in ``detail.scheduled_due`` (epoch s: a restart schedules it again),
+    paused or not (``paused_due``: a paused one's, from its pause row, ``scheduled_due``).
+    A waiting or paused instance's open review items are closed undecided with it
     (``StepCommit.close_reviews``)."""
     new = clone(rec)
     row = _row(new, rec.state, rec.state, "cancel", now, kind="cancel", reason=reason,
                detail={} if operator is None else {"operator": operator})
-    if rec.status == SCHEDULED and rec.next_attempt_at is not None:
-        row.detail["scheduled_due"] = rec.next_attempt_at
+    due = {SCHEDULED: rec.next_attempt_at, PAUSED: paused_due}.get(rec.status)
+    if due is not None:
+        row.detail["scheduled_due"] = due
     new.status, new.reason, new.updated_at = CANCELLED, reason, now
     new.next_attempt_at = new.pause_request = None  # a pending pause request ends with it
     step = StepCommit(new, rec.version, [row], before=rec)
@@ -307,6 +310,21 @@ def marked(rec: InstanceRecord, reason: str, error: str, now: float) -> StepComm
     return StepCommit(new, rec.version, before=rec)
 
 
+def scheduled_due(pause: HistoryRow | None) -> float | None:
+    """The due time (epoch s) of the delayed start ``pause`` (a ``kind: pause`` row)
+    paused: its ``detail.scheduled_due`` (``pause_in_place``), else the time it had left
+    after the row's ``at`` (a row written before it was kept); None when it paused
+    anything else."""
+    if pause is None or pause.detail.get("status") != SCHEDULED:
+        return None
+    due, left = pause.detail.get("scheduled_due"), pause.detail.get("timer_left_s")
+    if isinstance(due, (int, float)) and not isinstance(due, bool):
+        return float(due)
+    if isinstance(left, (int, float)) and not isinstance(left, bool):
+        return pause.at + left
+    return None
+
+
 def _left(until: float | None, now: float) -> float | None:
     return None if until is None else max(0.0, until - now)
 
@@ -316,12 +334,15 @@ def pause_in_place(rec: InstanceRecord, now: float, *, by: str | None, reason: s
     """Pause ``rec`` (in place) where it stands: status ``paused``, unowned, its timers
     stopped; the returned row (``kind: pause``) keeps what unpausing restores in
     ``detail``: ``status``, ``reason``, ``timer_left_s`` (retry backoff, SLA or rate
-    wait) and ``deadline_left_s`` (seconds, ``None``: no timer), with ``operator``; a
-    pending pause request is spent."""
+    wait) and ``deadline_left_s`` (seconds, ``None``: no timer), with ``operator``, and a
+    delayed start's due time (``scheduled_due``, epoch s: a cancel keeps it for a
+    restart); a pending pause request is spent."""
     error = redact(error) if error else error
     detail = {"operator": by, "status": rec.status, "reason": rec.reason,
               "timer_left_s": _left(rec.next_attempt_at, now),
               "deadline_left_s": _left(rec.deadline, now)}
+    if rec.status == SCHEDULED and rec.next_attempt_at is not None:
+        detail["scheduled_due"] = rec.next_attempt_at
     row = _row(rec, rec.state, rec.state, PAUSE, now, kind=PAUSE, reason=reason, error=error,
                detail=detail)
     rec.status, rec.reason, rec.owner = PAUSED, reason, None

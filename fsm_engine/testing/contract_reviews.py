@@ -123,6 +123,29 @@ class ReviewContract:
         assert store.commit([_decision(store, "a", version=9), plain]) == [False, True]
         assert store.get("b").state == "middle" and store.reviews()[0].status == "open"
 
+    def test_a_decision_a_constraint_refuses_is_rejected_by_index(self, store: Store) -> None:
+        """A decision whose rows break a unique index (its history row repeats a seq) is
+        refused as any step is: ``StepRejected`` naming it (``index``) and the index's
+        columns, the item still open, nothing of the batch written."""
+        from dataclasses import replace
+
+        import pytest
+
+        from ..errors import StepRejected
+        from .contract_fixtures import hist, moved, record
+        _enter_review(store, "a")
+        store.create(record("b"))
+        before, item_before = store.get("a"), store.reviews()
+        plain = StepCommit(moved(store.get("b"), "middle"), 0, [hist("b", 1, "start", "middle")])
+        dup = replace(_decision(store, "a"), history=[hist("a", 1, "review", "done")])
+        with pytest.raises(StepRejected) as err:
+            store.commit([plain, dup])
+        assert (err.value.index, err.value.instance_id) == (1, "a")
+        assert "seq" in str(err.value) and "\n" not in str(err.value)
+        assert store.get("a") == before and store.reviews() == item_before
+        assert len(store.history("a")) == 1 and store.get("b").state == "start"
+        assert store.commit([plain]) == [True]  # the rest of the batch goes again
+
     def test_waiting_instance_is_claimable_once_its_timer_is_due(self, store: Store) -> None:
         from .contract_fixtures import record
         _enter_review(store, "a", due=2000.0)

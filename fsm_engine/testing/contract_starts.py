@@ -1,18 +1,21 @@
 """Contract cases for how instances start (format 14, issue 38; mixed into
 ``StoreContract``): start keys unique per machine (``create`` refuses a second,
 ``by_start_key`` finds the first), ``scheduled`` instances claimed only once due,
-debounced starts folding into one scheduled instance (``debounce``), and every claim in
+debounced starts folding into one scheduled instance (``debounce``) and a step refused
+(``StepRejected``) when it would schedule a second burst of a key, and every claim in
 priority-then-age order (``rank``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from ..errors import StartKeyTaken
-from ..store import ClaimRequest, Store
+from ..errors import StartKeyTaken, StepRejected
+from ..store import ClaimRequest, StepCommit, Store
 from ..store.records import AGING_S, SCHEDULED, InstanceRecord
-from .contract_fixtures import concurrently, live, record
+from .contract_fixtures import concurrently, hist, live, moved, record
 
 
 def keyed(iid: str, key: str, *, machine: str = "m") -> InstanceRecord:
@@ -133,3 +136,26 @@ class StartContract:
         concurrently(start, store, others)
         assert len(held) == 1 and [r.id for r in store.list()] == list(held)
         assert store.get(held.pop()).status == SCHEDULED
+
+    def test_a_step_scheduling_a_second_burst_of_a_key_is_rejected_by_index(
+            self, store: Store) -> None:
+        """A step making an instance ``scheduled`` while another holds its debounce key's
+        burst (a restart racing a new burst past ``Engine.restart``'s read) is refused by
+        the partial unique index: ``StepRejected`` naming the step (``index``) and the
+        key's column, nothing of the batch written, the holder untouched."""
+        old = burst("old", 1, 1000.0)
+        old.status, old.next_attempt_at = "cancelled", None
+        store.create(old, record("b"))
+        assert store.debounce(burst("new", 2, 1100.0)) == "new"
+        before, holder = store.get("old"), store.get("new")
+        fine = StepCommit(moved(store.get("b"), "x"), 0, history=[hist("b", 1, "start", "x")])
+        again = StepCommit(replace(before, status=SCHEDULED, next_attempt_at=1200.0, seq=1,
+                                   updated_at=1101.0), before.version,
+                           history=[hist("old", 1, "start", "start", kind="restart")])
+        with pytest.raises(StepRejected) as err:
+            store.commit([fine, again])
+        assert (err.value.index, err.value.instance_id) == (1, "old")
+        assert "debounce_key" in str(err.value) and "\n" not in str(err.value)
+        assert store.get("old") == before and store.history("old") == []
+        assert store.get("new") == holder and store.get("b").state == "start"
+        assert store.commit([fine]) == [True]  # the rest of the batch goes again

@@ -320,3 +320,38 @@ def test_a_restarted_cancelled_delayed_start_keeps_its_due_time_while_it_is_ahea
     with pytest.raises(DebounceKeyTaken) as err:
         engine.restart(first, by="ann")
     assert newer in str(err.value) and engine.store.get(first) == before
+
+
+def test_a_paused_then_cancelled_delayed_start_restarts_scheduled_for_its_due_time(
+        store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A delayed start paused and then cancelled keeps its due time for a restart
+    (``detail.scheduled_due`` on its cancel row, taken from its pause row), as one
+    cancelled unpaused does: ``scheduled`` again for the time it was due while that is
+    ahead, started at once once it has passed; cancelled by query (``fsm cancel --status``)
+    too."""
+    from cli import run_main
+    vc = VirtualClock()
+    engine = _vc_engine(vc, store_url)
+    due = vc.now() + 3600
+    iid = engine.start(MACHINE, {"n": 1}, delay=3600)
+    vc.advance(40)
+    assert engine.pause(iid, by="ann").status == "paused"
+    vc.advance(60)
+    engine.cancel(iid)
+    assert engine.store.history(iid)[-1].detail["scheduled_due"] == due
+    back = engine.restart(iid, by="ann")
+    assert (back.status, back.owner, back.next_attempt_at) == ("scheduled", None, due)
+    assert vc.run(engine.resume()) == []  # not before its time
+    vc.advance(3500)
+    [done] = vc.run(engine.resume())
+    assert (done.id, done.status, done.context["total"]) == (iid, "completed", 1)
+    late = engine.start(MACHINE, {"n": 2}, delay=100)
+    engine.pause(late, by="ann")
+    code, out, errs = run_main(["cancel", "--status", "paused", "--db", store_url, "--yes"],
+                               capsys)
+    assert code == 0 and "1 changed" in out, (out, errs)
+    assert engine.store.history(late)[-1].detail["scheduled_due"] == vc.now() + 100
+    vc.advance(200)  # its time passed while it was cancelled: it starts now
+    rec = engine.restart(late, by="ann")
+    assert (rec.status, rec.next_attempt_at) == ("running", None)
+    assert [r.status for r in vc.run(engine.resume())] == ["completed"]

@@ -61,6 +61,15 @@ from .streams import write as write_stream
 
 _FOLD = marks(FOLD.format(least="LEAST"))
 
+
+def _refused(steps: Sequence[StepCommit], index: int, exc: psycopg.Error) -> StepRejected:
+    """The error refusing ``steps[index]`` for the constraint ``exc`` names (one line:
+    the index or key, and the values it refused)."""
+    rec = steps[index].record
+    return StepRejected(f"the store refused a step of instance {rec.id}: {_why(exc)}",
+                        index=index, instance_id=rec.id)
+
+
 class PostgresSteps(PostgresBase):
     """Instances and their steps (``store.facets.InstanceStore``): the group commit."""
 
@@ -211,23 +220,22 @@ class PostgresSteps(PostgresBase):
         """``commit``'s transaction for any batch: the plain steps' UPDATEs in one pipeline,
         their wakes and rows, then each decision and each family alone under a savepoint,
         then the stream rows of all that applied (``postgres.streams.write``: the advisory
-        locks of their instances taken in sorted order, once)."""
+        locks of their instances taken in sorted order, once).  A step whose row breaks a
+        constraint (a unique index refusing its UPDATE or a row) raises ``StepRejected``
+        by its index; the caller's transaction then rolls back (nothing of the batch)."""
         plain = [i for i, s in enumerate(steps) if s.review_close is None and not s.compound]
         applied = [False] * len(steps)
-        if plain:
-            for i, ok in zip(plain, self._updates(conn, [steps[i] for i in plain],
-                                                  [encoded[i] for i in plain]), strict=False):
-                applied[i] = ok
-        done = [i for i in plain if applied[i]]
-        self._wake_parents(conn, [steps[i] for i in done])
         try:
             with conn.transaction():  # a savepoint: a constraint is one step's fault
-                self._appends(conn, [(steps[i], encoded[i]) for i in done])
+                self._plain(conn, steps, encoded, plain, applied)
         except psycopg.IntegrityError as exc:
-            raise self._rejected(conn, steps, encoded, done, exc) from None
+            raise self._rejected(conn, steps, encoded, plain, exc) from None
         for i, step in enumerate(steps):  # decisions, then families: each alone, under a savepoint
             if step.review_close is not None:
-                applied[i] = self._decide(conn, step, encoded[i])
+                try:
+                    applied[i] = self._decide(conn, step, encoded[i])
+                except psycopg.IntegrityError as exc:
+                    raise _refused(steps, i, exc) from None
         for i, st in enumerate(steps):
             if st.compound and st.review_close is None:
                 applied[i] = self._compound(conn, st, encoded[i])
@@ -239,6 +247,20 @@ class PostgresSteps(PostgresBase):
                for s, ok in zip(steps, applied, strict=False)):  # given back (a queue hand-off)
             conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
         return applied
+
+    def _plain(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
+               encoded: Sequence[Encoded], plain: Sequence[int], applied: builtins.list[bool]
+               ) -> None:
+        """The steps at ``plain`` (indexes in ``steps``): their UPDATEs in one pipeline
+        (``applied[i]`` set where one applied), then the wakes and rows of those applied."""
+        if not plain:
+            return
+        for i, ok in zip(plain, self._updates(conn, [steps[i] for i in plain],
+                                              [encoded[i] for i in plain]), strict=False):
+            applied[i] = ok
+        done = [i for i in plain if applied[i]]
+        self._wake_parents(conn, [steps[i] for i in done])
+        self._appends(conn, [(steps[i], encoded[i]) for i in done])
 
     @staticmethod
     def _wake_parents(conn: psycopg.Connection[Any], done: Sequence[StepCommit]) -> None:
@@ -273,20 +295,20 @@ class PostgresSteps(PostgresBase):
         return applied
 
     def _rejected(self, conn: psycopg.Connection[Any], steps: Sequence[StepCommit],
-                  encoded: Sequence[Encoded], done: Sequence[int],
+                  encoded: Sequence[Encoded], plain: Sequence[int],
                   exc: psycopg.Error) -> StepRejected:
-        """The ``StepRejected`` naming the first applied step whose rows break a constraint
-        (each tried alone in a savepoint; the caller's transaction then rolls back)."""
-        for i in done:
+        """The ``StepRejected`` naming the first of the ``plain`` steps whose UPDATE or rows
+        break a constraint: each applied again in order, alone in a savepoint (a later step
+        meets what the earlier ones wrote, as in the batch; the caller's transaction then
+        rolls back).  ``exc`` (the batch's) is reported when none breaks one alone."""
+        for i in plain:
             try:
                 with conn.transaction():
-                    self._appends(conn, [(steps[i], encoded[i])])
-            except psycopg.IntegrityError:
-                break
-        else:
-            i = done[0]
-        return StepRejected(f"the store refused a step of instance {steps[i].record.id}: "
-                            f"{_why(exc)}", index=i, instance_id=steps[i].record.id)
+                    if self._updates(conn, [steps[i]], [encoded[i]])[0]:
+                        self._appends(conn, [(steps[i], encoded[i])])
+            except psycopg.IntegrityError as alone:
+                return _refused(steps, i, alone)
+        return _refused(steps, plain[0], exc)
 
     def _compound(self, conn: psycopg.Connection[Any], step: StepCommit,
                   enc: Encoded) -> bool:
