@@ -74,6 +74,11 @@ class Worker:
         self.runner = engine.runner  # everything below goes through its public API
         self.runner.limits_read = True  # read here, off the loop, before each claim round
         self.concurrency = self.plan.total
+        # a batch as large as the slots: the steps of one claim commit together (at the
+        # default 500 a claim of 512 due timers committed as 500 + 12, and the 12 freed
+        # slots were claimed apart: two claims and two commits per round)
+        committer = engine.committer
+        committer.max_batch = max(committer.max_batch, self.concurrency)
         self.machines = None if machines is None else list(machines)
         #: The queue of each instance running here (moved on when it stays across a boundary).
         self._queue: dict[str, str] = {}

@@ -270,6 +270,29 @@ def select(columns: tuple[str, ...]) -> str:
             "FROM instances i WHERE ")
 
 
+def grouped(rows: Sequence[tuple[tuple[str, ...], Sequence[Any], Any]]
+            ) -> list[tuple[tuple[str, ...], tuple[Any, ...], list[Any]]]:
+    """A claim's row writes (``(columns, values, key)`` each: ``codec.scalar_changes``)
+    grouped by the columns and values they set, ``(columns, values, keys)`` each, so that
+    each group is one ``UPDATE … WHERE key IN (…)`` (``by_keys``): most rows of a claim set
+    the same (owner, time, status), and a statement per row cost PostgreSQL a parse, plan
+    and index walk each (claims of 512 due timers: 37–49 ms).  No version compare: the
+    claim's transaction holds these rows from its read on (SQLite's write lock, PostgreSQL's
+    ``FOR UPDATE``), so no other write came between."""
+    groups: dict[tuple[tuple[str, ...], tuple[Any, ...]], list[Any]] = {}
+    for cols, values, key in rows:
+        groups.setdefault((cols, tuple(values)), []).append(key)
+    return [(cols, values, keys) for (cols, values), keys in groups.items()]
+
+
+def by_keys(cols: tuple[str, ...], n: int) -> str:
+    """The UPDATE of ``grouped``'s one group of ``n`` keys (``?`` placeholders: the
+    values, then the keys); the version moves on as a step's does."""
+    sets = "".join(f"{col}=?, " for col in cols)
+    return (f"UPDATE instances SET {sets}version=version+1 "
+            f"WHERE key IN ({', '.join('?' * n)})")
+
+
 def worker_place(worker_id: str | None) -> tuple[str | None, int | None]:
     """``(host, pid)`` named by a worker id (``host:pid:nonce``, see ``runtime.fleet.liveness``);
     ``(None, None)`` when the id has another shape."""

@@ -45,7 +45,6 @@ from ..codec import (
     marks,
     reviews_where,
     scalar_changes,
-    update_sql,
 )
 from ..rates import RateRequest
 from ..records import (
@@ -327,6 +326,7 @@ class _ClaimTxn:
             cur.execute(sql, [*args, limit])
             rows = cur.fetchall()
         out, writes = [], []
+        changed: builtins.list[tuple[tuple[str, ...], builtins.list[Any], Any]] = []
         req = self.request
         found = []
         for data in rows:
@@ -335,14 +335,17 @@ class _ClaimTxn:
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, row = take(rec, req, prior)
             cols, values = scalar_changes(rec, new)  # a claim leaves the context alone
-            writes.append((marks(update_sql(cols, True)),
-                           [*values, rec.key, rec.id, rec.version]))
+            changed.append((cols, values, rec.key))
             if row is not None:  # a takeover: its history row, in the claim's transaction
                 encoded = HISTORY.values(row)
                 encoded[0] = rec.key
                 writes.append((_SQL_INSERT_HISTORY, encoded))
             new.version = rec.version + 1
             out.append(new)
+        for cols, same, keys in claims.grouped(changed):  # one UPDATE per group
+            sets = "".join(f"{col}=%s, " for col in cols)
+            writes.append((f"UPDATE instances SET {sets}version=version+1 "
+                           "WHERE key = ANY(%s)", [*same, keys]))
         if writes:
             with self.conn.pipeline(), self.conn.cursor() as cur:
                 for stmt, params in writes:

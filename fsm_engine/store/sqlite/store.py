@@ -50,9 +50,6 @@ from ..codec import (
 from ..codec import (
     WORKER as _WORKER,
 )
-from ..codec import (
-    update_sql as _update_sql,
-)
 from ..rates import RateRequest
 from ..records import (
     AttemptRow,
@@ -311,18 +308,19 @@ class _ClaimTxn:
         for data in map(as_dict, self.conn.execute(sql, [*args, limit]).fetchall()):
             prior = data.pop("prior_heartbeat")
             found.append((_INSTANCE.decode(data), prior))
-        updates: dict[tuple[str, ...], builtins.list[builtins.list[Any]]] = {}
+        writes: builtins.list[tuple[tuple[str, ...], builtins.list[Any], Any]] = []
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, history = take(rec, req, prior)
             cols, values = scalar_changes(rec, new)  # a claim leaves the context alone
-            # one UPDATE per set of changed columns (most claims change the same ones)
-            updates.setdefault(cols, []).append([*values, rec.key, rec.id, rec.version])
+            writes.append((cols, values, rec.key))
             if history is not None:  # a takeover: its history row, in the claim's transaction
                 encoded = _HISTORY.values(history)
                 encoded[0] = rec.key
                 self.conn.execute(_INSERT_HISTORY, encoded)
             new.version = rec.version + 1
             out.append(new)
-        for cols, rows in updates.items():
-            self.conn.executemany(_update_sql(cols, True), rows)
+        for cols, same, keys in claims.grouped(writes):  # one UPDATE per group
+            for lo in range(0, len(keys), 500):
+                chunk = keys[lo:lo + 500]
+                self.conn.execute(claims.by_keys(cols, len(chunk)), [*same, *chunk])
         return out
