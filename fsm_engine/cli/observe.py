@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -16,23 +15,22 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from ..durations import parse_duration
 from ..store.records import STATUSES, InstanceFilter
 from ..terminal import shown, text
 from .common import ALLOWED_HOST, DB, _fail, _open, _print_json, app, out
 from .trust import MACHINES, trusting
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
 
 def parse_age(text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` as seconds; ``InvalidInput`` otherwise."""
+    """A duration as seconds (``durations``: ``30d``, ``12h``, ``90m``, ``45s``, ``2w``,
+    ``1h30m``); ``InvalidInput`` otherwise."""
     from ..errors import InvalidInput
-    match = _DURATION.match(text)
-    if match is None:
-        raise InvalidInput(f"cannot read duration {text!r}: use a number and one of s, m, h, "
-                           "d, w (e.g. 30d)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    seconds = parse_duration(text)
+    if seconds is None:
+        raise InvalidInput(f"cannot read duration {str(text)[:40]!r}: use numbers with units "
+                           "ms, s, m, h, d or w (e.g. 30d, 1h30m)")
+    return seconds
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:

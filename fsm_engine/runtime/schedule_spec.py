@@ -16,6 +16,7 @@ import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from ..durations import parse_duration
 from ..errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ COUNT_CAP = 100
 MAX_EVERY_S, MIN_EVERY_S = 366 * 86400.0, 0.001
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def check_name(name: str) -> str:
@@ -52,17 +51,16 @@ def check_choice(value: str, allowed: tuple[str, ...], what: str) -> str:
 
 def parse_every(text: str | float) -> float:
     """An interval as seconds: a number of seconds, or text of parts such as ``2s``,
-    ``500ms``, ``1h30m`` (units ms, s, m, h, d); between 1 ms and 366 days, else
+    ``500ms``, ``1h30m`` (``durations``: units ms, s, m, h, d, w); between 1 ms and 366 days, else
     ``InvalidInput``."""
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
     else:
-        raw = str(text).strip().lower()
-        parts = _PART.findall(raw)
-        if not parts or "".join(n + u for n, u in parts) != raw:
+        read = parse_duration(str(text))
+        if read is None:
             raise InvalidInput(f"--every {str(text)[:40]!r}: expected a duration such as 2s, "
                                "500ms, 10m, 1h30m or 1d")
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+        seconds = read
     if not MIN_EVERY_S <= seconds <= MAX_EVERY_S:  # (NaN fails too)
         raise InvalidInput(f"--every {text!r}: an interval is 1ms to 366d")
     return round(seconds, 3)
