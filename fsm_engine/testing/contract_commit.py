@@ -194,3 +194,27 @@ class CommitContract:
             store.commit([fine, dup])
         assert err.value.index == 1 and store.get("b").state == "start"
         assert store.commit([fine]) == [True]
+
+    def test_a_constraint_violation_in_a_large_batch_is_rejected_by_index(self,
+                                                                          store: Store) -> None:
+        """As above in a batch of 40 (PostgreSQL writes a batch's history rows by one
+        ``COPY``): the refused step is named, nothing of the batch is written, and every
+        row of the rest commits when sent again."""
+        ids = [f"i{n:02}" for n in range(40)]
+        store.create(*(record(i) for i in ids))
+        first = store.get(ids[30])
+        assert store.commit([StepCommit(moved(first, "b"), 0,
+                                        history=[hist(ids[30], 1, "start", "b")])]) == [True]
+        steps = [StepCommit(moved(store.get(i), "x"), store.get(i).version,
+                            history=[hist(i, store.get(i).seq + 1, "start", "x"),
+                                     hist(i, store.get(i).seq + 2, "x", "x")])
+                 for i in ids]
+        steps[30] = StepCommit(moved(store.get(ids[30]), "c"), 1,
+                               history=[hist(ids[30], 1, "b", "c")])  # seq 1 again
+        with pytest.raises(StepRejected) as err:
+            store.commit(steps)
+        assert (err.value.index, err.value.instance_id) == (30, ids[30])
+        assert [store.get(i).state for i in ids] == ["start"] * 30 + ["b"] + ["start"] * 9
+        rest = steps[:30] + steps[31:]
+        assert store.commit(rest) == [True] * 39
+        assert [len(store.history(i)) for i in ids] == [2] * 30 + [1] + [2] * 9

@@ -60,6 +60,10 @@ from .connect import (
 from .streams import write as write_stream
 
 _FOLD = marks(FOLD.format(least="LEAST"))
+#: History rows from this many on go to the table by one ``COPY`` (below it, the prepared
+#: ``INSERT`` per row in a pipeline costs less than the ``COPY``'s own round trips).
+COPY_MIN_ROWS = 16
+_COPY_HISTORY = (f"COPY history (instance, {', '.join(HISTORY.columns[1:])}) FROM STDIN")
 
 
 def _refused(steps: Sequence[StepCommit], index: int, exc: psycopg.Error) -> StepRejected:
@@ -68,6 +72,17 @@ def _refused(steps: Sequence[StepCommit], index: int, exc: psycopg.Error) -> Ste
     rec = steps[index].record
     return StepRejected(f"the store refused a step of instance {rec.id}: {_why(exc)}",
                         index=index, instance_id=rec.id)
+
+
+def _insert_history(cur: psycopg.Cursor[Any], rows: Sequence[Sequence[Any]]) -> None:
+    """Insert encoded history ``rows``: a batch's in one ``COPY`` (from ``COPY_MIN_ROWS``
+    on; 512 fires' rows: the commit 80 -> 70 us per step in wall time), fewer one by one."""
+    if len(rows) >= COPY_MIN_ROWS:
+        with cur.copy(_COPY_HISTORY) as copy:
+            for row in rows:
+                copy.write_row(row)
+    elif rows:
+        cur.executemany(_SQL_INSERT_HISTORY, rows)
 
 
 class PostgresSteps(PostgresBase):
@@ -435,7 +450,8 @@ class PostgresSteps(PostgresBase):
                 closed.append(close_open_args(step))
         self._put_blobs(conn, blobs)
         with conn.cursor() as cur:
-            for sql, rows in ((_SQL_INSERT_HISTORY, history), (_SQL_INSERT_ATTEMPT, attempts),
+            _insert_history(cur, history)
+            for sql, rows in ((_SQL_INSERT_ATTEMPT, attempts),
                               (_SQL_OUTBOX_DONE, done), (marks(INSERT_REVIEW), opened),
                               (marks(CLOSE_OPEN_REVIEWS), closed)):
                 if rows:
