@@ -39,6 +39,7 @@ from ..errors import InstanceNotFound
 from ..store.base import Store
 from ..store.claims import ClaimRequest
 from ..store.records import HistoryRow, InstanceRecord, ReviewItem, StepCommit
+from .fleet import adoption
 from .kinds import fanout, pausing
 
 #: ``observe(steps, applied)`` called after each commit with what applied (the test kit's
@@ -120,10 +121,12 @@ class Ledger:
         return self.store.delete([r.id for r in records], versions=[r.version for r in records])
 
     def claim(self, request: ClaimRequest) -> list[InstanceRecord]:
-        """``Store.claim`` at this ledger's clock: ``request.now`` is replaced by
-        ``clock()``, the time the claimed records' ``updated_at``, the leases judged and
-        a takeover's recovery row carry.  Returns the instances claimed, as stored."""
-        return self.store.claim(replace(request, now=self.clock()))
+        """``Store.claim`` at this ledger's clock with the runtime's rule for what a claim
+        writes (``fleet.adoption.take``: owner, recovery count, takeover row): ``request.now``
+        is replaced by ``clock()``, the time the claimed records' ``updated_at``, the leases
+        judged and a takeover's recovery row carry.  Returns the instances claimed, as
+        stored."""
+        return self.store.claim(replace(request, now=self.clock(), adopt=adoption.take))
 
     def release(self, owner: str, ids: Sequence[str] | None = None) -> int:
         """Give up ``owner``'s claim on ``ids`` (``None``: all it holds; ``[]``: none),

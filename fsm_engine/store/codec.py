@@ -334,7 +334,7 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
 def scalar_changes(before: InstanceRecord, after: InstanceRecord
                    ) -> tuple[tuple[str, ...], builtins.list[Any]]:
     """The scalar instance columns (``SCALARS``) where ``after`` differs from ``before``,
-    and their values: what a claim writes (``claims.adopted`` moves owner, status, times
+    and their values: what a claim writes (``fleet.adoption.adopted`` moves owner, status, times
     and recovery counts, never a JSON column), so no JSON is encoded or compared."""
     news = _SCALAR_VALUES(after)
     moved = [*map(operator.ne, _SCALAR_VALUES(before), news)]

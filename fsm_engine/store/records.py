@@ -35,7 +35,7 @@ STATUSES: tuple[Status, ...] = (PENDING, RUNNING, WAITING, PAUSED, SCHEDULED, CO
                                 CANCELLED)
 
 #: History kind of a takeover: another worker adopted the instance from an owner that died,
-#: lost its lease or went away (``store.claims.takeover_row``).  Not a transition: it counts
+#: lost its lease or went away (``runtime.fleet.adoption.takeover_row``).  Not a transition: it counts
 #: neither against ``max_transitions`` nor as a step in statistics, diagrams or replay.
 RECOVERY = "recovery"
 #: History kind of a migration: the instance was upcast to its machine's current version

@@ -6,7 +6,8 @@ that never share an instance (see ``contract_leases`` for renewals and takeovers
 
 from __future__ import annotations
 
-from ..store import ClaimRequest, HistoryRow, StepCommit, Store, WorkerRow
+from ..runtime.fleet.adoption import claim_request
+from ..store import HistoryRow, StepCommit, Store, WorkerRow
 from .contract_fixtures import concurrently, live, moved, record
 
 
@@ -20,18 +21,18 @@ class ClaimContract:
         later.next_attempt_at = 2000.0  # in a retry backoff until then
         store.create(later)
         live(store, "w1", "w2")
-        got = store.claim(ClaimRequest("w1", now=1500.0, limit=10))
+        got = store.claim(claim_request("w1", now=1500.0, limit=10))
         assert [(r.id, r.owner, r.status, r.version) for r in got] == \
             [("a", "w1", "running", 1), ("b", "w1", "running", 1)]
         assert [store.get(i) for i in ("a", "b")] == got
-        assert store.claim(ClaimRequest("w2", now=1500.0)) == []  # nothing left for others
-        assert [r.id for r in store.claim(ClaimRequest("w2", now=2000.0))] == ["f"]  # now due
+        assert store.claim(claim_request("w2", now=1500.0)) == []  # nothing left for others
+        assert [r.id for r in store.claim(claim_request("w2", now=2000.0))] == ["f"]  # now due
 
     def test_claim_honours_the_limit(self, store: Store) -> None:
         store.create(*[record(f"i{n}") for n in range(5)])
         live(store, "w1", "w2")
-        first = store.claim(ClaimRequest("w1", now=1.0, limit=2))
-        second = store.claim(ClaimRequest("w2", now=1.0, limit=10))
+        first = store.claim(claim_request("w1", now=1.0, limit=2))
+        second = store.claim(claim_request("w2", now=1.0, limit=10))
         assert [r.id for r in first] == ["i0", "i1"]
         assert [r.id for r in second] == ["i2", "i3", "i4"]
 
@@ -45,10 +46,10 @@ class ClaimContract:
                      record("old", status="running", owner="old-row"),
                      record("ghost", status="pending", owner="no-such-worker"))
         live(store, "me")
-        got = store.claim(ClaimRequest("me", now=now, lease_seconds=10.0))
+        got = store.claim(claim_request("me", now=now, lease_seconds=10.0))
         assert [r.id for r in got] == ["orphan", "old", "ghost"]
         assert store.get("held").owner == "live"
-        taken = store.claim(ClaimRequest("other", now=now, dead=["live"]))
+        taken = store.claim(claim_request("other", now=now, dead=["live"]))
         assert [r.id for r in taken] == ["held"]
 
     def test_claim_counts_a_recovery_from_a_dead_owner_mid_step(self, store: Store) -> None:
@@ -58,7 +59,7 @@ class ClaimContract:
         asleep.next_attempt_at = 105.0  # its retry was due after the owner's last heartbeat
         fresh = record("fresh", status="pending")
         store.create(mid, asleep, fresh)
-        got = {r.id: r for r in store.claim(ClaimRequest("me", now=200.0, due_by=float("inf")))}
+        got = {r.id: r for r in store.claim(claim_request("me", now=200.0, due_by=float("inf")))}
         # the takeover's history row is seq 1, and it is no progress: recovered_seq is past it
         assert (got["mid"].recoveries, got["mid"].seq, got["mid"].recovered_seq) == (1, 1, 1)
         assert got["asleep"].recoveries == 0 and got["fresh"].recoveries == 0
@@ -80,7 +81,7 @@ class ClaimContract:
         mine, free = record("mine", status="running", owner="hostB:7:cc"), record("free")
         store.create(expired, gone, ghost, mine, free)
         live(store, "hostB:7:cc")
-        got = store.claim(ClaimRequest("hostB:7:cc", now=now, own=True, dead=["hostA:42:bb"]))
+        got = store.claim(claim_request("hostB:7:cc", now=now, own=True, dead=["hostA:42:bb"]))
         assert [r.id for r in got] == ["exp", "gone", "ghost", "mine", "free"]
         assert store.history("mine") == [] and store.history("free") == []  # no takeover
         rows = {iid: store.history(iid) for iid in ("exp", "gone", "ghost")}
@@ -104,12 +105,12 @@ class ClaimContract:
         """Takeovers without a committed step in between keep counting; a step resets."""
         store.create(record("i", status="running", owner="w0"))
         for n in (1, 2):
-            rec = store.claim(ClaimRequest(f"w{n}", now=100.0 * n))[0]
+            rec = store.claim(claim_request(f"w{n}", now=100.0 * n))[0]
             assert (rec.seq, rec.recoveries, rec.recovered_seq) == (n, n, n)
         step = moved(rec, "next")
         assert store.commit([StepCommit(step, rec.version, history=[HistoryRow(
             "i", step.seq, "start", "next", "go", 250.0)], before=rec)]) == [True]
-        rec = store.claim(ClaimRequest("w3", now=300.0))[0]
+        rec = store.claim(claim_request("w3", now=300.0))[0]
         assert (rec.seq, rec.recoveries, rec.recovered_seq) == (4, 1, 4)
         assert [h.kind for h in store.history("i")] == [
             "recovery", "recovery", "transition", "recovery"]
@@ -119,15 +120,15 @@ class ClaimContract:
     def test_claim_own_and_machines_filters(self, store: Store) -> None:
         live(store, "me")
         store.create(record("mine", owner="me"), record("x", machine="other"), record("y"))
-        assert [r.id for r in store.claim(ClaimRequest("me", now=200.0, machines=["m"]))] == ["y"]
-        assert store.claim(ClaimRequest("me", now=200.0, machines=[])) == []
-        assert [r.id for r in store.claim(ClaimRequest("me", now=200.0, own=True,
+        assert [r.id for r in store.claim(claim_request("me", now=200.0, machines=["m"]))] == ["y"]
+        assert store.claim(claim_request("me", now=200.0, machines=[])) == []
+        assert [r.id for r in store.claim(claim_request("me", now=200.0, own=True,
                                                        machines=["m"]))] == ["mine", "y"]
 
     def test_held_and_release(self, store: Store) -> None:
         store.create(record("a"), record("b"), record("c"))
         live(store, "w1", "w2")
-        got = store.claim(ClaimRequest("w1", now=1.0))
+        got = store.claim(claim_request("w1", now=1.0))
         assert store.held("w1") == {"a": "running", "b": "running", "c": "running"}
         assert store.release("w1", ["a", "nope"], now=1.5) == 1
         assert store.release("w2", now=1.5) == 0 and store.release("w1", [], now=1.5) == 0
@@ -137,7 +138,7 @@ class ClaimContract:
         assert store.get("a").owner is None and store.get("a").version == 2
         assert store.get("a").updated_at == 1.5  # the releaser's clock, not the wall's
         assert store.release("w1", now=1.5) == 2 and store.held("w1") == {}
-        assert [r.id for r in store.claim(ClaimRequest("w2", now=2.0))] == ["a", "b", "c"]
+        assert [r.id for r in store.claim(claim_request("w2", now=2.0))] == ["a", "b", "c"]
 
     def test_wait_for_work_returns_within_its_timeout(self, store: Store) -> None:
         store.wait_for_work(0.05)  # nothing happens: it returns anyway
@@ -171,7 +172,7 @@ class ClaimContract:
             name = f"w{n}"
             mine = taken.setdefault(name, [])
             while True:
-                got = s.claim(ClaimRequest(name, now=1.0, limit=7))
+                got = s.claim(claim_request(name, now=1.0, limit=7))
                 if not got:
                     return
                 mine.extend(r.id for r in got)

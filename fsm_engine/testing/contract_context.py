@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..store import ClaimRequest, InstanceFilter, InstanceRecord, StepCommit, Store
+from ..runtime.fleet.adoption import claim_request
+from ..store import InstanceFilter, InstanceRecord, StepCommit, Store
 from ..store.codec import CONTEXT_THRESHOLD, INPUT_REF
 from .contract_fixtures import hist, live, moved, record
 
@@ -38,7 +39,7 @@ class LargeValueContract:
         assert store.list()[0].context == rec.context
         assert store.query(InstanceFilter())[0].context == rec.context
         live(store, "w1")
-        [claimed] = store.claim(ClaimRequest("w1", now=1500.0))
+        [claimed] = store.claim(claim_request("w1", now=1500.0))
         assert claimed.context == rec.context and claimed.input == rec.input
         assert store.get("a").context_refs == rec.context_refs
 

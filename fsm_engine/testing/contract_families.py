@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from ..errors import InstanceNotFound
-from ..store import ClaimRequest, StepCommit, Store
+from ..runtime.fleet.adoption import claim_request
+from ..store import StepCommit, Store
 from .contract_fixtures import hist, moved, record
 
 
@@ -116,7 +117,7 @@ class FamilyContract:
         parent = store.get("p")
         store.commit([StepCommit(replace(parent, status="waiting", reason="children"),
                                  parent.version)])
-        assert store.claim(ClaimRequest("w", now=1.0, limit=5, machines=["none"])) == []
+        assert store.claim(claim_request("w", now=1.0, limit=5, machines=["none"])) == []
         kid = store.get("p.1.0")
         before = store.get("p").version
         assert store.commit([StepCommit(moved(kid, "end", status="completed"), kid.version,
@@ -126,4 +127,4 @@ class FamilyContract:
         assert store.commit([StepCommit(store.get("p.1.0"), store.get("p.1.0").version,
                                         wake="p")]) == [True]
         assert store.get("p").version == before + 1  # waking a running parent changes nothing
-        assert [r.id for r in store.claim(ClaimRequest("w", now=1.0))] == ["p"]
+        assert [r.id for r in store.claim(claim_request("w", now=1.0))] == ["p"]

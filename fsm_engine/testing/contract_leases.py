@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ..runtime.fleet.adoption import claim_request
 from ..store import ClaimRequest, Store, WorkerRow, claims
 
 
@@ -69,13 +70,13 @@ class LeaseContract:
         store.put_worker(old)
         store.create(record("i", status="running", owner="old"))
         live(store, "new")
-        assert [r.id for r in store.claim(ClaimRequest("new", now=111.0))] == ["i"]
+        assert [r.id for r in store.claim(claim_request("new", now=111.0))] == ["i"]
         row = {w.id: w for w in store.workers()}["old"]
         assert row.lease_until == row.heartbeat_at == 100.0  # ended at its last heartbeat
         # refused even by a renewer whose clock lags (it still thinks the lease holds)
         assert store.renew_worker(_renewed(old, 109.0), 109.0) is False
         assert store.get("i").owner == "new"
-        assert store.claim(ClaimRequest("old", now=112.0, own=True)) == []
+        assert store.claim(claim_request("old", now=112.0, own=True)) == []
 
     def test_a_claim_of_unowned_or_own_instances_touches_no_worker_row(self, store: Store
                                                                       ) -> None:
@@ -85,7 +86,7 @@ class LeaseContract:
         store.put_worker(other)
         store.create(record("free"), record("mine", owner="me"),
                      record("ghost", owner="no-row"), record("dead", owner="other"))
-        got = store.claim(ClaimRequest("me", now=105.0, own=True, dead=["other"]))
+        got = store.claim(claim_request("me", now=105.0, own=True, dead=["other"]))
         assert sorted(r.id for r in got) == ["dead", "free", "ghost", "mine"]
         assert sorted(store.workers(), key=lambda w: w.id) == [me, other]  # no lease ended
 
@@ -131,7 +132,7 @@ class LeaseContract:
         other = reopen()
         try:
             reached, go = pause_claim(monkeypatch, after_ending=True)
-            claimer, took = in_thread(lambda: store.claim(ClaimRequest("new", now=111.0)))
+            claimer, took = in_thread(lambda: store.claim(claim_request("new", now=111.0)))
             assert reached.wait(60)
             renewer, renewed = in_thread(lambda: other.renew_worker(_renewed(old, 109.0), 109.0))
             go.set()

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..store import ClaimRequest, StepCommit, Store
+from ..runtime.fleet.adoption import claim_request
+from ..store import StepCommit, Store
 from ..store.rates import RateRequest
 
 
@@ -40,11 +41,11 @@ class QueueContract:
         from .contract_fixtures import live
         store.create(_rec("a", "io"), _rec("b", "llm"), _rec("c"), _rec("d", "llm"))
         live(store, "w1")
-        got = store.claim(ClaimRequest("w1", now=1.0, queues=["llm"]))
+        got = store.claim(claim_request("w1", now=1.0, queues=["llm"]))
         assert [r.id for r in got] == ["b", "d"]
-        rest = store.claim(ClaimRequest("w1", now=1.0, skip_queues=["io"]))
+        rest = store.claim(claim_request("w1", now=1.0, skip_queues=["io"]))
         assert [r.id for r in rest] == ["c"]
-        assert store.claim(ClaimRequest("w1", now=1.0, queues=[])) == []
+        assert store.claim(claim_request("w1", now=1.0, queues=[])) == []
 
     def test_a_global_queue_limit_counts_live_leases_of_every_worker(self,
                                                                     store: Store) -> None:
@@ -55,7 +56,7 @@ class QueueContract:
         store.put_worker(WorkerRow("gone", "h", 1, "1", 0.0, 0.0, lease_until=0.5))
 
         def take(owner: str, limit: int = 10) -> list[str]:
-            return [r.id for r in store.claim(ClaimRequest(
+            return [r.id for r in store.claim(claim_request(
                 owner, now=1.0, limit=limit, queues=["llm"], queue_limit=3))]
         assert take("w1", 2) == ["i0", "i1"]
         assert take("w2") == ["i2"]  # 3 live leases of llm now, whoever holds them
@@ -74,13 +75,13 @@ class QueueContract:
                      *[_rec(f"small{n}", partition="small") for n in range(3)],
                      _rec("free1"), _rec("free2"))
         live(store, "w1", "w2")
-        got = store.claim(ClaimRequest("w1", now=1.0, limit=10, partition_limit=2))
+        got = store.claim(claim_request("w1", now=1.0, limit=10, partition_limit=2))
         by = sorted(r.id for r in got)
         # 2 of each key (the limit) and the unkeyed ones, although "big" is older
         assert by == ["big00", "big01", "free1", "free2", "small0", "small1"]
-        assert store.claim(ClaimRequest("w2", now=1.0, limit=10, partition_limit=2)) == []
+        assert store.claim(claim_request("w2", now=1.0, limit=10, partition_limit=2)) == []
         store.release("w1", ["big00"], now=1.0)
-        again = store.claim(ClaimRequest("w2", now=1.0, limit=10, partition_limit=2))
+        again = store.claim(claim_request("w2", now=1.0, limit=10, partition_limit=2))
         assert [r.id for r in again] == ["big00"]
 
     def test_partition_slots_go_to_the_least_loaded_key_first(self, store: Store) -> None:
@@ -88,8 +89,8 @@ class QueueContract:
         store.create(*[_rec(f"big{n:02}", partition="big") for n in range(10)],
                      *[_rec(f"small{n}", partition="small") for n in range(3)])
         live(store, "w1")
-        first = store.claim(ClaimRequest("w1", now=1.0, limit=1, partition_limit=3))
-        second = store.claim(ClaimRequest("w1", now=1.0, limit=1, partition_limit=3))
+        first = store.claim(claim_request("w1", now=1.0, limit=1, partition_limit=3))
+        second = store.claim(claim_request("w1", now=1.0, limit=1, partition_limit=3))
         # "big" is older, so it goes first; then "small", which holds nothing yet
         assert [r.id for r in first + second] == ["big00", "small0"]
 
@@ -105,7 +106,7 @@ class QueueContract:
 
         def claim(n: int, s: Store) -> None:
             for _ in range(5):
-                got = s.claim(ClaimRequest(f"w{n}", now=1.0, limit=4, queues=["llm"],
+                got = s.claim(claim_request(f"w{n}", now=1.0, limit=4, queues=["llm"],
                                            queue_limit=5, partition_limit=2))
                 with lock:
                     taken.extend(r.id for r in got)

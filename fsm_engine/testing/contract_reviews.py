@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..store import ClaimRequest, ReviewDecision, ReviewItem, StepCommit, Store
+from ..runtime.fleet.adoption import claim_request
+from ..store import ReviewDecision, ReviewItem, StepCommit, Store
 
 
 def item(iid: str, item_id: str = "r1", *, machine: str = "m", at: float = 1001.0,
@@ -153,8 +154,8 @@ class ReviewContract:
         rec.next_attempt_at = 2000.0
         assert store.commit([StepCommit(rec, rec.version)]) == [True]
         store.create(record("plain", status="waiting"))
-        assert store.claim(ClaimRequest("w", now=1999.0, due_by=float("inf"))) == []
-        [got] = store.claim(ClaimRequest("w", now=2000.0))
+        assert store.claim(claim_request("w", now=1999.0, due_by=float("inf"))) == []
+        [got] = store.claim(claim_request("w", now=2000.0))
         assert (got.id, got.status, got.owner) == ("a", "waiting", "w")
 
 

@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 
 from ..errors import StartKeyTaken, StepRejected
-from ..store import ClaimRequest, StepCommit, Store
+from ..runtime.fleet.adoption import claim_request
+from ..store import StepCommit, Store
 from ..store.records import AGING_S, SCHEDULED, InstanceRecord
 from .contract_fixtures import concurrently, hist, live, moved, record
 
@@ -76,9 +77,9 @@ class StartContract:
     def test_a_scheduled_instance_is_claimed_once_due(self, store: Store) -> None:
         store.create(scheduled("later", 2000.0), record("now"))
         live(store, "w1")
-        first = store.claim(ClaimRequest("w1", now=1500.0, due_by=float("inf"), limit=10))
+        first = store.claim(claim_request("w1", now=1500.0, due_by=float("inf"), limit=10))
         assert [r.id for r in first] == ["now"]  # not even a resume starts it early
-        [due] = store.claim(ClaimRequest("w1", now=2000.0, limit=10))
+        [due] = store.claim(claim_request("w1", now=2000.0, limit=10))
         assert (due.id, due.status, due.owner, due.next_attempt_at) == \
             ("later", "running", "w1", None)
         assert store.get("later") == due
@@ -90,9 +91,9 @@ class StartContract:
         store.create(plain, urgent, aged)
         assert (plain.rank, urgent.rank, aged.rank) == (1000.0, 940.0, 900.0)
         live(store, "w1")
-        got = store.claim(ClaimRequest("w1", now=5000.0, limit=2))
+        got = store.claim(claim_request("w1", now=5000.0, limit=2))
         assert [r.id for r in got] == ["aged", "urgent"]
-        assert [r.id for r in store.claim(ClaimRequest("w1", now=5000.0))] == ["plain"]
+        assert [r.id for r in store.claim(claim_request("w1", now=5000.0))] == ["plain"]
 
     def test_priority_orders_claims_within_partitions(self, store: Store) -> None:
         recs = [record(f"{p}{n}", at=1000.0 + n) for p in "ab" for n in range(2)]
@@ -100,7 +101,7 @@ class StartContract:
             rec.partition_key = rec.id[0]
         recs[1].priority = 5  # a1 ahead of a0
         store.create(*recs)
-        got = store.claim(ClaimRequest("w1", now=5000.0, limit=2, partition_limit=1))
+        got = store.claim(claim_request("w1", now=5000.0, limit=2, partition_limit=1))
         assert sorted(r.id for r in got) == ["a1", "b0"]
 
     def test_debounced_starts_fold_into_one_scheduled_instance(self, store: Store) -> None:
@@ -112,7 +113,7 @@ class StartContract:
         assert store.debounce(burst("third", 3, 1030.0)) == "first"
         assert store.get("first").next_attempt_at == 1050.0  # never past the max wait
         assert [r.id for r in store.list()] == ["first"]
-        [claimed] = store.claim(ClaimRequest("w1", now=1050.0))
+        [claimed] = store.claim(claim_request("w1", now=1050.0))
         assert claimed.id == "first" and claimed.context == {"n": 3}
         assert store.debounce(burst("next", 4, 1060.0)) == "next"  # a new burst
         assert [r.id for r in store.list()] == ["first", "next"]
@@ -123,7 +124,7 @@ class StartContract:
         assert store.by_debounce_key("m", "k") == store.get("first")
         assert store.by_debounce_key("m2", "k") is None
         assert store.by_debounce_key("m", "other") is None
-        store.claim(ClaimRequest("w1", now=5000.0))  # started: no longer the burst's
+        store.claim(claim_request("w1", now=5000.0))  # started: no longer the burst's
         assert store.by_debounce_key("m", "k") is None
 
     def test_concurrent_debounced_starts_make_one_instance(self, store: Store, reopen) -> None:

@@ -14,6 +14,7 @@ import pytest
 from format13 import UNDO_14, undo_14
 
 from fsm_engine import SqliteStore, StoreError
+from fsm_engine.runtime.fleet.adoption import claim_request
 from fsm_engine.store import HistoryRow, StepCommit
 from fsm_engine.store.records import FORMAT_VERSION
 
@@ -225,7 +226,6 @@ _DROP_V8 = ("ALTER TABLE {schema}.instances DROP COLUMN queue; "
 
 def test_format_7_postgres_rows_read_back_in_the_default_queue(pg_cluster) -> None:  # noqa: ANN001
     from fsm_engine import open_store
-    from fsm_engine.store import ClaimRequest
     from fsm_engine.testing.contract import record
     url = pg_cluster.database()
     store = open_store(url)
@@ -238,7 +238,7 @@ def test_format_7_postgres_rows_read_back_in_the_default_queue(pg_cluster) -> No
     try:
         rec = store.get("a")
         assert (rec.queue, rec.partition_key) == ("default", None)
-        got = store.claim(ClaimRequest("w", 1.0, queues=["default"], queue_limit=5,
+        got = store.claim(claim_request("w", 1.0, queues=["default"], queue_limit=5,
                                        partition_limit=1))
         assert [r.id for r in got] == ["a"]
     finally:
@@ -372,7 +372,6 @@ def _v14_columns_work(store: Any) -> None:
     """A format 13 database migrated: its rows claim in creation order (``rank`` their
     ``created_at``, priority 0), and the start key and debounce indexes hold."""
     from fsm_engine.errors import StartKeyTaken
-    from fsm_engine.store.claims import ClaimRequest
     from fsm_engine.testing.contract import record
     old = store.get("old")
     assert (old.priority, old.rank, old.start_key, old.debounce_key) == (0, 100.0, None, None)
@@ -383,7 +382,7 @@ def _v14_columns_work(store: Any) -> None:
     twin.start_key = "k"
     with pytest.raises(StartKeyTaken):
         store.create(twin)
-    claimed = store.claim(ClaimRequest(owner="w", now=1000.0, limit=3))
+    claimed = store.claim(claim_request(owner="w", now=1000.0, limit=3))
     assert [r.id for r in claimed] == ["old", "urgent", "new"]
 
 
@@ -421,7 +420,7 @@ def test_postgres_format_13_is_migrated_to_start_options(pg_cluster) -> None:  #
 def test_sqlite_format_16_claims_due_timers_through_an_index(tmp_path: Path) -> None:
     """Format 16 (issue 38): the claim's waiting term (``status = 'waiting' AND
     next_attempt_at <= ?``) searches ``idx_instances_timers``, not every waiting row."""
-    from fsm_engine.store.claims import ClaimRequest, select, where
+    from fsm_engine.store.claims import select, where
     path = tmp_path / "v15.db"
     SqliteStore(str(path)).close()
     conn = sqlite3.connect(path)
@@ -430,7 +429,7 @@ def test_sqlite_format_16_claims_due_timers_through_an_index(tmp_path: Path) -> 
     conn.commit()
     conn.close()
     SqliteStore(str(path)).close()  # migrated to 16
-    cond, args = where(ClaimRequest(owner="w", now=100.0))
+    cond, args = where(claim_request(owner="w", now=100.0))
     plan = _sql(path, "EXPLAIN QUERY PLAN " + select(("id",)).replace("?", "100.0") +
                 cond.replace("?", "100.0") + " ORDER BY i.key LIMIT 10")
     assert any("idx_instances_timers (status=? AND next_attempt_at<?)" in str(row[-1])

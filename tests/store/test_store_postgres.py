@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from fsm_engine import StoreError
+from fsm_engine.runtime.fleet.adoption import claim_request
 from fsm_engine.store import InstanceFilter, open_store
 from fsm_engine.testing.contract import fleet
 
@@ -71,12 +72,11 @@ def test_a_renewal_that_commits_first_keeps_the_instance(pg_cluster, monkeypatch
     """The claim has read the owner as expired and holds its candidates when the renewal
     (by a clock that says the lease holds) commits: the claim's end of the lease finds
     the renewed row, and it takes nothing."""
-    from fsm_engine.store import ClaimRequest
     from fsm_engine.testing.contract_leases import _renewed, in_thread, pause_claim
     store, other, old = _lease_race(pg_cluster.database())
     try:
         reached, go = pause_claim(monkeypatch, after_ending=False)
-        claimer, took = in_thread(lambda: store.claim(ClaimRequest("new", now=111.0)))
+        claimer, took = in_thread(lambda: store.claim(claim_request("new", now=111.0)))
         assert reached.wait(60)
         assert other.renew_worker(_renewed(old, 109.0), 109.0) is True  # the row is not locked
         go.set()
@@ -95,13 +95,12 @@ def test_a_renewal_waiting_on_a_takeover_is_refused_once_it_commits(pg_cluster, 
     re-checks its WHERE on the ended row (EvalPlanQual) and updates nothing."""
     import psycopg
 
-    from fsm_engine.store import ClaimRequest
     from fsm_engine.testing.contract_leases import _renewed, in_thread, pause_claim
     url = pg_cluster.database()
     store, other, old = _lease_race(url)
     try:
         reached, go = pause_claim(monkeypatch, after_ending=True)
-        claimer, took = in_thread(lambda: store.claim(ClaimRequest("new", now=111.0)))
+        claimer, took = in_thread(lambda: store.claim(claim_request("new", now=111.0)))
         assert reached.wait(60)
         renewer, renewed = in_thread(lambda: other.renew_worker(_renewed(old, 109.0), 109.0))
         with psycopg.connect(url, autocommit=True) as watch:

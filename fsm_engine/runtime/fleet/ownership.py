@@ -34,8 +34,9 @@ from typing import Protocol
 
 from ...errors import FsmError, StoreError
 from ...store import RUNNING, Store
-from ...store.claims import ClaimRequest, adopted, takeover_row
+from ...store.claims import ClaimRequest
 from ...store.records import ChildState, InstanceRecord, StepCommit, WorkerRow
+from .adoption import adopted, takeover_row
 from .liveness import live_ids, new_worker, pid_alive
 from .starting import Starting
 

@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from ...errors import StoreError
 from ...process import session_name
 from .. import claims, leases, pg_fence, pg_read, rates
-from ..claims import ORDER, ClaimRequest, select, take
+from ..claims import ORDER, ClaimRequest, select
 from ..codec import (
     ATTEMPT,
     BREAKER,
@@ -333,7 +333,7 @@ class _ClaimTxn:
             prior = data.pop("prior_heartbeat")
             found.append((INSTANCE.decode(data), prior))
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
-            new, row = take(rec, req, prior)
+            new, row = req.adopted(rec, prior)
             cols, values = scalar_changes(rec, new)  # a claim leaves the context alone
             changed.append((cols, values, rec.key))
             if row is not None:  # a takeover: its history row, in the claim's transaction

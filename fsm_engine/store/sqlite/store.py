@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import claims, leases, rates, sqlite_read
-from ..claims import ORDER, ClaimRequest, select, take
+from ..claims import ORDER, ClaimRequest, select
 from ..codec import (
     BREAKER as _BREAKER,
 )
@@ -310,7 +310,7 @@ class _ClaimTxn:
             found.append((_INSTANCE.decode(data), prior))
         writes: builtins.list[tuple[tuple[str, ...], builtins.list[Any], Any]] = []
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
-            new, history = take(rec, req, prior)
+            new, history = req.adopted(rec, prior)
             cols, values = scalar_changes(rec, new)  # a claim leaves the context alone
             writes.append((cols, values, rec.key))
             if history is not None:  # a takeover: its history row, in the claim's transaction

@@ -15,9 +15,10 @@ from queued_machine import MACHINE, replies
 
 from fsm_engine.errors import StoreError
 from fsm_engine.policies import RateLimit
+from fsm_engine.runtime.fleet.adoption import claim_request
 from fsm_engine.runtime.fleet.limits import FleetLimits, merge_rates, parse_queue_limits
 from fsm_engine.runtime.fleet.queues import QueuePlan
-from fsm_engine.store import ClaimRequest, open_store
+from fsm_engine.store import open_store
 
 
 def test_limits_round_trip_through_their_stored_json() -> None:
@@ -173,7 +174,7 @@ def test_a_sweep_forgets_dead_workers_that_hold_nothing(engine_factory) -> None:
     store.put_worker(WorkerRow("recent", "h2", 9, "1", now - 100, now - 90, lease_until=now - 60))
     iid = engine.start(MACHINE, {})
     engine.ledger.release(own.id, [iid])
-    [rec] = store.claim(ClaimRequest("holding", now=old - 1, limit=1))
+    [rec] = store.claim(claim_request("holding", now=old - 1, limit=1))
     assert rec.owner == "holding"
     assert own.sweep(now) == 1
     assert sorted(w.id for w in store.workers()) == sorted([own.id, "holding", "recent"])

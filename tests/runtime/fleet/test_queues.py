@@ -15,9 +15,9 @@ from queued_machine import MACHINE, Ctx, fetch, replies
 from fsm_engine import Machine, State, Transition
 from fsm_engine.errors import InvalidInput
 from fsm_engine.policies import RateLimit
+from fsm_engine.runtime.fleet.adoption import claim_request
 from fsm_engine.runtime.fleet.queues import QueueClaim, QueuePlan, parse_counts
 from fsm_engine.runtime.fleet.rates import limits_from_specs
-from fsm_engine.store import ClaimRequest
 from fsm_engine.store.claims import share
 
 
@@ -126,7 +126,7 @@ def test_a_rate_limited_call_waits_durably_without_spending_an_attempt(engine_fa
     assert shown["until"] == second.next_attempt_at and "rate limit" in shown["why"]
     # not claimable before its time, claimable (and running again) after it
     assert engine.ownership.claim(5) == []
-    [back] = engine.store.claim(ClaimRequest(engine.worker.id, second.next_attempt_at + 0.01))
+    [back] = engine.store.claim(claim_request(engine.worker.id, second.next_attempt_at + 0.01))
     assert (back.status, back.reason) == ("running", None)
 
 
@@ -178,7 +178,7 @@ def test_start_records_the_partition(tmp_path: Path, capsys, monkeypatch) -> Non
     [rec] = store.list()
     assert (rec.id, rec.partition_key, rec.queue, rec.owner) == (out.strip(), "t1", "default", None)
     store.close()
-    assert ClaimRequest("w", 1.0).partition_limit is None
+    assert claim_request("w", 1.0).partition_limit is None
 
 
 def test_show_tells_rate_waits_breaker_fallbacks_and_budget_ends_apart() -> None:
