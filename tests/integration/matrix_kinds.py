@@ -67,7 +67,7 @@ class Kind:
     name: str
     setup: Callable[[Lab, int], list[str]]
     op: Callable[[Lab, str | None], Procs]
-    #: Its commit points: the default cells' first, the full matrix's all.
+    #: Its commit points: the default cells' first ``default_points``, the full matrix's all.
     points: list[Point]
     todo: Callable[[Lab], bool] = lambda lab: False
     keys_per_item: int = 1
@@ -88,6 +88,9 @@ class Kind:
     #: and when its work is all there (``_finish`` waits for it beside every instance
     #: ending).
     problems: Callable[[Lab], list[str]] = lambda lab: []
+    #: How many of ``points`` the default run faults: a SIGKILL at each, a SIGSTOP and a
+    #: restart before the first of each label (two commits a step makes: the first 4).
+    default_points: int = 2
 
 
 # -- plain action, fan-out child, join: steps a worker makes -------------------------------
@@ -203,6 +206,78 @@ def _delayed(lab: Lab, n: int) -> list[str]:
         engine.close()
 
 
+# -- timers (issue 38): a fire once due, an initial state's, a fork's ----------------------
+def _forked_waiting(lab: Lab, n: int) -> list[str]:
+    """``n`` instances of ``timed`` waiting on their timer (armed here), each forked from
+    ``wait`` while it waits (``Engine.fork``: the fork unowned, not yet stepped); then the
+    originals fire here once due, so every commit a worker makes is a fork's, and each
+    fork's first step comes after its original's due time (a due time inherited would
+    fire at once)."""
+    import time
+    ids = _started(lab, "timed", n, run=True)
+    engine = lab.engine()
+    try:
+        forks = [engine.fork(i, from_state="wait") for i in ids]
+        due = max(engine.store.get(i).next_attempt_at or 0.0 for i in ids)
+        time.sleep(max(0.0, due - time.time()) + 0.05)
+        ended = asyncio.run(engine.run_many(ids))
+        assert [getattr(r, "status", r) for r in ended] == ["completed"] * n, ended
+        return forks
+    finally:
+        engine.close()
+
+
+#: Seconds two recorded times may differ by (PostgreSQL keeps ``at`` to the microsecond).
+_EPS = 1e-3
+
+
+def _timer_problems(lab: Lab) -> list[str]:
+    """Each instance's timer (``late`` out of ``wait``) fired once, at the due time
+    recorded by the one row of its own that armed it, that row's time plus ``after``,
+    and not before it (``fired_once``); a fork's due time later than its original's
+    (a fresh ``after`` from its first step, not the time the original had left)."""
+    from fsm_engine.definition.timers import constant_s
+    engine = lab.engine()
+    try:
+        out: list[str] = []
+        dues: dict[str, float | None] = {}
+        records = engine.store.list()
+        for rec in records:
+            [(_, after)] = engine.definition(rec).timers["wait"]
+            found, dues[rec.id] = fired_once(rec, engine.store.history(rec.id),
+                                              constant_s(after) or 0.0)
+            out += found
+    finally:
+        engine.close()
+    for rec in records:
+        mine, theirs = dues[rec.id], dues.get(rec.forked_from or "")
+        if rec.forked_from and mine is not None and theirs is not None and mine <= theirs:
+            out.append(f"{rec.id}: due at {mine}, not after its original's {theirs}")
+    return out
+
+
+def fired_once(rec: Any, rows: list[Any], after: float) -> tuple[list[str], float | None]:
+    """What is wrong with ``rec``'s timer (its history ``rows``, a delay of ``after`` s),
+    and its due time.  The row arming it is the entering one (``detail.timers``), or, where
+    no row of its own entered ``wait`` (an initial state, a fork: its rows up to
+    ``forked_at_seq`` are the original's), an in-place ``armed`` one."""
+    own = [h for h in rows if h.seq > (rec.forked_at_seq or 0)]
+    arming = [h for h in own if isinstance(h.detail.get("timers"), dict)]
+    fired = [h for h in own if h.kind == "timer"]
+    want = "armed" if rec.forked_from or rec.machine == "timed_first" else "transition"
+    if [h.kind for h in arming] != [want] or len(fired) != 1:
+        return [f"{rec.id}: timer armed by {[(h.seq, h.kind) for h in arming]} (expected one "
+                f"{want} row), fired by {[h.seq for h in fired]} (expected one)"], None
+    due, at = arming[0].detail["timers"].get("late"), fired[0].detail["timer"]["due"]
+    if not isinstance(due, (int, float)) or abs(due - (arming[0].at + after)) > _EPS:
+        return [f"{rec.id}: due {due}, armed at {arming[0].at} + {after} s"], None
+    out = [f"{rec.id}: fired for due {at}, its row armed it for {due}"] \
+        if abs(at - due) > _EPS else []
+    if fired[0].at < due - _EPS:
+        out.append(f"{rec.id}: fired at {fired[0].at}, before its due {due}")
+    return out, due
+
+
 # -- a schedule tick (issue 38): a worker fires it, one instance per tick --------------------
 TICKS = "tick"
 
@@ -285,7 +360,17 @@ KINDS = {k.name: k for k in [
     # a timer edge's fire (issue 38): instances wait in ``wait`` (armed in this process),
     # a worker claims each once due and commits the fire (row kind ``timer``)
     Kind("timer", lambda lab, n: _started(lab, "timed", n, run=True), _worker_op,
-         _both("timer"), by_worker=True, many_per_process=True),
+         _both("timer"), by_worker=True, many_per_process=True, problems=_timer_problems),
+    # an initial state's timer (issue 38): no row enters it, a worker's first step arms it
+    # (an in-place ``armed`` row), the fire once due reads that row's time back: both
+    # commits faulted, the armed row's and the fire's
+    Kind("timer-initial", _enqueue("timed_first"), _worker_op,
+         [*_both("armed"), *_both("timer")], by_worker=True, many_per_process=True,
+         problems=_timer_problems, default_points=4),
+    # a fork of an instance waiting on a timer (issue 38): its first step arms a fresh
+    # ``after`` (``armed``), never the original's due time; both commits faulted
+    Kind("fork-timer", _forked_waiting, _worker_op, [*_both("armed"), *_both("timer")],
+         by_worker=True, many_per_process=True, problems=_timer_problems, default_points=4),
     # a delayed start (issue 38): a worker claims each once due (just after the claim's
     # commit: the claimed instance is left to a takeover; before it nothing is held, so
     # there is no cell), then steps it

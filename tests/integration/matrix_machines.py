@@ -16,7 +16,9 @@ for the migration cells.
 - ``reviewed``: work -> human-review (approve / reject) -> notify -> done (review decision);
 - ``signal``: work -> wait (``Engine.send(id, "go")``) -> notify -> done (send);
 - ``timed``: work -> wait (its timer edge ``late`` after ``$MATRIX_TIMER_S``, default 1 s)
-  -> notify -> done (a timer's fire, issue 38);
+  -> notify -> done (a timer's fire, issue 38; a fork of one waiting: ``fork-timer``);
+- ``timed_first``: wait (the initial state; ``late`` after ``$MATRIX_TIMER_S``, armed by
+  the first step) -> notify -> done (an initial state's timer, ``timer-initial``);
 - ``fan_review``: ``fan`` whose children are ``reviewed`` (a review decision ending a child);
 - ``budgeted``: ``flow`` whose guard reads the state's own token budget (replay);
 - ``agent_loop``: research (an agent state: ``look``, then the side effect ``report``,
@@ -119,6 +121,16 @@ timed = _line("timed", Ctx, [State("wait", wait=True)],
                Transition("late", "wait", "notify",
                           after=float(os.environ.get("MATRIX_TIMER_S", "1"))),
                Transition("no", "wait", "rejected")])
+
+#: ``timed`` whose initial state is the one that waits (a timer-initial cell): no row
+#: enters it, its first step arms the timer in an in-place ``armed`` row.
+timed_first = Machine(
+    name="timed_first", context=Ctx, initial="wait", max_transitions=20,
+    states=[State("wait", wait=True), State("notify", action=notify, side_effect=True),
+            State("done", final=True), State("rejected", final=True)],
+    transitions=[Transition("late", "wait", "notify",
+                            after=float(os.environ.get("MATRIX_TIMER_S", "1"))),
+                 Transition("no", "wait", "rejected"), Transition("sent", "notify", "done")])
 
 leaf = _line("leaf", Ctx, [], [Transition("worked", "work", "notify")])
 

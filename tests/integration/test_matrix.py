@@ -10,8 +10,12 @@ ends within the batcher's ``FLUSH_S`` (``stream-short``: its rows ride the step'
 one several batches long (``stream-long``: its crash points include the stream
 writes, mid-stream), an agent whose model turns stream several batches long
 (``agent-stream``, issue 36: cut mid-turn, after the turn's first batch, at its commit),
-and a schedule tick a worker fires (``schedule-tick``: the tick's instance created, one
-per tick). Faults, each at the kind's commit point (``fsm_engine.store.crash``: the
+a schedule tick a worker fires (``schedule-tick``: the tick's instance created, one
+per tick), an initial state's timer (``timer-initial``: armed by the first step in an
+in-place ``armed`` row, then fired) and a fork of an instance waiting on a timer
+(``fork-timer``: a fresh ``after`` armed at the fork's first step, then fired); each
+timer kind (``timer`` too) checks its fire came once, at the due time its arming row
+recorded. Faults, each at the kind's commit point (``fsm_engine.store.crash``: the
 process that makes the step stops itself there):
 
 - ``kill``: SIGKILL just before / just after the commit; a second ``fsm worker`` takes
@@ -27,9 +31,10 @@ Then ``matrix_check.check`` asserts the same invariants in every cell, and
 each exported test: it passes, delivering nothing again, or the export refuses in one
 known line. Default sizes
 keep the matrix to a few minutes on 2 cores (2 instances, the first commit point of
-each kind, before/after for kills, one cell per backend for the kinds added to show a
-known bug; plain ``python -m pytest`` runs each kind's first cell, the second lane the
-rest); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
+each kind (of ``timer-initial`` and ``fork-timer`` the first two, the armed row's and
+the fire's: ``Kind.default_points``), before/after for kills, one cell per backend for
+the kinds added to show a known bug; plain ``python -m pytest`` runs each kind's first
+cell, the second lane the rest); ``FSM_MATRIX_FULL=1`` runs every commit point of every kind, before and
 after, at its 1st and (where one process makes several) 2nd occurrence, with 4
 instances; ``FSM_MATRIX_REPEATS=N`` runs each cell N times.
 """
@@ -71,9 +76,11 @@ RACY: tuple[str, ...] = ()
 
 
 def _points(kind: Kind, fault: str) -> list[Point]:
-    points = kind.points if FULL else kind.points[:2]
-    if fault != "kill" and not FULL:
-        points = [p for p in points if p.when == "before"][:1]
+    points = kind.points if FULL else kind.points[:kind.default_points]
+    if fault != "kill" and not FULL:  # before each commit (label), its first occurrence
+        befores = [p for p in points if p.when == "before"]
+        points = [p for i, p in enumerate(befores)
+                  if p.label not in {q.label for q in befores[:i]}]
     if FULL and kind.many_per_process:  # the step's next occurrence in the faulted process
         points = [*points, *(Point(p.method, p.when, p.label, p.n + 1) for p in points)]
     return points

@@ -1,5 +1,6 @@
 """The matrix's checker finds what it is there to find: each invariant broken on purpose
-in a real store's family (a fan-out of two children, each delivering once)."""
+in a real store's family (a fan-out of two children, each delivering once); the timer
+kinds' own check, on an initial state's armed row."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import matrix_check
 import pytest
 from matrix_harness import Lab
-from matrix_kinds import ref
+from matrix_kinds import fired_once, ref
 from tampered_store import Tampered
 
 from fsm_engine import Engine
@@ -85,6 +86,28 @@ def test_a_history_that_does_not_replay(family: tuple[Lab, Engine]) -> None:
     rows = engine.store.history(parent.id)
     store.rows[parent.id] = [replace(rows[0], delta={**rows[0].delta, "items": ["z"]}), *rows[1:]]
     assert any("the deltas replay to" in p for p in found(lab, engine, store=store))
+
+
+def test_a_timer_fired_twice_early_or_armed_only_by_the_original(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer kinds' check (``matrix_kinds.fired_once``) finds a second fire, a fire
+    before the due time its row armed, and a fork whose timer only its original armed."""
+    lab = Lab(str(tmp_path / "fsm.db"), tmp_path)
+    for key in ("MATRIX_LOG", "MATRIX_SINK", "FSM_MACHINES_ROOT"):
+        monkeypatch.setenv(key, lab.env[key])
+    engine = lab.engine()
+    iid = engine.start(ref("timed_first"), {"item": "t"})
+    asyncio.run(engine.run(iid))
+    rec, [armed] = engine.store.get(iid), engine.store.history(iid)
+    engine.close()
+    due = armed.detail["timers"]["late"]
+    fire = replace(armed, seq=2, kind="timer", at=due + 0.1, detail={"timer": {"due": due}})
+    assert fired_once(rec, [armed, fire], 1.0) == ([], due)
+    assert "fired by [2, 3]" in fired_once(rec, [armed, fire, replace(fire, seq=3)], 1.0)[0][0]
+    early = replace(fire, at=due - 0.5, detail={"timer": {"due": due - 1}})
+    assert len(fired_once(rec, [armed, early], 1.0)[0]) == 2  # another due, and before it
+    fork = replace(rec, forked_from="orig", forked_at_seq=1)  # its row 1 the original's
+    assert "expected one armed row" in fired_once(fork, [armed, fire], 1.0)[0][0]
 
 
 @pytest.mark.parametrize("spec", ["commit", "commit:during:1", "commit:before:0",
