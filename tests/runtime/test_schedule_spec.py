@@ -24,12 +24,12 @@ def at(text: str) -> float:
 
 @pytest.mark.parametrize(("text", "seconds"), [
     ("2s", 2.0), ("500ms", 0.5), ("10m", 600.0), ("1h30m", 5400.0), ("1d", 86400.0),
-    (" 2S ", 2.0), (3, 3.0), (0.25, 0.25)])
+    (" 2S ", 2.0), ("1h 30m", 5400.0), ("2w", 1209600.0), (3, 3.0), (0.25, 0.25)])
 def test_intervals_read_as_seconds(text: str | float, seconds: float) -> None:
     assert spec.parse_every(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "2", "2x", "s", "1h 30m", "-1s", "0s", "400d",
+@pytest.mark.parametrize("text", ["", "2", "2x", "s", "1h30", "-1s", "0s", "400d",
                                   float("nan"), True])
 def test_bad_intervals_are_refused(text: object) -> None:
     with pytest.raises(InvalidInput, match="--every"):
