@@ -277,9 +277,10 @@ def grouped(rows: Sequence[tuple[tuple[str, ...], Sequence[Any], Any]]
     return [(cols, values, keys) for (cols, values), keys in groups.items()]
 
 
-def by_keys(cols: tuple[str, ...], n: int) -> str:
-    """The UPDATE of ``grouped``'s one group of ``n`` keys (``?`` placeholders: the
-    values, then the keys); the version moves on as a step's does."""
+def by_keys(cols: tuple[str, ...], n: int | None) -> str:
+    """The UPDATE of ``grouped``'s one group (``?`` placeholders: the values, then the
+    ``n`` keys, or with ``n=None`` one array of them, ``key = ANY(?)``: PostgreSQL, one
+    statement text for any group's size); the version moves on as a step's does."""
     sets = "".join(f"{col}=?, " for col in cols)
-    return (f"UPDATE instances SET {sets}version=version+1 "
-            f"WHERE key IN ({', '.join('?' * n)})")
+    keys = "key = ANY(?)" if n is None else f"key IN ({', '.join('?' * n)})"
+    return f"UPDATE instances SET {sets}version=version+1 WHERE {keys}"

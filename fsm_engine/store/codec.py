@@ -307,9 +307,8 @@ def changes(before: InstanceRecord | None, after: InstanceRecord, blobs: Blobs |
     if before is None:
         values = [*_SCALAR_VALUES(after), dumps(after.visits), text, dumps(refs)]
         return MUTABLE, values
-    news = _SCALAR_VALUES(after)  # the changed scalars picked in C (no call per column)
-    moved = [*map(operator.ne, _SCALAR_VALUES(before), news)]
-    cols, values = [*compress(SCALARS, moved)], [*compress(news, moved)]
+    scalars, values = scalar_changes(before, after)
+    cols = [*scalars]
     old, new = before.visits, after.visits
     visits = dumps(new)
     # equal dicts may still differ in JSON (True == 1 == 1.0); one object may have
@@ -336,7 +335,7 @@ def scalar_changes(before: InstanceRecord, after: InstanceRecord
     """The scalar instance columns (``SCALARS``) where ``after`` differs from ``before``,
     and their values: what a claim writes (``fleet.adoption.adopted`` moves owner, status, times
     and recovery counts, never a JSON column), so no JSON is encoded or compared."""
-    news = _SCALAR_VALUES(after)
+    news = _SCALAR_VALUES(after)  # the changed scalars picked in C (no call per column)
     moved = [*map(operator.ne, _SCALAR_VALUES(before), news)]
     return tuple(compress(SCALARS, moved)), [*compress(news, moved)]
 

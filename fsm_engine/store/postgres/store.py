@@ -343,9 +343,7 @@ class _ClaimTxn:
             new.version = rec.version + 1
             out.append(new)
         for cols, same, keys in claims.grouped(changed):  # one UPDATE per group
-            sets = "".join(f"{col}=%s, " for col in cols)
-            writes.append((f"UPDATE instances SET {sets}version=version+1 "
-                           "WHERE key = ANY(%s)", [*same, keys]))
+            writes.append((marks(claims.by_keys(cols, None)), [*same, keys]))
         if writes:
             with self.conn.pipeline(), self.conn.cursor() as cur:
                 for stmt, params in writes:
