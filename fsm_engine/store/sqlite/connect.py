@@ -35,6 +35,7 @@ from ..records import (
     WorkerRow,
 )
 from ..schema import migrate, read_version, refuse_foreign
+from . import busy
 
 _HEADER = b"SQLite format 3\x00"
 
@@ -149,6 +150,7 @@ class SqliteBase:
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute(f"PRAGMA synchronous={synchronous}")
                 migrate(self._conn, path)
+            self._conn.execute("PRAGMA busy_timeout = 0")  # open: the store waits (``busy``)
         except NotAnFsmDatabase:
             self._conn.close()
             raise
@@ -166,6 +168,11 @@ class SqliteBase:
                              "command (e.g. `fsm resume`) to migrate it")
 
     # -- transactions -------------------------------------------------------
+    def begin(self) -> None:
+        """``BEGIN IMMEDIATE`` once (``_Txn`` tries it again while the file is locked:
+        ``busy.retry``)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+
     def _write(self) -> _Txn:
         if self.readonly:
             raise StoreError(f"database {self.path} is open read-only")
@@ -179,7 +186,7 @@ class SqliteBase:
                 cursor = self._conn.cursor()
                 if tuples:
                     cursor.row_factory = None
-                return cursor.execute(sql, args).fetchall()
+                return busy.retry(lambda: cursor.execute(sql, args).fetchall())
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"database {self.path}: {exc}") from None
 
@@ -224,7 +231,7 @@ class _Txn:
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
         try:
-            self.store._conn.execute("BEGIN IMMEDIATE")
+            busy.retry(self.store.begin)
         except sqlite3.DatabaseError as exc:
             self.store._lock.release()
             raise StoreError(f"database {self.store.path}: {exc}") from None
