@@ -88,6 +88,17 @@ class ClaimRequest:
         return self.now if self.due_by is None else self.due_by
 
 
+#: ``where``'s status terms, one per arm: (the SQLite index that answers it, its term).  Each
+#: takes one argument, ``where``'s first three in this order: the due-by time, then ``now``
+#: twice.
+ARMS = (("idx_instances_status", "i.status IN ('pending', 'running') AND "
+         "(i.next_attempt_at IS NULL OR i.next_attempt_at <= ?)"),
+        ("idx_instances_timers", "i.status = 'waiting' AND i.next_attempt_at <= ?"),
+        ("idx_instances_status", "i.status = 'scheduled' AND i.next_attempt_at <= ?"))
+#: ``where``'s leading term: the OR of the arms (``by_arm`` reads each arm alone instead).
+STATUS = f"({' OR '.join(term for _, term in ARMS)})"
+
+
 def where(req: ClaimRequest) -> tuple[str, list[object]]:
     """The WHERE clause (``?`` placeholders) selecting claimable rows of ``instances i``,
     and its arguments.
@@ -113,10 +124,7 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
     if req.dead:
         owners.append(f"i.owner IN ({', '.join('?' * len(req.dead))})")
         args.extend(req.dead)
-    sql = ("(i.status IN ('pending', 'running') AND (i.next_attempt_at IS NULL OR "
-           "i.next_attempt_at <= ?) OR i.status = 'waiting' AND i.next_attempt_at <= ? "
-           "OR i.status = 'scheduled' AND i.next_attempt_at <= ?) "
-           f"AND ({' OR '.join(owners)})")
+    sql = f"{STATUS} AND ({' OR '.join(owners)})"
     if req.machines is not None:
         sql += f" AND i.machine IN ({', '.join('?' * len(req.machines)) or 'NULL'})"
         args.extend(req.machines)
@@ -127,6 +135,28 @@ def where(req: ClaimRequest) -> tuple[str, list[object]]:
         sql += f" AND i.queue NOT IN ({', '.join('?' * len(req.skip_queues))})"
         args.extend(req.skip_queues)
     return sql, args
+
+
+def by_arm(cond: str, args: Sequence[object], columns: str = "i.key, i.rank"
+           ) -> tuple[str, list[object]]:
+    """SQLite: ``columns`` of the rows matching ``cond`` (``where``'s, maybe narrowed; its
+    ``args``), read arm by arm (``ARMS``), each through its own index (``INDEXED BY``), as
+    one ``UNION ALL`` (the arms' statuses are disjoint), and the arguments.
+
+    Why not ``cond`` alone: SQLite plans its OR of arms as a MULTI-INDEX OR only while no
+    other term looks better.  A worker's ``machine IN (...)`` term did (the machine index
+    by machine alone: every instance the machine ever had, finished ones included), and so
+    did a full scan once ``ANALYZE`` had counted a table of mostly finished rows (its
+    statistics say ~half the rows per status).  Pinned, a claim reads only rows that are
+    runnable, waiting and due, or scheduled: ``tests/store/test_claim_reads_live_rows.py``.
+    The waiting arm is read from its index alone (``schema.TIMERS_INDEX`` covers what it
+    tests), so a burst of 10,000 due timers is ranked without reading their rows."""
+    if not cond.startswith(STATUS + " AND "):
+        raise ValueError("by_arm reads a condition made by claims.where")
+    rest, more = cond[len(STATUS) + 5:], args[len(ARMS):]  # each arm tests its own status
+    sql = " UNION ALL ".join(f"SELECT {columns} FROM instances i INDEXED BY {index} "
+                             f"WHERE {term} AND {rest}" for index, term in ARMS)
+    return sql, [a for k in range(len(ARMS)) for a in (args[k], *more)]
 
 
 def next_due(now: float, machines: Sequence[str] | None) -> tuple[str, list[object]]:
@@ -178,6 +208,11 @@ class ClaimTxn(Protocol):
         """Claim up to ``limit`` rows matching ``cond`` in claim order (``ORDER``: priority,
         then age; see ``adopted``)."""
 
+    def among(self, cond: str, args: Sequence[object], columns: str
+              ) -> tuple[str, list[object]]:
+        """A ``SELECT`` of ``columns`` of the rows matching ``cond`` (``where``'s), to read
+        from as a subquery, and its arguments (SQLite: ``by_arm``)."""
+
 
 def claim(req: ClaimRequest, txn: ClaimTxn) -> list[InstanceRecord]:
     """``Store.claim`` over a backend's transaction: the queue's and the partitions'
@@ -201,9 +236,10 @@ def claim(req: ClaimRequest, txn: ClaimTxn) -> list[InstanceRecord]:
     loads = {row[0]: int(row[1]) for row in txn.rows(
         f"SELECT i.partition_key, COUNT(*) FROM instances i WHERE i.partition_key IS NOT NULL "
         f"AND {live} GROUP BY i.partition_key", live_args)}
+    rows, rows_args = txn.among(cond, args, "i.partition_key, i.rank")
     groups = [(row[0], float(row[1]), int(row[2])) for row in txn.rows(
-        f"SELECT i.partition_key, MIN(i.rank), COUNT(*) FROM instances i WHERE {cond} "
-        "GROUP BY i.partition_key", args)]
+        f"SELECT partition_key, MIN(rank), COUNT(*) FROM ({rows}) AS c GROUP BY partition_key",
+        rows_args)]
     out: list[InstanceRecord] = []
     for key, n in share(groups, loads, req.partition_limit, limit):
         extra, more = ("i.partition_key IS NULL", []) if key is None else \

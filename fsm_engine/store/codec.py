@@ -92,6 +92,16 @@ class Codec:
                 row[i] = dumps(row[i])
         return row
 
+    def from_values(self, row: builtins.list[Any]) -> Any:
+        """The record from ``row``, its values in column order (a plain tuple row read as a
+        list), JSON columns decoded in place: no name looked up (a claim's 512 rows: a dict
+        per row built and taken apart cost about a sixth of the claim's Python)."""
+        for i in self._json:
+            text = row[i]
+            if text is not None:
+                row[i] = {} if text == "{}" else [] if text == "[]" else json.loads(text)
+        return self.cls(*row)
+
     def insert_sql(self, table: str, verb: str = "INSERT") -> str:
         """``verb INTO table(columns) VALUES (?, …)`` taking ``values``' order."""
         qs = ", ".join("?" * len(self.columns))

@@ -174,9 +174,15 @@ def _v16(cur: Any) -> None:
     ``idx_instances_timers``."""
 
 
+def _v17(cur: Any) -> None:
+    """Format 17 (issue 38): nothing for PostgreSQL: SQLite's format 17 widens its partial
+    index of waiting instances to cover a claim's waiting arm (``schema.TIMERS_INDEX``);
+    PostgreSQL's claim walks its rank index (``schema.PG_RANK``)."""
+
+
 MIGRATIONS: dict[int, Callable[[Any], None]] = {
     3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-    13: _v13, 14: _v14, 15: _v15, 16: _v16}
+    13: _v13, 14: _v14, 15: _v15, 16: _v16, 17: _v17}
 assert max(MIGRATIONS) == FORMAT_VERSION
 
 

@@ -52,7 +52,7 @@ PAUSE, UNPAUSE, ARMED = "pause", "unpause", "armed"
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE, ARMED})
 
 #: Version of the stored record format; bumped with a migration.
-FORMAT_VERSION = 16
+FORMAT_VERSION = 17
 
 #: Seconds of age one step of priority is worth, and the priorities a start may give (format
 #: 14): claims take the lowest ``rank = created_at - priority * AGING_S`` first (the

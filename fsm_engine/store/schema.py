@@ -271,18 +271,34 @@ def _v15(db: sqlite_utils.Database) -> None:
 #: (``status = 'waiting' AND next_attempt_at <= ?``: timer edges, review SLAs, rate waits):
 #: 10,000 instances waiting on timers cost one index search per poll, not a scan of every
 #: waiting row.  Partial: a step of a running instance never touches it.
-TIMERS_INDEX = ("CREATE INDEX IF NOT EXISTS idx_instances_timers ON instances (status, next_attempt_at) "
-                "WHERE status = 'waiting'")
+TIMERS_INDEX_16 = ("CREATE INDEX IF NOT EXISTS idx_instances_timers ON instances "
+                   "(status, next_attempt_at) WHERE status = 'waiting'")
 
 
 def _v16(db: sqlite_utils.Database) -> None:
-    """Format 16: the partial index of waiting instances by due time (``TIMERS_INDEX``;
+    """Format 16: the partial index of waiting instances by due time (``TIMERS_INDEX_16``;
     PostgreSQL has had its own since its format 5)."""
+    db.execute(TIMERS_INDEX_16)
+
+
+#: Format 17 (issue 38): the same partial index, covering the columns a claim's waiting arm
+#: reads (``claims.by_arm``: rank, machine, owner, queue), so that a burst of due timers is
+#: ranked from the index alone: 10,000 due, a claim of 32 went from 3.9 to 1.6 ms (it read
+#: each due row from the table to test its owner and machine).  Still partial: a step of a
+#: running instance never touches it.
+TIMERS_INDEX = ("CREATE INDEX idx_instances_timers ON instances "
+                "(status, next_attempt_at, rank, machine, owner, queue) WHERE status = 'waiting'")
+
+
+def _v17(db: sqlite_utils.Database) -> None:
+    """Format 17: ``idx_instances_timers`` covering the claim's waiting arm
+    (``TIMERS_INDEX``; nothing for PostgreSQL, which walks its rank index)."""
+    db.execute("DROP INDEX IF EXISTS idx_instances_timers")
     db.execute(TIMERS_INDEX)
 
 
 MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15,
-              _v16]
+              _v16, _v17]
 assert len(MIGRATIONS) == FORMAT_VERSION
 
 

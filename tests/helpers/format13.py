@@ -15,6 +15,12 @@ UNDO_14 = (
 
 
 
+#: SQLite's format 16/17 index of waiting instances (``schema.TIMERS_INDEX``): it covers
+#: ``rank``, which format 14 added, so it goes first; a SQLite file of 13 has none.
+#: (PostgreSQL's index of that name is its format 5's: kept.)
+UNDO_16_SQLITE = ("DROP INDEX IF EXISTS idx_instances_timers",)
+
+
 def undo_14(prefix: str = "") -> list[str]:
-    """``UNDO_14`` for the schema ``prefix``."""
-    return [sql.format(t=prefix) for sql in UNDO_14]
+    """``UNDO_14`` for the schema ``prefix`` (``""``: SQLite, ``UNDO_16_SQLITE`` first)."""
+    return [*(UNDO_16_SQLITE if not prefix else ()), *(sql.format(t=prefix) for sql in UNDO_14)]

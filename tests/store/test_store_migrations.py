@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from format13 import UNDO_14, undo_14
+from format13 import UNDO_14, UNDO_16_SQLITE, undo_14
 
 from fsm_engine import SqliteStore, StoreError
 from fsm_engine.runtime.fleet.adoption import claim_request
@@ -85,10 +85,10 @@ def write_v1(path: Path) -> None:
     conn.close()
 
 
-def _sql(path: Path, query: str) -> list[tuple[object, ...]]:
+def _sql(path: Path, query: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
     conn = sqlite3.connect(path)
     try:
-        return conn.execute(query).fetchall()
+        return conn.execute(query, args).fetchall()
     finally:
         conn.close()
 
@@ -115,7 +115,7 @@ def test_v1_database_is_migrated_with_its_data_intact(tmp_path: Path) -> None:
     assert _sql(path, "SELECT instance, seq FROM history ORDER BY instance, seq") == \
         [(1, 1), (1, 2), (2, 1)]
     assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == \
-        [(str(FORMAT_VERSION),)] == [("16",)]
+        [(str(FORMAT_VERSION),)] == [("17",)]
     names = {r[0] for r in _sql(path, "SELECT name FROM sqlite_master")}
     assert "history_v2" not in names and "sqlite_autoindex_history_1" not in names
     assert {"idx_instances_status", "idx_attempts_instance_id", "idx_instances_owner",
@@ -335,7 +335,7 @@ def test_sqlite_format_12_pause_requests_move_into_their_instances(tmp_path: Pat
     path = tmp_path / "v12.db"
     _v12_store(lambda: SqliteStore(str(path)))
     conn = sqlite3.connect(path)
-    for sql in _V12_PAUSES:
+    for sql in (*UNDO_16_SQLITE, *_V12_PAUSES):
         conn.execute(sql.format(t=""))
     conn.commit()
     conn.close()
@@ -434,7 +434,30 @@ def test_sqlite_format_16_claims_due_timers_through_an_index(tmp_path: Path) -> 
                 cond.replace("?", "100.0") + " ORDER BY i.key LIMIT 10")
     assert any("idx_instances_timers (status=? AND next_attempt_at<?)" in str(row[-1])
                for row in plan), plan
-    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("16",)]
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("17",)]
+
+
+def test_sqlite_format_17_ranks_due_timers_from_the_index_alone(tmp_path: Path) -> None:
+    """Format 17 (issue 38): a format-16 file's ``idx_instances_timers`` (status, due time)
+    is rebuilt covering what a claim's waiting arm reads (``claims.by_arm``), so the arm
+    is answered by the index alone; the waiting rows stay claimable across the rebuild."""
+    from fsm_engine.store.claims import by_arm, where
+    from fsm_engine.store.schema import TIMERS_INDEX_16
+    path = tmp_path / "v16.db"
+    SqliteStore(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX idx_instances_timers")
+    conn.execute(TIMERS_INDEX_16)
+    conn.execute("UPDATE fsm_meta SET value = '16' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    SqliteStore(str(path)).close()  # migrated to 17
+    cond, args = where(claim_request(owner="w", now=100.0, machines=["m"]))
+    arms, arm_args = by_arm(cond, args)
+    plan = _sql(path, "EXPLAIN QUERY PLAN " + arms, arm_args)
+    assert any("COVERING INDEX idx_instances_timers (status=? AND next_attempt_at<?)"
+               in str(row[-1]) for row in plan), plan
+    assert _sql(path, "SELECT value FROM fsm_meta WHERE key='schema_version'") == [("17",)]
 
 
 def _fresh(code: str) -> str:

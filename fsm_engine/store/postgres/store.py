@@ -315,6 +315,10 @@ class _ClaimTxn:
     def lock(self, name: str) -> None:
         self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
 
+    def among(self, cond: str, args: Sequence[object], columns: str
+              ) -> tuple[str, builtins.list[object]]:
+        return f"SELECT {columns} FROM instances i WHERE i.{LIVE} AND {cond}", list(args)
+
     def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
         # ``i.LIVE`` first: the term of the partial rank index (``schema.PG_RANK``), which the
         # planner walks in claim order under the LIMIT; without it (the arms of

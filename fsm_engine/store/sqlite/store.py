@@ -300,14 +300,23 @@ class _ClaimTxn:
     def lock(self, name: str) -> None:
         return None
 
+    def among(self, cond: str, args: Sequence[object], columns: str
+              ) -> tuple[str, builtins.list[object]]:
+        return claims.by_arm(cond, args, columns)
+
     def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
-        sql = select(_INSTANCE.columns) + cond + ORDER + " LIMIT ?"
+        arms, arm_args = claims.by_arm(cond, args)  # each arm through its index
+        sql = (select(_INSTANCE.columns) + f"i.key IN (SELECT key FROM ({arms}) ORDER BY rank, "
+               "key LIMIT ?)" + ORDER)
         out: builtins.list[InstanceRecord] = []
         req = self.request
         found = []
-        for data in map(as_dict, self.conn.execute(sql, [*args, limit]).fetchall()):
-            prior = data.pop("prior_heartbeat")
-            found.append((_INSTANCE.decode(data), prior))
+        cursor = self.conn.cursor()
+        cursor.row_factory = None  # plain tuples, read by position (``Codec.from_values``)
+        for row in cursor.execute(sql, [*arm_args, limit]).fetchall():
+            values = list(row)
+            prior = values.pop()  # ``select``'s last column: the owner's last heartbeat
+            found.append((_INSTANCE.from_values(values), prior))
         writes: builtins.list[tuple[tuple[str, ...], builtins.list[Any], Any]] = []
         for rec, prior in claims.takeable(req, found, self):  # ends the leases it takes from
             new, history = req.adopted(rec, prior)
