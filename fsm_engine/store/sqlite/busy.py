@@ -47,11 +47,11 @@ def busy(exc: sqlite3.Error) -> bool:
         and code & 0xFF == sqlite3.SQLITE_BUSY
 
 
-def retry(call: Callable[[], T], *, wait_s: float = WAIT_S,
+def retry(call: Callable[[], T], *, wait_s: float | None = None,
           sleep: Callable[[float], None] = time.sleep,
           clock: Callable[[], float] = time.monotonic) -> T:
     """``call()``, tried again while it raises ``SQLITE_BUSY`` (``busy``) for up to
-    ``wait_s`` seconds in all; then its last error is raised.  Any other error is raised
+    ``wait_s`` seconds in all (``None``: ``WAIT_S``); then its last error is raised.  Any other error is raised
     at once.  ``call`` must be safe to try again after a busy failure (a ``BEGIN``, a whole
     read: SQLite changed nothing)."""
     try:
@@ -59,7 +59,7 @@ def retry(call: Callable[[], T], *, wait_s: float = WAIT_S,
     except sqlite3.OperationalError as exc:
         if not busy(exc):
             raise
-    end = clock() + wait_s
+    end = clock() + (WAIT_S if wait_s is None else wait_s)
     rng = random.Random()
     attempt = 1
     while True:
