@@ -1,6 +1,14 @@
 """The one writer: the only code that calls ``Store.commit``, ``create``, ``debounce``,
 ``claim``, ``release`` or ``delete``.
 
+Two front doors: ``create`` for new instances (a start, a batch, a fork, a debounced start
+folding into its burst) and ``apply`` / ``apply_one`` for changes to instances that exist.
+Three verbs beside them are the fleet's and the operator's, each with its one rule applied
+here: ``claim`` and ``release`` (a worker's batch of leases, at the engine's clock) and
+``delete`` (a prune, each at the version read).  They are not ``StepCommit``s because they
+are not steps: a claim chooses its rows inside its transaction, a release and a delete may
+touch rows no caller has read.
+
 Every change to an instance — a step (through the group committer), a review
 decision, a cancel, a send, an in-place rerun, a claim, a migration, a parked
 instance — is a ``StepCommit`` handed to a ``Ledger``, which adds what the change
@@ -100,18 +108,20 @@ class Ledger:
             return False
         return self.store.commit([pausing.rebase(step, stored, self.clock())])[0]
 
-    def create(self, records: Sequence[InstanceRecord], history: Sequence[HistoryRow] = ()
-               ) -> None:
-        """Insert new instances (started, forked) with ``history`` (a fork's copied rows)
-        in one transaction, all or none (``Store.create``: a duplicate id fails all; each
-        record's ``key`` is set)."""
+    def create(self, records: Sequence[InstanceRecord], history: Sequence[HistoryRow] = (),
+               *, fold: bool = False) -> list[str]:
+        """The front door for new instances: insert ``records`` (started, forked) with
+        ``history`` (a fork's copied rows) in one transaction, all or none
+        (``Store.create``: a duplicate id fails all, a start key held refuses with
+        ``StartKeyTaken``; each record's ``key`` is set).  ``fold``: the one debounced
+        record (``scheduled``, due when its window ends) starts, or folds into the scheduled
+        instance of its burst, in one atomic write (``Store.debounce``).  Returns the ids
+        of the instances that hold the records (folded: the burst's)."""
+        if fold:
+            (record,) = records
+            return [self.store.debounce(record)]
         self.store.create(*records, history=history)
-
-    def debounce(self, record: InstanceRecord) -> str:
-        """Start the debounced ``record`` (``scheduled``, due when its window ends) or fold it
-        into the scheduled instance of its burst, in one atomic write (``Store.debounce``);
-        the id of the instance that holds the burst."""
-        return self.store.debounce(record)
+        return [r.id for r in records]
 
     def delete(self, records: Sequence[InstanceRecord]) -> int:
         """Delete the ended instances ``records`` (a prune) with all their rows, in one

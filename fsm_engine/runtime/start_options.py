@@ -188,7 +188,7 @@ def create(ledger: Ledger, rec: InstanceRecord, opts: StartOptions) -> str:
     ``StartConflict`` for a key held with another input, else what ``Ledger.create``
     raises."""
     if opts.debounce_s is not None:
-        return ledger.debounce(rec)
+        return ledger.create([rec], fold=True)[0]
     if rec.start_key is None:
         ledger.create([rec])
         return rec.id
