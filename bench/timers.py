@@ -6,8 +6,8 @@
    ``fsm worker`` runs ``--idle`` seconds beside them, and as long beside an empty store:
    the worker's CPU (``/proc/PID/stat``, user + system) per second, both, and their
    ratio (target: ~1, no per-instance work while nothing is due).  The claim query's
-   plan is printed (SQLite: ``EXPLAIN QUERY PLAN``): the waiting term must use the
-   partial index ``idx_instances_timers`` (``next_attempt_at`` of waiting rows).
+   plan is printed (SQLite: ``EXPLAIN QUERY PLAN``): the waiting arm must search the
+   partial index ``idx_instances_timers`` (``next_attempt_at`` of waiting rows), covering.
 2. **lateness**: ``n`` instances whose timers all fall due in the same second (a callable
    delay returning one aware ``datetime``); ``--workers`` workers (``--concurrency`` each) fire
    them: each fire's ``detail.timer.lateness_s`` p50 / p99 / max, and the seconds until the
@@ -99,13 +99,15 @@ def _idle_cpu(db: str, module: str, env: dict[str, str], seconds: float) -> floa
 
 
 def _plan(db: str) -> list[str]:
-    """SQLite's plan of the claim query (``store.claims``), one line per step."""
+    """SQLite's plan of a worker's claim query (``store.sqlite.store.claim_sql``, for the
+    machine it serves), one line per step."""
     import sqlite3
 
-    from fsm_engine.store.claims import ClaimRequest, select, where
-    req = ClaimRequest(owner="bench", now=time.time(), limit=10, lease_seconds=30.0)
-    cond, args = where(req)
-    sql = select(("id",)) + cond + " ORDER BY i.key LIMIT 10"
+    from fsm_engine.store.claims import ClaimRequest, where
+    from fsm_engine.store.sqlite.store import claim_sql
+    req = ClaimRequest(owner="bench", now=time.time(), limit=10, lease_seconds=30.0,
+                       machines=["timed"])
+    sql, args = claim_sql(*where(req), 10)
     with sqlite3.connect(db) as conn:
         return [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
 

@@ -287,6 +287,15 @@ class SqliteStore(SqliteSteps, SqliteStreams, SqlPlain):
 
 
 
+def claim_sql(cond: str, args: Sequence[object], limit: int) -> tuple[str, builtins.list[object]]:
+    """The read of a claim's candidates (``claims.where``'s ``cond`` and ``args``): the keys
+    of the first ``limit`` in claim order, read arm by arm through their indexes
+    (``claims.by_arm``), then those rows whole with their owners' last heartbeats."""
+    arms, arm_args = claims.by_arm(cond, args)
+    return (select(_INSTANCE.columns) + f"i.key IN (SELECT key FROM ({arms}) ORDER BY rank, "
+            "key LIMIT ?)" + ORDER, [*arm_args, limit])
+
+
 class _ClaimTxn:
     """``claims.claim``'s view of a SQLite write transaction (its lock serialises every
     claimer already: ``lock`` has nothing to add)."""
@@ -305,15 +314,13 @@ class _ClaimTxn:
         return claims.by_arm(cond, args, columns)
 
     def take(self, cond: str, args: Sequence[object], limit: int) -> builtins.list[InstanceRecord]:
-        arms, arm_args = claims.by_arm(cond, args)  # each arm through its index
-        sql = (select(_INSTANCE.columns) + f"i.key IN (SELECT key FROM ({arms}) ORDER BY rank, "
-               "key LIMIT ?)" + ORDER)
+        sql, arm_args = claim_sql(cond, args, limit)
         out: builtins.list[InstanceRecord] = []
         req = self.request
         found = []
         cursor = self.conn.cursor()
         cursor.row_factory = None  # plain tuples, read by position (``Codec.from_values``)
-        for row in cursor.execute(sql, [*arm_args, limit]).fetchall():
+        for row in cursor.execute(sql, arm_args).fetchall():
             values = list(row)
             prior = values.pop()  # ``select``'s last column: the owner's last heartbeat
             found.append((_INSTANCE.from_values(values), prior))
