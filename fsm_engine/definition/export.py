@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
+    """One state's export: its fields, then its kind's entries (``StateKind.export``:
+    ``review``, ``fan_out``, ``agent``, a plug-in's ``kind``; a wait's is its ``wait``)."""
     out = {
         "name": s.name, "final": s.final, "failure": s.failure, "wait": s.wait,
         "action": ref_name(s.action), "timeout": s.timeout,
