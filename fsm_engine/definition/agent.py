@@ -17,6 +17,8 @@ names another), ``turns_exhausted`` (``max_turns`` model turns made without a fi
 output, or ``max_errors`` invalid calls in a row), ``budget_exhausted`` (a turn that
 cannot fit the token budget is refused before the call), ``rejected`` (a reviewer
 refused a call of a tool in ``approve``; needed only with ``approve``).
+
+``AGENT`` is the agent kind as the definition layer sees it (``definition.kind``).
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ..policies import RetryPolicy
+
+if TYPE_CHECKING:
+    from .kind import Site
+    from .spec import State
 
 __all__ = ["Agent", "Tool", "ToolCall", "tool", "DONE", "TURNS_EXHAUSTED", "REJECTED",
            "AGENT_OUTCOMES"]
@@ -284,3 +290,47 @@ class Agent:
                 "output": self.output.model_json_schema()
                 if isinstance(self.output, type) and issubclass(self.output, BaseModel) else None,
                 "llm": self.llm, "done": self.done}
+
+
+class AgentKind:
+    """``State(agent=Agent(...))`` on the ``definition.kind.StateKind`` protocol."""
+
+    name, waits = "agent", False
+
+    def matches(self, state: State) -> bool:
+        return state.agent is not None
+
+    def parks(self, state: State) -> bool:
+        return False
+
+    def calls_model(self, state: State) -> bool:
+        return True
+
+    def problems(self, site: Site) -> list[str]:
+        s, where = site.state, site.where
+        assert s.agent is not None
+        out = []
+        if s.final or s.wait or s.action is not None or s.review is not None or s.fan_out:
+            out.append(f"{where}: an agent state has no action, review or fan-out and is "
+                       "neither final nor wait")
+        if s.agent.llm is not None and s.llm is not None and s.agent.llm != s.llm:
+            out.append(f"{where}: llm {s.llm!r} and agent llm {s.agent.llm!r} differ")
+        return out + s.agent.problems(s.name, site.fields, site.triggers)
+
+    def export(self, site: Site) -> dict[str, Any]:
+        assert site.state.agent is not None
+        return {"agent": site.state.agent.export()}
+
+    def notes(self, exported: Mapping[str, Any]) -> list[str]:
+        """``agent ≤8 turns``, the tools (``*``: a side effect) and those needing approval."""
+        agent = exported.get("agent")
+        if not agent:
+            return []
+        tools = [f"{t['name']}{'*' if t.get('side_effect') else ''}" for t in agent["tools"]]
+        notes = [f"agent ≤{agent['max_turns']} turns", "tools: " + ", ".join(tools)]
+        if agent.get("approve"):
+            notes.append("approve: " + ", ".join(agent["approve"]))
+        return notes
+
+
+AGENT = AgentKind()

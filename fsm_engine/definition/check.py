@@ -13,7 +13,9 @@ policies valid; ``max_transitions`` ≥ 1, ``token_budget`` ≥ 0; the context i
 a pydantic model; ``version`` ≥ 1 with ``migrations`` covering 2..version
 (functions of one argument, or None) and ``renamed_states`` naming declared
 states; timer edges (``after=``) only out of states that wait, with positive delays
-(``definition.timers``).
+(``definition.timers``); each kind of step a state declares (wait, review, fan-out,
+agent, a plug-in's) by its own ``problems`` (``definition.kind``), listed with the
+state's other problems.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import DefinitionError
-from .check_fanout import problems as fan_out_problems
+from .kind import Site, kinds_of
 from .refs import Ref, as_refs, ref_name
 from .spec import Machine, Transition
 from .timers import problems as timer_problems
@@ -171,12 +173,9 @@ def _states(m: Machine, names: list[str], problems: list[str],
         _action(s, ns, where, problems, actions)
         problems.extend(f"{where}: {p}" for p in _kind_problems(s, names))
         problems.extend(f"{where}: {p}" for p in _policy_problems(s))
-        if s.review is not None:
-            problems.extend(_review_problems(m, s))
-        if s.agent is not None:
-            problems.extend(_agent_problems(m, s))
-        if s.kind is not None:
-            problems.extend(_plugin_problems(m, s))
+        site = Site(m, s, problems_of=_problems_of)
+        for kind in kinds_of(s):  # wait, review, fan_out, agent, a plug-in's (``kind``)
+            problems.extend(kind.problems(site))
         problems.extend(f"{where}: {p}" for p in _name_problems(s))
 
 
@@ -195,14 +194,13 @@ def _action(s: Any, ns: Mapping[str, Any], where: str, problems: list[str],
 
 
 def _kind_problems(s: Any, names: list[str]) -> list[str]:
-    """What a final, failure, wait, fallback or inline state may not combine."""
+    """What a final, failure, fallback or inline state may not combine (a kind's own
+    combinations are its ``problems``, ``definition.kind``)."""
     out: list[str] = []
     if s.final and (s.action or s.wait):
         out.append("a final state cannot have an action or wait")
     if s.failure and not s.final:
         out.append("failure=True needs final=True")
-    if s.wait and s.action is not None:
-        out.append("a wait state has no action")
     if s.fallback is not None and s.fallback not in names:
         out.append(f"fallback {s.fallback!r} is not a declared state")
     if s.timeout is not None and s.timeout <= 0:
@@ -239,43 +237,6 @@ def _name_problems(s: Any) -> list[str]:
         out.append(f"queue must be a name (a letter, then letters, digits, '_' or '-'), "
                    f"not {s.queue!r}")
     return out
-
-
-def _review_problems(m: Machine, s: Any) -> list[str]:
-    where = f"state {s.name!r}"
-    out = []
-    if s.final or s.wait or s.action is not None:
-        out.append(f"{where}: a review state has no action and is neither final nor wait")
-    names = [st.name for st in m.states]
-    triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
-    fields = list(m.context.model_fields) if isinstance(m.context, type) else []
-    return out + s.review.problems(s.name, fields, triggers)
-
-
-def _agent_problems(m: Machine, s: Any) -> list[str]:
-    where = f"state {s.name!r}"
-    out = []
-    if s.final or s.wait or s.action is not None or s.review is not None or s.fan_out:
-        out.append(f"{where}: an agent state has no action, review or fan-out and is "
-                   "neither final nor wait")
-    if s.agent.llm is not None and s.llm is not None and s.agent.llm != s.llm:
-        out.append(f"{where}: llm {s.llm!r} and agent llm {s.agent.llm!r} differ")
-    names = [st.name for st in m.states]
-    triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
-    fields = list(m.context.model_fields) if isinstance(m.context, type) else []
-    return out + s.agent.problems(s.name, fields, triggers)
-
-
-def _plugin_problems(m: Machine, s: Any) -> list[str]:
-    """A plug-in kind's problems (``definition.kind.KindSpec.problems``), each named."""
-    where = f"state {s.name!r}"
-    if s.review is not None or s.agent is not None or s.fan_out is not None or s.wait:
-        return [f"{where}: kind {s.kind.name!r} cannot be combined with review, agent, "
-                "fan_out or wait"]
-    names = [st.name for st in m.states]
-    triggers = [t.trigger for t in m.all_transitions() if s.name in t.sources(names, m.finals)]
-    fields = list(m.context.model_fields) if isinstance(m.context, type) else []
-    return [f"{where}: kind {s.kind.name!r}: {p}" for p in s.kind.problems(s.name, fields, triggers)]
 
 
 def _versions(m: Machine, names: list[str], problems: list[str]) -> None:
@@ -381,9 +342,6 @@ def check(machine: Machine) -> Checked:
     problems.extend(timer_problems(machine, machine.all_transitions(), _label))
     _outcome(machine, problems)
     _versions(machine, names, problems)
-    for s in machine.states:
-        if s.fan_out is not None:
-            problems.extend(fan_out_problems(machine, s, _problems_of))
     if problems:
         raise DefinitionError(machine.name or "?", problems)
     return Checked(machine, actions, guards)

@@ -1,21 +1,26 @@
-"""The checks of a fan-out state (part of ``fsm_engine.definition.check``).
+"""The fan-out kind as the definition layer sees it (``FAN_OUT``, on the
+``definition.kind.StateKind`` protocol): its checks, its export entry, its diagram notes.
 
 ``problems(parent, state, machine_problems)`` lists what is wrong with ``state``'s
 ``Parallel`` or ``Map``: the state itself (no action, a ``joined`` transition, the
 ``items`` / ``into`` fields, the reducer, ``max_concurrency``, the completion policy)
 and each branch (``default_output``, ``item_field``, and every problem of its machine,
 found by ``machine_problems``: ``check`` passes its own, so a branch machine is checked
-as a whole machine without this module importing ``check``).
+as a whole machine without this module importing ``check``; so does ``export`` its
+export, for the branch machines' exports).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from .fanout import JOINED, BranchPlan, Map, Parallel, completion_of
+from .refs import ref_name
 
 if TYPE_CHECKING:
+    from .kind import Site
     from .spec import Machine, State
 
 
@@ -73,3 +78,54 @@ def _branch_problems(fo: Parallel | Map, plan: BranchPlan,
                    f"{plan.machine.context.__name__}")
     out += [f" (machine {plan.machine.name!r}): {p}" for p in machine_problems(plan.machine)]
     return out
+
+
+class FanOutKind:
+    """``State(fan_out=Parallel(...) | Map(...))`` on the ``StateKind`` protocol."""
+
+    name, waits = "fan_out", True
+
+    def matches(self, state: State) -> bool:
+        return state.fan_out is not None
+
+    def parks(self, state: State) -> bool:
+        return False
+
+    def calls_model(self, state: State) -> bool:
+        return False
+
+    def problems(self, site: Site) -> list[str]:
+        assert site.problems_of is not None
+        return problems(site.machine, site.state, site.problems_of)
+
+    def export(self, site: Site) -> dict[str, Any]:
+        """Its shape: kind, items, policy, and each branch machine's export."""
+        fo, export_of = site.state.fan_out, site.export_of
+        assert fo is not None and export_of is not None
+        policy = completion_of(fo)
+        return {"fan_out": {
+            "kind": "map" if isinstance(fo, Map) else "parallel",
+            "items": fo.items if isinstance(fo, Map) else None,
+            "into": fo.into, "reducer": ref_name(fo.reducer),
+            "completion": {k: v for k, v in asdict(policy).items() if v is not None},
+            "max_concurrency": fo.max_concurrency,
+            "branches": [{"name": p.name, "wrapped": p.wrapped, "skippable": p.spec.skippable,
+                          "machine": export_of(p.machine)}
+                         for p in site.machine.branch_plans(site.state)],
+        }}
+
+    def notes(self, exported: Mapping[str, Any]) -> list[str]:
+        """``map over items`` / ``parallel ×N``, the completion rule, the concurrency cap."""
+        fan = exported.get("fan_out")
+        if not fan:
+            return []
+        mode = fan["completion"].get("mode", "all_successful")
+        notes = [f"map over {fan['items']}" if fan["kind"] == "map"
+                 else f"parallel ×{len(fan['branches'])}",
+                 mode + "".join(f" {v}" for k, v in fan["completion"].items() if k != "mode")]
+        if fan.get("max_concurrency"):
+            notes.append(f"≤{fan['max_concurrency']} at once")
+        return notes
+
+
+FAN_OUT = FanOutKind()

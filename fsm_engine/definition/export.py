@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from .fanout import Map, completion_of
+from .kind import Site, kinds_of
 from .refs import as_refs, ref_name
 from .timers import export as timer_export
 
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
+    """One state's export: its fields, then its kind's entries (``StateKind.export``:
+    ``review``, ``fan_out``, ``agent``, a plug-in's ``kind``; a wait's is its ``wait``)."""
     out = {
         "name": s.name, "final": s.final, "failure": s.failure, "wait": s.wait,
         "action": ref_name(s.action), "timeout": s.timeout,
@@ -34,34 +36,12 @@ def _state_dict(machine: Machine, s: State) -> dict[str, Any]:
             out[key] = getattr(s, key)
     if s.queue != "default":  # only when set: old fingerprints hold
         out["queue"] = s.queue
-    if s.review is not None:
-        out["review"] = s.review.export()
     if s.cache is not None:
         out["cache"] = {"ttl_s": s.cache.ttl_s}
-    if s.fan_out is not None:
-        out["fan_out"] = _fan_out_dict(machine, s)
-    if s.agent is not None:
-        out["agent"] = s.agent.export()
-    if s.kind is not None:  # a plug-in kind (``definition.kind``)
-        out["kind"] = {"name": s.kind.name, "note": s.kind.note(), **s.kind.export()}
+    site = Site(machine, s, export_of=export_machine)
+    for kind in kinds_of(s):  # review, fan_out, agent, a plug-in's kind (``definition.kind``)
+        out.update(kind.export(site))
     return out
-
-
-def _fan_out_dict(machine: Machine, s: State) -> dict[str, Any]:
-    """A fan-out state's shape: kind, items, policy, and each branch machine's export."""
-    fo = s.fan_out
-    assert fo is not None
-    policy = completion_of(fo)
-    return {
-        "kind": "map" if isinstance(fo, Map) else "parallel",
-        "items": fo.items if isinstance(fo, Map) else None,
-        "into": fo.into, "reducer": ref_name(fo.reducer),
-        "completion": {k: v for k, v in asdict(policy).items() if v is not None},
-        "max_concurrency": fo.max_concurrency,
-        "branches": [{"name": p.name, "wrapped": p.wrapped, "skippable": p.spec.skippable,
-                      "machine": export_machine(p.machine)}
-                     for p in machine.branch_plans(s)],
-    }
 
 
 def export_machine(machine: Machine) -> dict[str, Any]:

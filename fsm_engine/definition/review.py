@@ -8,14 +8,21 @@ applying the reviewer's edit of the ``editable`` fields.  ``sla_s`` seconds afte
 the item was opened a worker takes ``on_timeout`` instead (a durable timer: the
 waiting instance carries its due time, so any worker or ``fsm resume`` fires it,
 once, after any restart).
+
+``REVIEW`` is the review kind as the definition layer sees it (``definition.kind``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from .kind import Site
+    from .spec import State
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +81,37 @@ class Review:
         if self.on_timeout is not None and self.on_timeout not in self.choices:
             out.append(f"{where}: on_timeout {self.on_timeout!r} is not one of its choices")
         return out
+
+
+class ReviewKind:
+    """``State(review=Review(...))`` on the ``definition.kind.StateKind`` protocol."""
+
+    name, waits = "review", True
+
+    def matches(self, state: State) -> bool:
+        return state.review is not None
+
+    def parks(self, state: State) -> bool:
+        return True
+
+    def calls_model(self, state: State) -> bool:
+        return False
+
+    def problems(self, site: Site) -> list[str]:
+        s = site.state
+        assert s.review is not None
+        out = []
+        if s.final or s.wait or s.action is not None:
+            out.append(f"{site.where}: a review state has no action and is neither final "
+                       "nor wait")
+        return out + s.review.problems(s.name, site.fields, site.triggers)
+
+    def export(self, site: Site) -> dict[str, Any]:
+        assert site.state.review is not None
+        return {"review": site.state.review.export()}
+
+    def notes(self, exported: Mapping[str, Any]) -> list[str]:
+        return []  # drawn by its choices' edges
+
+
+REVIEW = ReviewKind()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .kind import kinds_of
 from .refs import ref_name
 
 if TYPE_CHECKING:
@@ -41,8 +42,9 @@ def constant_s(after: After) -> float | None:
 
 
 def waits(state: State) -> bool:
-    """True when ``state`` waits (holding no worker): a timer may leave it."""
-    return bool(state.wait) or state.review is not None or state.fan_out is not None
+    """True when ``state`` waits (holding no worker): a timer may leave it (its kind's
+    ``waits``, ``definition.kind``: wait, review, fan-out)."""
+    return any(k.waits for k in kinds_of(state))
 
 
 def label(after: After) -> str:

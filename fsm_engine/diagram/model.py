@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..definition.kind import KINDS
+
 NodeKind = Literal["normal", "initial", "final", "failure", "wait"]
 EdgeKind = Literal["normal", "fallback", "budget", "forced"]
 
@@ -140,13 +142,8 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
     if state.get("llm"):
         notes.append(f"model {state['llm']}" + (f", repair {state['repair_llm']}"
                                                 if state.get("repair_llm") else ""))
-    if state.get("fan_out"):
-        notes += _fan_out_notes(state["fan_out"])
-    if state.get("agent"):
-        notes += _agent_notes(state["agent"])
-    kind = state.get("kind")
-    if isinstance(kind, Mapping):  # a plug-in kind: its own one-line note
-        notes.append(str(kind.get("note") or kind.get("name")))
+    for kind in KINDS:  # wait, fan-out, agent, a plug-in's own note (``definition.kind``)
+        notes += kind.notes(state)
     retry = state.get("retry")
     if retry:
         attempts = retry.get("max_attempts") if isinstance(retry, Mapping) else None
@@ -158,32 +155,10 @@ def state_notes(state: Mapping[str, Any]) -> tuple[str, ...]:
     if state.get("fallback"):
         notes.append(f"fallback → {state['fallback']}")
     notes += [label for key, label in _FLAG_NOTES if state.get(key)]
-    if state.get("wait") and not state.get("final"):
-        notes.append("waits for event")
     return tuple(notes)
 
 
 _FLAG_NOTES = (("side_effect", "side effect"), ("skippable", "skippable"))
-
-
-def _fan_out_notes(fan: Mapping[str, Any]) -> list[str]:
-    """``map over items`` / ``parallel ×N``, the completion rule and the concurrency cap."""
-    mode = fan["completion"].get("mode", "all_successful")
-    notes = [f"map over {fan['items']}" if fan["kind"] == "map"
-             else f"parallel ×{len(fan['branches'])}",
-             mode + "".join(f" {v}" for k, v in fan["completion"].items() if k != "mode")]
-    if fan.get("max_concurrency"):
-        notes.append(f"≤{fan['max_concurrency']} at once")
-    return notes
-
-
-def _agent_notes(agent: Mapping[str, Any]) -> list[str]:
-    """``agent ≤8 turns``, the tools (``*``: a side effect) and those needing approval."""
-    tools = [f"{t['name']}{'*' if t.get('side_effect') else ''}" for t in agent["tools"]]
-    notes = [f"agent ≤{agent['max_turns']} turns", "tools: " + ", ".join(tools)]
-    if agent.get("approve"):
-        notes.append("approve: " + ", ".join(agent["approve"]))
-    return notes
 
 
 def node_kind(state: Mapping[str, Any], initial: str) -> NodeKind:

@@ -20,6 +20,7 @@ import transitions
 
 from ..definition import Machine, RunInfo, check, fingerprint
 from ..definition.fanout import completion_of
+from ..definition.kind import kinds_of
 from ..definition.refs import as_refs, ref_name
 from ..definition.spec import RESERVED_TRIGGERS, State
 from ..definition.timers import by_state as timers_by_state
@@ -135,6 +136,9 @@ class CompiledMachine:
         self.fields = frozenset(machine.context.model_fields)
         #: A step may dump only the fields it updated (``values.partial_dump``).
         self.partial = partial_dump(machine.context)
+        #: The states entered waiting, their kind ``parks`` (wait, review: ``outcome``).
+        self.parks = frozenset(name for name, s in self.states.items()
+                               if any(k.parks(s) for k in kinds_of(s)))
         #: Fan-out states by name (see ``fsm_engine.runtime.kinds.fanout``).
         self.fan_outs = _fan_outs(machine)
         #: Each state's kind of step (``kinds.base.table``: resolved at the first step,
@@ -155,13 +159,14 @@ class CompiledMachine:
     def model_use(self) -> str:
         """Whether its states may call a model, as far as the definition tells (this machine
         and its fan-outs' branch machines): ``"declared"`` when a state says so (it names
-        its model, ``llm`` or ``repair_llm``, caches its calls or is an agent),
+        its model, ``llm`` or ``repair_llm``, caches its calls or its kind
+        ``calls_model``: an agent, ``definition.kind``),
         ``"maybe"`` when an action takes ``step`` (it may call ``step.llm``), else
         ``"none"`` (every action takes ``ctx`` alone: no state can call one)."""
         use = "none"
         for cm in self.family():
-            if any(s.agent is not None or s.llm or s.repair_llm or s.cache is not None
-                   for s in cm.states.values()):
+            if any(s.llm or s.repair_llm or s.cache is not None
+                   or any(k.calls_model(s) for k in kinds_of(s)) for s in cm.states.values()):
                 return "declared"
             if any(arity == 2 for _, arity, _ in cm.actions.values()):
                 use = "maybe"

@@ -61,7 +61,7 @@ def _enter(cm: CompiledMachine, rec: InstanceRecord, dest: str) -> None:
     if spec.final:
         rec.status = FAILED if spec.failure else COMPLETED
         rec.owner = None
-    elif spec.wait or spec.review is not None:
+    elif dest in cm.parks:  # its kind parks on entry (wait, review: ``definition.kind``)
         rec.status, rec.owner = WAITING, None
     else:
         rec.status = RUNNING

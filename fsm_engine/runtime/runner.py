@@ -13,7 +13,6 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..definition.fanout import CHILDREN
 from ..errors import (
     DefinitionError,
     FingerprintMismatch,
@@ -348,7 +347,8 @@ class Runner:
     async def _wait_family(self, run: _Run, cm: CompiledMachine, rec: InstanceRecord
                            ) -> tuple[CompiledMachine, InstanceRecord, bool]:
         """A waiting ``rec``: its family run here (``family``), then held again."""
-        if not (run.family and rec.reason == CHILDREN):
+        kind = (cm.kinds or kinds.table(cm)).get(rec.state, kinds.PLAIN)
+        if not (run.family and kind.families and kind.awaits_family(rec)):
             return cm, rec, False
         if self.tasks.get(run.iid) is run.task:  # held by nobody while it waits
             self.tasks.pop(run.iid, None)

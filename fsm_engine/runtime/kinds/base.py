@@ -32,12 +32,24 @@ driver imports only this registry (and the built-in kinds, to register them).  E
 compiled machine resolves its states' kinds once (``table``): the hot path of a plain
 action is a dict lookup and an identity test, not a walk of the registry.
 
-Still asked of the built-in kinds' ``State`` fields outside this seam (issue 37, left):
-entering a wait or review state sets ``waiting`` in ``outcome._enter``; the runner's
-family loop is fan-out's (``reason == children``); ``CompiledMachine.model_use`` reads
-``State.agent``; the built-in kinds' checks, exports and diagram notes are per field in
-``definition/`` and ``diagram/`` (a plug-in's go through ``KindSpec``); coverage and
-replay read the history rows a kind commits, with no hook of their own.
+The definition half has one path too: ``definition.kind.StateKind``, through which
+``check``, ``export``, the diagrams' notes, ``definition.timers`` (which states wait)
+and the compiled machine see every kind — the built-in fields through adapters beside
+their declarations (``WAIT``, ``review.REVIEW``, ``check_fanout.FAN_OUT``,
+``agent.AGENT``), a plug-in's ``KindSpec`` through ``PLUGIN``.  Entering a state whose
+kind ``parks`` (wait, review; a plug-in's spec may say so) leaves the instance waiting in
+``outcome._enter`` by ``CompiledMachine.parks``; ``CompiledMachine.model_use`` asks each
+kind's ``calls_model`` (the agent); the runner continues a family where the kind says
+its state ``awaits_family`` (fan-out: reason ``children``).
+
+Still outside this seam (issue 37, left), and why: parking stays in ``outcome._enter``
+rather than a ``StepKind.enter`` because a state is entered on paths that do not pass
+the driver's ``enter`` dispatch (a join's transition, a route to ``on_loop_limit`` /
+``on_circuit_open``, ``fsm rerun``'s reset), and ``outcome`` is a floor below
+``kinds``; the runner's family machinery (``kinds.families``) is fan-out's own;
+coverage (``fsm_engine.coverage``: a review's choices) and replay read the export and
+the history rows a kind commits, with no hook of their own (a plug-in's rows count
+as moves).
 
 The built-in kinds are in ``kinds.builtin``.  A new kind is one module with its spec
 class and its ``StepKind``, registered at import by ``register(MyKind())``; the machine
@@ -183,6 +195,12 @@ class StepKind:
         """``step`` (a transition of ``rec`` into a state of this kind) with what entering
         does in the same commit (fan-out: the children created)."""
         return step
+
+    def awaits_family(self, rec: InstanceRecord) -> bool:
+        """True when ``rec``, waiting in a state of this kind, waits on its family of
+        children, which a run that continues families (``families``) then runs here
+        before it steps ``rec`` again.  Default: False."""
+        return False
 
 
 class PlainAction(StepKind):

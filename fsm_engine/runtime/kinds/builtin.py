@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...definition.fanout import CHILDREN
 from ...errors import StaleWrite
 from ...store.records import InstanceRecord, StepCommit
 from .. import outcome
@@ -105,6 +106,9 @@ class FanOut(StepKind):
     def enter(self, api: DriverAPI, cm: CompiledMachine, step: StepCommit,
               rec: InstanceRecord) -> StepCommit:
         return timers.enter(cm, fanout.enter(cm, step, api.clock(), api.host(rec)))
+
+    def awaits_family(self, rec: InstanceRecord) -> bool:
+        return rec.reason == CHILDREN  # its children created, not yet joined
 
 
 class Agent(StepKind):
