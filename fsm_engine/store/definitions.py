@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, with_config
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict from 3.12 on)
 
 from . import stored_json
 from .records import DefinitionRow
