@@ -1,0 +1,119 @@
+"""The parts of a history row's ``detail`` that are read back (issue 37): their shapes,
+beside ``HistoryRow``, for the runtime that writes them and the readers that show or
+resume from them.
+
+A stored detail is hostile (another tool, a hand edit, an older or newer fsm_engine):
+every shape here reads field by field (``Lenient``): a field of the wrong type reads as
+absent, never raises and never costs the row's other fields, as the hand checks it
+replaces did; a detail that is not an object reads as one with no fields.  Numbers are
+strict: a bool is no number, text is no number, and a number past a float's range (an
+integer of 400 digits) is none.
+
+- ``PauseDetail``: a ``kind: pause`` row (``runtime.outcome.pause_in_place``);
+- ``UnpauseDetail``: a ``kind: unpause`` row (``runtime.outcome.unpaused``);
+- ``CancelDetail``: a ``kind: cancel`` row (``runtime.outcome.cancelled``);
+- ``due_times``: the due times a row recorded of its state's timers (``detail.timers``,
+  ``runtime.kinds.timers``);
+- ``AgentDetail``: the parts of an agent journal row its one-line note reads
+  (``runtime.kinds.agent_journal``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    ConfigDict,
+    StrictFloat,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    with_config,
+)
+from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict from 3.12 on)
+
+T = TypeVar("T")
+
+
+def _or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(value)
+    except ValidationError:
+        return None
+
+
+#: A field read as ``T`` or, when what is stored is not one, as absent (``None``).
+Lenient = Annotated[T | None, WrapValidator(_or_none)]
+#: Seconds or epoch seconds: an int or a float within a float's range.
+Number = Lenient[StrictFloat]
+Text = Lenient[StrictStr]
+
+
+@with_config(ConfigDict(extra="ignore"))
+class PauseDetail(TypedDict, total=False):
+    """A pause row: who (``operator``; ``None``: a policy), the ``status`` and ``reason``
+    unpausing restores, the seconds its timer (``timer_left_s``) and deadline
+    (``deadline_left_s``) had left, and a delayed start's due time (``scheduled_due``,
+    epoch s)."""
+
+    operator: Text
+    status: Text
+    reason: Text
+    timer_left_s: Number
+    deadline_left_s: Number
+    scheduled_due: Number
+
+
+@with_config(ConfigDict(extra="ignore"))
+class UnpauseDetail(TypedDict, total=False):
+    """An unpause row: who (``operator``), after how long paused (``paused_s``)."""
+
+    operator: Text
+    paused_s: Number
+
+
+@with_config(ConfigDict(extra="ignore"))
+class CancelDetail(TypedDict, total=False):
+    """A cancel row: who (``operator``), and a delayed start's due time it keeps for a
+    restart (``scheduled_due``, epoch s)."""
+
+    operator: Text
+    scheduled_due: Number
+
+
+@with_config(ConfigDict(extra="ignore"))
+class AgentDetail(TypedDict, total=False):
+    """What an agent journal row's note reads: a turn's ``calls`` (the objects among
+    them), a decision's reviewer (``review.by``, shown as it is)."""
+
+    calls: Lenient[list[Lenient[dict[str, Any]]]]
+    review: Lenient[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="ignore"))
+class _Timers(TypedDict, total=False):
+    timers: Lenient[dict[str, Number]]
+
+
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {
+    PauseDetail: TypeAdapter(Lenient[PauseDetail]),
+    UnpauseDetail: TypeAdapter(Lenient[UnpauseDetail]),
+    CancelDetail: TypeAdapter(Lenient[CancelDetail]),
+    AgentDetail: TypeAdapter(Lenient[AgentDetail]),
+    _Timers: TypeAdapter(Lenient[_Timers])}
+
+
+def read(shape: type[T], detail: Any) -> T:
+    """``detail`` (a stored row's, as it is) read as ``shape``, one of this module's: the
+    fields that fit, a field that does not left out; ``{}`` when ``detail`` is no object."""
+    got = _ADAPTERS[shape].validate_python(detail)
+    return {k: v for k, v in got.items() if v is not None} if got else {}  # type: ignore[return-value]  # (T: a TypedDict)
+
+
+def due_times(detail: Any) -> dict[str, float]:
+    """The due times (trigger -> epoch s) a row's ``detail.timers`` recorded: the entries
+    that are numbers (``{}``: none, or no object)."""
+    times = read(_Timers, detail).get("timers") or {}
+    return {t: due for t, due in times.items() if due is not None}

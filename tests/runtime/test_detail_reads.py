@@ -1,0 +1,73 @@
+"""Stored history ``detail`` read back (issue 37): a timer's recorded due times, and the
+one-line notes of agent journal rows, read what fits and never raise."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fsm_engine.runtime.kinds import timers
+from fsm_engine.store.records import HistoryRow
+from fsm_engine.testing.contract_fixtures import record
+from fsm_engine.views import agent_note, timer_json
+
+JUNK = [None, "x", [1], {"a": [1]}, True, 10**400, []]
+
+
+def _row(detail: Any, source: str = "wait") -> HistoryRow:
+    return HistoryRow("w", 2, source, "wait", "go", 900.0, detail=detail)
+
+
+def _waiting() -> Any:
+    rec = record("w", state="wait", status="waiting")
+    rec.next_attempt_at = None
+    return rec
+
+
+class _Store:
+    def __init__(self, rows: list[HistoryRow]) -> None:
+        self.rows = rows
+
+    def history(self, iid: str) -> list[HistoryRow]:
+        return self.rows
+
+
+#: A machine whose state ``wait`` has timers ``t1`` and ``t2`` (due 60 s and 120 s after).
+CM: Any = SimpleNamespace(timers={"wait": [("t1", 60.0), ("t2", 120.0)]})
+
+
+def test_recorded_due_times_read_back_the_numbers_only() -> None:
+    row = _row({"timers": {"t1": 1000, "t2": "soon", "gone": 5.0, "t3": True}}, "start")
+    assert timer_json(_waiting(), [row]) == {"trigger": "gone", "due": 5.0,
+                                            "timers": {"t1": 1000.0, "gone": 5.0}}
+    rec = _waiting()
+    rec.visits = {"wait": 1}
+    assert timers.recorded(CM, _Store([row]), rec) == {"t1": 1000.0}  # (its timers only)
+
+
+@pytest.mark.parametrize("junk", JUNK)
+def test_recorded_due_times_of_junk_are_none(junk: Any) -> None:
+    rows = [_row({"timers": junk}, "start")]
+    assert timer_json(_waiting(), rows) is None
+    assert timer_json(_waiting(), [_row({"timers": {"t1": junk}}, "start")]) is None
+    rec = _waiting()  # none recorded: they fall from the entering row's time
+    assert timers.recorded(CM, _Store(rows), rec) == {"t1": 960.0, "t2": 1020.0}
+
+
+def test_an_agents_rows_read_as_one_line_each() -> None:
+    turn = {"agent": "turn", "turn": 2, "calls": [{"tool": "add", "arguments": {"a": 2}}, 5]}
+    assert agent_note(turn) == 'turn 2: add {"a": 2}'
+    decision = {"agent": "decision", "choice": "approve", "call": "2.1", "review": {"by": "ann"}}
+    assert agent_note(decision) == "approve 2.1 by ann"
+    assert agent_note({"agent": "call", "call": "1.1", "tool": "add", "result": 5}) == \
+        "call 1.1 add → 5"
+
+
+@pytest.mark.parametrize("junk", JUNK)
+def test_an_agents_rows_of_junk_read_as_no_call_and_no_one(junk: Any) -> None:
+    assert agent_note({"agent": "turn", "turn": 1, "calls": junk}) == "turn 1: no call"
+    assert agent_note({"agent": "decision", "choice": "deny", "call": "1.1",
+                       "review": junk}) == "deny 1.1 by None"
+    assert agent_note({"agent": junk}) is None
