@@ -15,7 +15,10 @@ integer of 400 digits) is none.
 - ``due_times``: the due times a row recorded of its state's timers (``detail.timers``,
   ``runtime.kinds.timers``);
 - ``AgentDetail``: the parts of an agent journal row its one-line note reads
-  (``runtime.kinds.agent_journal``).
+  (``runtime.kinds.agent_journal``);
+- ``LlmCall``: a step's model call (``llm_calls``: ``runtime.calls.meter`` and
+  ``bill``), as a recorded reply (``runtime.reply_cache``) and an inline stream
+  (``runtime.stream_inline``) read it back.
 """
 
 from __future__ import annotations
@@ -93,6 +96,25 @@ class AgentDetail(TypedDict, total=False):
 
 
 @with_config(ConfigDict(extra="ignore"))
+class LlmCall(TypedDict, total=False):
+    """One model call of a step: its reply cache ``key`` and ``reply`` (text), the
+    ``model`` (``provider:model``), ``finish_reason``, its ``error`` (``None``: none: shown
+    as it is) and, for a short streamed call, the ``stream`` mark (``{"json": bool}``)."""
+
+    key: Text
+    reply: Text
+    model: Text
+    finish_reason: Text
+    error: Any
+    stream: Lenient[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="ignore"))
+class _Calls(TypedDict, total=False):
+    llm_calls: Lenient[list[Lenient[LlmCall]]]
+
+
+@with_config(ConfigDict(extra="ignore"))
 class _Timers(TypedDict, total=False):
     timers: Lenient[dict[str, Number]]
 
@@ -102,6 +124,7 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     UnpauseDetail: TypeAdapter(Lenient[UnpauseDetail]),
     CancelDetail: TypeAdapter(Lenient[CancelDetail]),
     AgentDetail: TypeAdapter(Lenient[AgentDetail]),
+    _Calls: TypeAdapter(Lenient[_Calls]),
     _Timers: TypeAdapter(Lenient[_Timers])}
 
 
@@ -117,3 +140,11 @@ def due_times(detail: Any) -> dict[str, float]:
     that are numbers (``{}``: none, or no object)."""
     times = read(_Timers, detail).get("timers") or {}
     return {t: due for t, due in times.items() if due is not None}
+
+
+def llm_calls(detail: Any) -> list[LlmCall]:
+    """A row's ``detail.llm_calls``: the entries that are objects, in call order, each with
+    the fields that fit (``[]``: none, or no list)."""
+    calls = read(_Calls, detail).get("llm_calls") or []
+    return [{k: v for k, v in c.items() if v is not None}  # type: ignore[misc]  # (each: an LlmCall)
+            for c in calls if c is not None]

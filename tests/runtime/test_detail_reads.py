@@ -71,3 +71,52 @@ def test_an_agents_rows_of_junk_read_as_no_call_and_no_one(junk: Any) -> None:
     assert agent_note({"agent": "decision", "choice": "deny", "call": "1.1",
                        "review": junk}) == "deny 1.1 by None"
     assert agent_note({"agent": junk}) is None
+
+
+def _llm_row(calls: Any) -> HistoryRow:
+    return HistoryRow("w", 3, "a", "b", "go", 900.0, detail={"llm_calls": calls})
+
+
+def test_recorded_replies_read_the_calls_that_fit() -> None:
+    from fsm_engine.runtime.reply_cache import RecordedReplies
+    calls = [{"key": "k1", "reply": "hi", "model": "p:m"}, 5, "x", {"key": "k2", "reply": 3},
+             {"key": ["k3"], "reply": "no"}, {"key": "k4", "reply": "err", "error": "boom"},
+             {"key": "k5", "reply": "ok", "finish_reason": "length"}]
+    got = RecordedReplies(_Store([_llm_row(calls)]), "w")  # type: ignore[arg-type]
+    hit = got.get("k1")
+    assert hit is not None and (hit.text, hit.model, hit.finish_reason) == ("hi", "m", "stop")
+    assert [got.get(k) is None for k in ("k2", "k3", "k4")] == [True] * 3
+    assert got.get("k5").finish_reason == "length"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("junk", JUNK)
+def test_recorded_replies_of_junk_are_none(junk: Any) -> None:
+    from fsm_engine.runtime.reply_cache import RecordedReplies
+    rows = [_llm_row(junk), _llm_row([junk]), HistoryRow("w", 4, "a", "b", "go", 1.0,
+                                                         detail=junk)]
+    if not isinstance(junk, str):  # (text is a reply)
+        rows.append(_llm_row([{"key": "k", "reply": junk}]))
+    assert RecordedReplies(_Store(rows), "w").get("k") is None  # type: ignore[arg-type]
+
+
+def test_inline_stream_rows_stand_for_the_marked_calls_that_fit() -> None:
+    from fsm_engine.runtime import stream_inline
+    calls = [{"reply": "hello", "finish_reason": "stop", "stream": {"json": True}},
+             {"reply": "unmarked"}, 7, {"reply": 5, "stream": {"json": False}},
+             {"reply": "x", "stream": "yes"}]
+    rows = stream_inline.rows(_llm_row(calls), [], 0)
+    assert [(r.kind, r.attempt, r.text, r.info) for r in rows] == [
+        ("open", 1, "", {"json": True}), ("chunk", 1, "hello", {}),
+        ("end", 1, "", {"finish": "stop", "chars": 5}),
+        ("superseded", 1, "", {"by": [3, 2]}), ("open", 2, "", {}),
+        ("end", 2, "", {"finish": None, "chars": 0})]
+
+
+@pytest.mark.parametrize("junk", JUNK)
+def test_inline_stream_rows_of_junk_are_none(junk: Any) -> None:
+    from fsm_engine.runtime import stream_inline
+    rows = [_llm_row(junk), _llm_row([junk]), HistoryRow("w", 4, "a", "b", "go", 1.0,
+                                                         detail=junk)]
+    if not isinstance(junk, dict):  # (an object marks it: its rows, of no text)
+        rows.append(_llm_row([{"reply": "r", "stream": junk}]))
+    assert [stream_inline.rows(row, [], 0) for row in rows] == [[]] * len(rows)
