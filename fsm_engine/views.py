@@ -172,8 +172,8 @@ def recovery_note(detail: dict[str, Any]) -> str | None:
     ``taken over by hostB pid 7 from hostA pid 41 (its process was gone) mid-step: the
     step runs again``."""
     info = detail.get("recovery")
-    if not isinstance(info, dict):
-        return None
+    if not isinstance(info, dict):  # (by hand: each field is shown through str() or as a
+        return None                 # flag, whatever it holds; only the object is checked)
     text = (f"taken over by {_worker(info.get('to'), info.get('to_host'), info.get('to_pid'))}"
             f" from {_worker(info.get('from'), info.get('from_host'), info.get('from_pid'))}")
     cause = _CAUSES.get(str(info.get("cause")))

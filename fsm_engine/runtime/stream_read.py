@@ -229,13 +229,12 @@ class _Merge:
         if not inline:
             self.pos = row.pos + 1
         key = (row.seq, row.attempt)
-        by = row.info.get("by")
+        by = row.info.get("by")  # [seq, attempt] or none (store.streams.StreamInfo)
         return StreamEvent(row.kind, row.seq, row.attempt, row.pos if not inline else self.pos,
                            self.cursor(inline), row.text, row.offset,
                            _partial(self.texts.get(key)) if row.kind == "chunk"
                            and key in self.json else None,
-                           (int(by[0]), int(by[1])) if isinstance(by, list) and len(by) == 2
-                           else None, info={k: v for k, v in row.info.items() if k != "by"})
+                           (by[0], by[1]) if by else None, info={k: v for k, v in row.info.items() if k != "by"})
 
     def step(self, h: HistoryRow) -> list[StreamEvent]:
         """The events of committed step ``h``: the rows its history holds, then its own."""
@@ -310,6 +309,8 @@ def _tool_result(h: HistoryRow) -> dict[str, Any]:
     """What the ``step`` event of an agent's tool-call row (kind ``tool``, ``agent:
     "call"``) says of it: ``call`` (its id) and its ``result`` (JSON, at most
     ``RESULT_CHARS`` characters) or ``error``; ``{}`` for the agent's other rows."""
+    # (kept by hand: each field is shown through str() or json.dumps, whatever it holds;
+    # only the detail itself must be an object)
     d = h.detail if isinstance(h.detail, dict) else {}
     if d.get("agent") != "call":
         return {}
