@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
+from ..store import details
 from ..store.records import FINAL_STATUSES, TOOL, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
@@ -309,9 +310,7 @@ def _tool_result(h: HistoryRow) -> dict[str, Any]:
     """What the ``step`` event of an agent's tool-call row (kind ``tool``, ``agent:
     "call"``) says of it: ``call`` (its id) and its ``result`` (JSON, at most
     ``RESULT_CHARS`` characters) or ``error``; ``{}`` for the agent's other rows."""
-    # (kept by hand: each field is shown through str() or json.dumps, whatever it holds;
-    # only the detail itself must be an object)
-    d = h.detail if isinstance(h.detail, dict) else {}
+    d = details.as_object(h.detail)  # (each field shown through str() or json.dumps)
     if d.get("agent") != "call":
         return {}
     out: dict[str, Any] = {"call": str(d.get("call"))[:40]}

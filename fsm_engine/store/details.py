@@ -16,6 +16,8 @@ integer of 400 digits) is none.
   ``runtime.kinds.timers``);
 - ``AgentDetail``: the parts of an agent journal row its one-line note reads
   (``runtime.kinds.agent_journal``);
+- ``structured_outputs``: what a step's structured output saw (``detail.structured``,
+  ``runtime.step``), as the viewer shows it;
 - ``LlmCall``: a step's model call (``llm_calls``: ``runtime.calls.meter`` and
   ``bill``), as a recorded reply (``runtime.reply_cache``) and an inline stream
   (``runtime.stream_inline``) read it back.
@@ -115,6 +117,11 @@ class _Calls(TypedDict, total=False):
 
 
 @with_config(ConfigDict(extra="ignore"))
+class _Structured(TypedDict, total=False):
+    structured: Lenient[list[Lenient[dict[str, Any]]]]
+
+
+@with_config(ConfigDict(extra="ignore"))
 class _Timers(TypedDict, total=False):
     timers: Lenient[dict[str, Number]]
 
@@ -125,6 +132,7 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     CancelDetail: TypeAdapter(Lenient[CancelDetail]),
     AgentDetail: TypeAdapter(Lenient[AgentDetail]),
     _Calls: TypeAdapter(Lenient[_Calls]),
+    _Structured: TypeAdapter(Lenient[_Structured]),
     _Timers: TypeAdapter(Lenient[_Timers])}
 
 
@@ -148,3 +156,17 @@ def llm_calls(detail: Any) -> list[LlmCall]:
     calls = read(_Calls, detail).get("llm_calls") or []
     return [{k: v for k, v in c.items() if v is not None}  # type: ignore[misc]  # (each: an LlmCall)
             for c in calls if c is not None]
+
+
+def structured_outputs(detail: Any) -> list[dict[str, Any]]:
+    """A row's ``detail.structured``: each structured output's ``raw`` text, ``errors`` and
+    ``repairs`` as it is, the entries that are objects (``[]``: none, or no list)."""
+    return [o for o in read(_Structured, detail).get("structured") or () if o is not None]
+
+
+_OBJECT: TypeAdapter[dict[str, Any] | None] = TypeAdapter(Lenient[dict[str, Any]])
+
+
+def as_object(detail: Any) -> dict[str, Any]:
+    """``detail`` as it is when it is an object, else ``{}`` (a copy: its values shared)."""
+    return _OBJECT.validate_python(detail) or {}
