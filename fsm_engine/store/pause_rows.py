@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
+from .details import Text
+
 #: The reason an instance carried while a request was stored in ``fsm_meta``.
 OLD_MARKER = "pause_requested"
 _PREFIX = "pause:"
@@ -28,7 +30,7 @@ class OldRequest(BaseModel):
     """An ``fsm_meta`` row ``pause:ID`` as format 12 wrote it: an object whose ``version``
     is an int; ``by``, ``reason`` and ``at`` are carried over as they are (the new
     request's reader, ``pausing.decode``, judges them), a ``prior_reason`` that is not text
-    is none, ``withdrawn`` is only ``true``; other keys are ignored.  (Written by an older
+    is none (``details.Lenient``), ``withdrawn`` is only ``true``; other keys are ignored.  (Written by an older
     fsm_engine: its writer is gone, so the shape lives here, with its only reader.)"""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -37,7 +39,7 @@ class OldRequest(BaseModel):
     by: Any = None
     reason: Any = None
     at: Any = None
-    prior_reason: Any = None
+    prior_reason: Text = None
     withdrawn: Any = False
 
 
@@ -50,10 +52,9 @@ def converted(text: str | None) -> tuple[str, str | None] | None:
         old = OldRequest.model_validate_json(text)
     except ValidationError:
         return None
-    prior = old.prior_reason
     new = {"by": old.by, "reason": old.reason, "at": old.at, "base": old.version - 1,
            "version": old.version, "withdrawn": old.withdrawn is True}
-    return json.dumps(new), prior if isinstance(prior, str) else None
+    return json.dumps(new), old.prior_reason
 
 
 def move_requests(cur: Any, mark: str) -> None:
