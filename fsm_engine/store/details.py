@@ -9,6 +9,8 @@ replaces did; a detail that is not an object reads as one with no fields.  Numbe
 strict: a bool is no number, text is no number, and a number past a float's range (an
 integer of 400 digits) is none.
 
+- ``StepDetail``: the counters of a step's row a rebuild reads (``reasks``, ``attempt``:
+  ``runtime.step.history_detail``; ``runtime.kinds.replay``);
 - ``PauseDetail``: a ``kind: pause`` row (``runtime.outcome.pause_in_place``);
 - ``UnpauseDetail``: a ``kind: unpause`` row (``runtime.outcome.unpaused``);
 - ``CancelDetail``: a ``kind: cancel`` row (``runtime.outcome.cancelled``);
@@ -29,7 +31,9 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     ConfigDict,
+    Field,
     StrictFloat,
+    StrictInt,
     StrictStr,
     TypeAdapter,
     ValidationError,
@@ -54,6 +58,17 @@ Lenient = Annotated[T | None, WrapValidator(_or_none)]
 #: Seconds or epoch seconds: an int or a float within a float's range.
 Number = Lenient[StrictFloat]
 Text = Lenient[StrictStr]
+#: A count: an int >= 0 within an SQL ``BIGINT``.
+Count = Lenient[Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]]
+
+
+@with_config(ConfigDict(extra="ignore"))
+class StepDetail(TypedDict, total=False):
+    """A step's counters: the re-asks its structured output took (``reasks``) and which
+    attempt it was (``attempt``, 1-based)."""
+
+    reasks: Count
+    attempt: Count
 
 
 @with_config(ConfigDict(extra="ignore"))
@@ -127,6 +142,7 @@ class _Timers(TypedDict, total=False):
 
 
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {
+    StepDetail: TypeAdapter(Lenient[StepDetail]),
     PauseDetail: TypeAdapter(Lenient[PauseDetail]),
     UnpauseDetail: TypeAdapter(Lenient[UnpauseDetail]),
     CancelDetail: TypeAdapter(Lenient[CancelDetail]),

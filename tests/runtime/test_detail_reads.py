@@ -120,3 +120,33 @@ def test_inline_stream_rows_of_junk_are_none(junk: Any) -> None:
     if not isinstance(junk, dict):  # (an object marks it: its rows, of no text)
         rows.append(_llm_row([{"reply": "r", "stream": junk}]))
     assert [stream_inline.rows(row, [], 0) for row in rows] == [[]] * len(rows)
+
+
+def _rebuilt() -> Any:
+    from fsm_engine.runtime.kinds.replay import Rebuilt
+    return Rebuilt({}, "a", {"a": 1}, [
+        SimpleNamespace(state="a", visit=1, tokens=7, at=1.0)])  # type: ignore[list-item]
+
+
+def test_a_rebuild_counts_the_reasks_and_attempts_rows_recorded() -> None:
+    cm: Any = SimpleNamespace(states={"a": SimpleNamespace(name="a", agent=None,
+                                                           token_budget=None)})
+    r = _rebuilt()
+    h = HistoryRow("w", 1, "a", "b", "go", 5.0, detail={"reasks": 2, "attempt": 2})
+    assert r.run(record("w"), cm, h).state_tokens_used == 7  # its failed attempt's
+    r.after(h)
+    assert r.loops == 3
+
+
+@pytest.mark.parametrize("junk", [*JUNK, "3", 2.5])
+def test_a_rebuild_counts_junk_as_none_recorded(junk: Any) -> None:
+    """(A count that is text or a fraction is none: ``"3"`` once read as 3, ``2.5`` as 2
+    and ``null`` raised ``TypeError``.)"""
+    cm: Any = SimpleNamespace(states={"a": SimpleNamespace(name="a", agent=None,
+                                                           token_budget=None)})
+    for detail in ({"reasks": junk, "attempt": junk}, junk):
+        r = _rebuilt()
+        h = HistoryRow("w", 1, "a", "b", "go", 5.0, detail=detail)
+        assert r.run(record("w"), cm, h).state_tokens_used == 0
+        r.after(h)
+        assert r.loops == 1
