@@ -227,6 +227,6 @@ def agent_note(detail: dict[str, Any]) -> str | None:
     if kind == "ask":
         return f"ask {detail.get('call')} {detail.get('tool')} {short(detail.get('arguments'))}"
     if kind == "decision":
-        by = (details.read(details.AgentDetail, detail).get("review") or {}).get("by")
+        by = details.reviewer(detail)
         return f"{detail.get('choice')} {detail.get('call')} by {by}"
     return None

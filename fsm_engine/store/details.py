@@ -16,8 +16,12 @@ integer of 400 digits) is none.
 - ``CancelDetail``: a ``kind: cancel`` row (``runtime.outcome.cancelled``);
 - ``due_times``: the due times a row recorded of its state's timers (``detail.timers``,
   ``runtime.kinds.timers``);
-- ``AgentDetail``: the parts of an agent journal row its one-line note reads
+- ``AgentDetail``: the calls of an agent journal turn its one-line note reads
   (``runtime.kinds.agent_journal``);
+- ``ReviewDetail``: who decided a review row or an agent's approval (``review``:
+  ``runtime.kinds.reviews``, ``agent_review``);
+- ``join_counts``: how a fan-out's branches ended (``detail.branches`` of a join row,
+  ``runtime.kinds.fanout``);
 - ``structured_outputs``: what a step's structured output saw (``detail.structured``,
   ``runtime.step``), as the viewer shows it;
 - ``LlmCall``: a step's model call (``llm_calls``: ``runtime.calls.meter`` and
@@ -105,11 +109,22 @@ class CancelDetail(TypedDict, total=False):
 
 @with_config(ConfigDict(extra="ignore"))
 class AgentDetail(TypedDict, total=False):
-    """What an agent journal row's note reads: a turn's ``calls`` (the objects among
-    them), a decision's reviewer (``review.by``, shown as it is)."""
+    """What an agent journal turn's note reads: its ``calls`` (the objects among them)."""
 
     calls: Lenient[list[Lenient[dict[str, Any]]]]
+
+
+@with_config(ConfigDict(extra="ignore"))
+class ReviewDetail(TypedDict, total=False):
+    """A decision's ``review``: ``item``, ``by`` (the decider, ``runtime.kinds.reviews.SLA``
+    for its timer), ``note``, ``edit``; each as it is."""
+
     review: Lenient[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="ignore"))
+class _Join(TypedDict, total=False):
+    branches: Lenient[dict[str, Count]]
 
 
 @with_config(ConfigDict(extra="ignore"))
@@ -147,6 +162,8 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     UnpauseDetail: TypeAdapter(Lenient[UnpauseDetail]),
     CancelDetail: TypeAdapter(Lenient[CancelDetail]),
     AgentDetail: TypeAdapter(Lenient[AgentDetail]),
+    ReviewDetail: TypeAdapter(Lenient[ReviewDetail]),
+    _Join: TypeAdapter(Lenient[_Join]),
     _Calls: TypeAdapter(Lenient[_Calls]),
     _Structured: TypeAdapter(Lenient[_Structured]),
     _Timers: TypeAdapter(Lenient[_Timers])}
@@ -186,3 +203,15 @@ _OBJECT: TypeAdapter[dict[str, Any] | None] = TypeAdapter(Lenient[dict[str, Any]
 def as_object(detail: Any) -> dict[str, Any]:
     """``detail`` as it is when it is an object, else ``{}`` (a copy: its values shared)."""
     return _OBJECT.validate_python(detail) or {}
+
+
+def join_counts(detail: Any) -> dict[str, int]:
+    """A join row's ``detail.branches``: branches by how they ended (``succeeded``,
+    ``failed``, ``skipped``, ``running``: cancelled), the counts that are ints >= 0."""
+    counts = read(_Join, detail).get("branches") or {}
+    return {k: n for k, n in counts.items() if n is not None}
+
+
+def reviewer(detail: Any) -> Any:
+    """Who decided the review ``detail`` records (``review.by``, as it is; ``None``: none)."""
+    return (read(ReviewDetail, detail).get("review") or {}).get("by")
