@@ -235,7 +235,8 @@ class _Merge:
                            self.cursor(inline), row.text, row.offset,
                            _partial(self.texts.get(key)) if row.kind == "chunk"
                            and key in self.json else None,
-                           (by[0], by[1]) if by else None, info={k: v for k, v in row.info.items() if k != "by"})
+                           (by[0], by[1]) if by else None,
+                           info={k: v for k, v in row.info.items() if k != "by"})
 
     def step(self, h: HistoryRow) -> list[StreamEvent]:
         """The events of committed step ``h``: the rows its history holds, then its own."""

@@ -31,7 +31,7 @@ integer of 400 digits) is none.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 from pydantic import (
     ConfigDict,
@@ -59,7 +59,7 @@ def _or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 
 #: A field read as ``T`` or, when what is stored is not one, as absent (``None``).
 Lenient = Annotated[T | None, WrapValidator(_or_none)]
-#: Seconds or epoch seconds: an int or a float within a float's range.
+#: Seconds or epoch seconds: an int within a float's range, or a float.
 Number = Lenient[StrictFloat]
 Text = Lenient[StrictStr]
 #: A count: an int >= 0 within an SQL ``BIGINT``.
@@ -172,8 +172,8 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {
 def read(shape: type[T], detail: Any) -> T:
     """``detail`` (a stored row's, as it is) read as ``shape``, one of this module's: the
     fields that fit, a field that does not left out; ``{}`` when ``detail`` is no object."""
-    got = _ADAPTERS[shape].validate_python(detail)
-    return {k: v for k, v in got.items() if v is not None} if got else {}  # type: ignore[return-value]  # (T: a TypedDict)
+    got = _ADAPTERS[shape].validate_python(detail) or {}
+    return cast(T, {k: v for k, v in got.items() if v is not None})
 
 
 def due_times(detail: Any) -> dict[str, float]:
@@ -187,7 +187,7 @@ def llm_calls(detail: Any) -> list[LlmCall]:
     """A row's ``detail.llm_calls``: the entries that are objects, in call order, each with
     the fields that fit (``[]``: none, or no list)."""
     calls = read(_Calls, detail).get("llm_calls") or []
-    return [{k: v for k, v in c.items() if v is not None}  # type: ignore[misc]  # (each: an LlmCall)
+    return [cast(LlmCall, {k: v for k, v in c.items() if v is not None})
             for c in calls if c is not None]
 
 

@@ -30,8 +30,9 @@ class OldRequest(BaseModel):
     """An ``fsm_meta`` row ``pause:ID`` as format 12 wrote it: an object whose ``version``
     is an int; ``by``, ``reason`` and ``at`` are carried over as they are (the new
     request's reader, ``pausing.decode``, judges them), a ``prior_reason`` that is not text
-    is none (``details.Lenient``), ``withdrawn`` is only ``true``; other keys are ignored.  (Written by an older
-    fsm_engine: its writer is gone, so the shape lives here, with its only reader.)"""
+    is none (``details.Lenient``), ``withdrawn`` is only ``true``; other keys are
+    ignored.  (Written by an older fsm_engine: its writer is gone, so the shape lives
+    here, with its only reader.)"""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
