@@ -12,7 +12,9 @@ from tampered_store import Tampered
 from fsm_engine.store import open_store
 from fsm_engine.store.records import HistoryRow
 from fsm_engine.testing.contract_fixtures import record
-from fsm_engine.ui.data import Viewer
+
+pytest.importorskip("jinja2")  # (the [ui] extra: the viewer's data module renders with it)
+from fsm_engine.ui.data import Viewer  # noqa: E402
 
 
 def _page(tmp_path: Path, detail: Any) -> list[dict[str, Any]]:
