@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .store import details
 from .store.records import NOT_MOVES, HistoryRow
 
 __all__ = ["Coverage", "Edge", "collect", "from_store", "verdict", "EXITS"]
@@ -227,7 +228,7 @@ def _exits(row: HistoryRow) -> list[str]:
     """The policy exits ``row`` records: its kind's (a fallback, a skip, the loop cap, a
     review its SLA timer decided) and its reason's (``fallback`` after ``timeout`` is both)."""
     out = [row.kind] if row.kind in ("fallback", "skip", "loop_limit") else []
-    if row.kind == "review" and (row.detail.get("review") or {}).get("by") == _SLA:
+    if row.kind == "review" and details.reviewer(row.detail) == _SLA:
         out.append("review_timeout")
     if row.reason in EXITS and row.reason not in out:
         out.append(row.reason)

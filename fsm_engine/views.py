@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
+from .store import details
 from .store.records import PAUSE, UNPAUSE, HistoryRow, InstanceRecord, OutboxRow
 
 
@@ -47,14 +48,11 @@ def timer_json(rec: InstanceRecord, rows: Iterable[HistoryRow]) -> dict[str, Any
     for row in reversed(list(rows)):
         if row.dest != rec.state:
             return None
-        kept = row.detail.get("timers")
-        if isinstance(kept, dict):
-            times = {str(t): float(v) for t, v in kept.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if times:
-                trigger = min(times, key=lambda t: times[t])
-                return {"trigger": trigger, "due": rec.next_attempt_at or times[trigger],
-                        "timers": times}
+        times = details.due_times(row.detail)
+        if times:
+            trigger = min(times, key=lambda t: times[t])
+            return {"trigger": trigger, "due": rec.next_attempt_at or times[trigger],
+                    "timers": times}
         if row.source != row.dest:  # the row that entered it: it armed none
             return None
     return None
@@ -174,8 +172,8 @@ def recovery_note(detail: dict[str, Any]) -> str | None:
     ``taken over by hostB pid 7 from hostA pid 41 (its process was gone) mid-step: the
     step runs again``."""
     info = detail.get("recovery")
-    if not isinstance(info, dict):
-        return None
+    if not isinstance(info, dict):  # (by hand: each field is shown through str() or as a
+        return None                 # flag, whatever it holds; only the object is checked)
     text = (f"taken over by {_worker(info.get('to'), info.get('to_host'), info.get('to_pid'))}"
             f" from {_worker(info.get('from'), info.get('from_host'), info.get('from_pid'))}")
     cause = _CAUSES.get(str(info.get("cause")))
@@ -194,17 +192,17 @@ def pause_note(row: dict[str, Any]) -> str | None:
     line, ``None`` for other rows: ``paused by ann: audit``, ``paused by its policy:
     retries_exhausted`` (with the last attempt's error after it), ``unpaused by bob after
     12.5 s``."""
-    found = row.get("detail")
-    detail: dict[str, Any] = found if isinstance(found, dict) else {}
-    by = detail.get("operator")
-    who = f"by {by}" if isinstance(by, str) else "by its policy"
+    pause = details.read(details.PauseDetail, row.get("detail"))
+    by = pause.get("operator")
+    who = f"by {by}" if by is not None else "by its policy"
     if row.get("kind") == PAUSE:
         note = f"paused {who}: {row.get('reason') or 'paused'}"
         return f"{note}; {row['error']}" if row.get("error") else note
     if row.get("kind") == UNPAUSE:
-        took = detail.get("paused_s")
-        after = f" after {took:g} s" if isinstance(took, (int, float)) else ""
-        return f"unpaused{f' by {by}' if isinstance(by, str) else ''}{after}"
+        unpause = details.read(details.UnpauseDetail, row.get("detail"))
+        took, by = unpause.get("paused_s"), unpause.get("operator")
+        after = f" after {took:g} s" if took is not None else ""
+        return f"unpaused{f' by {by}' if by is not None else ''}{after}"
     return None
 
 
@@ -219,9 +217,9 @@ def agent_note(detail: dict[str, Any]) -> str | None:
         dumped = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
         return dumped if len(dumped) <= 80 else dumped[:79] + "…"
     if kind == "turn":
-        calls = detail.get("calls") or []
+        calls = details.read(details.AgentDetail, detail).get("calls") or []
         asked = ", ".join(f"{c.get('tool')} {short(c.get('arguments'))}" for c in calls
-                          if isinstance(c, dict))
+                          if c is not None)
         return f"turn {detail.get('turn')}: {asked or 'no call'}"
     if kind == "call":
         got = short(detail["result"]) if "result" in detail else "error"
@@ -229,7 +227,6 @@ def agent_note(detail: dict[str, Any]) -> str | None:
     if kind == "ask":
         return f"ask {detail.get('call')} {detail.get('tool')} {short(detail.get('arguments'))}"
     if kind == "decision":
-        review = detail.get("review") or {}
-        by = review.get("by") if isinstance(review, dict) else None
+        by = details.reviewer(detail)
         return f"{detail.get('choice')} {detail.get('call')} by {by}"
     return None

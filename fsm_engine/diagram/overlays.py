@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..store import details
 from ..store.records import NOT_MOVES, RECOVERY, TOOL, AttemptRow, HistoryRow, InstanceRecord
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def instance_overlay(rec: InstanceRecord, history: Sequence[HistoryRow],
     for state, line in tool_calls(journal).items():
         figures.setdefault(state, []).append(line)
     for row in history:  # a fan-out's join: how its branches ended
-        counts = row.detail.get("branches") if row.kind == "join" else None
+        counts = details.join_counts(row.detail) if row.kind == "join" else None
         if counts:
             figures.setdefault(row.source, []).append(_branch_counts(counts))
     return {"instance_id": rec.id, "state": rec.state, "status": rec.status,
@@ -65,9 +66,10 @@ def tool_calls(rows: Sequence[HistoryRow]) -> dict[str, str]:
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     errors: dict[str, int] = defaultdict(int)
     for row in rows:
-        if row.detail.get("agent") == "call":
-            counts[row.source][str(row.detail.get("tool"))] += 1
-            errors[row.source] += "error" in row.detail
+        d = details.as_object(row.detail)  # (its tool shown through str(), whatever it is)
+        if d.get("agent") == "call":
+            counts[row.source][str(d.get("tool"))] += 1
+            errors[row.source] += "error" in d
     out = {}
     for state, tools in counts.items():
         line = " ".join(f"{name}×{n}" for name, n in sorted(tools.items()))

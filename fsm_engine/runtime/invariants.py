@@ -140,6 +140,8 @@ def _state_spec(store: Store, rec: InstanceRecord) -> dict[str, Any] | None:
     except FsmError:  # a damaged definition row: nothing to read the state from
         return None
     states = row.export.get("states") if row is not None else None
+    # (by hand: a stored export is store.definitions.StoredExport, its states a list read
+    # as the diagram reads them; only the one named is picked out here)
     return next((s for s in states or () if isinstance(s, dict)
                  and s.get("name") == rec.state), None)
 

@@ -13,6 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..redaction import redact
+from ..store import details
 from ..store.records import (
     CANCELLED,
     COMPLETED,
@@ -315,14 +316,11 @@ def scheduled_due(pause: HistoryRow | None) -> float | None:
     paused: its ``detail.scheduled_due`` (``pause_in_place``), else the time it had left
     after the row's ``at`` (a row written before it was kept); None when it paused
     anything else."""
-    if pause is None or pause.detail.get("status") != SCHEDULED:
+    d = details.read(details.PauseDetail, None if pause is None else pause.detail)
+    if pause is None or d.get("status") != SCHEDULED:
         return None
-    due, left = pause.detail.get("scheduled_due"), pause.detail.get("timer_left_s")
-    if isinstance(due, (int, float)) and not isinstance(due, bool):
-        return float(due)
-    if isinstance(left, (int, float)) and not isinstance(left, bool):
-        return pause.at + left
-    return None
+    due, left = d.get("scheduled_due"), d.get("timer_left_s")
+    return due if due is not None else None if left is None else pause.at + left
 
 
 def _left(until: float | None, now: float) -> float | None:
@@ -372,18 +370,18 @@ def unpaused(rec: InstanceRecord, pause: HistoryRow, now: float, *, by: str | No
     instance paused by a policy gets a fresh set of attempts.  A parent paused while it
     waited for its children runs its join again (a child that ended meanwhile woke no one)."""
     new = clone(rec)
-    d = pause.detail
+    d = details.read(details.PauseDetail, pause.detail)
     status: Status = RUNNING
     for known in (PENDING, WAITING, SCHEDULED):  # (a delayed start: due when its time is up)
         if d.get("status") == known:
             status = known
-    reason = d.get("reason") if isinstance(d.get("reason"), str) else None
+    reason = d.get("reason")
     if status == WAITING and reason == "children":
         status = RUNNING
     new.status, new.reason, new.owner, new.updated_at = status, reason, None, now
     left, deadline_left = d.get("timer_left_s"), d.get("deadline_left_s")
-    new.next_attempt_at = now + left if isinstance(left, (int, float)) else None
-    if isinstance(deadline_left, (int, float)):
+    new.next_attempt_at = None if left is None else now + left
+    if deadline_left is not None:
         new.deadline = now + deadline_left
     if d.get("operator") is None:  # paused by a policy: its retries start over
         new.attempt, new.next_attempt_at = 1, None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FsmError, StoreError
+from ..store import details
 from ..store.records import ReplyRow
 
 log = logging.getLogger("fsm_engine")
@@ -91,10 +92,10 @@ class RecordedReplies:
                         self.instance_id, exc)
             return found
         for row in rows:
-            for call in row.detail.get("llm_calls", ()):
+            for call in details.llm_calls(row.detail):
                 key, text = call.get("key"), call.get("reply")
-                if key and isinstance(text, str) and call.get("error") is None:
-                    model = str(call.get("model") or "").partition(":")[2]
+                if key and text is not None and call.get("error") is None:
+                    model = (call.get("model") or "").partition(":")[2]
                     found.setdefault(key, Completion(
                         text=text, prompt_tokens=0, completion_tokens=0,
                         finish_reason=call.get("finish_reason") or "stop", model=model))

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..errors import DebounceKeyTaken, InvalidInput, StartConflict, StartKeyTaken
+from ..store import details
 from ..store.base import Store
 from ..store.records import (
     PRIORITY_MAX,
@@ -227,13 +228,14 @@ def rescheduled(store: Store, step: StepCommit, cancel: HistoryRow, now: float) 
     it (``detail.scheduled_due``); its state's timers are armed when it starts.  Raises
     ``DebounceKeyTaken`` for a debounced start whose key has a newer burst
     (``reschedulable``)."""
-    due = cancel.detail.get("scheduled_due") if cancel.kind == "cancel" else None
-    if isinstance(due, bool) or not isinstance(due, (int, float)) or due <= now:
+    due = details.read(details.CancelDetail, cancel.detail).get("scheduled_due") \
+        if cancel.kind == "cancel" else None
+    if due is None or due <= now:
         return step
     new = step.record
     reschedulable(store, new)
-    new.status, new.next_attempt_at, new.owner = SCHEDULED, float(due), None
+    new.status, new.next_attempt_at, new.owner = SCHEDULED, due, None
     row = step.history[0]
     row.detail.pop("timers", None)  # armed when it starts (``kinds.timers.armed``)
-    row.detail["scheduled_due"] = float(due)
+    row.detail["scheduled_due"] = due
     return step

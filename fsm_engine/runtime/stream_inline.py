@@ -19,15 +19,16 @@ stream write: one SELECT and one INSERT less in its step's transaction (``bench/
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
+from ..store import details
 from ..store.records import HistoryRow, StepCommit
 from ..store.streams import ROW_CHARS, StreamOp, StreamRow
 
 __all__ = ["MARK", "mark", "entries", "rows", "ops"]
 
 #: The ``llm_calls`` entry key marking a streamed call whose rows are the entry itself.
-MARK = "stream"
+MARK: Final = "stream"
 
 
 def mark(entry: dict[str, Any], json: bool) -> None:
@@ -35,20 +36,16 @@ def mark(entry: dict[str, Any], json: bool) -> None:
     entry[MARK] = {"json": json}
 
 
-def entries(h: HistoryRow) -> list[dict[str, Any]]:
+def entries(h: HistoryRow) -> list[details.LlmCall]:
     """The marked ``llm_calls`` entries of ``h``, in call order (``[]``: none)."""
-    calls = h.detail.get("llm_calls") if h.detail else None
-    if not calls or not isinstance(calls, list):
-        return []
-    return [e for e in calls if isinstance(e, dict) and isinstance(e.get(MARK), dict)]
+    return [e for e in details.llm_calls(h.detail) if MARK in e]
 
 
-def _body(instance_id: str, seq: int, attempt: int, entry: dict[str, Any],
+def _body(instance_id: str, seq: int, attempt: int, entry: details.LlmCall,
           at: float) -> list[StreamRow]:
     """The rows of attempt ``attempt`` after its ``open``: the reply's chunks (at most
     ``ROW_CHARS`` characters each), then its ``end``."""
-    reply = entry.get("reply")
-    text = reply if isinstance(reply, str) else ""
+    text = entry.get("reply") or ""
     out = [StreamRow(instance_id, seq, attempt, "chunk", text[n:n + ROW_CHARS], n, {}, at)
            for n in range(0, len(text), ROW_CHARS)]
     out.append(StreamRow(instance_id, seq, attempt, "end", at=at,
@@ -56,9 +53,9 @@ def _body(instance_id: str, seq: int, attempt: int, entry: dict[str, Any],
     return out
 
 
-def _info(entry: dict[str, Any]) -> dict[str, Any]:
+def _info(entry: details.LlmCall) -> dict[str, Any]:
     """The ``open`` row's ``info`` of the call ``entry`` stands for."""
-    return {"json": True} if entry[MARK].get("json") else {}
+    return {"json": True} if (entry.get(MARK) or {}).get("json") else {}
 
 
 def rows(h: HistoryRow, opened: Sequence[int], top: int) -> list[StreamRow]:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
+from ..store import details
 from ..store.records import FINAL_STATUSES, TOOL, HistoryRow
 from ..store.streams import StreamRow
 from . import stream_inline
@@ -229,13 +230,13 @@ class _Merge:
         if not inline:
             self.pos = row.pos + 1
         key = (row.seq, row.attempt)
-        by = row.info.get("by")
+        by = row.info.get("by")  # [seq, attempt] or none (store.streams.StreamInfo)
         return StreamEvent(row.kind, row.seq, row.attempt, row.pos if not inline else self.pos,
                            self.cursor(inline), row.text, row.offset,
                            _partial(self.texts.get(key)) if row.kind == "chunk"
                            and key in self.json else None,
-                           (int(by[0]), int(by[1])) if isinstance(by, list) and len(by) == 2
-                           else None, info={k: v for k, v in row.info.items() if k != "by"})
+                           (by[0], by[1]) if by else None,
+                           info={k: v for k, v in row.info.items() if k != "by"})
 
     def step(self, h: HistoryRow) -> list[StreamEvent]:
         """The events of committed step ``h``: the rows its history holds, then its own."""
@@ -310,7 +311,7 @@ def _tool_result(h: HistoryRow) -> dict[str, Any]:
     """What the ``step`` event of an agent's tool-call row (kind ``tool``, ``agent:
     "call"``) says of it: ``call`` (its id) and its ``result`` (JSON, at most
     ``RESULT_CHARS`` characters) or ``error``; ``{}`` for the agent's other rows."""
-    d = h.detail if isinstance(h.detail, dict) else {}
+    d = details.as_object(h.detail)  # (each field shown through str() or json.dumps)
     if d.get("agent") != "call":
         return {}
     out: dict[str, Any] = {"call": str(d.get("call"))[:40]}

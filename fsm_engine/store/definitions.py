@@ -14,7 +14,10 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import StoreError
+from pydantic import ConfigDict, TypeAdapter, with_config
+from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict from 3.12 on)
+
+from . import stored_json
 from .records import DefinitionRow
 
 #: The table (``{real}``: the backend's floating-point type).
@@ -26,6 +29,18 @@ PUT = ("INSERT INTO definitions (machine, version, fingerprint, export, created_
        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (machine, version, fingerprint) DO NOTHING")
 GET = ("SELECT machine, version, fingerprint, export, created_at FROM definitions "
        "WHERE machine = ? AND version = ? AND fingerprint = ?")
+
+
+@with_config(ConfigDict(extra="allow"))
+class StoredExport(TypedDict):
+    """What a stored export must be to be drawn: a JSON object with a list of ``states``
+    (written by ``rows``: ``Machine.export()``); the rest of it is kept as it is, for the
+    viewer to read (``diagram.model``)."""
+
+    states: list[Any]
+
+
+_EXPORT: TypeAdapter[StoredExport] = TypeAdapter(StoredExport)
 
 
 def rows(machines: Iterable[Any], now: float) -> list[DefinitionRow]:
@@ -55,12 +70,7 @@ def decode(rows: Sequence[Any]) -> DefinitionRow | None:
     if not rows:
         return None
     machine, version, fingerprint, text, at = rows[0]
-    try:
-        export = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"the stored definition of {machine} v{version} is not JSON: "
-                         f"{exc}") from None
-    if not isinstance(export, dict) or not isinstance(export.get("states"), list):
-        raise StoreError(f"the stored definition of {machine} v{version} is not a "
-                         "machine export")
-    return DefinitionRow(str(machine), int(version), str(fingerprint), export, float(at or 0))
+    export = stored_json.read(_EXPORT, text, f"the stored definition of {machine} v{version} is",
+                              "a machine export")
+    return DefinitionRow(str(machine), int(version), str(fingerprint), dict(export),
+                         float(at or 0))

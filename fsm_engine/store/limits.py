@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import StoreError
+from . import stored_json
 
 #: Statements (``?`` placeholders) both backends run.
 GET = "SELECT value FROM fsm_meta WHERE key = 'limits'"
@@ -26,13 +26,8 @@ def encode(limits: dict[str, Any]) -> str:
 
 def decode(rows: Sequence[Any]) -> dict[str, Any] | None:
     """The stored limits object from ``GET``'s rows (``None``: none stored);
-    ``StoreError`` when the value is not a JSON object."""
+    ``StoreError`` when the value is not a JSON object (its shape is the runtime's:
+    ``runtime.fleet.limits.StoredLimits``)."""
     if not rows:
         return None
-    try:
-        value = json.loads(rows[0][0])
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"stored fleet limits are not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise StoreError("stored fleet limits are not a JSON object")
-    return value
+    return stored_json.read(stored_json.OBJECT, rows[0][0], "stored fleet limits are")

@@ -17,25 +17,45 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
+
+from .details import Text
+
 #: The reason an instance carried while a request was stored in ``fsm_meta``.
 OLD_MARKER = "pause_requested"
 _PREFIX = "pause:"
 
 
+class OldRequest(BaseModel):
+    """An ``fsm_meta`` row ``pause:ID`` as format 12 wrote it: an object whose ``version``
+    is an int; ``by``, ``reason`` and ``at`` are carried over as they are (the new
+    request's reader, ``pausing.decode``, judges them), a ``prior_reason`` that is not text
+    is none (``details.Lenient``), ``withdrawn`` is only ``true``; other keys are
+    ignored.  (Written by an older fsm_engine: its writer is gone, so the shape lives
+    here, with its only reader.)"""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: StrictInt
+    by: Any = None
+    reason: Any = None
+    at: Any = None
+    prior_reason: Text = None
+    withdrawn: Any = False
+
+
 def converted(text: str | None) -> tuple[str, str | None] | None:
     """``(the new request's JSON, the reason the instance had)`` of an old request, or None
-    when ``text`` is not one."""
+    when ``text`` is not one (``OldRequest``)."""
+    if not text:
+        return None
     try:
-        raw = json.loads(text) if text else None
-    except ValueError:
+        old = OldRequest.model_validate_json(text)
+    except ValidationError:
         return None
-    if not isinstance(raw, dict) or type(raw.get("version")) is not int:
-        return None
-    prior = raw.get("prior_reason")
-    new = {"by": raw.get("by"), "reason": raw.get("reason"), "at": raw.get("at"),
-           "base": raw["version"] - 1, "version": raw["version"],
-           "withdrawn": raw.get("withdrawn") is True}
-    return json.dumps(new), prior if isinstance(prior, str) else None
+    new = {"by": old.by, "reason": old.reason, "at": old.at, "base": old.version - 1,
+           "version": old.version, "withdrawn": old.withdrawn is True}
+    return json.dumps(new), old.prior_reason
 
 
 def move_requests(cur: Any, mark: str) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import StoreError
+from . import stored_json
 
 #: The table and its index (``{real}``: the backend's floating-point type).
 TABLE = ("CREATE TABLE schedules (name TEXT PRIMARY KEY, module TEXT NOT NULL, "
@@ -97,12 +97,7 @@ def update_args(row: ScheduleRow, expected_version: int) -> list[Any]:
 def decode(values: Sequence[Any]) -> ScheduleRow:
     """A stored row; ``StoreError`` when its input is not a JSON object."""
     v = list(values)
-    try:
-        data = json.loads(v[6])
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"the stored input of schedule {v[0]!r} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise StoreError(f"the stored input of schedule {v[0]!r} is not a JSON object")
+    data = stored_json.read(stored_json.OBJECT, v[6], f"the stored input of schedule {v[0]!r} is")
     return ScheduleRow(
         name=str(v[0]), module=str(v[1]), machine=str(v[2]), cron=v[3],
         every_s=None if v[4] is None else float(v[4]), tz=str(v[5]), input=data,

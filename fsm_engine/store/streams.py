@@ -25,7 +25,10 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, NotRequired
+
+from pydantic import ConfigDict, Field, StrictInt, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict from 3.12 on)
 
 from ..errors import StoreError
 
@@ -89,6 +92,21 @@ class StreamRow:
     info: dict[str, Any] = field(default_factory=dict)
     at: float = 0.0
     pos: int = -1
+
+
+_Natural = Annotated[StrictInt, Field(ge=0)]
+
+
+@with_config(ConfigDict(extra="allow"))
+class StreamInfo(TypedDict):
+    """A row's stored ``info`` (the module doc's keys, written by its kind): a JSON object
+    whose ``by``, when given, is ``[seq, attempt]`` (two integers >= 0); its other keys
+    are kept as they are (their readers judge them, ``runtime.stream_read``)."""
+
+    by: NotRequired[Annotated[list[_Natural], Field(min_length=2, max_length=2)] | None]
+
+
+_INFO: TypeAdapter[StreamInfo] = TypeAdapter(StreamInfo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +223,7 @@ def decode(rows: Sequence[Sequence[Any]]) -> list[StreamRow]:
         why = _malformed(pos, seq, attempt, kind, offset, text, at)
         parsed: Any = None
         if why is None:
-            try:
-                parsed = json.loads(info) if isinstance(info, str) else None
-            except ValueError:
-                parsed = None
-            why = _bad_info(parsed)
+            parsed, why = _read_info(info)
         if why is not None:
             if out:  # (the rows before it first: the next read begins at it)
                 return out
@@ -226,7 +240,9 @@ def _natural(value: Any) -> bool:
 
 def _malformed(pos: Any, seq: Any, attempt: Any, kind: Any, offset: Any, text: Any,
                at: Any) -> str | None:
-    """Why a row's columns are not a row (None: they are)."""
+    """Why a row's columns are not a row (None: they are).  Columns, not stored JSON: the
+    table types them and only SQLite's loose typing lets another tool write junk; checked
+    by hand, one test per column, on every row a stream read or resume decodes."""
     for name, value in (("pos", pos), ("seq", seq), ("attempt", attempt),
                         ("char_offset", offset)):
         if not _natural(value):
@@ -240,12 +256,12 @@ def _malformed(pos: Any, seq: Any, attempt: Any, kind: Any, offset: Any, text: A
     return None
 
 
-def _bad_info(info: Any) -> str | None:
-    """Why a row's parsed ``info`` is not one (None: it is)."""
-    if not isinstance(info, dict):
-        return "info is not a JSON object"
-    by = info.get("by")
-    if by is not None and not (isinstance(by, list) and len(by) == 2
-                               and all(_natural(n) for n in by)):
-        return f"by {json.dumps(by)[:30]} is not [seq, attempt]"
-    return None
+def _read_info(text: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A row's ``info`` read through ``StreamInfo``, or why it is not one."""
+    try:
+        return dict(_INFO.validate_json(text if isinstance(text, str) else "")), None
+    except ValidationError as exc:
+        if exc.errors()[0]["loc"][:1] != ("by",):
+            return None, "info is not a JSON object"
+    by = json.loads(text)["by"]  # (it parsed: only its by was refused; named whole)
+    return None, f"by {json.dumps(by)[:30]} is not [seq, attempt]"

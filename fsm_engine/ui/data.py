@@ -26,6 +26,7 @@ from ..diagram.overlays import aggregate_overlay, instance_overlay
 from ..errors import FsmError, InvalidInput, StoreError
 from ..runtime.fleet.liveness import live_ids
 from ..runtime.schedules import started_by
+from ..store import details
 from ..store.base import Store
 from ..store.records import (
     NOT_MOVES,
@@ -355,8 +356,9 @@ def _pretty(value: Any) -> str:
 
 
 def _history_row(row: dict[str, Any], now: float) -> dict[str, Any]:
-    detail = dict(row.get("detail") or {})
-    raw = [o for o in detail.get("structured", ()) if isinstance(o, dict)]
+    found = row.get("detail")
+    detail = details.as_object(found)
+    raw = details.structured_outputs(found)
     if "raw" in detail:
         raw.append({"raw": detail.get("raw"), "errors": detail.get("errors"),
                     "repairs": detail.get("repairs")})
@@ -366,7 +368,7 @@ def _history_row(row: dict[str, Any], now: float) -> dict[str, Any]:
                   "guards_text": [guard_reading(str(g[0]), g[1] if len(g) > 1 else False)
                                   for g in row.get("guards") or ()],
                   "delta_text": _pretty(row["delta"]) if row["delta"] else "",
-                  "detail_text": _pretty(detail) if detail else "", "outputs": raw,
+                  "detail_text": _pretty(found) if found else "", "outputs": raw,
                   "note": pause or recovery_note(detail) or agent_note(detail) or ""}
 
 

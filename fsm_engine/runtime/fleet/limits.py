@@ -24,7 +24,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from ...errors import InvalidInput, StoreError
 from ...policies import RateLimit
@@ -35,7 +47,6 @@ log = logging.getLogger("fsm_engine")
 
 #: Seconds a worker keeps the stored limits before reading them again.
 REFRESH_S = 2.0
-_RATE_FIELDS = ("rpm", "tpm", "window_s", "hold_s")
 
 
 @dataclass(frozen=True)
@@ -72,36 +83,21 @@ class FleetLimits:
 
     @classmethod
     def from_json(cls, value: Any) -> FleetLimits:
-        """Decode a stored object; ``StoreError`` naming every problem when it is not one."""
-        problems: list[str] = []
+        """Decode a stored object (``StoredLimits``); ``StoreError`` naming every problem
+        on one line when it is not one."""
         if value is None:
             return cls()
-        if not isinstance(value, dict):
-            raise StoreError(f"stored fleet limits are not a JSON object: {value!r:.80}")
-        problems += [f"unknown key {k!r}" for k in value
-                     if k not in ("queue_limits", "partition_limit", "rate_limits")]
-        queues = value.get("queue_limits") or {}
-        if not isinstance(queues, dict):
-            problems.append("queue_limits is not an object")
-            queues = {}
-        problems += [f"queue limit {q!r}: {n!r} is not a name and an int >= 1"
-                     for q, n in queues.items() if not QUEUE_NAME.fullmatch(str(q)) or not _count(n)]
-        partition = value.get("partition_limit")
-        if partition is not None and not _count(partition):
-            problems.append(f"partition_limit {partition!r} is not an int >= 1")
-        rates: dict[str, RateLimit] = {}
-        raw = value.get("rate_limits") or {}
-        for name, spec in (raw.items() if isinstance(raw, dict) else []):
-            limit = _rate(spec)
-            if isinstance(limit, str):
-                problems.append(f"rate limit {name!r}: {limit}")
-            else:
-                rates[name] = limit
-        if not isinstance(raw, dict):
-            problems.append("rate_limits is not an object")
-        if problems:
-            raise StoreError("stored fleet limits are unusable: " + "; ".join(problems))
-        return cls(dict(queues), partition, rates)
+        try:
+            got = StoredLimits.model_validate(value)
+        except ValidationError as exc:
+            if any(not e["loc"] for e in exc.errors()):
+                raise StoreError("stored fleet limits are not a JSON object: "
+                                 f"{value!r:.80}") from None
+            raise StoreError("stored fleet limits are unusable: "
+                             + "; ".join(map(_problem, exc.errors()))) from None
+        return cls(dict(got.queue_limits or {}), got.partition_limit,
+                   {name: RateLimit(**r.model_dump()) for name, r in
+                    (got.rate_limits or {}).items()})
 
     def changed(self, *, queue_limits: Mapping[str, int | None] = {},
                 partition_limit: int | None | str = "keep",
@@ -115,19 +111,53 @@ class FleetLimits:
             {m: r for m, r in rates.items() if r is not None})
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT
+#: A queue's name: all of it matches ``QUEUE_NAME`` (a pydantic pattern matches a prefix).
+_Queue = Annotated[str, StringConstraints(pattern=f"^(?:{QUEUE_NAME.pattern})$")]
+_Count = Annotated[StrictInt, Field(ge=1, le=MAX_COUNT)]
+#: Most calls or tokens of a stored rate limit: what an SQL ``BIGINT`` holds.
+_Many = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+_Seconds = Annotated[StrictFloat, Field(gt=0)]
 
 
-def _rate(spec: Any) -> RateLimit | str:
-    """A stored rate limit, or what is wrong with it."""
-    if not isinstance(spec, dict) or set(spec) - set(_RATE_FIELDS):
-        return f"expected an object with {', '.join(_RATE_FIELDS)}"
-    try:
-        limit = RateLimit(**spec)
-    except TypeError as exc:
-        return str(exc)
-    return "; ".join(limit.problems()) or limit
+class StoredRate(BaseModel):
+    """One stored rate limit (``RateLimit``'s fields, strict: no text for a number, finite
+    seconds > 0, ``rpm`` or ``tpm`` given); other keys are refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    rpm: _Many | None = None
+    tpm: _Many | None = None
+    window_s: _Seconds = 60.0
+    hold_s: _Seconds = 300.0
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> StoredRate:
+        if self.rpm is None and self.tpm is None:
+            raise ValueError("give rpm, tpm or both")
+        return self
+
+
+class StoredLimits(BaseModel):
+    """The stored object (the module doc's shape, ``FleetLimits.to_json``): every key
+    optional (``null``: none), queue names as ``QUEUE_NAME``, counts 1..``MAX_COUNT``;
+    other keys are refused (a newer fsm_engine's limit is not silently dropped)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue_limits: dict[_Queue, _Count] | None = None
+    partition_limit: _Count | None = None
+    rate_limits: dict[str, StoredRate] | None = None
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One problem of a ``StoredLimits`` read: where (``rate_limits['p'].rpm``), the value
+    and what is wrong with it."""
+    loc = [p for p in error["loc"] if p != "[key]"]
+    if error["type"] == "extra_forbidden" and len(loc) == 1:
+        return f"unknown key {loc[0]!r}"
+    where = "".join([str(loc[0]), *(f"[{p!r}]" if i == 1 else f".{p}"
+                                     for i, p in enumerate(loc[1:], start=1))])
+    return f"{where} {error['input']!r:.40}: {error['msg']}"
 
 
 def merge_rates(mine: Mapping[str, RateLimit],

@@ -20,7 +20,19 @@ the request, or withdrawing it, is one more touch (``touch``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+from pydantic.dataclasses import dataclass
 
 from ...definition.spec import Machine, State
 from ...errors import BudgetExhausted
@@ -30,20 +42,29 @@ from .. import outcome
 #: Longest operator name or reason kept (characters).
 MAX_TEXT = 200
 
+#: Operator text as kept: a string, cut to ``MAX_TEXT`` characters.
+_Text = Annotated[StrictStr, AfterValidator(lambda s: s[:MAX_TEXT])]
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, config=ConfigDict(extra="ignore", allow_inf_nan=False))
 class PauseRequest:
     """Who asked for a pause (``by``), why, when (epoch s); ``base``: the instance version
     before the request's first touch (what the holder's running step expects);
-    ``version``: the version its latest touch wrote."""
+    ``version``: the version its latest touch wrote.  Also the stored JSON's shape
+    (``encode``, ``decode``): strict types (a number is no text, a bool no number, a time
+    is finite), the texts cut to ``MAX_TEXT``, ``withdrawn`` only when it is ``true``,
+    other keys ignored."""
 
-    by: str | None
-    reason: str
-    at: float
-    base: int
-    version: int
+    by: _Text | None
+    reason: _Text
+    at: StrictFloat
+    base: StrictInt
+    version: StrictInt
     #: Unpaused before it applied: the next commit or claim only drops it.
-    withdrawn: bool = False
+    withdrawn: Annotated[bool, BeforeValidator(lambda v: v is True)] = False
+
+
+_STORED: TypeAdapter[PauseRequest] = TypeAdapter(PauseRequest)
 
 
 def with_parent(parent_id: str) -> str:
@@ -53,29 +74,21 @@ def with_parent(parent_id: str) -> str:
 
 
 def encode(req: PauseRequest) -> str:
-    """The stored JSON of ``req``."""
-    return json.dumps({"by": req.by, "reason": req.reason, "at": req.at, "base": req.base,
-                       "version": req.version, "withdrawn": req.withdrawn}, allow_nan=False)
+    """The stored JSON of ``req`` (an object of its fields; ``ValueError`` for a time that
+    is not finite)."""
+    return json.dumps(_STORED.dump_python(req), allow_nan=False)
 
 
 def decode(text: str | None) -> PauseRequest | None:
     """The request stored as ``text`` (``InstanceRecord.pause_request``); ``None`` when
-    there is none or it is not one (a stored value is hostile: wrong types are ignored,
-    never trusted)."""
+    there is none or it is not one (a stored value is hostile: one not fitting
+    ``PauseRequest`` is ignored, never trusted)."""
+    if not text:
+        return None
     try:
-        raw = json.loads(text) if text else None
-    except ValueError:
+        return _STORED.validate_json(text)
+    except ValidationError:
         return None
-    if not isinstance(raw, dict):
-        return None
-    by, reason, at, base, version = (raw.get(k) for k in ("by", "reason", "at", "base",
-                                                          "version"))
-    if not (by is None or isinstance(by, str)) or not isinstance(reason, str) \
-            or not isinstance(at, (int, float)) or type(version) is not int \
-            or type(base) is not int:
-        return None
-    return PauseRequest(by and by[:MAX_TEXT], reason[:MAX_TEXT], float(at), base, version,
-                        raw.get("withdrawn") is True)
 
 
 def touch(rec: InstanceRecord, req: PauseRequest | None, now: float, *, by: str | None,

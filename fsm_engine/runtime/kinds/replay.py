@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ...definition.spec import RunInfo
+from ...store import details
 from ...store.records import TOOL, AttemptRow, HistoryRow, InstanceRecord
 from ..compiled import CompiledMachine
 from ..step import run_info
@@ -73,8 +74,10 @@ class Rebuilt:
             self._journaled[at] = self._journaled.get(at, 0) + h.tokens
         if h.dest != h.source or h.kind in CHOSEN:
             self.visits[h.dest] = self.visits.get(h.dest, 0) + 1
-        self.loops += (1 + int(h.detail.get("reasks", 0))) if h.kind in CHOSEN else \
-            int(h.kind == TOOL and h.detail.get("agent") == "turn")  # an agent's model turn
+        if h.kind in CHOSEN:
+            self.loops += 1 + (details.read(details.StepDetail, h.detail).get("reasks") or 0)
+        elif h.kind == TOOL and details.as_object(h.detail).get("agent") == "turn":
+            self.loops += 1  # an agent's model turn
         self.tokens += h.tokens
 
     def run(self, rec: InstanceRecord, cm: CompiledMachine, h: HistoryRow) -> RunInfo:
@@ -86,7 +89,7 @@ class Rebuilt:
         if state.agent is not None:  # its journaled turns, and every failed one (as the driver)
             earlier = self._journaled.get((h.source, visit), 0) + \
                 visit_tokens(self.attempts, h.source, visit)
-        elif int(h.detail.get("attempt", 1)) > 1:
+        elif (details.read(details.StepDetail, h.detail).get("attempt") or 1) > 1:
             earlier = visit_tokens(self.attempts, h.source, visit)
         return run_info(at, state, h.tokens, earlier)
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ...definition.fanout import CHILDREN
 from ...definition.timers import After, constant_s
 from ...errors import InvalidInput
+from ...store import details
 from ...store.records import (
     ARMED,
     PAUSE,
@@ -142,11 +143,8 @@ def _own_entry(rec: InstanceRecord, history: list[HistoryRow]) -> HistoryRow | N
 
 def _kept(cm: CompiledMachine, state: str, row: HistoryRow | None) -> dict[str, float]:
     """The due times ``row`` recorded (``detail.timers``) of ``state``'s timers; ``{}``: none."""
-    kept = row.detail.get("timers") if row is not None else None
-    if not isinstance(kept, dict):
-        return {}
-    return {t: float(v) for t, v in kept.items() if has_timer(cm, state, t)
-            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    kept = details.due_times(row.detail) if row is not None else {}
+    return {t: due for t, due in kept.items() if has_timer(cm, state, t)}
 
 
 def recorded(cm: CompiledMachine, store: Store, rec: InstanceRecord) -> dict[str, float]:

@@ -178,3 +178,28 @@ def test_a_sweep_forgets_dead_workers_that_hold_nothing(engine_factory) -> None:
     assert rec.owner == "holding"
     assert own.sweep(now) == 1
     assert sorted(w.id for w in store.workers()) == sorted([own.id, "holding", "recent"])
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ([1, 2], "not a JSON object"), ("limits", "not a JSON object"),
+    ({"queue_limits": [1]}, "queue_limits"), ({"queue_limits": {"llm": True}}, "'llm'"),
+    ({"queue_limits": {"llm": 10**30}}, "'llm'"), ({"queue_limits": {"llm": 2.0}}, "'llm'"),
+    ({"partition_limit": 0}, "partition_limit 0"), ({"partition_limit": [2]}, "partition_limit"),
+    ({"rate_limits": "x"}, "rate_limits"), ({"rate_limits": {"p": [1]}}, "'p'"),
+    ({"rate_limits": {"p": {"rpm": "5"}}}, "'p'"), ({"rate_limits": {"p": {}}}, "'p'"),
+    ({"rate_limits": {"p": {"rpm": 5, "window_s": "60"}}}, "'p'"),
+    ({"rate_limits": {"p": {"rpm": 5, "hold_s": {"a": [1]}}}}, "'p'"),
+    ({"rate_limits": {"p": {"tpm": 10**400}, "q": {"rpm": 1}}}, "'p'"),
+])
+def test_a_hostile_stored_value_is_one_store_error_naming_the_part(value: object,
+                                                                  needle: str) -> None:
+    with pytest.raises(StoreError) as err:
+        FleetLimits.from_json(value)
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_stored_limits_read_back_as_written_with_ints_as_seconds() -> None:
+    got = FleetLimits.from_json({"queue_limits": {"llm": 8}, "partition_limit": None,
+                                 "rate_limits": {"*": {"tpm": 9, "window_s": 2, "hold_s": 5}}})
+    assert got == FleetLimits({"llm": 8}, None, {"*": RateLimit(tpm=9, window_s=2, hold_s=5)})
+    assert FleetLimits.from_json({"queue_limits": None, "rate_limits": {}}) == FleetLimits()
