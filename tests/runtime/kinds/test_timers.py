@@ -254,7 +254,8 @@ def test_a_case_advancing_the_clock_fires_the_timers_due_in_order() -> None:
 
 def test_fsm_resume_fires_a_timer_that_is_due(tmp_path, monkeypatch, capsys) -> None:
     """``fsm resume`` once the timer is due fires it (it said "nothing to resume": a waiting
-    instance was never resumable, its timer due or not)."""
+    instance was never resumable, its timer due or not).  The delay outlasts the first run
+    on a loaded machine (at 0.05 s, a run slower than that fired the timer itself: CI)."""
     import time
 
     from cli import run_main
@@ -265,7 +266,7 @@ def test_fsm_resume_fires_a_timer_that_is_due(tmp_path, monkeypatch, capsys) -> 
         "class C(BaseModel):\n    n: int = 0\n"
         "machine = Machine(name='quick', context=C, initial='a', states=[State('a'), "
         "State('w', wait=True), State('late', final=True)], transitions=["
-        "Transition('go', 'a', 'w'), Transition('t', 'w', 'late', after=0.05)])\n")
+        "Transition('go', 'a', 'w'), Transition('t', 'w', 'late', after=1.5)])\n")
     monkeypatch.setenv("FSM_MACHINES_ROOT", str(tmp_path))
     db = str(tmp_path / "fsm.db")
     engine = Engine(db)
