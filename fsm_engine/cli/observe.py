@@ -27,6 +27,8 @@ def parse_age(text: str) -> float:
     ``1h30m``); ``InvalidInput`` otherwise."""
     from ..errors import InvalidInput
     seconds = parse_duration(text)
+    if seconds is None and str(text).strip().startswith("-"):
+        raise InvalidInput(f"a duration is not negative: {str(text)[:40]!r}")
     if seconds is None:
         raise InvalidInput(f"cannot read duration {str(text)[:40]!r}: use numbers with units "
                            "ms, s, m, h, d or w (e.g. 30d, 1h30m)")

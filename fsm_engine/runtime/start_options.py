@@ -108,6 +108,9 @@ def _due(now: float, delay: float | None, at: datetime | None) -> float | None:
     due = at.timestamp()
     if due < now:
         raise InvalidInput(f"start time {at.isoformat()} has passed")
+    if due - now > MAX_DELAY_S:  # the bound a delay has: a start time is a delay too
+        raise InvalidInput(f"start time {at.isoformat()} is more than {MAX_DELAY_S:.0f} "
+                           "seconds (10 years) away")
     return due
 
 

@@ -82,6 +82,7 @@ PAST = datetime(2001, 1, 1, tzinfo=UTC)
     ({"delay": 5, "at": datetime.now(UTC) + timedelta(hours=1)}, "not both"),
     ({"at": datetime(2100, 1, 1)}, "needs its time zone"),  # noqa: DTZ001 - the point
     ({"at": PAST}, "has passed"),
+    ({"at": datetime(9999, 12, 31, tzinfo=UTC)}, "is more than 315360000 seconds"),
     ({"priority": 1001}, "priority is an integer from -1000 to 1000"),
     ({"priority": True}, "priority is an integer"),
     ({"debounce_key": "d"}, "needs both its key and its window"),
