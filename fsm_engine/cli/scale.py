@@ -254,11 +254,13 @@ def worker(db: str | None = DB,
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, runner.stop)
+        # said once SIGTERM drains: said before, a SIGTERM sent as soon as it was read (a
+        # supervisor, the matrix harness under load) could end the process at once (-15)
+        typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
         try:
             await runner.serve()
         finally:
             await engine.aclose()
-    typer.echo(f"fsm worker {engine.worker.id} on {engine.store.url}", err=True)
     _profiled(lambda: asyncio.run(serve()))
     typer.echo(f"fsm worker {engine.worker.id} stopped ({runner.completed} completed)", err=True)
 
