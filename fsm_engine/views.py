@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .store import details
-from .store.records import PAUSE, UNPAUSE, HistoryRow, InstanceRecord, OutboxRow
+from .store.records import PAUSE, TIMER, UNPAUSE, HistoryRow, InstanceRecord, OutboxRow
 
 
 def instance_json(rec: InstanceRecord) -> dict[str, Any]:
@@ -204,6 +204,23 @@ def pause_note(row: dict[str, Any]) -> str | None:
         after = f" after {took:g} s" if took is not None else ""
         return f"unpaused{f' by {by}' if by is not None else ''}{after}"
     return None
+
+
+def timer_note(row: dict[str, Any], now: float | None = None) -> str | None:
+    """A timer's history row (as ``fsm history --json`` gives it) as one line, ``None``
+    for other rows: a fire (kind ``timer``) ``timer fired 0.4 s late (due 12:03:04)``, a
+    row that armed its state's timers ``timer expire due 12:03:04`` (the soonest first)."""
+    detail = row.get("detail")
+    if row.get("kind") == TIMER:
+        fired = details.fired_timer(detail)
+        late, due = fired.get("lateness_s"), fired.get("due")
+        note = "timer fired" + (f" {late:.1f} s late" if late is not None else "")
+        return note + (f" (due {local_time(due, now)})" if due is not None else "")
+    times = details.due_times(detail)
+    if not times:
+        return None
+    soonest = sorted(times.items(), key=lambda item: item[1])
+    return ", ".join(f"timer {t} due {local_time(due, now)}" for t, due in soonest)
 
 
 def agent_note(detail: dict[str, Any]) -> str | None:

@@ -37,6 +37,22 @@ LICENSES = Path("/usr/share/common-licenses")
 TERMINAL_ENV = ("COLUMNS", "LINES")
 
 
+#: The most xdist workers ``-n auto`` (pyproject's ``addopts``) starts: each runs its own
+#: PostgreSQL cluster and the suite's subprocesses, so more than this buys little on a big
+#: machine and costs a cluster each.  The fast lane is green at 4 workers on 2 cores.
+MAX_AUTO_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:  # noqa: ARG001 - the hook's signature
+    """(xdist) ``-n auto``: the CPUs this process may run on, at most MAX_AUTO_WORKERS;
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it, as in xdist's own hook."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    if env.isdigit():
+        return int(env)
+    return max(1, min(MAX_AUTO_WORKERS, len(os.sched_getaffinity(0))))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
     """(xdist, in the controller) Send each worker the controller's terminal size variables."""

@@ -139,7 +139,7 @@ def _history_table(rec: Any, rows: list[dict[str, Any]], title: bool = True) -> 
 
 def _history_rows(rec: Any, rows: list[dict[str, Any]], title: bool,
                   names: dict[str, int]) -> Table:
-    from ..views import agent_note, guard_reading, local_time, pause_note, recovery_note
+    from ..views import agent_note, guard_reading, local_time, pause_note, recovery_note, timer_note
     table = Table(title=text(f"history of {rec.id}") if title else None, title_justify="left")
     for col in ("seq", "at", "source", "dest", "trigger", "guards", "ms", "tokens", "note"):
         fixed = col in ("seq", "at", "ms", "tokens")
@@ -150,7 +150,7 @@ def _history_rows(rec: Any, rows: list[dict[str, Any]], title: bool,
                            for label, ok in (guard_reading(str(g[0]), g[1]) for g in r["guards"]))
         table.add_row(str(r["seq"]), local_time(r["at"]), r["source"], r["dest"], r["trigger"],
                       guards, f"{r['duration_ms']:.1f}", str(r["tokens"]),
-                      pause_note(r) or r["error"] or r["reason"]
+                      pause_note(r) or r["error"] or r["reason"] or timer_note(r)
                       or recovery_note(r["detail"]) or agent_note(r["detail"]) or "")
     return table
 

@@ -50,5 +50,21 @@ def show(instance_id: str = typer.Argument(..., help="Instance id (or an unambig
         _print_json(data)
         return
     for key, value in data.items():
-        out.print(Text.assemble((key, "bold"), ": " + shown(json.dumps(value, ensure_ascii=False))),
+        out.print(Text.assemble((key, "bold"), ": " + shown(json.dumps(value, ensure_ascii=False)),
+                                (_time_note(key, value), "dim")),
                   highlight=False, soft_wrap=True)  # one line per field: the value stays JSON
+
+
+#: The fields of ``fsm show`` holding epoch seconds (``InstanceRecord``, ``views.instance_json``).
+_TIMES = frozenset({"created_at", "updated_at", "next_attempt_at", "deadline", "due_at"})
+
+
+def _time_note(key: str, value: object) -> str:
+    """After a field of epoch seconds, its local time and age (``  (12:03:04 (in 5 min))``);
+    after ``timer``, its trigger and due time; else ``""``."""
+    from ..views import when
+    if key in _TIMES and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"  ({when(value)})"
+    if key == "timer" and isinstance(value, dict) and isinstance(value.get("due"), int | float):
+        return f"  ({value.get('trigger')} due {when(value['due'])})"
+    return ""

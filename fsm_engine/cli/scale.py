@@ -142,15 +142,16 @@ def start(module: str = typer.Argument(..., help="Machine module: path/to/file.p
                                               "this after the first (5m).")
           ) -> None:
     """Enqueue one instance per input for `fsm worker`s; print their ids (one a line)."""
+    from .when import start_options
+    opts = start_options(key=key, delay=delay, at=at, priority=priority,  # the flags first:
+                         debounce_key=debounce_key, debounce=debounce,     # a bad one is named
+                         max_wait=max_wait)                                # before a missing input
     files = list(input) + list(more or [])
     if not files:
         _fail("give at least one --input FILE")
     inputs = [_input_for(f) for f in files]
     from ..runtime import Engine, load_machine
     from ..runtime.compiled import compile_machine
-    from .when import start_options
-    opts = start_options(key=key, delay=delay, at=at, priority=priority,
-                         debounce_key=debounce_key, debounce=debounce, max_wait=max_wait)
     machine, ref = load_machine(module, named=True)
     compile_machine(machine)  # a broken module creates nothing
     engine = Engine(_open(db, create=True))

@@ -16,6 +16,8 @@ integer of 400 digits) is none.
 - ``CancelDetail``: a ``kind: cancel`` row (``runtime.outcome.cancelled``);
 - ``due_times``: the due times a row recorded of its state's timers (``detail.timers``,
   ``runtime.kinds.timers``);
+- ``fired_timer``: when a timer fire row's timer was due and how late it fired
+  (``detail.timer``, ``runtime.kinds.timers.fire``);
 - ``AgentDetail``: the calls of an agent journal turn its one-line note reads
   (``runtime.kinds.agent_journal``);
 - ``ReviewDetail``: who decided a review row or an agent's approval (``review``:
@@ -156,6 +158,20 @@ class _Timers(TypedDict, total=False):
     timers: Lenient[dict[str, Number]]
 
 
+@with_config(ConfigDict(extra="ignore"))
+class FiredTimer(TypedDict, total=False):
+    """A timer fire's ``detail.timer`` (``runtime.kinds.timers.fire``): when it was ``due``
+    (epoch s) and how late it fired (``lateness_s``, seconds)."""
+
+    due: Number
+    lateness_s: Number
+
+
+@with_config(ConfigDict(extra="ignore"))
+class _Fired(TypedDict, total=False):
+    timer: Lenient[FiredTimer]
+
+
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     StepDetail: TypeAdapter(Lenient[StepDetail]),
     PauseDetail: TypeAdapter(Lenient[PauseDetail]),
@@ -166,7 +182,8 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     _Join: TypeAdapter(Lenient[_Join]),
     _Calls: TypeAdapter(Lenient[_Calls]),
     _Structured: TypeAdapter(Lenient[_Structured]),
-    _Timers: TypeAdapter(Lenient[_Timers])}
+    _Timers: TypeAdapter(Lenient[_Timers]),
+    _Fired: TypeAdapter(Lenient[_Fired])}
 
 
 def read(shape: type[T], detail: Any) -> T:
@@ -181,6 +198,12 @@ def due_times(detail: Any) -> dict[str, float]:
     that are numbers (``{}``: none, or no object)."""
     times = read(_Timers, detail).get("timers") or {}
     return {t: due for t, due in times.items() if due is not None}
+
+
+def fired_timer(detail: Any) -> FiredTimer:
+    """A timer fire row's ``detail.timer``, the fields that fit (``{}``: none)."""
+    timer = read(_Fired, detail).get("timer") or {}
+    return cast(FiredTimer, {k: v for k, v in timer.items() if v is not None})
 
 
 def llm_calls(detail: Any) -> list[LlmCall]:

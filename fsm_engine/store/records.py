@@ -44,10 +44,10 @@ MIGRATION = "migration"
 #: History kind of an agent state's journal (``runtime.kinds.agent``): one model turn, one tool
 #: call or one approval of a tool call; the instance stays in its state (source = dest).
 TOOL = "tool"
-#: In-place kinds (source = dest): a pause and its end (``runtime.outcome.paused`` / ``unpaused``;
-#: ``detail``: who, ``operator``, and what a pause stopped: status, reason, timers left); the
-#: arming of a visit's timers no row entered (``runtime.kinds.timers.armed``; ``detail.timers``).
-PAUSE, UNPAUSE, ARMED = "pause", "unpause", "armed"
+#: In-place kinds (source = dest): a pause and its end (``outcome.paused`` / ``unpaused``; ``detail``:
+#: ``operator``, the status, reason and timers left), a visit's timers armed (``detail.timers``); and
+#: a move, a timer edge's fire (``kinds.timers.fire``; ``detail.timer``: ``due``, ``lateness_s``).
+PAUSE, UNPAUSE, ARMED, TIMER = "pause", "unpause", "armed", "timer"
 #: History kinds that are not moves: statistics, diagrams and the viewer skip them.
 NOT_MOVES = frozenset({RECOVERY, MIGRATION, TOOL, PAUSE, UNPAUSE, ARMED})
 

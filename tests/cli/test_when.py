@@ -59,7 +59,8 @@ def test_a_delayed_start_is_listed_scheduled_with_its_due_time(
     code, out, _ = run_main(["list", "--db", db, "--wide"], capsys)
     assert "scheduled" in out and "due " in out and "(in 9 min)" in out
     code, out, _ = run_main(["show", iid.strip(), "--db", db], capsys)
-    assert "due_at" in out
+    [due] = [line for line in out.splitlines() if line.startswith("due_at: ")]
+    assert due.endswith("(in 9 min))")  # the epoch seconds, then the local time and how soon
     code, _, _ = run_main(["cancel", iid.strip(), "--db", db], capsys)
     assert code == 0
     assert SqliteStore(db).get(iid.strip()).status == "cancelled"
@@ -113,3 +114,12 @@ def test_bad_start_options_exit_2_in_one_line_writing_nothing(
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith("fsm: error: ") and words in err
     assert not (tmp_path / "fsm.db").exists()  # refused before the store was opened
+
+
+def test_a_bad_start_option_is_named_before_a_missing_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh user's run: ``fsm start M --in -5s`` said "give at least one --input" first."""
+    code, out, err = run_main(["start", MACHINE, "--in", "-5s", "--db", str(tmp_path / "fsm.db")],
+                              capsys)
+    assert (code, out) == (2, "")
+    assert err == "fsm: error: a duration is not negative: '-5s'\n"

@@ -42,6 +42,7 @@ from ...store.records import (
     ARMED,
     PAUSE,
     RECOVERY,
+    TIMER,
     TOOL,
     UNPAUSE,
     WAITING,
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
     from ..compiled import CompiledMachine
     from .base import DriverAPI
 
-#: ``HistoryRow.kind`` of a timer's fire.
-TIMER = "timer"
 #: Rows that stay in a state without entering it again.
 _IN_PLACE = frozenset({PAUSE, UNPAUSE, RECOVERY, TOOL, "migration"})
 

@@ -5,6 +5,7 @@ once due as an ordinary committed step, out of wait, review and fan-out states, 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -236,6 +237,37 @@ def test_fsm_show_gives_a_waiting_instance_its_next_timer(tmp_path) -> None:
     assert shown is not None and shown["trigger"] == "late"
     assert shown["due"] == rec.next_attempt_at
     engine.close()
+
+
+def test_fsm_show_and_history_print_a_timers_times_as_times(tmp_path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh user's reading: ``fsm show`` gave the due time as epoch seconds alone and
+    ``fsm history`` did not tell a timer's fire from any other move."""
+    import time
+
+    from cli import run_main
+    vc = VirtualClock(start=time.time())
+    db = str(tmp_path / "fsm.db")
+    engine = vc.engine(db)
+    iid = engine.start(timer_machine.nudge, {})
+    vc.run(engine.run(iid))
+    code, out, _ = run_main(["show", iid, "--db", db], capsys)
+    [timer] = [line for line in out.splitlines() if line.startswith("timer: ")]
+    assert code == 0 and "  (nudge due " in timer
+    assert timer.endswith("(in 59 s))") or timer.endswith("(in 1 min))")
+    vc.advance(61)
+    vc.run(engine.run(iid))
+    engine.close()
+    code, out, _ = run_main(["history", iid, "--db", db, "--json"], capsys)
+    rows = {r["kind"]: r for r in json.loads(out)}
+    from typer.testing import CliRunner
+
+    from fsm_engine.cli import app
+    out = CliRunner().invoke(app, ["history", iid, "--db", db], env={"COLUMNS": "200"}).stdout
+    assert "timer fired 1.0 s late (due " in out
+    assert "timer nudge due " in out  # the row that entered ``wait`` armed it
+    from fsm_engine.views import local_time, timer_note
+    assert timer_note(rows["timer"]) == f"timer fired 1.0 s late (due {local_time(vc.now() - 1)})"
 
 
 def test_a_case_advancing_the_clock_fires_the_timers_due_in_order() -> None:
