@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from .stream_read import StreamEvent
 
 _BREAKER = BreakerPolicy()  # the default breaker thresholds
+_NO_OPTIONS = (None,) * 6  # ``start``'s options left out: key, delay, at and the debounce's
 
 
 class Engine:
@@ -207,9 +208,12 @@ class Engine:
         ``priority`` (−1000…1000, default 0): claimed before lower priorities started up
         to ``priority × AGING_S`` seconds earlier (``store.records.AGING_S``).
         """
-        opts = start_options.check(self.clock(), key=key, delay=delay, at=at,
-                                   priority=priority, debounce_key=debounce_key,
-                                   debounce=debounce, max_wait=max_wait)
+        opts = None  # a plain start (the common case, on W1's path) checks nothing
+        if (key, delay, at, debounce_key, debounce, max_wait) != _NO_OPTIONS \
+                or type(priority) is not int or priority != 0:
+            opts = start_options.check(self.clock(), key=key, delay=delay, at=at,
+                                       priority=priority, debounce_key=debounce_key,
+                                       debounce=debounce, max_wait=max_wait)
         return self.start_many(machine, [input], token_budget=token_budget,
                                deadline_s=deadline_s, partition=partition,
                                ids=None if instance_id is None else [instance_id],

@@ -186,6 +186,11 @@ class SqliteBase:
                 cursor = self._conn.cursor()
                 if tuples:
                     cursor.row_factory = None
+                try:  # the first try inline, as ``_Txn`` does
+                    return cursor.execute(sql, args).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if not busy.busy(exc):
+                        raise
                 return busy.retry(lambda: cursor.execute(sql, args).fetchall())
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"database {self.path}: {exc}") from None
@@ -231,7 +236,12 @@ class _Txn:
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
         try:
-            busy.retry(self.store.begin)
+            try:  # the first try inline: a free file (the common case) costs one call
+                self.store._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not busy.busy(exc):
+                    raise
+                busy.retry(self.store.begin)  # locked: wait for it (``busy``)
         except sqlite3.DatabaseError as exc:
             self.store._lock.release()
             raise StoreError(f"database {self.store.path}: {exc}") from None
